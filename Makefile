@@ -1,0 +1,63 @@
+# agentrun developer entry points. `make demo` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEVCLUSTER := PYTHONPATH=hack $(PY) -m devcluster
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## create .venv with agentrun and the test tools
+
+.PHONY: binaries
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm
+	bash hack/build-control-plane.sh all
+
+.PHONY: crds
+crds: venv ## regenerate crds/ (and the chart's copy) from the pydantic models
+	$(PY) -m agentrun.api.crdgen
+
+.PHONY: lint
+lint: venv ## ruff (lint + format check), mypy, import-linter
+	$(VENV)/bin/ruff check operator hack tests
+	$(VENV)/bin/ruff format --check operator hack tests
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+.PHONY: fmt
+fmt: venv ## apply ruff fixes and formatting
+	$(VENV)/bin/ruff check --fix operator hack tests
+	$(VENV)/bin/ruff format operator hack tests
+
+.PHONY: test
+test: venv binaries lint ## everything: lint, unit tests, integration tests on the local control plane
+	$(PY) -m pytest tests
+
+.PHONY: cluster
+cluster: venv binaries ## start the local control plane + node agent (kubeconfig: .devcluster/kubeconfig)
+	$(DEVCLUSTER) up
+
+.PHONY: cluster-down
+cluster-down: venv ## stop the local control plane started by `make cluster`
+	$(DEVCLUSTER) down
+
+.PHONY: demo
+demo: venv binaries ## the main job, narrated, on the local control plane
+	$(DEVCLUSTER) demo
+
+.PHONY: clean
+clean: ## remove the venv and local cluster state (the binary cache stays)
+	-$(DEVCLUSTER) down 2>/dev/null
+	rm -rf $(VENV) .devcluster .mypy_cache .ruff_cache .pytest_cache

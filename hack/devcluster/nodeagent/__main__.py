@@ -1,0 +1,39 @@
+"""python -m devcluster.nodeagent --kubeconfig K --node-name N --state-dir D"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from .agent import NodeAgent
+from .kube import Kube
+from .node import NodeSettings
+from .runner import Restarts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m devcluster.nodeagent", description=__doc__)
+    parser.add_argument("--kubeconfig", required=True, help="credentials of system:node:<name>")
+    parser.add_argument("--node-name", required=True)
+    parser.add_argument("--state-dir", required=True, type=Path, help="pod sandboxes, logs, tokens")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = NodeAgent(Kube(args.kubeconfig), NodeSettings(name=args.node_name), args.state_dir, Restarts())
+
+    async def run() -> None:
+        task = asyncio.create_task(agent.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

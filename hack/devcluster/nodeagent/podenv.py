@@ -1,0 +1,126 @@
+"""A container's environment, resolved the way the kubelet resolves it.
+
+Supports literal values with $(VAR) expansion, fieldRef (the downward API), secretKeyRef,
+configMapKeyRef and envFrom. Anything else is a configuration error reported on the container, as the
+kubelet reports CreateContainerConfigError.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Pod = dict[str, Any]
+# (kind "secret" | "configmap", namespace, name) -> the object's data, or None when it does not exist
+DataLookup = Callable[[str, str, str], Awaitable[dict[str, str] | None]]
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_MAP_FIELD = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+
+
+class ConfigError(Exception):
+    """The container cannot start because its configuration cannot be resolved."""
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """$(VAR) becomes VAR's value when defined earlier; $$ escapes a dollar; unknown refs stay as written."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _VAR_REF.sub(replace, value)
+
+
+def field_value(pod: Pod, path: str) -> str:
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
+    if m := _MAP_FIELD.match(path):
+        return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.hostIP": status.get("hostIP", "127.0.0.1"),
+        "status.podIP": status.get("podIP", "127.0.0.1"),
+    }
+    if path not in simple:
+        raise ConfigError(f"fieldRef {path!r} is not supported by the process node agent")
+    return str(simple[path] or "")
+
+
+async def _key_ref(ref: dict[str, Any], kind: str, namespace: str, lookup: DataLookup) -> str | None:
+    data = await lookup(kind, namespace, ref["name"])
+    optional = bool(ref.get("optional", False))
+    if data is None:
+        if optional:
+            return None
+        raise ConfigError(f'{kind} "{ref["name"]}" not found')
+    if ref["key"] not in data:
+        if optional:
+            return None
+        raise ConfigError(f"couldn't find key {ref['key']} in {kind} {namespace}/{ref['name']}")
+    return data[ref["key"]]
+
+
+async def resolve_env(pod: Pod, container: dict[str, Any], lookup: DataLookup) -> dict[str, str]:
+    namespace = pod["metadata"]["namespace"]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        prefix = source.get("prefix", "")
+        kind, ref = (
+            ("configmap", source.get("configMapRef"))
+            if "configMapRef" in source
+            else (
+                "secret",
+                source.get("secretRef"),
+            )
+        )
+        if not ref:
+            continue
+        data = await lookup(kind, namespace, ref["name"])
+        if data is None:
+            if ref.get("optional"):
+                continue
+            raise ConfigError(f'{kind} "{ref["name"]}" not found')
+        env.update({prefix + k: v for k, v in data.items()})
+    for var in container.get("env") or []:
+        name = var["name"]
+        if "valueFrom" not in var:
+            env[name] = expand(var.get("value", ""), env)
+            continue
+        source = var["valueFrom"]
+        value: str | None
+        if "fieldRef" in source:
+            value = field_value(pod, source["fieldRef"]["fieldPath"])
+        elif "secretKeyRef" in source:
+            value = await _key_ref(source["secretKeyRef"], "secret", namespace, lookup)
+        elif "configMapKeyRef" in source:
+            value = await _key_ref(source["configMapKeyRef"], "configmap", namespace, lookup)
+        else:
+            raise ConfigError(
+                f"env {name}: valueFrom {sorted(source)} is not supported by the process node agent"
+            )
+        if value is not None:
+            env[name] = value
+    return env
+
+
+def decode_secret(data: dict[str, str] | None) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
+
+
+def command_line(container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """command + args with $(VAR) expansion. There are no images, so there is no image entrypoint."""
+    command = container.get("command") or []
+    if not command:
+        raise ConfigError(
+            f"container {container['name']!r} has no command: the process node agent runs no images, "
+            "so every container must say what to run"
+        )
+    return [expand(part, env) for part in [*command, *(container.get("args") or [])]]

@@ -1,0 +1,82 @@
+"""Test-side access to the local control plane: kubectl, API clients and polling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+T = TypeVar("T")
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_for(
+    probe: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1, what: str = ""
+) -> T:
+    """Polls probe until it returns something truthy; fails the test with `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise Timeout(f"timed out after {timeout}s waiting for {what or probe!r}; last value: {last!r}")
+
+
+@dataclass
+class Kube:
+    kubeconfig: Path
+    kubectl_path: Path
+
+    def __post_init__(self) -> None:
+        self.api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.core = client.CoreV1Api(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.rbac = client.RbacAuthorizationV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.extensions = client.ApiextensionsV1Api(self.api_client)
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, namespace: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}"]
+        if namespace:
+            argv.append(f"--namespace={namespace}")
+        result = subprocess.run([*argv, *args], input=input, capture_output=True, text=True, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", kind, name, "-o", "json", namespace=namespace, check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        obj: dict[str, Any] = json.loads(result.stdout)
+        return obj
+
+    def apply(self, manifest: str, namespace: str) -> None:
+        self.kubectl("apply", "-f", "-", input=manifest, namespace=namespace)
+
+    def pod(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.get("pod", name, namespace)
+
+    def wait_pod_phase(
+        self, name: str, namespace: str, phases: tuple[str, ...], timeout: float = 30
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            pod = self.pod(name, namespace)
+            return pod if pod and pod.get("status", {}).get("phase") in phases else None
+
+        return wait_for(probe, timeout, what=f"pod {namespace}/{name} in {phases}")
