@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from devcluster.cluster import LocalCluster
 from support.kube import Kube, wait_for
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.kube import Kube, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -56,15 +57,9 @@ def test_node_is_ready_with_a_heartbeat_lease(kube: Kube) -> None:
     node = kube.core.list_node().items[0]
     ready = next(c for c in node.status.conditions if c.type == "Ready")
     assert ready.status == "True"
-    lease = client_lease(kube, node.metadata.name)
+    lease = kube.coordination.read_namespaced_lease(node.metadata.name, "kube-node-lease")
     assert lease.spec.holder_identity == node.metadata.name
     assert lease.spec.renew_time is not None
-
-
-def client_lease(kube: Kube, node_name: str) -> Any:
-    from kubernetes import client
-
-    return client.CoordinationV1Api(kube.api_client).read_namespaced_lease(node_name, "kube-node-lease")
 
 
 CRD_WITH_RULE = """
@@ -285,7 +280,8 @@ def test_pod_service_account_is_subject_to_rbac(kube: Kube, namespace: str) -> N
         config.load_kube_config()
         core = client.CoreV1Api()
         outcome = {{}}
-        for kind, call in [("configmaps", core.list_namespaced_config_map), ("secrets", core.list_namespaced_secret)]:
+        calls = [("configmaps", core.list_namespaced_config_map), ("secrets", core.list_namespaced_secret)]
+        for kind, call in calls:
             try:
                 call({namespace!r})
                 outcome[kind] = 200

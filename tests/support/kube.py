@@ -42,6 +42,7 @@ class Kube:
         self.api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
         self.rbac = client.RbacAuthorizationV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.extensions = client.ApiextensionsV1Api(self.api_client)
