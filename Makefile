@@ -31,15 +31,15 @@ crds: venv ## regenerate crds/ (and the chart's copy) from the pydantic models
 
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy, import-linter
-	$(VENV)/bin/ruff check operator hack tests
-	$(VENV)/bin/ruff format --check operator hack tests
+	$(VENV)/bin/ruff check operator hack tests bench
+	$(VENV)/bin/ruff format --check operator hack tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 .PHONY: fmt
 fmt: venv ## apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix operator hack tests
-	$(VENV)/bin/ruff format operator hack tests
+	$(VENV)/bin/ruff check --fix operator hack tests bench
+	$(VENV)/bin/ruff format operator hack tests bench
 
 .PHONY: test
 test: venv binaries lint ## everything: lint, unit tests, integration tests on the local control plane

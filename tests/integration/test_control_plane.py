@@ -294,3 +294,19 @@ def test_pod_service_account_is_subject_to_rbac(kube: Kube, namespace: str) -> N
     pod = kube.wait_pod_phase("rbac", namespace, ("Succeeded", "Failed"))
     outcome = json.loads(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
     assert outcome == {"configmaps": 200, "secrets": 403}
+
+
+def test_a_burst_of_short_pods_all_report_their_final_phase(kube: Kube, namespace: str) -> None:
+    # Regression: a status update still in flight could land after the final one and leave a finished
+    # Pod Running forever.
+    names = [f"burst-{i}" for i in range(20)]
+    for name in names:
+        kube.core.create_namespaced_pod(namespace, python_pod(name, "pass"))
+
+    def all_succeeded() -> bool:
+        pods = kube.core.list_namespaced_pod(namespace).items
+        return len(pods) == len(names) and all(p.status.phase == "Succeeded" for p in pods)
+
+    wait_for(all_succeeded, timeout=60, what="every burst pod Succeeded")
+    time.sleep(1.0)  # and they stay that way: no late update regresses them
+    assert {p.status.phase for p in kube.core.list_namespaced_pod(namespace).items} == {"Succeeded"}

@@ -98,6 +98,7 @@ class PodRunner:
         self.deleting = asyncio.Event()
         self._conditions: dict[str, tuple[str, str]] = {}
         self._changed = asyncio.Event()
+        self._finished = False
         self._base_env: dict[str, str] = {}
         self.task: asyncio.Task[None] | None = None
 
@@ -152,10 +153,11 @@ class PodRunner:
             log.exception("pod %s: runner failed", self.key)
             self.phase = "Failed"
         finally:
-            publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await publisher
-        await self._publish()
+            # Never cancel a publish in flight: its request would still land, possibly after the final
+            # status, and turn a finished Pod back to Running. Let the one publisher drain instead.
+            self._finished = True
+            self._mark_changed()
+            await publisher
         if self.deleting.is_set():
             await self.host.finish_deletion(self.pod)
 
@@ -319,7 +321,8 @@ class PodRunner:
         self._changed.set()
 
     async def _publish_loop(self) -> None:
-        while True:
+        """The only sender of this Pod's status, so updates reach the API server in order."""
+        while not (self._finished and not self._changed.is_set()):
             await self._changed.wait()
             await self._publish()
 

@@ -1,0 +1,188 @@
+"""The Attempt kind: one try at a Run, run by one Pod under one lease epoch; never rewritten."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar, Final, Literal
+
+from pydantic import Field
+
+from agentrun.api.common import (
+    ApiModel,
+    Epoch,
+    FailureClass,
+    FailureInfo,
+    FreeJson,
+    Identifier,
+    KubernetesObject,
+    Message,
+    ObjectName,
+    PrinterColumn,
+    RunName,
+    cel,
+    cel_list,
+    validation_rules,
+)
+
+MAX_ATTEMPT_NUMBER = 9999  # keeps <run>-a<number> within 63 characters for a 48-character Run name
+MAX_USAGE_COUNTERS = 32
+
+
+class AttemptPhase(StrEnum):
+    """Where an Attempt is in its life."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INTERRUPTED = "Interrupted"
+    ABORTED = "Aborted"
+    LEASE_LOST = "LeaseLost"
+    REJECTED = "Rejected"
+
+
+FINISHED_ATTEMPT_PHASES: Final = frozenset(AttemptPhase) - {AttemptPhase.PENDING, AttemptPhase.RUNNING}
+
+
+class RejectedCommitReason(StrEnum):
+    """Which fence refused an Attempt's commit."""
+
+    STALE_AFTER_CANCEL = "stale_after_cancel"
+    STALE_WORKER = "stale_worker"
+
+
+class AttemptReason:
+    """Values of Attempt spec.reason: why the Attempt was started."""
+
+    INITIAL: Final = "initial"
+    LEASE_EXPIRED: Final = "lease_expired"
+    MANUAL_RETRY: Final = "manual_retry"
+
+    @staticmethod
+    def retry(failure_class: FailureClass) -> str:
+        """An automatic retry after a failure of the given class."""
+        return f"retry:{failure_class}"
+
+    @staticmethod
+    def resume(request_id: str) -> str:
+        """A continuation after the given pending request was answered."""
+        return f"resume:{request_id}"
+
+
+_ATTEMPT_REASON_PATTERN = (
+    r"^(initial|lease_expired|manual_retry|retry:("
+    + "|".join(failure_class.value for failure_class in FailureClass)
+    + r")|resume:[A-Za-z0-9]([A-Za-z0-9._:/@=+-]*[A-Za-z0-9])?)$"
+)
+
+
+class AttemptSpec(ApiModel):
+    """What the Attempt was granted when it started; immutable, since history is never rewritten."""
+
+    run_name: RunName = Field(description="Name of the Run this Attempt belongs to.")
+    number: int = Field(
+        ge=1, le=MAX_ATTEMPT_NUMBER, description="1 for the Run's first Attempt, then counting up."
+    )
+    lease_epoch: Epoch = Field(
+        description="The lease epoch granted to this Attempt; its writes are valid only while it holds it."
+    )
+    cancel_epoch: Epoch = Field(
+        description="The Run's spec.cancelEpoch when the Attempt was granted; a higher one means cancelled."
+    )
+    resume_from: Identifier | None = Field(
+        None, description="Id of the Checkpoint the Attempt continues from; absent for a fresh start."
+    )
+    reason: str = Field(
+        max_length=160,
+        pattern=_ATTEMPT_REASON_PATTERN,
+        description="Why the Attempt was started: initial, retry:<failure class>, lease_expired, "
+        "resume:<requestId> or manual_retry.",
+    )
+    input: FreeJson = Field(None, description="The resume value, when the Attempt answers a pending request.")
+
+
+class AttemptFailure(FailureInfo):
+    """Why the Attempt failed."""
+
+    exit_code: int | None = Field(None, ge=0, le=255, description="Exit code of the agent's container.")
+
+
+class RejectedCommit(ApiModel):
+    """A commit of this Attempt that the fences refused."""
+
+    reason: RejectedCommitReason = Field(
+        description="stale_after_cancel: the Run was cancelled after the Attempt was granted; "
+        "stale_worker: another Attempt holds the lease now."
+    )
+    message: Message | None = Field(None, description="Details of the refused write.")
+    time: datetime | None = Field(None, description="When the commit was refused (RFC 3339).")
+
+
+class AttemptStatus(ApiModel):
+    """What happened to the Attempt."""
+
+    phase: AttemptPhase | None = Field(
+        None,
+        description="Pending, Running, then one final phase: Succeeded, Failed, Interrupted (waits for "
+        "input), Aborted (cancelled), LeaseLost, or Rejected (its commit lost a fence). A final phase "
+        "never changes, except that a late commit can still be recorded as Rejected.",
+        json_schema_extra=validation_rules(
+            cel(
+                f"!(oldSelf in {cel_list(FINISHED_ATTEMPT_PHASES)}) || self == oldSelf"
+                " || (self == 'Rejected' && oldSelf != 'Succeeded')",
+                "an Attempt that has ended keeps its phase (history is never rewritten); only a refused "
+                "late commit may still turn it into Rejected",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    pod_name: ObjectName | None = Field(None, description="Name of the Pod that runs the Attempt.")
+    start_time: datetime | None = Field(None, description="When the agent started (RFC 3339).")
+    completion_time: datetime | None = Field(None, description="When the Attempt ended (RFC 3339).")
+    failure: AttemptFailure | None = Field(None, description="Why the Attempt failed, when it did.")
+    rejected_commit: RejectedCommit | None = Field(
+        None, description="The commit the fences refused, when one was."
+    )
+    usage: dict[str, float] | None = Field(
+        None,
+        max_length=MAX_USAGE_COUNTERS,
+        description="What the agent reported it consumed, by counter name, e.g. {inputTokens: 1200, "
+        "outputTokens: 300, costUSD: 0.02}.",
+    )
+    trace_id: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="Trace id of the Attempt's work, to find it in the tracing backend.",
+    )
+
+
+class Attempt(KubernetesObject):
+    """One try at a Run: a Pod running the agent under one lease epoch, from a checkpoint or from the
+    start. The operator creates a new Attempt for every retry, takeover and resume; old Attempts keep
+    what happened to them, so cost, trace and error of each try stay traceable."""
+
+    plural: ClassVar[str] = "attempts"
+    short_name: ClassVar[str] = "att"
+    printer_columns: ClassVar[tuple[PrinterColumn, ...]] = (
+        PrinterColumn("Run", ".spec.runName", "string", "The Run this Attempt belongs to."),
+        PrinterColumn("Number", ".spec.number", "integer", "Position among the Run's Attempts."),
+        PrinterColumn("Phase", ".status.phase", "string", "Where the Attempt is in its life."),
+        PrinterColumn("Reason", ".spec.reason", "string", "Why the Attempt was started."),
+        PrinterColumn("Pod", ".status.podName", "string", "The Pod that runs the Attempt."),
+    )
+
+    kind: Literal["Attempt"] = Field("Attempt", description="Attempt.")
+    spec: AttemptSpec = Field(
+        description="What the Attempt was granted; immutable.",
+        json_schema_extra=validation_rules(
+            cel(
+                "self == oldSelf",
+                "an Attempt's spec is immutable: history is never rewritten; the operator starts a new "
+                "Attempt instead",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    status: AttemptStatus = Field(default_factory=AttemptStatus, description="What happened to the Attempt.")

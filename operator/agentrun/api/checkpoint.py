@@ -1,0 +1,91 @@
+"""The Checkpoint kind: where a Run can continue from; immutable once created."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from agentrun.api.common import (
+    ApiModel,
+    AttemptName,
+    Epoch,
+    FreeJson,
+    Identifier,
+    KubernetesObject,
+    PrinterColumn,
+    RunName,
+    cel,
+    validation_rules,
+)
+
+
+class StateRef(ApiModel):
+    """Where a state too large for the Checkpoint object is stored, and how to verify it."""
+
+    uri: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="Location of the state, e.g. s3://bucket/run/ckpt-7.json or a PersistentVolume path.",
+    )
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        max_length=64,
+        description="Hex sha256 of the stored bytes; the worker refuses a state that does not match.",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """The saved state of a Run at a step boundary."""
+
+    run_name: RunName = Field(description="Name of the Run this Checkpoint belongs to.")
+    id: Identifier = Field(
+        description="Id of the Checkpoint, referenced by status.latestCheckpoint, pending requests and "
+        "Attempt spec.resumeFrom."
+    )
+    sequence: int = Field(ge=0, description="Position in the Run's chain of Checkpoints, counting up.")
+    parent: Identifier | None = Field(
+        None, description="Id of the previous Checkpoint; absent for the first."
+    )
+    attempt: AttemptName = Field(description="Name of the Attempt that saved the Checkpoint.")
+    lease_epoch: Epoch = Field(description="The lease epoch that Attempt held when it saved.")
+    step: str | None = Field(None, max_length=128, description="The agent's step the state was saved at.")
+    state: FreeJson = Field(
+        None,
+        description="The agent's state as JSON (ctx.state on resume). Keep the object well under 1 MiB; "
+        "put larger state elsewhere and reference it with stateRef.",
+    )
+    state_ref: StateRef | None = Field(None, description="Reference to a state stored outside the object.")
+
+
+class CheckpointStatus(ApiModel):
+    """Checkpoints carry no status yet; the status subresource keeps spec and metadata writes apart."""
+
+
+class Checkpoint(KubernetesObject):
+    """The state of a Run at a step boundary, from which a later Attempt continues. Immutable: a Run
+    moves on by saving a new Checkpoint whose parent is the previous one."""
+
+    plural: ClassVar[str] = "checkpoints"
+    short_name: ClassVar[str] = "ckpt"
+    printer_columns: ClassVar[tuple[PrinterColumn, ...]] = (
+        PrinterColumn("Run", ".spec.runName", "string", "The Run this Checkpoint belongs to."),
+        PrinterColumn("Sequence", ".spec.sequence", "integer", "Position in the Run's chain."),
+        PrinterColumn("Step", ".spec.step", "string", "The step the state was saved at."),
+    )
+
+    kind: Literal["Checkpoint"] = Field("Checkpoint", description="Checkpoint.")
+    spec: CheckpointSpec = Field(
+        description="The saved state; immutable.",
+        json_schema_extra=validation_rules(
+            cel(
+                "self == oldSelf",
+                "a Checkpoint is immutable once created: save a new Checkpoint (with this one as parent) "
+                "instead of changing it",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    status: CheckpointStatus = Field(
+        default_factory=CheckpointStatus, description="Unused; present for the status subresource."
+    )

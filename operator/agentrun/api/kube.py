@@ -1,0 +1,166 @@
+"""Minimal structural models of the core/v1 types a Run embeds in `spec.agent`.
+
+They cover what the operator copies into the attempt Pod. The API server validates the Pod itself
+when the operator creates it; these schemas exist so that mistakes are refused when the Run is
+applied, not minutes later when its first Attempt starts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
+
+from agentrun.api.common import (
+    MAX_NAME_LENGTH,
+    ApiModel,
+    ObjectName,
+    cel,
+    validation_rules,
+)
+
+# A resource.Quantity ("500m", "2Gi", 1): an int-or-string with the Kubernetes quantity syntax.
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^(\+|-)?{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
+Quantity = Annotated[
+    int | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+ENV_VAR_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class KeySelector(ApiModel):
+    """Selects one key of a ConfigMap or Secret in the Run's namespace."""
+
+    name: ObjectName = Field(description="Name of the ConfigMap or Secret.")
+    key: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key whose value becomes the variable's value.",
+    )
+    optional: bool | None = Field(
+        None, description="Start the attempt even when the object or the key does not exist."
+    )
+
+
+class ObjectFieldSelector(ApiModel):
+    """Selects a field of the attempt Pod (downward API), e.g. metadata.name or status.podIP."""
+
+    api_version: str | None = Field(
+        None, max_length=64, description="Version of the schema the fieldPath is written in; default v1."
+    )
+    field_path: str = Field(
+        min_length=1, max_length=256, description="Path of the Pod field to expose, e.g. metadata.namespace."
+    )
+
+
+class ResourceFieldSelector(ApiModel):
+    """Selects a resource limit or request of a container, e.g. limits.memory."""
+
+    container_name: str | None = Field(
+        None, max_length=63, description="The container whose resources are read; default the agent's."
+    )
+    resource: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="The resource to expose, e.g. limits.cpu."
+    )
+    divisor: Quantity | None = Field(
+        None, description="Unit the value is expressed in, e.g. 1m or 1Mi; default 1."
+    )
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from; exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "(has(self.configMapKeyRef) ? 1 : 0) + (has(self.secretKeyRef) ? 1 : 0)"
+                " + (has(self.fieldRef) ? 1 : 0) + (has(self.resourceFieldRef) ? 1 : 0) == 1",
+                "valueFrom needs exactly one of configMapKeyRef, secretKeyRef, fieldRef or resourceFieldRef",
+            )
+        )
+    )
+
+    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
+    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret.")
+    field_ref: ObjectFieldSelector | None = Field(None, description="A field of the attempt Pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(
+        None, description="A resource limit or request of a container of the attempt Pod."
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the agent's container: a literal value or a reference."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "!(has(self.value) && has(self.valueFrom))",
+                "an environment variable takes either value or valueFrom, not both",
+            )
+        )
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=ENV_VAR_NAME_PATTERN,
+        description="Name of the variable (letters, digits, '_', '-' and '.'; not starting with a digit).",
+    )
+    value: str | None = Field(None, max_length=32768, description="The literal value.")
+    value_from: EnvVarSource | None = Field(
+        None, description="Read the value from a ConfigMap, a Secret or the Pod instead of a literal."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of the agent's container, as in a Pod."""
+
+    limits: dict[str, Quantity] | None = Field(
+        None,
+        max_length=16,
+        description="The most the container may use per resource name, e.g. {cpu: '2', memory: 4Gi}.",
+    )
+    requests: dict[str, Quantity] | None = Field(
+        None,
+        max_length=16,
+        description="What the scheduler reserves per resource name, e.g. {cpu: 500m, memory: 1Gi}.",
+    )
+
+
+class PodTemplateMetadata(ApiModel):
+    """Labels and annotations added to every attempt Pod."""
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None, max_length=64, description="Labels for the attempt Pods, next to the ones agentrun sets."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=16384)]] | None = Field(
+        None,
+        max_length=64,
+        description="Annotations for the attempt Pods, next to the ones agentrun sets.",
+    )
+
+
+# A PodSpec is a large, versioned core/v1 type. Mirroring it here would copy hundreds of fields
+# that drift with every Kubernetes release, so it is stored as sent and the API server validates
+# it when the operator creates the attempt Pod from it. It is not an embedded resource
+# (x-kubernetes-embedded-resource): a PodSpec carries no apiVersion, kind or metadata.
+PodSpecJson = Annotated[
+    dict[str, JsonValue],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class PodTemplate(ApiModel):
+    """A full Pod template for attempts that need more than image, command, env and resources."""
+
+    metadata: PodTemplateMetadata | None = Field(
+        None, description="Labels and annotations for the attempt Pods."
+    )
+    spec: PodSpecJson = Field(
+        description="A core/v1 PodSpec. The container named 'agent' (else the first container) runs "
+        "the agent; spec.agent's image, command, args, env and resources override its fields, and "
+        "agentrun adds its own environment, annotations and restartPolicy Never. Checked by the API "
+        "server when the attempt Pod is created."
+    )

@@ -1,0 +1,21 @@
+"""Names, labels and annotations that tie the objects of one Run together."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from agentrun.api.common import GROUP
+
+# On every object agentrun creates for a Run: Attempts, Pods, Checkpoints, SideEffects, the Lease.
+RUN_LABEL: Final = f"{GROUP}/run"
+
+# On every attempt Pod; the worker SDK reads them through the downward API.
+ATTEMPT_ANNOTATION: Final = f"{GROUP}/attempt"
+LEASE_EPOCH_ANNOTATION: Final = f"{GROUP}/lease-epoch"
+CANCEL_EPOCH_ANNOTATION: Final = f"{GROUP}/cancel-epoch"
+RESUME_FROM_ANNOTATION: Final = f"{GROUP}/resume-from"
+
+
+def attempt_name(run_name: str, number: int) -> str:
+    """The name of a Run's Attempt (and of its Pod): `<run>-a<number>`."""
+    return f"{run_name}-a{number}"

@@ -1,0 +1,617 @@
+"""The Run kind: a durable piece of agent work, driven through Attempts until it ends."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, ClassVar, Final, Literal
+
+from pydantic import ConfigDict, Field
+
+from agentrun.api.common import (
+    CONDITIONS_SCHEMA,
+    MAX_CONDITIONS,
+    MAX_RUN_NAME_LENGTH,
+    ApiModel,
+    AttemptName,
+    Condition,
+    Digest,
+    Epoch,
+    FailureClass,
+    FailureInfo,
+    FreeJson,
+    FreeJsonObject,
+    Identifier,
+    KubernetesObject,
+    Message,
+    ObjectName,
+    PrinterColumn,
+    Reason,
+    cel,
+    cel_list,
+    defaulted_object,
+    validation_rules,
+)
+from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
+from agentrun.api.sideeffect import SideEffectState
+
+MAX_RECORDED_CONTROLS = 50  # status keeps the newest entries; Events and Attempts keep the rest
+MAX_REPORTED_EFFECTS = 100
+FreeText = Annotated[str, Field(max_length=1024)]
+
+
+class RunPhase(StrEnum):
+    """The state of a Run's state machine."""
+
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    INPUT_REQUIRED = "InputRequired"
+    AUTH_REQUIRED = "AuthRequired"
+    PAUSED = "Paused"
+    RETRY_BACKOFF = "RetryBackoff"
+    CANCEL_REQUESTED = "CancelRequested"
+    CANCELLED = "Cancelled"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    NEEDS_RECONCILIATION = "NeedsReconciliation"
+
+
+# Phases after which spec.cancelEpoch is frozen: nothing is left to cancel, nor to retry.
+CANCEL_FROZEN_PHASES: Final = frozenset({RunPhase.SUCCEEDED, RunPhase.CANCELLED})
+
+
+class RunConditionType(StrEnum):
+    """Condition types the operator maintains on a Run (the same facts as the phase, for tools)."""
+
+    SUCCEEDED = "Succeeded"
+    WAITING = "Waiting"
+    CANCEL_REQUESTED = "CancelRequested"
+    LEASE_HELD = "LeaseHeld"
+
+
+class InterruptReason(StrEnum):
+    """Why a Run waits: the agent needs input or authorisation, or someone asked it to pause."""
+
+    INPUT_REQUIRED = "input_required"
+    AUTH_REQUIRED = "auth_required"
+    PAUSED = "paused"
+
+
+class ControlOp(StrEnum):
+    """A control operation requested from outside the Run."""
+
+    RESUME = "Resume"
+    RETRY = "Retry"
+    PAUSE = "Pause"
+    CANCEL = "Cancel"
+
+
+class ControlOutcome(StrEnum):
+    """What the operator did with a control request."""
+
+    ACCEPTED = "Accepted"
+    REJECTED = "Rejected"
+
+
+# --- spec ---------------------------------------------------------------------------------------------
+
+
+class AgentSpec(ApiModel):
+    """What every Attempt of the Run executes: an image with a command, or a full Pod template."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "has(self.image) || has(self.podTemplate)",
+                "spec.agent needs an image (usually with a command), or a podTemplate",
+                reason="FieldValueRequired",
+            )
+        )
+    )
+
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="Container image of the attempt Pod, e.g. agentrun/agent:dev. The image must contain "
+        "the agent and the agentrun worker SDK.",
+    )
+    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        None,
+        max_length=64,
+        description="Command that starts the agent, e.g. [python, -m, my_agent]. Defaults to the "
+        "image's entrypoint.",
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        None, max_length=256, description="Arguments appended to the command."
+    )
+    env: list[EnvVar] | None = Field(
+        None,
+        max_length=128,
+        description="Environment variables of the agent. agentrun adds the variables the SDK needs "
+        "next to these.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    resources: ResourceRequirements | None = Field(
+        None, description="CPU, memory and other resources of the agent's container."
+    )
+    service_account_name: ObjectName | None = Field(
+        None,
+        description="ServiceAccount the attempt Pod runs as. It needs the permissions the worker SDK "
+        "uses (read its Run, write Checkpoints, SideEffects, its Attempt and the Run's Lease). "
+        "Defaults to the namespace's default ServiceAccount.",
+    )
+    pod_template: PodTemplate | None = Field(
+        None,
+        description="A full Pod template, for attempts that need volumes, scheduling constraints or "
+        "sidecars. The fields above override the agent container's.",
+    )
+
+
+class LeaseSpec(ApiModel):
+    """How long an Attempt may hold the Run's lease without renewing it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.renewSeconds < self.durationSeconds",
+                "spec.lease.renewSeconds must be less than spec.lease.durationSeconds, so that a healthy "
+                "worker renews its lease before it expires",
+                field_path=".renewSeconds",
+            )
+        )
+    )
+
+    duration_seconds: int = Field(
+        60,
+        ge=5,
+        le=3600,
+        description="Seconds the lease stays valid after its last renewal. When it expires the operator "
+        "takes it over, raises the lease epoch and starts a new Attempt from the latest checkpoint; a "
+        "longer lease tolerates longer pauses of the worker but delays recovery from a lost one.",
+    )
+    renew_seconds: int = Field(
+        20,
+        ge=1,
+        le=1800,
+        description="Seconds between lease renewals by the worker. Must be less than durationSeconds; "
+        "a third of it leaves room for two missed renewals.",
+    )
+
+
+class RetryBackoff(ApiModel):
+    """Capped exponential backoff between automatic retries."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.initialSeconds <= self.maxSeconds",
+                "spec.retry.backoff.initialSeconds must not exceed spec.retry.backoff.maxSeconds",
+                field_path=".initialSeconds",
+            )
+        )
+    )
+
+    initial_seconds: int = Field(5, ge=1, le=3600, description="Delay before the first retry, in seconds.")
+    factor: float = Field(
+        2.0, ge=1.0, le=10.0, description="Each further retry waits this many times longer than the last."
+    )
+    max_seconds: int = Field(300, ge=1, le=86400, description="The delay never exceeds this many seconds.")
+
+
+DEFAULT_RETRY_ON = (
+    FailureClass.TRANSIENT,
+    FailureClass.RATE_LIMITED,
+    FailureClass.INFRASTRUCTURE,
+    FailureClass.LEASE_LOST,
+)
+
+
+class RetryPolicy(ApiModel):
+    """When a failed Attempt is retried automatically, and when the Run gives up."""
+
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="The most Attempts the Run makes, the first one included, before it fails.",
+    )
+    backoff: RetryBackoff = defaulted_object(
+        RetryBackoff, "Delay between an Attempt's failure and its retry."
+    )
+    retry_on: list[FailureClass] = Field(
+        list(DEFAULT_RETRY_ON),
+        max_length=8,
+        description="Failure classes worth retrying. Others (deterministic, cancelled, "
+        "unknown_side_effect, input_expired by default) end the Run at once.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    same_error_limit: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="After this many consecutive failures with the same fingerprint the Run fails with "
+        "reason RepeatedFailure instead of retrying: repeating the same error needs new information, "
+        "not another try.",
+    )
+
+
+class ResumeRequest(ApiModel):
+    """The answer to the Run's pending request; the Run continues from the request's checkpoint."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.idempotencyKey != oldSelf.idempotencyKey || self == oldSelf",
+                "this spec.resume.idempotencyKey was already used with different parameters: use a new "
+                "idempotencyKey for a different answer (repeating the identical resume is fine)",
+                reason="FieldValueForbidden",
+                field_path=".idempotencyKey",
+            )
+        )
+    )
+
+    request_id: Identifier = Field(
+        description="The status.pendingRequest.requestId being answered; an answer to any other request "
+        "is rejected."
+    )
+    checkpoint_id: Identifier = Field(
+        description="The status.pendingRequest.checkpointId the answer applies to. It guards against "
+        "answering a request that was replaced in the meantime."
+    )
+    value: FreeJson = Field(
+        description="The answer: any JSON value that validates against "
+        "status.pendingRequest.acceptedSchema. The agent receives it as the return value of its interrupt."
+    )
+    idempotency_key: Identifier = Field(
+        description="Unique per answer (1 to 128 characters). Sending the same resume again is harmless; "
+        "reusing the key with a different answer is refused."
+    )
+
+
+class RetryRequest(ApiModel):
+    """A manual retry of a Failed or NeedsReconciliation Run, keeping its history."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.idempotencyKey != oldSelf.idempotencyKey || self == oldSelf",
+                "this spec.retryRequest.idempotencyKey was already used with different parameters: use a "
+                "new idempotencyKey for a new retry",
+                reason="FieldValueForbidden",
+                field_path=".idempotencyKey",
+            )
+        )
+    )
+
+    idempotency_key: Identifier = Field(
+        description="Unique per retry (1 to 128 characters). Each new key asks for one more Attempt; "
+        "sending the same request again changes nothing."
+    )
+    from_checkpoint: Identifier | None = Field(
+        None, description="Checkpoint id to continue from. Defaults to the Run's latest checkpoint."
+    )
+    reason: FreeText | None = Field(
+        None, description="Why the Run is retried, e.g. what was fixed; recorded with the new Attempt."
+    )
+
+
+class PauseRequest(ApiModel):
+    """A request from outside to pause the Run at its next step boundary."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.requestId != oldSelf.requestId || self == oldSelf",
+                "this spec.pause.requestId was already used with a different reason: use a new requestId "
+                "for a new pause",
+                reason="FieldValueForbidden",
+                field_path=".requestId",
+            )
+        )
+    )
+
+    request_id: Identifier = Field(
+        description="Id of the pause, unique per pause request. The Run waits with a pending request of "
+        "this id (reason paused), which spec.resume answers to continue. It is also the pause's "
+        "idempotency key."
+    )
+    reason: FreeText | None = Field(
+        None, description="Why the Run should pause; shown to whoever resumes it."
+    )
+
+
+class RunSpec(ApiModel):
+    """The desired state of a Run, owned by its user."""
+
+    agent: AgentSpec = Field(description="What each Attempt runs.")
+    input: FreeJson = Field(
+        None, description="Any JSON value handed to the agent as its input (ctx.input in the worker SDK)."
+    )
+    lease: LeaseSpec = defaulted_object(
+        LeaseSpec, "How long an Attempt may hold the Run without renewing its lease."
+    )
+    retry: RetryPolicy = defaulted_object(
+        RetryPolicy, "When failed Attempts are retried automatically, and how often."
+    )
+    deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2592000,
+        description="The Run fails with reason DeadlineExceeded when it has not ended this many seconds "
+        "after its creation (at most 30 days). Unlimited when omitted.",
+    )
+    cancel_epoch: Epoch = Field(
+        0,
+        description="Raise to cancel the Run: the operator stops the current Attempt and refuses any "
+        "result from it. The value only grows (a decrease is refused) and is frozen once the Run is "
+        "Succeeded or Cancelled.",
+        json_schema_extra=validation_rules(
+            cel(
+                "self >= oldSelf",
+                "spec.cancelEpoch only grows: to cancel, set it to a value greater than the current one",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    resume: ResumeRequest | None = Field(
+        None,
+        description="The answer to the Run's pending request (phase InputRequired, AuthRequired or Paused).",
+    )
+    retry_request: RetryRequest | None = Field(
+        None, description="Ask for one more Attempt of a Failed or NeedsReconciliation Run."
+    )
+    pause: PauseRequest | None = Field(
+        None, description="Ask the running agent to pause at its next step boundary."
+    )
+    checkpoint_retention: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="How many Checkpoints to keep. Older ones are deleted, except the latest and any "
+        "that a pending request or an Attempt resumes from.",
+    )
+
+
+# --- status -------------------------------------------------------------------------------------------
+
+
+class PendingRequest(ApiModel):
+    """What the Run is waiting for: answer it with spec.resume."""
+
+    request_id: Identifier = Field(description="Id of the request; spec.resume.requestId must match it.")
+    reason: InterruptReason = Field(
+        description="Why the Run waits: input_required, auth_required (an approval) or paused."
+    )
+    checkpoint_id: Identifier = Field(
+        description="The checkpoint the Run continues from once answered; spec.resume.checkpointId must "
+        "match it."
+    )
+    prompt: str | None = Field(None, max_length=16384, description="The question, for the person answering.")
+    accepted_schema: FreeJsonObject | None = Field(
+        None, description="A JSON Schema that spec.resume.value must satisfy."
+    )
+    expires_at: datetime | None = Field(
+        None,
+        description="After this time (RFC 3339) an answer is refused and the Run fails with class "
+        "input_expired.",
+    )
+
+
+class RecordedInput(ApiModel):
+    """A resume input the operator accepted."""
+
+    request_id: Identifier = Field(description="The request that was answered.")
+    checkpoint_id: Identifier = Field(description="The checkpoint the Run continued from.")
+    digest: Digest = Field(description="sha256 of the canonical JSON of the answer (sha256:<hex>).")
+    idempotency_key: Identifier = Field(description="The idempotencyKey of the resume.")
+    time: datetime = Field(description="When the input was accepted (RFC 3339).")
+
+
+class ControlRecord(ApiModel):
+    """The outcome of one control request; a repeat of the same key changes nothing."""
+
+    idempotency_key: Identifier = Field(
+        description="Key of the request (for a pause, its requestId); at most one record per key."
+    )
+    op: ControlOp = Field(description="The operation: Resume, Retry, Pause or Cancel.")
+    digest: Digest = Field(
+        description="sha256 of the request's canonical JSON, to recognise a repeat of the same key."
+    )
+    outcome: ControlOutcome = Field(description="Accepted or Rejected.")
+    reason: Reason | None = Field(
+        None, description="CamelCase reason of the outcome, e.g. RequestIdMismatch or RunTerminal."
+    )
+    message: Message | None = Field(None, description="What happened, for people.")
+    time: datetime = Field(description="When the request was processed (RFC 3339).")
+
+
+class CommitRecord(ApiModel):
+    """Who committed the Run's result, with the fence values the write was checked against."""
+
+    attempt: AttemptName = Field(description="Name of the Attempt that committed the result.")
+    lease_epoch: Epoch = Field(description="The lease epoch the Attempt held; equals status.leaseEpoch.")
+    cancel_epoch: Epoch = Field(
+        description="The cancel epoch the Attempt was granted with; equals spec.cancelEpoch."
+    )
+
+
+class RunFailure(FailureInfo):
+    """Why the Run failed."""
+
+    reason: Reason | None = Field(
+        None,
+        description="CamelCase reason, e.g. RetriesExhausted, RepeatedFailure or DeadlineExceeded.",
+    )
+
+
+class SideEffectCounts(ApiModel):
+    """How many of the Run's external side effects are in each state that matters after the Run."""
+
+    confirmed: int = Field(0, ge=0, description="Side effects that happened.")
+    compensated: int = Field(0, ge=0, description="Side effects that happened and were undone.")
+    unknown: int = Field(
+        0, ge=0, description="Side effects whose outcome nobody knows yet; a person must resolve them."
+    )
+    irreversible: int = Field(
+        0, ge=0, description="Confirmed side effects that cannot be undone (no compensation)."
+    )
+
+
+class ReportedEffect(ApiModel):
+    """One external side effect of the Run, as the final report states it."""
+
+    name: ObjectName = Field(description="Name of the SideEffect object with the full record.")
+    tool: str = Field(max_length=128, description="The tool that caused the effect.")
+    target: str | None = Field(None, max_length=1024, description="What the effect acted on.")
+    state: SideEffectState = Field(
+        description="Final state: Confirmed, Compensated, Failed, Unknown or Pending."
+    )
+    external_reference: str | None = Field(
+        None, max_length=1024, description="The external system's id of the effect, e.g. a ticket number."
+    )
+    reversible: bool = Field(description="Whether the effect can be undone by its compensation.")
+
+
+class RunReport(ApiModel):
+    """What the Run did to the outside world: what happened, what was compensated, what cannot be undone."""
+
+    effects: list[ReportedEffect] = Field(
+        default_factory=list,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="The side effects, oldest first. Confirmed and not reversible means it cannot be "
+        "undone; Unknown means nobody knows whether it happened.",
+    )
+    omitted: int = Field(
+        0, ge=0, description="Side effects left out of the list to bound its size; see the SideEffects."
+    )
+
+
+class RunStatus(ApiModel):
+    """The observed state of a Run, written by the operator (and the fenced commit by the worker)."""
+
+    phase: RunPhase | None = Field(None, description="Where the Run is in its life cycle.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation of the spec the operator last acted on."
+    )
+    message: Message | None = Field(None, description="A human-readable summary of the current phase.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=MAX_CONDITIONS,
+        description="The same facts as the phase for tools, per the API conventions: Succeeded, "
+        "Waiting, CancelRequested, LeaseHeld.",
+        json_schema_extra=CONDITIONS_SCHEMA,
+    )
+    attempts: int | None = Field(None, ge=0, description="How many Attempts the Run has started.")
+    current_attempt: int | None = Field(
+        None,
+        ge=1,
+        description="Number of the latest Attempt; its Attempt object is named <run>-a<number>.",
+    )
+    lease_epoch: Epoch | None = Field(
+        None,
+        description="The epoch of the lease the current Attempt holds. It grows with every takeover; a "
+        "write carrying an older epoch comes from a stale worker and is refused.",
+    )
+    observed_cancel_epoch: Epoch | None = Field(
+        None, description="The spec.cancelEpoch the operator last acted on."
+    )
+    latest_checkpoint: Identifier | None = Field(
+        None, description="Id of the latest Checkpoint: where the next Attempt continues."
+    )
+    pending_request: PendingRequest | None = Field(
+        None, description="The request the Run waits for; answer it with spec.resume."
+    )
+    inputs: list[RecordedInput] | None = Field(
+        None,
+        max_length=MAX_RECORDED_CONTROLS,
+        description="The most recent accepted resume inputs, one per request.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["requestId"]},
+    )
+    controls: list[ControlRecord] | None = Field(
+        None,
+        max_length=MAX_RECORDED_CONTROLS,
+        description="The outcome of the most recent control requests, one per idempotencyKey.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["idempotencyKey"],
+        },
+    )
+    result: FreeJsonObject | None = Field(
+        None,
+        description="The agent's result, a JSON object. The API server only accepts it from the lease "
+        "holder: committedBy must carry the current lease and cancel epochs.",
+    )
+    committed_by: CommitRecord | None = Field(
+        None, description="Who committed the result, under which fences."
+    )
+    failure: RunFailure | None = Field(None, description="Why the Run failed, when it did.")
+    side_effects: SideEffectCounts | None = Field(
+        None, description="Counts of the Run's external side effects by what became of them."
+    )
+    report: RunReport | None = Field(
+        None, description="Once the Run has ended: the list of its external side effects and their fate."
+    )
+
+
+# --- the object ---------------------------------------------------------------------------------------
+
+
+class Run(KubernetesObject):
+    """A durable piece of agent work. The operator runs it as a series of Attempts, each a Pod, that
+    continue from Checkpoints; it can be interrupted and resumed, retried and cancelled, and records
+    every external side effect in SideEffects."""
+
+    plural: ClassVar[str] = "runs"
+    short_name: ClassVar[str] = "arun"
+    printer_columns: ClassVar[tuple[PrinterColumn, ...]] = (
+        PrinterColumn("Phase", ".status.phase", "string", "Where the Run is in its life cycle."),
+        PrinterColumn("Attempt", ".status.currentAttempt", "integer", "Number of the latest Attempt."),
+        PrinterColumn("Lease Epoch", ".status.leaseEpoch", "integer", "Epoch of the current lease."),
+        PrinterColumn("Cancel Epoch", ".spec.cancelEpoch", "integer", "Raised to cancel the Run."),
+        PrinterColumn("Waiting For", ".status.pendingRequest.requestId", "string", "The request to answer."),
+        PrinterColumn("Message", ".status.message", "string", "Summary of the phase.", priority=1),
+    )
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                f"size(self.metadata.name) <= {MAX_RUN_NAME_LENGTH}",
+                f"a Run name has at most {MAX_RUN_NAME_LENGTH} characters, so that the names derived from "
+                "it (Attempt <run>-a<number>, its Pod, the Lease, label values of at most 63 characters) "
+                "stay valid: choose a shorter metadata.name",
+            ),
+            cel(
+                "!has(oldSelf.status) || !has(oldSelf.status.phase)"
+                f" || !(oldSelf.status.phase in {cel_list(CANCEL_FROZEN_PHASES)})"
+                " || self.spec.cancelEpoch == oldSelf.spec.cancelEpoch",
+                "spec.cancelEpoch cannot change once the Run is Succeeded or Cancelled: it has ended",
+                reason="FieldValueForbidden",
+                field_path=".spec.cancelEpoch",
+            ),
+            # The server-side backstop of the commit fence. A result that stays as it was, under the
+            # same committedBy, stays valid when the epochs move on (a later takeover, a cancel).
+            # committedBy must stay equal too because CEL compares free-form objects only by their
+            # shared keys: a writer that swaps the result also writes its own (stale) committedBy.
+            cel(
+                "!has(self.status) || !has(self.status.result)"
+                " || (has(oldSelf.status) && has(oldSelf.status.result)"
+                " && has(oldSelf.status.committedBy) && has(self.status.committedBy)"
+                " && oldSelf.status.result == self.status.result"
+                " && oldSelf.status.committedBy == self.status.committedBy)"
+                " || (has(self.status.committedBy) && has(self.status.leaseEpoch)"
+                " && self.status.committedBy.cancelEpoch == self.spec.cancelEpoch"
+                " && self.status.committedBy.leaseEpoch == self.status.leaseEpoch)",
+                "status.result can only be written by the current lease holder: status.committedBy must "
+                "have cancelEpoch equal to spec.cancelEpoch and leaseEpoch equal to status.leaseEpoch "
+                "(a result from a cancelled or superseded Attempt is refused)",
+                reason="FieldValueForbidden",
+                field_path=".status.result",
+            ),
+        )
+    )
+
+    kind: Literal["Run"] = Field("Run", description="Run.")
+    spec: RunSpec = Field(description="What to run and how: set by the user.")
+    status: RunStatus = Field(
+        default_factory=RunStatus, description="What happened so far: set by the operator and the worker."
+    )

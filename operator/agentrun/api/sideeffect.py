@@ -1,0 +1,219 @@
+"""The SideEffect kind: the ledger entry of one external action, which never rolls back with state."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from agentrun.api.common import (
+    ApiModel,
+    AttemptName,
+    Digest,
+    Epoch,
+    FreeJson,
+    Identifier,
+    KubernetesObject,
+    Message,
+    PrinterColumn,
+    RunName,
+    cel,
+    cel_list,
+    validation_rules,
+)
+
+MAX_HISTORY = 32
+MAX_TOOL_LENGTH = 128
+MAX_REFERENCE_LENGTH = 1024
+
+
+class SideEffectState(StrEnum):
+    """Where an external side effect stands."""
+
+    PENDING = "Pending"
+    CONFIRMED = "Confirmed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+    COMPENSATED = "Compensated"
+
+
+# The ledger's state machine; the API server enforces the same table (see SideEffectStatus.state).
+# Staying in the same state is always allowed. A SideEffect without status counts as Pending.
+SIDE_EFFECT_TRANSITIONS: dict[SideEffectState, frozenset[SideEffectState]] = {
+    SideEffectState.PENDING: frozenset(
+        {SideEffectState.CONFIRMED, SideEffectState.FAILED, SideEffectState.UNKNOWN}
+    ),
+    SideEffectState.UNKNOWN: frozenset({SideEffectState.CONFIRMED, SideEffectState.FAILED}),
+    SideEffectState.CONFIRMED: frozenset({SideEffectState.COMPENSATED}),
+    SideEffectState.FAILED: frozenset(),
+    SideEffectState.COMPENSATED: frozenset(),
+}
+
+
+def is_allowed_transition(old: SideEffectState, new: SideEffectState) -> bool:
+    """Whether the ledger may move a SideEffect from `old` to `new`."""
+    return old == new or new in SIDE_EFFECT_TRANSITIONS[old]
+
+
+def _transition_rule() -> str:
+    """SIDE_EFFECT_TRANSITIONS as a CEL transition rule on the state field."""
+    clauses = ["self == oldSelf"]
+    for source, targets in SIDE_EFFECT_TRANSITIONS.items():
+        if targets:
+            clauses.append(f"(oldSelf == '{source}' && self in {cel_list(targets)})")
+    return " || ".join(clauses)
+
+
+class SideEffectSpec(ApiModel):
+    """The external action as it was requested; immutable, like a ledger line."""
+
+    run_name: RunName = Field(description="Name of the Run that performs the action.")
+    operation_id: Identifier | None = Field(
+        None, description="Id of the call within the Run, assigned by the worker SDK."
+    )
+    step: str | None = Field(None, max_length=128, description="The agent's step that performs the action.")
+    tool: str = Field(
+        min_length=1, max_length=MAX_TOOL_LENGTH, description="The tool or API called, e.g. create_ticket."
+    )
+    idempotency_key: Identifier = Field(
+        description="The key that identifies the action in the external system. The action is executed "
+        "at most once per key; a later Attempt looks it up by this key instead of repeating it."
+    )
+    target: str | None = Field(
+        None, max_length=MAX_REFERENCE_LENGTH, description="What the action acts on, e.g. a project or a URL."
+    )
+    request_digest: Digest | None = Field(
+        None,
+        description="sha256 of the request's canonical JSON (sha256:<hex>), to detect a changed request.",
+    )
+    compensation: str = Field(
+        "",
+        max_length=MAX_TOOL_LENGTH,
+        description="The action that undoes this one, e.g. close_ticket; empty when there is none.",
+    )
+    reversible: bool = Field(
+        False,
+        description="Whether the compensation really undoes the action; false means it cannot be undone.",
+    )
+
+
+class HistoryEntry(ApiModel):
+    """One state change of the SideEffect."""
+
+    state: SideEffectState = Field(description="The state entered.")
+    time: datetime = Field(description="When the state was entered (RFC 3339).")
+    attempt: AttemptName | None = Field(None, description="The Attempt that made the change, if any.")
+    message: Message | None = Field(None, description="Why the state was entered.")
+
+
+class Approval(ApiModel):
+    """The resume that approved a gated action before it was executed."""
+
+    request_id: Identifier = Field(
+        description="The approval request (reason auth_required) that was answered."
+    )
+    time: datetime = Field(description="When the approval was recorded (RFC 3339).")
+
+
+class SideEffectStatus(ApiModel):
+    """What became of the action, written by the worker SDK and by reconciliation."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "oldSelf.state != 'Unknown' || self.state == 'Unknown' || has(self.resolvedBy)",
+                "a SideEffect leaves Unknown only by reconciliation: set status.resolvedBy to who or what "
+                "established the outcome",
+                reason="FieldValueRequired",
+                field_path=".resolvedBy",
+            )
+        )
+    )
+
+    state: SideEffectState = Field(
+        description="Pending until the outcome is known, then Confirmed (it happened), Failed (it did "
+        "not) or Unknown (nobody can tell; a person must resolve it). A Confirmed action may later be "
+        "Compensated. The API server refuses every other transition.",
+        json_schema_extra=validation_rules(
+            cel(
+                _transition_rule(),
+                "status.state may only move Pending -> Confirmed, Failed or Unknown; Unknown -> Confirmed "
+                "or Failed; Confirmed -> Compensated. A ledger entry is never rewritten otherwise.",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    external_reference: str | None = Field(
+        None,
+        max_length=MAX_REFERENCE_LENGTH,
+        description="The external system's id of what was done, e.g. a ticket number.",
+    )
+    result: FreeJson = Field(
+        None,
+        description="What the action returned (any JSON). A later Attempt reuses it instead of executing "
+        "the action again.",
+    )
+    attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
+    lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")
+    resolved_by: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="Who or what resolved an Unknown outcome: a user name or a lookup. Required to leave "
+        "Unknown.",
+    )
+    approval: Approval | None = Field(None, description="The approval, for an action that required one.")
+    history: list[HistoryEntry] | None = Field(
+        None, max_length=MAX_HISTORY, description="The state changes, oldest first."
+    )
+
+
+class SideEffect(KubernetesObject):
+    """One external action of a Run (an API call, a message, a payment): the ledger entry that says
+    whether it happened, so that it is never executed twice and the Run's report can say what was
+    done, what was compensated and what cannot be undone."""
+
+    plural: ClassVar[str] = "sideeffects"
+    short_name: ClassVar[str] = "sfx"
+    printer_columns: ClassVar[tuple[PrinterColumn, ...]] = (
+        PrinterColumn("Run", ".spec.runName", "string", "The Run that performed the action."),
+        PrinterColumn("Tool", ".spec.tool", "string", "The tool that was called."),
+        PrinterColumn("State", ".status.state", "string", "What became of the action."),
+        PrinterColumn(
+            "External Reference", ".status.externalReference", "string", "The external system's id."
+        ),
+    )
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "!has(oldSelf.status) || has(self.status)",
+                "the status of a SideEffect cannot be removed: it is the ledger's record of the action",
+                reason="FieldValueForbidden",
+                field_path=".status",
+            ),
+            cel(
+                "has(oldSelf.status) || !has(self.status) || self.status.state != 'Compensated'",
+                "a new SideEffect starts Pending and only a Confirmed one can become Compensated",
+                reason="FieldValueForbidden",
+                field_path=".status.state",
+            ),
+        )
+    )
+
+    kind: Literal["SideEffect"] = Field("SideEffect", description="SideEffect.")
+    spec: SideEffectSpec = Field(
+        description="The action as requested; immutable.",
+        json_schema_extra=validation_rules(
+            cel(
+                "self == oldSelf",
+                "a SideEffect's spec is immutable: the ledger keeps the action as it was requested; a "
+                "different action needs a different idempotencyKey and so a new SideEffect",
+                reason="FieldValueForbidden",
+            )
+        ),
+    )
+    status: SideEffectStatus | None = Field(
+        None, description="What became of the action; absent until the worker records it (counts as Pending)."
+    )
