@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agentrun.rbac import attempt_role
 from devcluster.cluster import LocalCluster
+from support.agentrun import install_crds
 from support.kube import Kube, wait_for
+from support.operator import OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +32,7 @@ def kube(local_cluster: LocalCluster) -> Kube:
     return Kube(local_cluster.kubeconfig, Path(local_cluster.binary("kubectl")))
 
 
-@pytest.fixture
-def namespace(kube: Kube) -> Iterator[str]:
-    """A fresh namespace whose default service account exists (Pods are refused until it does)."""
+def _fresh_namespace(kube: Kube) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     kube.core.create_namespace({"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}})
     wait_for(
@@ -39,5 +40,56 @@ def namespace(kube: Kube) -> Iterator[str]:
         timeout=30,
         what=f"default service account in {name}",
     )
+    return name
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace whose default service account exists (Pods are refused until it does)."""
+    name = _fresh_namespace(kube)
     yield name
     kube.core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def module_namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace shared by the tests of one module (for tests that only need distinct names)."""
+    name = _fresh_namespace(kube)
+    yield name
+    kube.core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def agentrun_crds(kube: Kube) -> None:
+    """The agentrun.dev CRDs from crds/, applied once per session and ready: Established, serving the
+    four kinds and enforcing their CEL rules. Request it for its effect."""
+    install_crds(kube)
+
+
+@pytest.fixture(scope="session")
+def operator(
+    kube: Kube, agentrun_crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The agentrun operator, running as its own process against the test cluster."""
+    process = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    process.start()
+    process.wait_ready()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def run_namespace(kube: Kube, namespace: str) -> str:
+    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac)."""
+    kube.rbac.create_namespaced_role(namespace, attempt_role(namespace))
+    kube.rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "agentrun-attempt"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentrun-attempt"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+        },
+    )
+    return namespace

@@ -40,6 +40,7 @@ from agentrun.api.names import (
     RESUME_FROM_ANNOTATION,
     RUN_LABEL,
     attempt_name,
+    lease_name,
 )
 from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
@@ -150,4 +151,5 @@ __all__ = [
     "attempt_name",
     "is_allowed_transition",
     "json_digest",
+    "lease_name",
 ]

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar, Final, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from agentrun.api.common import (
     ApiModel,
@@ -106,6 +106,13 @@ class AttemptFailure(FailureInfo):
     """Why the Attempt failed."""
 
     exit_code: int | None = Field(None, ge=0, le=255, description="Exit code of the agent's container.")
+    retry_after_seconds: int | None = Field(
+        None,
+        ge=0,
+        le=86400,
+        description="For rate_limited failures: how long the agent was told to wait. The next Attempt "
+        "starts no sooner, whatever the backoff says.",
+    )
 
 
 class RejectedCommit(ApiModel):
@@ -171,6 +178,22 @@ class Attempt(KubernetesObject):
         PrinterColumn("Phase", ".status.phase", "string", "Where the Attempt is in its life."),
         PrinterColumn("Reason", ".spec.reason", "string", "Why the Attempt was started."),
         PrinterColumn("Pod", ".status.podName", "string", "The Pod that runs the Attempt."),
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            # The phase rule on status.phase only runs while both old and new values exist: without
+            # this one, removing the phase (or the whole status) and setting it again would rewrite
+            # an ended Attempt.
+            cel(
+                "!has(oldSelf.status) || !has(oldSelf.status.phase)"
+                " || (has(self.status) && has(self.status.phase))",
+                "an Attempt's status.phase cannot be removed once set: history is never rewritten; "
+                "move the phase forward instead",
+                reason="FieldValueForbidden",
+                field_path=".status.phase",
+            ),
+        )
     )
 
     kind: Literal["Attempt"] = Field("Attempt", description="Attempt.")

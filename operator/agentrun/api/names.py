@@ -19,3 +19,8 @@ RESUME_FROM_ANNOTATION: Final = f"{GROUP}/resume-from"
 def attempt_name(run_name: str, number: int) -> str:
     """The name of a Run's Attempt (and of its Pod): `<run>-a<number>`."""
     return f"{run_name}-a{number}"
+
+
+def lease_name(run_name: str) -> str:
+    """The Run's coordination.k8s.io Lease. The suffix keeps it apart from unrelated Leases."""
+    return f"{run_name}.run.agentrun.dev"

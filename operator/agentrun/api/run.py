@@ -516,6 +516,11 @@ class RunStatus(ApiModel):
     observed_cancel_epoch: Epoch | None = Field(
         None, description="The spec.cancelEpoch the operator last acted on."
     )
+    next_attempt_time: datetime | None = Field(
+        None,
+        description="In phase RetryBackoff: when the next Attempt starts (RFC 3339), after capped "
+        "exponential backoff with jitter.",
+    )
     latest_checkpoint: Identifier | None = Field(
         None, description="Id of the latest Checkpoint: where the next Attempt continues."
     )

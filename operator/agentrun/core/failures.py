@@ -1,0 +1,118 @@
+"""Failure classification: from what a finished attempt Pod says to a class that decides the retry.
+
+Sources, most specific first: the JSON the SDK writes as the termination message ({class, message,
+fingerprint, retryAfterSeconds}); the container runtime's reason (OOMKilled) and the Pod's (Evicted,
+node lost); the exit code (75 = transient; death by a signal = infrastructure; any other non-zero =
+deterministic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun.api import AttemptFailure, FailureClass
+
+EX_TEMPFAIL = 75  # sysexits.h: "temporary failure, try again later"
+_SIGNAL_BASE = 128
+# Numbers, hex literals, long hex ids and UUIDs (whose short groups the other patterns would only half mask).
+_VOLATILE = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|0x[0-9a-f]+|\b[0-9a-f]{8,}\b|\d+")
+MAX_RETRY_AFTER_SECONDS = 86400  # AttemptFailure.retryAfterSeconds' bound
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    """How the agent container of an attempt Pod ended, as the kubelet reported it."""
+
+    exit_code: int
+    reason: str | None = None  # container state reason: Completed, Error, OOMKilled, ...
+    message: str | None = None  # the termination message
+    pod_reason: str | None = None  # Pod-level reason: Evicted, NodeLost, ...
+
+
+def fingerprint(failure_class: str, message: str) -> str:
+    """A stable digest of an error: numbers and hex ids are masked so that "timeout after 3012 ms" and
+    "timeout after 2990 ms" count as the same error."""
+    normalised = _VOLATILE.sub("#", message.strip().lower())
+    return hashlib.sha256(f"{failure_class}\0{normalised}".encode()).hexdigest()[:16]
+
+
+def failure(failure_class: FailureClass, message: str, exit_code: int | None = None) -> AttemptFailure:
+    return AttemptFailure.model_validate(
+        {
+            "class": failure_class,
+            "message": message[:1024],
+            "fingerprint": fingerprint(failure_class, message),
+            "exitCode": exit_code,
+        }
+    )
+
+
+def _retry_after(value: Any) -> int | None:
+    """retryAfterSeconds as the model accepts it: whole seconds, rounded up (the next Attempt starts no
+    sooner) and clamped to [0, 86400]. The termination message is the agent's to write: a value out of
+    bounds must not make the failure unparseable, nor the Run undecidable."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return min(max(math.ceil(value), 0), MAX_RETRY_AFTER_SECONDS)
+
+
+def _reported_by_sdk(message: str | None, exit_code: int) -> AttemptFailure | None:
+    if not message or not message.lstrip().startswith("{"):
+        return None
+    try:
+        reported: Any = json.loads(message)
+        cls = FailureClass(reported["class"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    text = str(reported.get("message") or cls.value)
+    retry_after = _retry_after(reported.get("retryAfterSeconds"))
+    return AttemptFailure.model_validate(
+        {
+            "class": cls,
+            "message": text[:1024],
+            "fingerprint": str(reported.get("fingerprint") or fingerprint(cls, text))[:64],
+            "exitCode": exit_code,
+            "retryAfterSeconds": retry_after,
+        }
+    )
+
+
+def classify_exit(end: ContainerExit) -> AttemptFailure | None:
+    """The failure of a finished attempt container, or None when it exited 0."""
+    if reported := _reported_by_sdk(end.message, end.exit_code):
+        return reported
+    if end.exit_code == 0:
+        return None
+    if end.reason == "OOMKilled":
+        return failure(FailureClass.INFRASTRUCTURE, "the agent container was OOMKilled", end.exit_code)
+    if end.pod_reason in ("Evicted", "NodeLost", "Preempting", "NodeShutdown"):
+        return failure(FailureClass.INFRASTRUCTURE, f"the attempt Pod was {end.pod_reason}", end.exit_code)
+    if end.exit_code == EX_TEMPFAIL:
+        return failure(FailureClass.TRANSIENT, end.message or "the agent exited with code 75", end.exit_code)
+    if end.exit_code > _SIGNAL_BASE:
+        # Killed from outside (SIGKILL, SIGTERM...): the agent did not fail on its own account.
+        signal = end.exit_code - _SIGNAL_BASE
+        return failure(
+            FailureClass.INFRASTRUCTURE, f"the agent process was killed by signal {signal}", end.exit_code
+        )
+    return failure(
+        FailureClass.DETERMINISTIC,
+        end.message or f"the agent exited with code {end.exit_code}",
+        end.exit_code,
+    )
+
+
+def pod_lost() -> AttemptFailure:
+    return failure(FailureClass.INFRASTRUCTURE, "the attempt Pod disappeared before it finished")
+
+
+def lease_lost(duration_seconds: int) -> AttemptFailure:
+    return failure(
+        FailureClass.LEASE_LOST,
+        f"the worker did not renew its lease within {duration_seconds}s",
+    )

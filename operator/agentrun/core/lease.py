@@ -1,0 +1,64 @@
+"""Lease rules: the epoch a grant writes, and expiry judged on the operator's own clock.
+
+Expiry never compares timestamps written on another machine: the operator notes when it first saw the
+Lease at its current resourceVersion (a renewal changes it) and counts durationSeconds from there, as
+client-go leader election does. After an operator restart the count starts again, which only errs on
+the side of waiting longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    holder: str | None
+    epoch: int  # spec.leaseTransitions
+    duration_seconds: int
+    resource_version: str
+
+
+def lease_view(lease: dict[str, Any]) -> LeaseView:
+    spec = lease.get("spec") or {}
+    return LeaseView(
+        holder=spec.get("holderIdentity") or None,
+        epoch=int(spec.get("leaseTransitions") or 0),
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+        resource_version=str(lease["metadata"]["resourceVersion"]),
+    )
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """When (on a monotonic clock) this operator first saw the Lease at this resourceVersion."""
+
+    resource_version: str
+    seen_at: float
+
+
+def sight(previous: Sighting | None, resource_version: str, now: float) -> Sighting:
+    if previous is not None and previous.resource_version == resource_version:
+        return previous
+    return Sighting(resource_version, now)
+
+
+def seconds_until_expiry(sighting: Sighting | None, duration_seconds: int, now: float) -> float | None:
+    """Seconds left before the holder loses the Lease (<= 0: expired); None if never seen."""
+    if sighting is None:
+        return None
+    return sighting.seen_at + duration_seconds - now
+
+
+def epoch_for_grant(lease: LeaseView | None, holder: str) -> tuple[int, bool]:
+    """(epoch, write needed) for giving the Lease to `holder`.
+
+    A Lease already held by `holder` is the trace of an earlier grant interrupted before it finished
+    (an operator restart): its epoch is adopted, never bumped again, so no epoch is skipped or reused.
+    """
+    if lease is None:
+        return 1, True
+    if lease.holder == holder:
+        return lease.epoch, False
+    return lease.epoch + 1, True

@@ -1,0 +1,83 @@
+"""Intended writes: what the state machine asks the I/O layer to do, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+JsonDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchRunStatus:
+    """A merge patch of Run.status, sent with the resourceVersion the decision was made on."""
+
+    patch: JsonDict
+
+
+@dataclass(frozen=True)
+class WriteLease:
+    """Create the Run's Lease (expected_resource_version None) or update it, preconditioned.
+
+    epoch is written as leaseTransitions: every change of holder is a new epoch.
+    """
+
+    holder: str | None
+    epoch: int
+    duration_seconds: int
+    expected_resource_version: str | None
+
+
+@dataclass(frozen=True)
+class CreateAttempt:
+    body: JsonDict
+
+
+@dataclass(frozen=True)
+class PatchAttemptStatus:
+    name: str
+    patch: JsonDict
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    body: JsonDict
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    grace_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+    attempt: str | None = None  # the Attempt the event is about; the Run otherwise
+
+
+Action = (
+    PatchRunStatus | WriteLease | CreateAttempt | PatchAttemptStatus | CreatePod | DeletePod | RecordEvent
+)
+
+
+@dataclass
+class Plan:
+    """Writes to make in order (stop at the first that fails), and when to look at the Run again."""
+
+    actions: list[Action] = field(default_factory=list)
+    requeue_after: float | None = None
+
+    def add(self, *actions: Action) -> Plan:
+        self.actions.extend(actions)
+        return self
+
+    def wake_in(self, seconds: float) -> Plan:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        return self
+
+    def of(self, kind: type[Action]) -> list[Action]:
+        return [a for a in self.actions if isinstance(a, kind)]

@@ -1,0 +1,157 @@
+"""The attempt Pod: built from the Run's agent spec and the Attempt, and read back into a PodView."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun.api import (
+    ATTEMPT_ANNOTATION,
+    CANCEL_EPOCH_ANNOTATION,
+    LEASE_EPOCH_ANNOTATION,
+    RESUME_FROM_ANNOTATION,
+    RUN_LABEL,
+    Attempt,
+    Run,
+)
+from agentrun.core.failures import ContainerExit
+
+AGENT_CONTAINER = "agent"
+ATTEMPT_LABEL = "agentrun.dev/attempt"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+DEFAULT_GRACE_SECONDS = 15
+
+
+def _annotation_env(name: str, annotation: str) -> dict[str, Any]:
+    path = f"metadata.annotations['{annotation}']"
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+# The SDK reads who it is from the Pod itself (downward API), never from values baked into the image.
+DOWNWARD_ENV: list[dict[str, Any]] = [
+    {"name": "AGENTRUN_RUN", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{RUN_LABEL}']"}}},
+    {"name": "AGENTRUN_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "AGENTRUN_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    _annotation_env("AGENTRUN_ATTEMPT", ATTEMPT_ANNOTATION),
+    _annotation_env("AGENTRUN_LEASE_EPOCH", LEASE_EPOCH_ANNOTATION),
+    _annotation_env("AGENTRUN_CANCEL_EPOCH", CANCEL_EPOCH_ANNOTATION),
+    _annotation_env("AGENTRUN_RESUME_FROM", RESUME_FROM_ANNOTATION),
+]
+
+
+def owner_reference(obj: Run | Attempt, *, controller: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": obj.api_version,
+        "kind": obj.kind,
+        "name": obj.metadata.name,
+        "uid": obj.metadata.uid,
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
+    """The Pod that runs `attempt`: owned by the Run (the controller) and by its Attempt."""
+    agent = run.spec.agent
+    name = str(attempt.metadata.name)
+    template = agent.pod_template
+    spec: dict[str, Any] = copy.deepcopy(dict(template.spec)) if template else {}
+    containers: list[dict[str, Any]] = spec.setdefault("containers", [])
+    container = next((c for c in containers if c.get("name") == AGENT_CONTAINER), None)
+    if container is None:
+        if containers:
+            container = containers[0]
+        else:
+            container = {"name": AGENT_CONTAINER}
+            containers.append(container)
+    if agent.image:
+        container["image"] = agent.image
+    if agent.command:
+        container["command"] = list(agent.command)
+    if agent.args:
+        container["args"] = list(agent.args)
+    if agent.resources:
+        container["resources"] = agent.resources.to_api()
+    user_env = [e.to_api() for e in agent.env or []]
+    reserved = {e["name"] for e in DOWNWARD_ENV}
+    container["env"] = [
+        *copy.deepcopy(DOWNWARD_ENV),
+        *[e for e in container.get("env") or [] if e.get("name") not in reserved],
+        *[e for e in user_env if e["name"] not in reserved],
+    ]
+    container.setdefault("terminationMessagePath", TERMINATION_MESSAGE_PATH)
+    # The SDK's {class, message, fingerprint}; an agent that dies without writing it leaves its log tail.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    spec["restartPolicy"] = "Never"  # a new try is a new Attempt, never a silent container restart
+    spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+    spec.setdefault("enableServiceLinks", False)
+    if agent.service_account_name:
+        spec["serviceAccountName"] = agent.service_account_name
+
+    labels = {**((template.metadata.labels or {}) if template and template.metadata else {})}
+    labels |= {RUN_LABEL: str(run.metadata.name), ATTEMPT_LABEL: name}
+    annotations = {**((template.metadata.annotations or {}) if template and template.metadata else {})}
+    annotations |= {
+        ATTEMPT_ANNOTATION: name,
+        LEASE_EPOCH_ANNOTATION: str(attempt.spec.lease_epoch),
+        CANCEL_EPOCH_ANNOTATION: str(attempt.spec.cancel_epoch),
+        RESUME_FROM_ANNOTATION: attempt.spec.resume_from or "",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": run.metadata.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                owner_reference(run, controller=True),
+                owner_reference(attempt, controller=False),
+            ],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the state machine needs to know about an attempt Pod."""
+
+    name: str
+    phase: str
+    deleting: bool
+    running_since: str | None
+    exit: ContainerExit | None  # set once the agent container has terminated
+
+    @property
+    def finished(self) -> bool:
+        return self.exit is not None or self.phase in ("Succeeded", "Failed")
+
+
+def pod_view(pod: dict[str, Any]) -> PodView:
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    agent = next((s for s in statuses if s.get("name") == AGENT_CONTAINER), statuses[0] if statuses else None)
+    state = (agent or {}).get("state") or {}
+    running_since = (state.get("running") or {}).get("startedAt")
+    exit = None
+    if terminated := state.get("terminated"):
+        exit = ContainerExit(
+            exit_code=int(terminated.get("exitCode", 0)),
+            reason=terminated.get("reason"),
+            message=terminated.get("message"),
+            pod_reason=status.get("reason"),
+        )
+    elif status.get("phase") == "Failed":  # e.g. evicted before the container ran
+        exit = ContainerExit(
+            exit_code=137, reason=None, message=status.get("message"), pod_reason=status.get("reason")
+        )
+    return PodView(
+        name=pod["metadata"]["name"],
+        phase=status.get("phase", "Pending"),
+        deleting=bool(pod["metadata"].get("deletionTimestamp")),
+        running_since=running_since,
+        exit=exit,
+    )

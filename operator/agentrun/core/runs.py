@@ -1,0 +1,443 @@
+"""The Run state machine: from what the operator observes now to the writes that move the Run on.
+
+`decide(world)` is a pure function. It is level-based: it looks only at the current objects, never at
+what happened in memory before, so an operator restart at any line simply calls it again. Every write
+it asks for is idempotent (deterministic names) or preconditioned (resourceVersion), and each write
+sequence is ordered so that a crash between two writes leaves a state this function continues from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from agentrun.api import (
+    RUN_LABEL,
+    Attempt,
+    AttemptFailure,
+    AttemptPhase,
+    AttemptReason,
+    FailureClass,
+    Run,
+    RunPhase,
+    attempt_name,
+)
+from agentrun.core import failures
+from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
+from agentrun.core.lease import LeaseView, epoch_for_grant
+from agentrun.core.plan import (
+    CreateAttempt,
+    CreatePod,
+    DeletePod,
+    PatchAttemptStatus,
+    PatchRunStatus,
+    Plan,
+    RecordEvent,
+    WriteLease,
+)
+from agentrun.core.pods import PodView, attempt_pod, owner_reference
+from agentrun.core.retry import decide_retry
+
+FINISHED_ATTEMPT = frozenset(
+    {
+        AttemptPhase.SUCCEEDED,
+        AttemptPhase.FAILED,
+        AttemptPhase.INTERRUPTED,
+        AttemptPhase.ABORTED,
+        AttemptPhase.LEASE_LOST,
+        AttemptPhase.REJECTED,
+    }
+)
+# Without a sighting of the Lease yet (operator just started), look again this soon.
+RECHECK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything the decision needs, as observed now."""
+
+    run: Run
+    attempts: Mapping[int, Attempt]
+    pods: Mapping[str, PodView]
+    lease: LeaseView | None
+    now: datetime
+    # Seconds before the current holder's lease expires on the operator's clock (<= 0: expired),
+    # None while the operator has not seen the Lease yet.
+    lease_expires_in: float | None = None
+
+    def failure_of(self, number: int) -> AttemptFailure | None:
+        attempt = self.attempts.get(number)
+        return attempt.status.failure if attempt else None
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Decision:
+    """Builds one Plan; helpers for the status patch every transition writes."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+        self.run = world.run
+        self.status = world.run.status
+        self.plan = Plan()
+
+    # ---- writes --------------------------------------------------------------------------------------
+
+    def set_phase(self, phase: RunPhase, reason: str, message: str, **fields: Any) -> None:
+        patch: dict[str, Any] = {
+            "phase": phase.value,
+            "message": message[:1024],
+            "observedGeneration": self.run.metadata.generation,
+            "conditions": conditions_for(
+                phase,
+                reason,
+                message,
+                generation=self.run.metadata.generation,
+                previous=self.status.conditions,
+                now=self.w.now,
+            ),
+            **fields,
+        }
+        self.plan.add(PatchRunStatus(patch))
+
+    def event(self, type_: str, reason: str, message: str, attempt: str | None = None) -> None:
+        assert type_ in ("Normal", "Warning")
+        self.plan.add(RecordEvent(type_, reason, message, attempt))  # type: ignore[arg-type]
+
+    def finish_attempt(self, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None) -> None:
+        if attempt.status.phase in FINISHED_ATTEMPT:
+            return  # history is never rewritten
+        patch: dict[str, Any] = {"phase": phase.value, "completionTime": rfc3339(self.w.now)}
+        if failure is not None:
+            patch["failure"] = failure.to_api()
+        self.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch))
+
+    # ---- transitions ---------------------------------------------------------------------------------
+
+    def grant(self, number: int, reason: str, input_value: Any = None) -> None:
+        """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod."""
+        run = self.run
+        name = attempt_name(str(run.metadata.name), number)
+        epoch, write = epoch_for_grant(self.w.lease, name)
+        if write:
+            rv = self.w.lease.resource_version if self.w.lease else None
+            self.plan.add(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))
+        message = f"Attempt {number} ({reason}) holds lease epoch {epoch}"
+        self.set_phase(
+            RunPhase.RUNNING,
+            "AttemptRunning",
+            message,
+            currentAttempt=number,
+            attempts=max(number, self.status.attempts or 0),
+            leaseEpoch=epoch,
+            observedCancelEpoch=run.spec.cancel_epoch,
+            nextAttemptTime=None,
+        )
+        attempt = self.attempt_object(number, epoch, reason, input_value)
+        self.plan.add(CreateAttempt(attempt.to_api()))
+        self.ensure_pod(attempt)
+        self.event("Normal", "AttemptStarted", message, name)
+
+    def attempt_object(self, number: int, epoch: int, reason: str, input_value: Any) -> Attempt:
+        run = self.run
+        name = attempt_name(str(run.metadata.name), number)
+        spec: dict[str, Any] = {
+            "runName": run.metadata.name,
+            "number": number,
+            "leaseEpoch": epoch,
+            "cancelEpoch": run.spec.cancel_epoch,
+            "reason": reason,
+        }
+        if self.status.latest_checkpoint:
+            spec["resumeFrom"] = self.status.latest_checkpoint
+        if input_value is not None:
+            spec["input"] = input_value
+        return Attempt.model_validate(
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": run.metadata.namespace,
+                    "labels": {RUN_LABEL: run.metadata.name},
+                    "ownerReferences": [owner_reference(run, controller=True)],
+                },
+                "spec": spec,
+            }
+        )
+
+    def ensure_pod(self, attempt: Attempt) -> None:
+        # The Pod is owned by the Attempt too; an Attempt about to be created has no uid yet, so the
+        # I/O layer fills in the uid the create returned (it is the same object either way).
+        self.plan.add(CreatePod(attempt_pod(self.run, attempt)))
+        if attempt.status.phase is None:
+            self.plan.add(
+                PatchAttemptStatus(
+                    str(attempt.metadata.name), {"phase": "Pending", "podName": attempt.metadata.name}
+                )
+            )
+
+    def after_failure(self, number: int, failure: AttemptFailure, phase: AttemptPhase) -> None:
+        """The current Attempt failed: back off and retry, or fail the Run."""
+        history = [*(self.w.failure_of(n) for n in range(1, number)), failure]
+        decision = decide_retry(self.run.spec.retry, number, history, seed=str(self.run.metadata.uid))
+        name = attempt_name(str(self.run.metadata.name), number)
+        self.event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
+        if decision.retry:
+            at = self.w.now + timedelta(seconds=decision.delay_seconds)
+            if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
+                at = at.replace(microsecond=0) + timedelta(seconds=1)
+            self.set_phase(
+                RunPhase.RETRY_BACKOFF,
+                "RetryScheduled",
+                f"Attempt {number} ended {phase.value} ({failure.failure_class}: {failure.message}); "
+                f"Attempt {number + 1} starts at {rfc3339(at)}",
+                nextAttemptTime=rfc3339(at),
+            )
+            self.event("Normal", "RetryScheduled", decision.message)
+            self.plan.wake_in((at - self.w.now).total_seconds())
+            return
+        self.set_phase(
+            RunPhase.FAILED,
+            decision.reason,
+            f"{decision.message}; last failure: {failure.message}",
+            failure={
+                "class": failure.failure_class.value,
+                "reason": decision.reason,
+                "message": (failure.message or "")[:1024],
+                "fingerprint": failure.fingerprint,
+            },
+        )
+        self.event("Warning", decision.reason, decision.message)
+
+
+def decide(world: World) -> Plan:
+    d = _Decision(world)
+    run, status, spec = world.run, world.run.status, world.run.spec
+    if run.metadata.deletion_timestamp is not None:
+        return d.plan  # the garbage collector removes what the Run owns
+    phase = status.phase
+    if phase is None:
+        d.set_phase(
+            RunPhase.QUEUED,
+            "Queued",
+            "Waiting for its first Attempt",
+            attempts=0,
+            leaseEpoch=0,
+            observedCancelEpoch=spec.cancel_epoch,
+        )
+        d.event("Normal", "Queued", "Run accepted; starting Attempt 1")
+        return d.plan.wake_in(0)
+    if phase in TERMINAL_PHASES and phase != RunPhase.FAILED:
+        return d.plan
+    current = status.current_attempt
+    attempt = world.attempts.get(current) if current else None
+    pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
+
+    if spec.cancel_epoch > (status.observed_cancel_epoch or 0) and phase != RunPhase.CANCEL_REQUESTED:
+        _cancel(d, attempt, pod)
+        return d.plan
+    if phase == RunPhase.FAILED:
+        return d.plan  # a manual retry (spec.retryRequest) is the only way on
+    if _deadline_passed(world):
+        _stop_for_deadline(d, attempt, pod)
+        return d.plan
+
+    if phase == RunPhase.QUEUED:
+        d.grant(1, AttemptReason.INITIAL)
+    elif phase == RunPhase.RETRY_BACKOFF:
+        due = status.next_attempt_time
+        if due is None or world.now >= due:
+            number = (current or 0) + 1
+            d.grant(number, _reason_after(world.attempts.get(number - 1), world))
+        else:
+            d.plan.wake_in((due - world.now).total_seconds())
+    elif phase == RunPhase.RUNNING and current:
+        _supervise(d, current, attempt, pod)
+    elif phase == RunPhase.CANCEL_REQUESTED:
+        _finish_cancel(d, attempt, pod)
+    if spec.deadline_seconds and run.metadata.creation_timestamp and phase not in TERMINAL_PHASES:
+        deadline = run.metadata.creation_timestamp + timedelta(seconds=spec.deadline_seconds)
+        d.plan.wake_in((deadline - world.now).total_seconds())
+    return d.plan
+
+
+def _reason_after(previous: Attempt | None, world: World) -> str:
+    """Why the next Attempt starts, from how the previous one ended."""
+    if previous is None:
+        return AttemptReason.INITIAL
+    if previous.status.phase == AttemptPhase.LEASE_LOST:
+        return AttemptReason.LEASE_EXPIRED
+    failure = previous.status.failure
+    if failure is not None:
+        return AttemptReason.retry(failure.failure_class)
+    return AttemptReason.retry(FailureClass.INFRASTRUCTURE)
+
+
+def _supervise(d: _Decision, number: int, attempt: Attempt | None, pod: PodView | None) -> None:
+    w = d.w
+    if attempt is None:
+        # A grant interrupted after the Run's status was written: create the Attempt it promised.
+        prev = w.attempts.get(number - 1)
+        recovered = d.attempt_object(number, w.run.status.lease_epoch or 0, _reason_after(prev, w), None)
+        d.plan.add(CreateAttempt(recovered.to_api()))
+        d.ensure_pod(recovered)
+        return
+    name = str(attempt.metadata.name)
+    if attempt.status.phase in FINISHED_ATTEMPT:
+        _after_attempt(d, attempt, attempt.status.failure)
+        return
+    if pod is None:
+        if attempt.status.start_time is None:
+            d.ensure_pod(attempt)  # not created yet, or not in the cache yet: creating is idempotent
+        else:
+            failure = failures.pod_lost()
+            d.finish_attempt(attempt, AttemptPhase.FAILED, failure)
+            d.after_failure(number, failure, AttemptPhase.FAILED)
+        return
+    if pod.finished:
+        _conclude(d, attempt, pod)
+        return
+    if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
+        d.plan.add(
+            PatchAttemptStatus(
+                name, {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
+            )
+        )
+    lease = w.lease
+    holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
+    if not holds_lease or w.lease_expires_in is None:
+        d.plan.wake_in(RECHECK_SECONDS)
+    elif w.lease_expires_in <= 0:
+        failure = failures.lease_lost(lease.duration_seconds if lease else 0)
+        d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
+        d.plan.add(DeletePod(pod.name, grace_seconds=0))
+        d.after_failure(number, failure, AttemptPhase.LEASE_LOST)
+    else:
+        d.plan.wake_in(w.lease_expires_in + 0.05)
+
+
+def _conclude(d: _Decision, attempt: Attempt, pod: PodView) -> None:
+    """The agent container ended: what did the Attempt achieve?"""
+    status = d.status
+    name = str(attempt.metadata.name)
+    assert pod.exit is not None or pod.phase in ("Succeeded", "Failed")
+    end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
+    failure = failures.classify_exit(end)
+    if failure is None:
+        committed = status.committed_by is not None and status.committed_by.attempt == name
+        if committed:
+            d.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
+            _after_attempt(d, attempt, None, phase=AttemptPhase.SUCCEEDED)
+            return
+        if status.pending_request is not None:
+            d.finish_attempt(attempt, AttemptPhase.INTERRUPTED, None)
+            _after_attempt(d, attempt, None, phase=AttemptPhase.INTERRUPTED)
+            return
+        failure = failures.failure(
+            FailureClass.DETERMINISTIC,
+            "the agent exited 0 without committing a result or an input request (use agentrun.worker)",
+            0,
+        )
+    d.finish_attempt(attempt, AttemptPhase.FAILED, failure)
+    d.after_failure(attempt.spec.number, failure, AttemptPhase.FAILED)
+
+
+def _after_attempt(
+    d: _Decision, attempt: Attempt, failure: AttemptFailure | None, phase: AttemptPhase | None = None
+) -> None:
+    """Moves the Run on from an Attempt whose end is already recorded (or being recorded now)."""
+    phase = phase or attempt.status.phase
+    name = str(attempt.metadata.name)
+    if phase == AttemptPhase.SUCCEEDED:
+        d.set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
+        d.event("Normal", "Succeeded", f"{name} committed the result", name)
+    elif phase == AttemptPhase.INTERRUPTED:
+        request = d.status.pending_request
+        assert request is not None
+        waiting = {
+            "input_required": RunPhase.INPUT_REQUIRED,
+            "auth_required": RunPhase.AUTH_REQUIRED,
+            "paused": RunPhase.PAUSED,
+        }[request.reason.value]
+        message = f"waiting for request {request.request_id} ({request.reason.value})"
+        d.set_phase(waiting, waiting.value, message)
+        d.event("Normal", "Interrupted", message, name)
+    elif failure is not None:
+        d.after_failure(attempt.spec.number, failure, phase or AttemptPhase.FAILED)
+    else:
+        d.after_failure(attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
+
+
+def _deadline_passed(world: World) -> bool:
+    created, limit = world.run.metadata.creation_timestamp, world.run.spec.deadline_seconds
+    return bool(limit and created and world.now >= created + timedelta(seconds=limit))
+
+
+def _revoke_lease(d: _Decision) -> int:
+    """Takes the Lease from whoever holds it: a new epoch, so any late write of theirs is refused.
+
+    A Lease that nobody holds was revoked already (a revocation interrupted before the Run's status
+    was written): its epoch is adopted, never bumped again, so no epoch is skipped.
+    """
+    lease = d.w.lease
+    if lease is not None and lease.holder is None:
+        return lease.epoch
+    epoch = (lease.epoch if lease else 0) + 1
+    d.plan.add(
+        WriteLease(None, epoch, d.run.spec.lease.duration_seconds, lease.resource_version if lease else None)
+    )
+    return epoch
+
+
+def _stop_for_deadline(d: _Decision, attempt: Attempt | None, pod: PodView | None) -> None:
+    limit = d.run.spec.deadline_seconds
+    message = f"the Run exceeded its deadline of {limit}s"
+    epoch = _revoke_lease(d)
+    failure = failures.failure(FailureClass.CANCELLED, message)
+    if attempt is not None:
+        d.finish_attempt(attempt, AttemptPhase.ABORTED, failure)
+    if pod is not None and not pod.finished:
+        d.plan.add(DeletePod(pod.name))
+    d.set_phase(
+        RunPhase.FAILED,
+        "DeadlineExceeded",
+        message,
+        leaseEpoch=epoch,
+        nextAttemptTime=None,
+        failure={"class": "cancelled", "reason": "DeadlineExceeded", "message": message},
+    )
+    d.event("Warning", "DeadlineExceeded", message)
+
+
+def _cancel(d: _Decision, attempt: Attempt | None, pod: PodView | None) -> None:
+    epoch = d.run.spec.cancel_epoch
+    if pod is not None and not pod.finished:
+        d.set_phase(
+            RunPhase.CANCEL_REQUESTED,
+            "CancelRequested",
+            f"cancel epoch {epoch}: stopping {pod.name}",
+            observedCancelEpoch=epoch,
+        )
+        d.plan.add(DeletePod(pod.name))
+        d.event("Normal", "CancelRequested", f"cancel epoch {epoch}: stopping {pod.name}")
+        return
+    _cancelled(d, attempt)
+
+
+def _finish_cancel(d: _Decision, attempt: Attempt | None, pod: PodView | None) -> None:
+    if pod is not None and not pod.finished:
+        d.plan.wake_in(RECHECK_SECONDS)  # the Pod's deletion will wake us sooner
+        return
+    _cancelled(d, attempt)
+
+
+def _cancelled(d: _Decision, attempt: Attempt | None) -> None:
+    epoch = d.run.spec.cancel_epoch
+    if attempt is not None:
+        d.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, "cancelled"))
+    message = f"cancelled (cancel epoch {epoch})"
+    d.set_phase(RunPhase.CANCELLED, "Cancelled", message, observedCancelEpoch=epoch, nextAttemptTime=None)
+    d.event("Normal", "Cancelled", message)

@@ -1,0 +1,213 @@
+"""The one door to the Kubernetes API for agentrun's operator and worker SDK.
+
+A small async REST layer over the official client's connection handling (kubeconfig, in-cluster
+service account, TLS): requests are plain JSON in and out, so the pydantic models in agentrun.api stay
+the only typed view of our objects. Blocking calls run on a private thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
+from urllib.parse import quote
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from agentrun.api import GROUP, VERSION
+
+JsonDict = dict[str, Any]
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    """A request the API server refused; `status` is the HTTP status, `reason` the Status reason."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def conflict(self) -> bool:
+        """A precondition failed (stale resourceVersion) or the object already exists."""
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+def _error(exc: ApiException) -> ApiError:
+    reason, message = str(exc.reason or ""), str(exc.body or "")
+    try:
+        status = json.loads(exc.body or "{}")
+        reason, message = status.get("reason", reason), status.get("message", message)
+    except (ValueError, AttributeError):
+        pass
+    return ApiError(int(exc.status or 0), reason, message)
+
+
+def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """KUBECONFIG (or the given file) when present, else the in-cluster service account."""
+    configuration = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    return configuration
+
+
+class KubeApi:
+    def __init__(self, configuration: client.Configuration | None = None, threads: int = 16) -> None:
+        configuration = configuration or load_configuration()
+        configuration.connection_pool_maxsize = threads
+        self._client = client.ApiClient(configuration)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kubeapi")
+        self.requests = 0  # how many requests this process made, for benchmarks and tests
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> JsonDict:
+        def call() -> JsonDict:
+            try:
+                result = self._client.call_api(
+                    path,
+                    method,
+                    query_params=list((query or {}).items()),
+                    header_params={"Content-Type": content_type, "Accept": "application/json"},
+                    body=body,
+                    response_type="object",
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                )
+            except ApiException as exc:
+                raise _error(exc) from None
+            return result if isinstance(result, dict) else {}
+
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(call))
+
+    # ---- paths -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def custom_path(
+        plural: str, namespace: str, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{plural}"
+        if name:
+            path += f"/{quote(name)}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+    @staticmethod
+    def core_path(
+        plural: str, namespace: str, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        path = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
+        if name:
+            path += f"/{quote(name)}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+    @staticmethod
+    def lease_path(namespace: str, name: str | None = None) -> str:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+        return f"{path}/{quote(name)}" if name else path
+
+    # ---- verbs -------------------------------------------------------------------------------------
+
+    async def get(self, path: str) -> JsonDict | None:
+        try:
+            return await self.request("GET", path)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def create(self, path: str, body: JsonDict) -> JsonDict:
+        return await self.request("POST", path, body)
+
+    async def replace(self, path: str, body: JsonDict) -> JsonDict:
+        return await self.request("PUT", path, body)
+
+    async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict:
+        """A JSON merge patch; put metadata.resourceVersion in it to make it conditional."""
+        return await self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+
+    async def json_patch(self, path: str, operations: list[JsonDict]) -> JsonDict:
+        return await self.request("PATCH", path, operations, content_type=JSON_PATCH)
+
+    async def delete(self, path: str, grace_seconds: int | None = None) -> None:
+        body: JsonDict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            await self.request("DELETE", path, body)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+
+    async def watch(self, collection: str, name: str, timeout_seconds: int = 60) -> AsyncIterator[JsonDict]:
+        """Watch events ({type, object}) of one object until the server ends the stream."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[JsonDict | BaseException | None] = asyncio.Queue()
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", f"metadata.name={name}"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+
+        def stream() -> None:
+            try:
+                response = self._client.call_api(
+                    collection,
+                    "GET",
+                    query_params=query,
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=timeout_seconds + 30,
+                )
+                buffer = b""
+                for chunk in response.stream(4096, decode_content=True):
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            loop.call_soon_threadsafe(events.put_nowait, json.loads(line))
+                loop.call_soon_threadsafe(events.put_nowait, None)
+            except BaseException as exc:  # handed to the consumer, which decides
+                loop.call_soon_threadsafe(events.put_nowait, exc)
+
+        self.requests += 1
+        # A daemon thread, not the pool: a read blocked on a quiet stream must never hold the process
+        # open at exit, and closing the response from another thread would block on its lock.
+        threading.Thread(target=stream, name="kubeapi-watch", daemon=True).start()
+        while (item := await events.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()

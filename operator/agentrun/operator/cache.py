@@ -1,0 +1,81 @@
+"""What the operator has seen of the objects a Run owns, fed by watch events and by its own writes.
+
+Reconciles read Attempts, Pods and the Lease from here (no request per reconcile); the Run itself is
+always read fresh. The cache may lag: every write the state machine asks for is idempotent or
+preconditioned, so a stale view costs a retry, never a wrong write. Our own writes are put in at once
+(write-through), so the cache is never older than what this operator did itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from agentrun.api import RUN_LABEL
+from agentrun.core.lease import Sighting, sight
+
+Key = tuple[str, str]  # (namespace, run name)
+JsonDict = dict[str, Any]
+
+
+def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
+    """resourceVersions are opaque by contract, but etcd's are integers: use them to refuse an event
+    older than what a write already showed us."""
+    if cached is None:
+        return True
+    try:
+        return int(incoming["metadata"]["resourceVersion"]) >= int(cached["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        return True
+
+
+class OwnedObjects:
+    def __init__(self) -> None:
+        self._by_run: dict[str, dict[Key, dict[str, JsonDict]]] = {
+            "attempts": defaultdict(dict),
+            "pods": defaultdict(dict),
+            "leases": defaultdict(dict),
+        }
+        self._sightings: dict[tuple[str, str], Sighting] = {}
+
+    @staticmethod
+    def run_key(obj: JsonDict) -> Key | None:
+        labels = obj.get("metadata", {}).get("labels") or {}
+        run = labels.get(RUN_LABEL)
+        return (obj["metadata"]["namespace"], run) if run else None
+
+    def put(self, kind: str, obj: JsonDict) -> Key | None:
+        key = self.run_key(obj)
+        if key is None:
+            return None
+        bucket = self._by_run[kind][key]
+        name = obj["metadata"]["name"]
+        if _newer_or_equal(obj, bucket.get(name)):
+            bucket[name] = obj
+            if kind == "leases":
+                lease_key = (key[0], name)
+                rv = obj["metadata"]["resourceVersion"]
+                self._sightings[lease_key] = sight(self._sightings.get(lease_key), rv, time.monotonic())
+        return key
+
+    def remove(self, kind: str, obj: JsonDict) -> Key | None:
+        key = self.run_key(obj)
+        if key is not None:
+            self._by_run[kind][key].pop(obj["metadata"]["name"], None)
+            if not self._by_run[kind][key]:
+                del self._by_run[kind][key]
+        return key
+
+    def of(self, kind: str, key: Key) -> list[JsonDict]:
+        return list(self._by_run[kind].get(key, {}).values())
+
+    def sighting(self, namespace: str, lease: str) -> Sighting | None:
+        return self._sightings.get((namespace, lease))
+
+    def forget_run(self, key: Key) -> None:
+        for kind in self._by_run.values():
+            kind.pop(key, None)
+
+    def size(self) -> dict[str, int]:
+        return {kind: sum(len(v) for v in runs.values()) for kind, runs in self._by_run.items()}

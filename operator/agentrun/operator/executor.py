@@ -1,0 +1,195 @@
+"""Carries out a Plan through agentrun.kubeapi, in order, stopping at the first write that loses a race."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, lease_name
+from agentrun.core import plan as p
+from agentrun.core.failures import failure
+from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator.cache import OwnedObjects
+
+log = logging.getLogger("agentrun.operator")
+JsonDict = dict[str, Any]
+COMPONENT = "agentrun-operator"
+
+
+class Superseded(Exception):
+    """A preconditioned write found the world changed since the decision: decide again."""
+
+
+def _now_micro() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Executor:
+    def __init__(self, api: KubeApi, cache: OwnedObjects) -> None:
+        self.api = api
+        self.cache = cache
+
+    async def execute(self, plan: p.Plan, run: Run) -> None:
+        ns, name = str(run.metadata.namespace), str(run.metadata.name)
+        resource_version = run.metadata.resource_version
+        attempt_uids: dict[str, str] = {}
+        for action in plan.actions:
+            match action:
+                case p.PatchRunStatus(patch=patch):
+                    body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
+                    written = await self._conditional(
+                        self.api.merge_patch(self.api.custom_path("runs", ns, name, "status"), body)
+                    )
+                    resource_version = written["metadata"]["resourceVersion"]
+                case p.WriteLease():
+                    self.cache.put("leases", await self._write_lease(action, run))
+                case p.CreateAttempt(body=body):
+                    created = await self._create_or_get(self.api.custom_path("attempts", ns), body)
+                    attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
+                    self.cache.put("attempts", created)
+                case p.PatchAttemptStatus(name=attempt, patch=patch):
+                    path = self.api.custom_path("attempts", ns, attempt, "status")
+                    try:
+                        self.cache.put("attempts", await self.api.merge_patch(path, {"status": patch}))
+                    except ApiError as exc:
+                        if not exc.not_found:
+                            raise
+                case p.CreatePod(body=body):
+                    await self._create_pod(body, ns, attempt_uids)
+                case p.DeletePod(name=pod, grace_seconds=grace):
+                    await self.api.delete(self.api.core_path("pods", ns, pod), grace)
+                case p.RecordEvent():
+                    await self._event(action, run)
+
+    async def _conditional(self, write: Any) -> JsonDict:
+        try:
+            result: JsonDict = await write
+        except ApiError as exc:
+            if exc.conflict:
+                raise Superseded(str(exc)) from None
+            raise
+        return result
+
+    async def _create_or_get(self, collection: str, body: JsonDict) -> JsonDict:
+        """Creates are idempotent: names are deterministic, so AlreadyExists means done before."""
+        try:
+            return await self.api.create(collection, body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+        existing = await self.api.get(f"{collection}/{body['metadata']['name']}")
+        if existing is None:
+            raise Superseded(f"{body['metadata']['name']} exists and vanished: decide again")
+        return existing
+
+    async def _write_lease(self, action: p.WriteLease, run: Run) -> JsonDict:
+        ns, name = str(run.metadata.namespace), lease_name(str(run.metadata.name))
+        spec: JsonDict = {
+            "holderIdentity": action.holder,
+            "leaseDurationSeconds": action.duration_seconds,
+            "leaseTransitions": action.epoch,
+            "acquireTime": _now_micro(),
+            "renewTime": _now_micro(),
+        }
+        if action.expected_resource_version is None:
+            owner = {
+                "apiVersion": API_VERSION,
+                "kind": "Run",
+                "name": run.metadata.name,
+                "uid": run.metadata.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "labels": {RUN_LABEL: run.metadata.name},
+                    "ownerReferences": [owner],
+                },
+                "spec": spec,
+            }
+            return await self._conditional(self.api.create(self.api.lease_path(ns), body))
+        patch = {"metadata": {"resourceVersion": action.expected_resource_version}, "spec": spec}
+        return await self._conditional(self.api.merge_patch(self.api.lease_path(ns, name), patch))
+
+    async def _create_pod(self, body: JsonDict, ns: str, attempt_uids: dict[str, str]) -> None:
+        attempt = body["metadata"]["name"]
+        for ref in body["metadata"]["ownerReferences"]:
+            if ref["kind"] == "Attempt" and not ref.get("uid"):
+                uid = attempt_uids.get(attempt)
+                if uid is None:
+                    current = await self.api.get(self.api.custom_path("attempts", ns, attempt))
+                    if current is None:
+                        raise Superseded(f"Attempt {attempt} is not there yet")
+                    uid = current["metadata"]["uid"]
+                ref["uid"] = uid
+        try:
+            self.cache.put("pods", await self.api.create(self.api.core_path("pods", ns), body))
+        except ApiError as exc:
+            if exc.conflict:
+                return
+            if exc.status in (400, 422):
+                # The Pod the Run describes cannot exist (e.g. a bad podTemplate): retrying cannot help.
+                bad = failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {exc.message}")
+                path = self.api.custom_path("attempts", ns, attempt, "status")
+                patch = {
+                    "status": {
+                        "phase": "Failed",
+                        "completionTime": _now_micro()[:19] + "Z",
+                        "failure": bad.to_api(),
+                    }
+                }
+                self.cache.put("attempts", await self.api.merge_patch(path, patch))
+                return
+            raise
+
+    async def _event(self, action: p.RecordEvent, run: Run) -> None:
+        ns = str(run.metadata.namespace)
+        regarding: JsonDict = {
+            "apiVersion": API_VERSION,
+            "kind": "Run",
+            "name": run.metadata.name,
+            "namespace": ns,
+        }
+        if action.attempt:
+            attempt = next(
+                (
+                    a
+                    for a in self.cache.of("attempts", (ns, str(run.metadata.name)))
+                    if a["metadata"]["name"] == action.attempt
+                ),
+                None,
+            )
+            regarding = {
+                "apiVersion": API_VERSION,
+                "kind": "Attempt",
+                "name": action.attempt,
+                "namespace": ns,
+            }
+            if attempt:
+                regarding["uid"] = attempt["metadata"]["uid"]
+        else:
+            regarding["uid"] = run.metadata.uid
+        now = _now_micro()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{regarding['name']}.", "namespace": ns},
+            "involvedObject": regarding,
+            "type": action.type,
+            "reason": action.reason,
+            "message": action.message[:1024],
+            "source": {"component": COMPONENT},
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "count": 1,
+            "reportingComponent": COMPONENT,
+        }
+        try:
+            await self.api.create(self.api.core_path("events", ns), body)
+        except ApiError as exc:  # an Event is worth a log line, never a failed reconcile
+            log.warning("event %s not recorded: %s", action.reason, exc)

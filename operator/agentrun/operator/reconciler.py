@@ -1,0 +1,84 @@
+"""Reconciling one Run: read it fresh, gather what it owns from the cache, decide, write."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+
+from agentrun.api import Attempt, Run, lease_name
+from agentrun.core.lease import lease_view, seconds_until_expiry
+from agentrun.core.pods import pod_view
+from agentrun.core.runs import World, decide
+from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator.cache import Key, OwnedObjects
+from agentrun.operator.executor import Executor, Superseded
+from agentrun.operator.workqueue import WorkQueue
+
+log = logging.getLogger("agentrun.operator")
+ERROR_BACKOFF_SECONDS = 2.0
+
+
+class Reconciler:
+    def __init__(self, api: KubeApi, cache: OwnedObjects, workers: int = 8) -> None:
+        self.api = api
+        self.cache = cache
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.executor = Executor(api, cache)
+        self.workers = workers
+        self.reconciles = 0
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(self.workers)))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except Superseded as exc:
+                log.debug("run %s/%s superseded: %s", *key, exc)
+                self.queue.add(key, 0.05)
+            except ApiError as exc:
+                log.warning("run %s/%s: %s; retrying", *key, exc)
+                self.queue.add(key, ERROR_BACKOFF_SECONDS)
+            except Exception:
+                log.exception("run %s/%s: reconcile failed; retrying", *key)
+                self.queue.add(key, ERROR_BACKOFF_SECONDS)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile(self, key: Key) -> None:
+        namespace, name = key
+        self.reconciles += 1
+        body = await self.api.get(self.api.custom_path("runs", namespace, name))
+        if body is None:
+            self.cache.forget_run(key)
+            self.queue.forget(key)
+            return
+        run = Run.model_validate(body)
+        attempts = {
+            a.spec.number: a for a in (Attempt.model_validate(o) for o in self.cache.of("attempts", key))
+        }
+        pods = {v.name: v for v in (pod_view(o) for o in self.cache.of("pods", key))}
+        lease_obj = next(
+            (o for o in self.cache.of("leases", key) if o["metadata"]["name"] == lease_name(name)), None
+        )
+        lease = lease_view(lease_obj) if lease_obj else None
+        expires_in = None
+        if lease is not None:
+            sighting = self.cache.sighting(namespace, lease_name(name))
+            expires_in = seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic())
+        world = World(
+            run=run,
+            attempts=attempts,
+            pods=pods,
+            lease=lease,
+            now=datetime.datetime.now(datetime.UTC),
+            lease_expires_in=expires_in,
+        )
+        plan = decide(world)
+        await self.executor.execute(plan, run)
+        if plan.requeue_after is not None:
+            self.queue.add(key, plan.requeue_after)

@@ -1,0 +1,64 @@
+"""RBAC rules: the single source for the Helm chart, the plain manifests and the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.api import GROUP
+
+Rule = dict[str, Any]
+
+# What an attempt Pod's service account needs, and nothing more: read its Run and write its status
+# (the fenced commits), renew the Run's Lease, save Checkpoints, record SideEffects, and mark its own
+# Attempt (a rejected commit, usage).
+ATTEMPT_POD_RULES: list[Rule] = [
+    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get"]},
+    {"apiGroups": [GROUP], "resources": ["attempts/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": ["checkpoints"], "verbs": ["get", "list", "create"]},
+    {"apiGroups": [GROUP], "resources": ["sideeffects"], "verbs": ["get", "list", "create"]},
+    {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "patch"]},
+]
+
+# The operator: drive Runs, own Attempts, Pods and Leases, post Events; kopf needs to list/watch
+# namespaces and CRDs, and (with peering) its peering objects.
+OPERATOR_RULES: list[Rule] = [
+    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": [GROUP], "resources": ["attempts/status"], "verbs": ["get", "patch"]},
+    {
+        "apiGroups": [GROUP],
+        "resources": ["checkpoints", "sideeffects"],
+        "verbs": ["get", "list", "watch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings", "kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+]
+
+
+def attempt_role(namespace: str, name: str = "agentrun-attempt") -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": ATTEMPT_POD_RULES,
+    }

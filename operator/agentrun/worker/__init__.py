@@ -1,0 +1,16 @@
+"""The agentrun worker SDK: what an agent imports inside its attempt Pod.
+
+from agentrun import worker
+
+async def agent(ctx: worker.Context) -> dict:
+    await ctx.checkpoint({"step": 1}, step="plan")
+    return {"answer": 42}
+
+worker.main(agent)
+"""
+
+from agentrun.worker.context import Context
+from agentrun.worker.errors import PermanentError, RateLimited, TransientError
+from agentrun.worker.main import main
+
+__all__ = ["Context", "PermanentError", "RateLimited", "TransientError", "main"]

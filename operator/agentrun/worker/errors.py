@@ -1,0 +1,54 @@
+"""Errors an agent raises to say how it failed; the class decides whether the Run retries."""
+
+from __future__ import annotations
+
+from agentrun.api import FailureClass
+
+
+class AgentError(Exception):
+    failure_class: FailureClass = FailureClass.DETERMINISTIC
+
+
+class TransientError(AgentError):
+    """Worth another try as is (a timeout, a 503)."""
+
+    failure_class = FailureClass.TRANSIENT
+
+
+class RateLimited(AgentError):
+    """Told to slow down; the next Attempt waits at least retry_after seconds."""
+
+    failure_class = FailureClass.RATE_LIMITED
+
+    def __init__(self, message: str = "rate limited", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(AgentError):
+    """Retrying cannot help without new information."""
+
+    failure_class = FailureClass.DETERMINISTIC
+
+
+class LeaseLost(AgentError):
+    """Another Attempt holds the Run's lease now: this worker must stop writing."""
+
+    failure_class = FailureClass.LEASE_LOST
+
+
+class Cancelled(AgentError):
+    """The Run was cancelled (spec.cancelEpoch grew)."""
+
+    failure_class = FailureClass.CANCELLED
+
+
+class FenceRejected(AgentError):
+    """A write lost its fence (stale_after_cancel or stale_worker): it was dropped and recorded."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.failure_class = (
+            FailureClass.CANCELLED if reason == "stale_after_cancel" else FailureClass.LEASE_LOST
+        )

@@ -1,0 +1,105 @@
+"""worker.main(agent): run one Attempt of a Run inside its attempt Pod."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
+
+from agentrun.api import FailureClass
+from agentrun.kubeapi import KubeApi
+from agentrun.worker.context import Context
+from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, LeaseLost, RateLimited
+from agentrun.worker.identity import Identity
+from agentrun.worker.session import Session
+
+log = logging.getLogger("agentrun.worker")
+Agent = Callable[[Context], Coroutine[Any, Any, Any]]
+EX_TEMPFAIL = 75
+
+
+def _fingerprint(kind: str, message: str) -> str:
+    return hashlib.sha256(f"{kind}\0{message}".encode()).hexdigest()[:16]
+
+
+def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
+    """{class, message, fingerprint} for the termination message, and the exit code."""
+    if isinstance(exc, AgentError):
+        cls, message = exc.failure_class, str(exc) or type(exc).__name__
+    elif isinstance(exc, asyncio.CancelledError):
+        cls, message = FailureClass.CANCELLED, "the Attempt was stopped"
+    else:
+        cls, message = FailureClass.DETERMINISTIC, f"{type(exc).__name__}: {exc}"
+    report: dict[str, Any] = {
+        "class": cls.value,
+        "message": message[:1024],
+        "fingerprint": _fingerprint(f"{cls}:{type(exc).__name__}", message),
+    }
+    if isinstance(exc, RateLimited) and exc.retry_after is not None:
+        report["retryAfterSeconds"] = int(exc.retry_after + 0.999)
+    return report, EX_TEMPFAIL if cls == FailureClass.TRANSIENT else 1
+
+
+async def run_attempt(agent: Agent, session: Session) -> None:
+    """Runs the agent next to the lease keeper and the cancel watch; whichever ends first decides."""
+    run = await session.read_run()
+    resumed = await session.load_checkpoint(session.me.resume_from) if session.me.resume_from else None
+    ctx = Context(session, run, resumed)
+    lease = run.spec.lease
+    await session.renew_once()  # fail fast if the lease is not ours
+    agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
+    keeper = asyncio.create_task(session.keep_lease(lease.renew_seconds, lease.duration_seconds))
+    watcher = asyncio.create_task(session.watch_cancel())
+    lost = asyncio.create_task(session.lost.wait())
+    cancelled = asyncio.create_task(session.cancelled.wait())
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, session.cancelled.set)  # Pod deletion: stop fast
+    try:
+        await asyncio.wait({agent_task, lost, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        if not agent_task.done():
+            agent_task.cancel()
+            with contextlib.suppress(BaseException):
+                await agent_task
+            if session.lost.is_set():
+                raise LeaseLost("the lease was lost; the agent was stopped")
+            raise Cancelled("the Run was cancelled; the agent was stopped")
+        result = agent_task.result()
+        await session.commit(result if isinstance(result, dict) else {"value": result})
+    finally:
+        for task in (keeper, watcher, lost, cancelled):
+            task.cancel()
+
+
+def main(agent: Agent) -> NoReturn:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    me = Identity.from_env()
+
+    async def session_main() -> int:
+        api = KubeApi()
+        try:
+            await run_attempt(agent, Session(api, me))
+        except BaseException as exc:  # every way out writes its termination message
+            report, code = _termination(exc)
+            if isinstance(exc, FenceRejected):
+                log.warning("commit rejected (%s): %s", exc.reason, exc)
+            else:
+                log.warning("attempt failed: %s", report["message"])
+            _write_termination(me, report)
+            return code
+        finally:
+            api.close()
+        _write_termination(me, {})
+        return 0
+
+    sys.exit(asyncio.run(session_main()))
+
+
+def _write_termination(me: Identity, report: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError), open(me.termination_message_path, "w") as f:
+        f.write(json.dumps(report) if report else "")

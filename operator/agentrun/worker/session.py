@@ -1,0 +1,215 @@
+"""The worker's side of the protocol: lease renewals, the cancel watch, fenced writes, checkpoints.
+
+Every write that changes official Run state goes through `fenced_status_write`: read the Run, check
+the fence (cancel epoch, lease epoch), write with the resourceVersion just read. Uncontended that is
+two requests; a 409 means someone wrote in between, so read and check again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from typing import Any
+
+from agentrun.api import Checkpoint, Run, lease_name
+from agentrun.core.fence import fence_violation
+from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.worker.errors import FenceRejected, LeaseLost
+from agentrun.worker.identity import Identity
+
+log = logging.getLogger("agentrun.worker")
+JsonDict = dict[str, Any]
+MAX_CONFLICTS = 20
+
+
+def _now(micro: bool = False) -> str:
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.datetime.now(datetime.UTC).strftime(fmt)
+
+
+class Session:
+    def __init__(self, api: KubeApi, me: Identity) -> None:
+        self.api = api
+        self.me = me
+        self.run_path = api.custom_path("runs", me.namespace, me.run)
+        self.lease_path = api.lease_path(me.namespace, lease_name(me.run))
+        self.run: Run | None = None
+        self.lost = asyncio.Event()  # the lease is gone: stop writing
+        self.cancelled = asyncio.Event()  # spec.cancelEpoch grew past ours
+        self._lease_rv: str | None = None
+
+    async def read_run(self) -> Run:
+        body = await self.api.get(self.run_path)
+        if body is None:
+            raise LeaseLost(f"Run {self.me.run} no longer exists")
+        self.run = Run.model_validate(body)
+        return self.run
+
+    # ---- fenced writes -------------------------------------------------------------------------------
+
+    async def fenced_status_write(self, patch: JsonDict, what: str) -> Run:
+        for _ in range(MAX_CONFLICTS):
+            run = await self.read_run()
+            if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
+                message = (
+                    f"{what} refused: this worker holds lease epoch {self.me.lease_epoch} and cancel epoch "
+                    f"{self.me.cancel_epoch}; the Run has {run.status.lease_epoch} and "
+                    f"{run.spec.cancel_epoch}"
+                )
+                await self.record_rejection(reason.value, message)
+                raise FenceRejected(reason.value, message)
+            body = {"metadata": {"resourceVersion": run.metadata.resource_version}, "status": patch}
+            try:
+                written = await self.api.merge_patch(f"{self.run_path}/status", body)
+            except ApiError as exc:
+                if exc.conflict:
+                    continue  # someone wrote in between: read and check again
+                if exc.status == 422 and "committedBy" in exc.message:
+                    # the API server's own fence (CEL) refused it: the epochs moved under us
+                    await self.record_rejection("stale_worker", exc.message)
+                    raise FenceRejected("stale_worker", exc.message) from None
+                raise
+            self.run = Run.model_validate(written)
+            return self.run
+        raise ApiError(409, "Conflict", f"{what}: gave up after {MAX_CONFLICTS} conflicting writes")
+
+    async def record_rejection(self, reason: str, message: str) -> None:
+        path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
+        patch = {
+            "status": {
+                "phase": "Rejected",
+                "rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()},
+            }
+        }
+        try:
+            await self.api.merge_patch(path, patch)
+        except ApiError as exc:  # the record is for people; the refusal itself already happened
+            log.warning("could not record the rejected commit on %s: %s", self.me.attempt, exc)
+
+    async def commit(self, result: JsonDict) -> None:
+        committed_by = {
+            "attempt": self.me.attempt,
+            "leaseEpoch": self.me.lease_epoch,
+            "cancelEpoch": self.me.cancel_epoch,
+        }
+        await self.fenced_status_write({"result": result, "committedBy": committed_by}, "result commit")
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    async def load_checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        body = await self.api.get(self.api.custom_path("checkpoints", self.me.namespace, checkpoint_id))
+        if body is None:
+            raise LeaseLost(f"checkpoint {checkpoint_id} to resume from does not exist")
+        return Checkpoint.model_validate(body)
+
+    async def save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
+        """Creates the immutable Checkpoint, then moves status.latestCheckpoint to it (fenced)."""
+        sequence = parent.spec.sequence + 1 if parent else 1
+        checkpoint_id = f"{self.me.attempt}-s{sequence}"
+        run = self.run or await self.read_run()
+        body: JsonDict = {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "Checkpoint",
+            "metadata": {
+                "name": checkpoint_id,
+                "namespace": self.me.namespace,
+                "labels": {"agentrun.dev/run": self.me.run},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "agentrun.dev/v1alpha1",
+                        "kind": "Run",
+                        "name": self.me.run,
+                        "uid": run.metadata.uid,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "runName": self.me.run,
+                "id": checkpoint_id,
+                "sequence": sequence,
+                "attempt": self.me.attempt,
+                "leaseEpoch": self.me.lease_epoch,
+                "state": state,
+            },
+        }
+        if parent:
+            body["spec"]["parent"] = parent.spec.id
+        if step:
+            body["spec"]["step"] = step
+        try:
+            created = await self.api.create(self.api.custom_path("checkpoints", self.me.namespace), body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            existing = await self.api.get(
+                self.api.custom_path("checkpoints", self.me.namespace, checkpoint_id)
+            )
+            assert existing is not None
+            created = existing
+        await self.fenced_status_write({"latestCheckpoint": checkpoint_id}, f"checkpoint {checkpoint_id}")
+        return Checkpoint.model_validate(created)
+
+    # ---- the lease ----------------------------------------------------------------------------------
+
+    async def renew_once(self) -> None:
+        """One renewal, preconditioned on the resourceVersion we last wrote or read."""
+        for _ in range(3):
+            if self._lease_rv is None:
+                lease = await self.api.get(self.lease_path)
+                spec = (lease or {}).get("spec") or {}
+                if (
+                    spec.get("holderIdentity") != self.me.attempt
+                    or spec.get("leaseTransitions") != self.me.lease_epoch
+                ):
+                    holder = spec.get("holderIdentity")
+                    raise LeaseLost(
+                        f"the Run's lease is held by {holder!r} (epoch {spec.get('leaseTransitions')})"
+                    )
+                assert lease is not None
+                self._lease_rv = lease["metadata"]["resourceVersion"]
+            patch = {"metadata": {"resourceVersion": self._lease_rv}, "spec": {"renewTime": _now(micro=True)}}
+            try:
+                renewed = await self.api.merge_patch(self.lease_path, patch)
+            except ApiError as exc:
+                if exc.conflict:
+                    self._lease_rv = None  # re-read: maybe ours, maybe taken over
+                    continue
+                raise
+            self._lease_rv = renewed["metadata"]["resourceVersion"]
+            return
+        raise LeaseLost("the lease kept changing under this worker")
+
+    async def keep_lease(self, renew_seconds: float, duration_seconds: float) -> None:
+        """Renews until the lease is lost; a worker that cannot renew for a whole duration stops itself."""
+        last_renewal = time.monotonic()
+        while True:
+            try:
+                await self.renew_once()
+                last_renewal = time.monotonic()
+            except LeaseLost as exc:
+                log.warning("lease lost: %s", exc)
+                self.lost.set()
+                return
+            except Exception as exc:
+                log.warning("lease renewal failed: %s", exc)
+                if time.monotonic() - last_renewal >= duration_seconds:
+                    self.lost.set()
+                    return
+            await asyncio.sleep(renew_seconds)
+
+    async def watch_cancel(self) -> None:
+        """Sets `cancelled` as soon as the Run's spec.cancelEpoch grows past this worker's."""
+        collection = self.api.custom_path("runs", self.me.namespace)
+        while not self.cancelled.is_set():
+            try:
+                async for event in self.api.watch(collection, self.me.run):
+                    spec = (event.get("object") or {}).get("spec") or {}
+                    if int(spec.get("cancelEpoch", 0)) > self.me.cancel_epoch:
+                        self.cancelled.set()
+                        return
+            except Exception as exc:
+                log.debug("cancel watch interrupted: %s", exc)
+                await asyncio.sleep(1.0)

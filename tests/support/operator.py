@@ -1,0 +1,64 @@
+"""The agentrun operator as a real process against the test cluster, restartable at will."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devcluster.processes import spawn, stop_group
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "AGENTRUN_WORKERS": "8"}
+        self.process = spawn(
+            [sys.executable, "-m", "agentrun.operator", "--verbose"],
+            self.log_path,
+            env=env,
+            tie_to_parent=True,
+        )
+        self.starts += 1
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies under the operator."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process:
+            stop_group(self.process.pid, grace_seconds=5)
+            self.process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no operator log)"
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise AssertionError(f"operator exited during start-up:\n{self.log_tail()}")
+            if "agentrun operator started" in self.log_path.read_text(errors="replace"):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"operator not ready in {timeout}s:\n{self.log_tail()}")

@@ -1,0 +1,55 @@
+"""Building Runs for the scenario agent and waiting on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.kube import Kube, wait_for
+
+GROUP, VERSION = "agentrun.dev", "v1alpha1"
+
+
+def scenario_run(name: str, scenario: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {
+            "agent": {
+                "image": "agentrun/agent:dev",
+                "command": ["python", "-m", "agentrun.examples.scenario"],
+            },
+            "input": scenario,
+            **spec,
+        },
+    }
+
+
+def create_run(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body)
+
+
+def get_run(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    run: dict[str, Any] = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "runs", name)
+    return run
+
+
+def attempts(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:
+    items = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "attempts", label_selector=f"agentrun.dev/run={run}"
+    )["items"]
+    return sorted(items, key=lambda a: a["spec"]["number"])
+
+
+def wait_phase(
+    kube: Kube, namespace: str, name: str, phases: set[str], timeout: float = 60
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        run = get_run(kube, namespace, name)
+        return run if run.get("status", {}).get("phase") in phases else None
+
+    try:
+        return wait_for(probe, timeout, interval=0.2, what=f"run {name} in {sorted(phases)}")
+    except AssertionError as exc:
+        run = get_run(kube, namespace, name)
+        raise AssertionError(f"{exc}\nstatus: {run.get('status')}") from None
