@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from datetime import datetime
+
 import pytest
 
-from support.kube import Kube
+from support.kube import Kube, wait_for
 from support.operator import OperatorProcess
 from support.runs import attempts, create_run, get_run, scenario_run, wait_phase
 
@@ -25,6 +30,12 @@ def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, opera
     conditions = {c["type"]: c["status"] for c in run["status"]["conditions"]}
     assert conditions["Succeeded"] == "True"
     assert get_run(kube, ns, "ok")["status"]["observedGeneration"] == 1
+    reasons = {
+        e.reason
+        for e in kube.core.list_namespaced_event(ns).items
+        if e.involved_object.name in ("ok", "ok-a1")
+    }
+    assert {"Queued", "AttemptStarted", "Succeeded"} <= reasons
 
 
 FAST_RETRY = {
@@ -106,3 +117,74 @@ def test_killed_worker_is_replaced_from_the_latest_checkpoint(
     assert first["status"]["failure"]["exitCode"] == 137
     assert (second["spec"]["leaseEpoch"], second["spec"]["resumeFrom"]) == (2, "killed-a1-s2")
     assert run["status"]["result"]["resumedAt"] == 2
+
+
+def _worker_pid(kube: Kube, namespace: str, pod: str) -> int:
+    status = kube.core.read_namespaced_pod(pod, namespace).status
+    container_id = status.container_statuses[0].container_id  # process://<pid> on the process node
+    return int(container_id.removeprefix("process://"))
+
+
+def test_frozen_worker_loses_its_lease_and_the_next_attempt_takes_over(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    lease = {"durationSeconds": 5, "renewSeconds": 1}
+    create_run(
+        kube, ns, scenario_run("frozen", {"steps": 4, "stepSeconds": 0.5}, lease=lease, retry=FAST_RETRY)
+    )
+    wait_for(
+        lambda: get_run(kube, ns, "frozen").get("status", {}).get("latestCheckpoint") == "frozen-a1-s1",
+        timeout=30,
+        what="first checkpoint",
+    )
+    frozen_at = time.time()
+    os.killpg(_worker_pid(kube, ns, "frozen-a1"), signal.SIGSTOP)
+    run = wait_phase(kube, ns, "frozen", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    first, second = attempts(kube, ns, "frozen")
+    assert first["status"]["phase"] == "LeaseLost"
+    assert first["status"]["failure"]["class"] == "lease_lost"
+    assert (second["spec"]["reason"], second["spec"]["leaseEpoch"]) == ("lease_expired", 2)
+    assert second["spec"]["resumeFrom"] == "frozen-a1-s1"
+    assert run["status"]["committedBy"]["attempt"] == "frozen-a2"
+    detected_at = datetime.fromisoformat(first["status"]["completionTime"]).timestamp()
+    # lease loss is detected within durationSeconds + 2 s (+1 s: completionTime has whole seconds)
+    assert detected_at - frozen_at < 5 + 2 + 1
+
+
+def test_deadline_stops_the_attempt_and_fails_the_run(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("slow", {"fail": {"how": "hang"}}, deadlineSeconds=3))
+    run = wait_phase(kube, ns, "slow", {"Succeeded", "Failed"}, timeout=30)
+    assert run["status"]["failure"]["reason"] == "DeadlineExceeded"
+    assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
+    [attempt] = attempts(kube, ns, "slow")
+    assert attempt["status"]["phase"] == "Aborted"
+    wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=30, what="the attempt pod deleted")
+
+
+def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoch(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    names = [f"batch-{i}" for i in range(6)]
+    scenario = {"steps": 3, "stepSeconds": 0.3, "fail": {"attempts": [1], "atStep": 2, "how": "transient"}}
+    for name in names:
+        create_run(kube, ns, scenario_run(name, scenario, retry=FAST_RETRY))
+    for _ in range(4):
+        time.sleep(1.2)
+        operator.restart()
+    operator.wait_ready()
+    for name in names:
+        run = wait_phase(kube, ns, name, {"Succeeded", "Failed"}, timeout=90)
+        assert run["status"]["phase"] == "Succeeded", (name, run["status"], operator.log_tail())
+        history = attempts(kube, ns, name)
+        assert [a["spec"]["number"] for a in history] == [1, 2]
+        assert [a["spec"]["leaseEpoch"] for a in history] == [1, 2]
+        assert run["status"]["leaseEpoch"] == 2
+        lease = kube.coordination.read_namespaced_lease(f"{name}.run.agentrun.dev", ns)
+        assert lease.spec.lease_transitions == 2
+    assert operator.starts >= 5
