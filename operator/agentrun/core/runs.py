@@ -19,12 +19,13 @@ from agentrun.api import (
     AttemptFailure,
     AttemptPhase,
     AttemptReason,
+    ControlOp,
     FailureClass,
     Run,
     RunPhase,
     attempt_name,
 )
-from agentrun.core import failures
+from agentrun.core import controls, failures
 from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
 from agentrun.core.lease import LeaseView, epoch_for_grant
 from agentrun.core.plan import (
@@ -118,7 +119,7 @@ class _Decision:
 
     # ---- transitions ---------------------------------------------------------------------------------
 
-    def grant(self, number: int, reason: str, input_value: Any = None) -> None:
+    def grant(self, number: int, reason: str, input_value: Any = None, **status_fields: Any) -> None:
         """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod."""
         run = self.run
         name = attempt_name(str(run.metadata.name), number)
@@ -136,6 +137,7 @@ class _Decision:
             leaseEpoch=epoch,
             observedCancelEpoch=run.spec.cancel_epoch,
             nextAttemptTime=None,
+            **status_fields,
         )
         attempt = self.attempt_object(number, epoch, reason, input_value)
         self.plan.add(CreateAttempt(attempt.to_api()))
@@ -185,6 +187,22 @@ class _Decision:
         decision = decide_retry(self.run.spec.retry, number, history, seed=str(self.run.metadata.uid))
         name = attempt_name(str(self.run.metadata.name), number)
         self.event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
+        if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
+            # Never retried automatically: a retry could repeat an action that may have happened.
+            message = f"{failure.message}; resolve the SideEffect, then ask for a retry (spec.retryRequest)"
+            self.set_phase(
+                RunPhase.NEEDS_RECONCILIATION,
+                "UnknownSideEffect",
+                message,
+                failure={
+                    "class": failure.failure_class.value,
+                    "reason": "UnknownSideEffect",
+                    "message": (failure.message or "")[:1024],
+                    "fingerprint": failure.fingerprint,
+                },
+            )
+            self.event("Warning", "NeedsReconciliation", message)
+            return
         if decision.retry:
             at = self.w.now + timedelta(seconds=decision.delay_seconds)
             if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
@@ -245,6 +263,16 @@ def decide(world: World) -> Plan:
         _stop_for_deadline(d, attempt, pod)
         return d.plan
 
+    if spec.resume is not None and controls.processed(run, spec.resume.idempotency_key) is None:
+        _resume(d, current or 0)
+        return d.plan
+    if phase in controls.WAITING and status.pending_request and status.pending_request.expires_at:
+        expires_at = status.pending_request.expires_at
+        if world.now >= expires_at:
+            _input_expired(d)
+            return d.plan
+        d.plan.wake_in((expires_at - world.now).total_seconds())
+
     if phase == RunPhase.QUEUED:
         d.grant(1, AttemptReason.INITIAL)
     elif phase == RunPhase.RETRY_BACKOFF:
@@ -262,6 +290,46 @@ def decide(world: World) -> Plan:
         deadline = run.metadata.creation_timestamp + timedelta(seconds=spec.deadline_seconds)
         d.plan.wake_in((deadline - world.now).total_seconds())
     return d.plan
+
+
+def _resume(d: _Decision, current: int) -> None:
+    run, now = d.run, d.w.now
+    resume = run.spec.resume
+    assert resume is not None
+    verdict = controls.judge_resume(run, now)
+    record = controls.control_record(
+        ControlOp.RESUME, resume.idempotency_key, controls.resume_digest(resume), verdict, now
+    )
+    if not verdict.accepted:
+        d.plan.add(
+            PatchRunStatus(
+                {"controls": controls.with_record(run, record), "observedGeneration": run.metadata.generation}
+            )
+        )
+        d.event("Warning", "ResumeRejected", f"{verdict.reason}: {verdict.message}")
+        return
+    d.event("Normal", "ResumeAccepted", verdict.message)
+    d.grant(
+        current + 1,
+        AttemptReason.resume(resume.request_id),
+        resume.value,
+        controls=controls.with_record(run, record),
+        inputs=controls.with_input(run, resume, now),
+        pendingRequest=None,
+    )
+
+
+def _input_expired(d: _Decision) -> None:
+    request = d.status.pending_request
+    assert request is not None
+    message = f"nobody answered request {request.request_id} before {request.expires_at}"
+    d.set_phase(
+        RunPhase.FAILED,
+        "RequestExpired",
+        message,
+        failure={"class": "input_expired", "reason": "RequestExpired", "message": message},
+    )
+    d.event("Warning", "RequestExpired", message)
 
 
 def _reason_after(previous: Attempt | None, world: World) -> str:
@@ -429,6 +497,8 @@ def _cancel(d: _Decision, attempt: Attempt | None, pod: PodView | None) -> None:
 
 def _finish_cancel(d: _Decision, attempt: Attempt | None, pod: PodView | None) -> None:
     if pod is not None and not pod.finished:
+        if not pod.deleting:  # the stop was lost (an operator restart between the two writes of _cancel)
+            d.plan.add(DeletePod(pod.name))
         d.plan.wake_in(RECHECK_SECONDS)  # the Pod's deletion will wake us sooner
         return
     _cancelled(d, attempt)

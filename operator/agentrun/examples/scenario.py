@@ -40,16 +40,29 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     step_seconds = float(spec.get("stepSeconds", 0.0))
     fail: dict[str, Any] = spec.get("fail") or {}
     failing = not fail.get("attempts") or ctx.attempt_number in fail["attempts"]
-    start = int((ctx.state or {}).get("step", 0))
+    ask: dict[str, Any] = spec.get("ask") or {}
+    state: dict[str, Any] = dict(ctx.state or {})
+    start = int(state.get("step", 0))
     for step in range(start + 1, steps + 1):
+        if ask and step == int(ask.get("atStep", 1)) and "answer" not in state:
+            state["answer"] = await ctx.interrupt(
+                reason=str(ask.get("reason", "input_required")),
+                prompt=ask.get("prompt"),
+                schema=ask.get("schema"),
+                expires_in=ask.get("expiresInSeconds"),
+            )
         if fail and failing and step == int(fail.get("atStep", 1)):
             how = str(fail.get("how", "error"))
             if how == "hang":
                 await asyncio.sleep(3600)
             _fail(how, str(fail.get("message", f"scenario failure at step {step}")))
         await asyncio.sleep(step_seconds)
-        await ctx.checkpoint({"step": step}, step=f"step-{step}")
-    return {"steps": steps, "resumedAt": start, "attempt": ctx.attempt}
+        state["step"] = step
+        await ctx.checkpoint(dict(state), step=f"step-{step}")
+    result = {"steps": steps, "resumedAt": start, "attempt": ctx.attempt}
+    if "answer" in state:
+        result["answer"] = state["answer"]
+    return result
 
 
 if __name__ == "__main__":

@@ -10,7 +10,16 @@ worker.main(agent)
 """
 
 from agentrun.worker.context import Context
-from agentrun.worker.errors import PermanentError, RateLimited, TransientError
+from agentrun.worker.effects import Effect
+from agentrun.worker.errors import PermanentError, RateLimited, TransientError, UnknownSideEffect
 from agentrun.worker.main import main
 
-__all__ = ["Context", "PermanentError", "RateLimited", "TransientError", "main"]
+__all__ = [
+    "Context",
+    "Effect",
+    "PermanentError",
+    "RateLimited",
+    "TransientError",
+    "UnknownSideEffect",
+    "main",
+]

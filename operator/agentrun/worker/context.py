@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Callable
 from typing import Any
 
-from agentrun.api import Checkpoint, Run
+import jsonschema
+
+from agentrun.api import Attempt, Checkpoint, InterruptReason, Run
+from agentrun.worker.effects import Effect, Ledger
+from agentrun.worker.errors import Interrupted, PermanentError
 from agentrun.worker.session import Session
+
+_KEEP = object()
 
 
 class Context:
-    def __init__(self, session: Session, run: Run, resumed_from: Checkpoint | None) -> None:
+    def __init__(self, session: Session, run: Run, attempt: Attempt, resumed_from: Checkpoint | None) -> None:
         self._session = session
-        self._run = run
+        self._ledger = Ledger(session)
         self._latest = resumed_from
         me = session.me
         self.run_name = me.run
@@ -22,11 +30,109 @@ class Context:
         self.cancel_epoch = me.cancel_epoch
         self.input: Any = run.spec.input
         self.state: Any = resumed_from.spec.state if resumed_from else None
-        self.resumed = resumed_from is not None
-        self.resume_value: Any = None
+        # True when this Attempt continues after a pause: observations made before it are stale, and
+        # the agent must look at its world again.
+        self.resumed = attempt.spec.reason.startswith("resume:")
+        self.resume_value: Any = attempt.spec.input if self.resumed else None
+        self._answering = attempt.spec.reason.removeprefix("resume:") if self.resumed else None
+        self._answered = {i.request_id for i in run.status.inputs or []}
+
+    # ---- checkpoints and interrupts ----------------------------------------------------------------
 
     async def checkpoint(self, state: Any, step: str | None = None) -> str:
-        """Saves `state` as the Run's latest Checkpoint (fenced): the next Attempt continues from it."""
+        """Saves `state` as the Run's latest Checkpoint (fenced): the next Attempt continues from it.
+
+        A checkpoint is a step boundary: if someone asked the Run to pause (spec.pause), the agent
+        stops here as if it had called interrupt(reason="paused").
+        """
         self._latest = await self._session.save_checkpoint(state, step, self._latest)
         self.state = state
+        pause = self._session.run.spec.pause if self._session.run else None
+        if pause and pause.request_id not in self._answered and pause.request_id != self._answering:
+            await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
         return self._latest.spec.id
+
+    async def interrupt(
+        self,
+        reason: str = InterruptReason.INPUT_REQUIRED,
+        prompt: str | None = None,
+        schema: dict[str, Any] | None = None,
+        expires_in: float | None = None,
+        state: Any = _KEEP,
+    ) -> Any:
+        """Pauses the Run here until someone answers; returns the answer in the Attempt that resumes.
+
+        Saves a Checkpoint (of `state`, or the latest state) and the typed request, then ends this
+        Attempt and releases the worker. The Attempt that resumes runs the agent again from that
+        Checkpoint, and this same call returns the accepted value instead of pausing again.
+        """
+        if self._answering is not None:
+            value = self.resume_value
+            self._answering = None  # one answer per resumed Attempt: a later interrupt pauses again
+            if schema is not None:
+                try:
+                    jsonschema.validate(value, schema)
+                except jsonschema.ValidationError as exc:
+                    raise PermanentError(
+                        f"the resume value does not match the request's schema: {exc.message}"
+                    ) from None
+            return value
+        if state is not _KEEP:
+            self.state = state
+        await self._raise_interrupt(InterruptReason(reason), prompt, schema, expires_in, None)
+
+    async def _raise_interrupt(
+        self,
+        reason: InterruptReason,
+        prompt: str | None,
+        schema: dict[str, Any] | None,
+        expires_in: float | None,
+        request_id: str | None,
+    ) -> None:
+        if self._latest is None or self._latest.spec.state != self.state:
+            self._latest = await self._session.save_checkpoint(
+                self.state, f"interrupt:{reason}", self._latest
+            )
+        request_id = request_id or f"{self.run_name}-r{self._latest.spec.sequence}"
+        pending: dict[str, Any] = {
+            "requestId": request_id,
+            "reason": reason.value,
+            "checkpointId": self._latest.spec.id,
+        }
+        if prompt:
+            pending["prompt"] = prompt
+        if schema is not None:
+            pending["acceptedSchema"] = schema
+        if expires_in:
+            at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=expires_in)
+            pending["expiresAt"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self._session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
+        raise Interrupted(request_id)
+
+    # ---- side effects ------------------------------------------------------------------------------
+
+    async def side_effect(
+        self,
+        tool: str,
+        key: str,
+        execute: Callable[[str], Any],
+        *,
+        target: str | None = None,
+        lookup: Callable[[str], Any] | None = None,
+        compensation: str | None = None,
+        reversible: bool = False,
+        step: str | None = None,
+        reference_of: Callable[[Any], str | None] | None = None,
+    ) -> Effect:
+        """Runs an external action at most once per idempotency key, through the SideEffect ledger."""
+        return await self._ledger.perform(
+            tool=tool,
+            key=key,
+            target=target,
+            execute=execute,
+            lookup=lookup,
+            compensation=compensation,
+            reversible=reversible,
+            step=step,
+            reference_of=reference_of,
+        )

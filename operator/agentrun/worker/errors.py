@@ -52,3 +52,17 @@ class FenceRejected(AgentError):
         self.failure_class = (
             FailureClass.CANCELLED if reason == "stale_after_cancel" else FailureClass.LEASE_LOST
         )
+
+
+class UnknownSideEffect(AgentError):
+    """An external action may or may not have happened: automation stops until it is reconciled."""
+
+    failure_class = FailureClass.UNKNOWN_SIDE_EFFECT
+
+
+class Interrupted(BaseException):
+    """Not an error: the agent asked to pause. Ends the Attempt cleanly (the worker is released)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from agentrun.api import FailureClass
 from agentrun.kubeapi import KubeApi
 from agentrun.worker.context import Context
-from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, LeaseLost, RateLimited
+from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, Interrupted, LeaseLost, RateLimited
 from agentrun.worker.identity import Identity
 from agentrun.worker.session import Session
 
@@ -49,8 +49,9 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
 async def run_attempt(agent: Agent, session: Session) -> None:
     """Runs the agent next to the lease keeper and the cancel watch; whichever ends first decides."""
     run = await session.read_run()
+    attempt = await session.read_attempt()
     resumed = await session.load_checkpoint(session.me.resume_from) if session.me.resume_from else None
-    ctx = Context(session, run, resumed)
+    ctx = Context(session, run, attempt, resumed)
     lease = run.spec.lease
     await session.renew_once()  # fail fast if the lease is not ours
     agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
@@ -84,6 +85,10 @@ def main(agent: Agent) -> NoReturn:
         api = KubeApi()
         try:
             await run_attempt(agent, Session(api, me))
+        except Interrupted as stop:  # a clean end: the Run waits for its answer
+            log.info("interrupted: waiting for request %s", stop.request_id)
+            _write_termination(me, {"interrupted": stop.request_id})
+            return 0
         except BaseException as exc:  # every way out writes its termination message
             report, code = _termination(exc)
             if isinstance(exc, FenceRejected):

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from agentrun.api import Checkpoint, Run, lease_name
+from agentrun.api import Attempt, Checkpoint, Run, lease_name
 from agentrun.core.fence import fence_violation
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.errors import FenceRejected, LeaseLost
@@ -46,6 +46,12 @@ class Session:
             raise LeaseLost(f"Run {self.me.run} no longer exists")
         self.run = Run.model_validate(body)
         return self.run
+
+    async def read_attempt(self) -> Attempt:
+        body = await self.api.get(self.api.custom_path("attempts", self.me.namespace, self.me.attempt))
+        if body is None:
+            raise LeaseLost(f"Attempt {self.me.attempt} does not exist")
+        return Attempt.model_validate(body)
 
     # ---- fenced writes -------------------------------------------------------------------------------
 

@@ -1,0 +1,57 @@
+"""Ledger rules for external side effects: what a worker may do, given what the ledger says.
+
+The ledger (SideEffect objects) is written before an action runs and confirmed after it, so after any
+crash the record tells whether the action may have happened. The rules never execute an action whose
+record says Confirmed, and never guess about one whose outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import StrEnum
+from typing import Any
+
+from agentrun.api import SideEffect, SideEffectState
+
+
+class Step(StrEnum):
+    EXECUTE = "execute"  # no trace of the action anywhere: run it
+    REUSE = "reuse"  # it happened and its result is recorded: never run it again
+    LOOK_UP = "look_up"  # it may have happened: ask the external system by idempotency key
+    RECONCILE = "reconcile"  # nobody can tell: stop automation until a person or a lookup resolves it
+    REFUSE = "refuse"  # it failed for good earlier, or the record belongs to another request
+
+
+def side_effect_name(idempotency_key: str) -> str:
+    """SideEffect objects are named from a hash of the key: one record per external action."""
+    return "sfx-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+def request_digest(tool: str, target: str | None, request: Any = None) -> str:
+    canonical = json.dumps(
+        {"tool": tool, "target": target, "request": request}, sort_keys=True, separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def next_step(record: SideEffect | None, digest: str) -> Step:
+    if record is None:
+        return Step.EXECUTE
+    if record.spec.request_digest and record.spec.request_digest != digest:
+        return Step.REFUSE  # the same key was used for a different action: never conflate them
+    state = record.status.state if record.status else SideEffectState.PENDING
+    match state:
+        case SideEffectState.CONFIRMED | SideEffectState.COMPENSATED:
+            return Step.REUSE
+        case SideEffectState.PENDING | SideEffectState.UNKNOWN:
+            return Step.LOOK_UP
+        case _:
+            return Step.REFUSE
+
+
+def after_lookup(found: bool | None, can_look_up: bool) -> Step:
+    """found: True (the action happened), False (it did not), None (the lookup could not tell)."""
+    if not can_look_up or found is None:
+        return Step.RECONCILE
+    return Step.REUSE if found else Step.EXECUTE

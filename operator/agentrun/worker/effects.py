@@ -1,0 +1,269 @@
+"""ctx.side_effect: external actions through the ledger, executed at most once per idempotency key."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun.api import SideEffect, SideEffectState
+from agentrun.core.fence import fence_violation
+from agentrun.core.ledger import Step, after_lookup, next_step, request_digest, side_effect_name
+from agentrun.kubeapi import ApiError
+from agentrun.worker.errors import FenceRejected, PermanentError, TransientError, UnknownSideEffect
+from agentrun.worker.session import Session
+
+log = logging.getLogger("agentrun.worker")
+
+# What an execute() that raised these cannot tell us: whether the action happened.
+UNKNOWN_OUTCOME: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The outcome of a side effect: its external reference and result, and the ledger state."""
+
+    name: str
+    reference: str | None
+    result: Any
+    state: SideEffectState
+    executed_now: bool
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    value = fn(*args)
+    return await value if inspect.isawaitable(value) else value
+
+
+def _is_unknown_outcome(exc: BaseException) -> bool:
+    return isinstance(exc, UNKNOWN_OUTCOME) or type(exc).__name__ == "OutcomeUnknown"
+
+
+class Ledger:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.me = session.me
+
+    def _path(self, name: str | None = None, status: bool = False) -> str:
+        return self.session.api.custom_path(
+            "sideeffects", self.me.namespace, name, "status" if status else None
+        )
+
+    async def _record(self, name: str) -> SideEffect | None:
+        body = await self.session.api.get(self._path(name))
+        return SideEffect.model_validate(body) if body else None
+
+    async def _set_state(
+        self, record: SideEffect, state: SideEffectState, *, message: str, **fields: Any
+    ) -> SideEffect:
+        history = [
+            h.to_api() for h in (record.status.history if record.status and record.status.history else [])
+        ]
+        history = [
+            *history,
+            {"state": state.value, "time": _now(), "attempt": self.me.attempt, "message": message},
+        ]
+        status = {
+            "state": state.value,
+            "attempt": self.me.attempt,
+            "leaseEpoch": self.me.lease_epoch,
+            "history": history[-20:],
+            **fields,
+        }
+        written = await self.session.api.merge_patch(
+            self._path(str(record.metadata.name), status=True), {"status": status}
+        )
+        return SideEffect.model_validate(written)
+
+    async def _check_fence(self) -> None:
+        """An action is external: re-check the fence right before it, as for a commit."""
+        run = await self.session.read_run()
+        if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
+            message = f"side effect not executed: this worker's epochs are stale ({reason})"
+            await self.session.record_rejection(reason.value, message)
+            raise FenceRejected(reason.value, message)
+
+    async def perform(
+        self,
+        *,
+        tool: str,
+        key: str,
+        target: str | None,
+        execute: Callable[[str], Any],
+        lookup: Callable[[str], Any] | None,
+        compensation: str | None,
+        reversible: bool,
+        step: str | None,
+        reference_of: Callable[[Any], str | None] | None,
+    ) -> Effect:
+        name = side_effect_name(key)
+        digest = request_digest(tool, target)
+        record = await self._record(name)
+        decision = next_step(record, digest)
+        if record is None:
+            record, created = await self._create(
+                name,
+                tool=tool,
+                key=key,
+                target=target,
+                digest=digest,
+                compensation=compensation,
+                reversible=reversible,
+                step=step,
+            )
+            if not created:  # another writer recorded it first: follow what its record says
+                decision = next_step(record, digest)
+        if decision == Step.REFUSE:
+            raise PermanentError(
+                f"side effect {name} ({tool}, key {key}) cannot run: its record says "
+                f"{record.status.state if record.status else 'Pending'} or belongs to another request"
+            )
+        if decision == Step.REUSE:
+            assert record.status is not None
+            return self._effect(record, reference_of, executed_now=False)
+        resolved_by = None
+        if decision == Step.LOOK_UP:
+            found: bool | None
+            result: Any = None
+            try:
+                result = await _call(lookup, key) if lookup else None
+                found = None if lookup is None else result is not None
+            except Exception as exc:  # the external system could not tell
+                log.warning("lookup of %s failed: %s", key, exc)
+                found = None
+            decision = after_lookup(found, lookup is not None)
+            resolved_by = f"lookup by {self.me.attempt}"
+            if decision == Step.RECONCILE:
+                await self._set_state(
+                    record, SideEffectState.UNKNOWN, message="outcome unknown; lookup could not tell"
+                )
+                raise UnknownSideEffect(f"{tool} with key {key}: outcome unknown; resolve SideEffect {name}")
+            if decision == Step.REUSE:
+                confirmed = await self._set_state(
+                    record,
+                    SideEffectState.CONFIRMED,
+                    message="found by lookup",
+                    result=result,
+                    externalReference=self._reference(result, reference_of),
+                    resolvedBy=resolved_by,
+                )
+                return self._effect(confirmed, reference_of, executed_now=False)
+        return await self._execute(record, key, execute, reference_of, resolved_by)
+
+    async def _execute(
+        self,
+        record: SideEffect,
+        key: str,
+        execute: Callable[[str], Any],
+        reference_of: Callable[[Any], str | None] | None,
+        resolved_by: str | None,
+    ) -> Effect:
+        await self._check_fence()
+        try:
+            result = await _call(execute, key)
+        except Exception as exc:
+            if _is_unknown_outcome(exc):
+                await self._set_state(record, SideEffectState.UNKNOWN, message=f"outcome unknown: {exc}")
+                raise UnknownSideEffect(
+                    f"{record.spec.tool} with key {key}: outcome unknown ({exc})"
+                ) from exc
+            if isinstance(exc, TransientError):
+                raise  # the record stays Pending: a later Attempt looks the action up before trying again
+            await self._set_state(record, SideEffectState.FAILED, message=f"failed: {exc}")
+            raise
+        extra: dict[str, Any] = {"resolvedBy": resolved_by} if resolved_by else {}
+        confirmed = await self._set_state(
+            record,
+            SideEffectState.CONFIRMED,
+            message="executed",
+            result=result,
+            externalReference=self._reference(result, reference_of),
+            **extra,
+        )
+        return self._effect(confirmed, reference_of, executed_now=True)
+
+    async def _create(
+        self,
+        name: str,
+        *,
+        tool: str,
+        key: str,
+        target: str | None,
+        digest: str,
+        compensation: str | None,
+        reversible: bool,
+        step: str | None,
+    ) -> tuple[SideEffect, bool]:
+        run = self.session.run or await self.session.read_run()
+        spec: dict[str, Any] = {
+            "runName": self.me.run,
+            "tool": tool,
+            "idempotencyKey": key,
+            "requestDigest": digest,
+            "compensation": compensation or "",
+            "reversible": reversible,
+        }
+        if target:
+            spec["target"] = target
+        if step:
+            spec["step"] = step
+        body = {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "SideEffect",
+            "metadata": {
+                "name": name,
+                "namespace": self.me.namespace,
+                "labels": {"agentrun.dev/run": self.me.run},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "agentrun.dev/v1alpha1",
+                        "kind": "Run",
+                        "name": self.me.run,
+                        "uid": run.metadata.uid,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+        try:
+            created = await self.session.api.create(self._path(), body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            existing = await self._record(name)
+            assert existing is not None
+            return existing, False
+        record = SideEffect.model_validate(created)
+        return await self._set_state(
+            record, SideEffectState.PENDING, message="recorded before executing"
+        ), True
+
+    @staticmethod
+    def _reference(result: Any, reference_of: Callable[[Any], str | None] | None) -> str | None:
+        if reference_of is not None:
+            return reference_of(result)
+        if isinstance(result, dict):
+            ref = result.get("reference") or result.get("id")
+            return str(ref) if ref is not None else None
+        return None
+
+    def _effect(
+        self, record: SideEffect, reference_of: Callable[[Any], str | None] | None, executed_now: bool
+    ) -> Effect:
+        status = record.status
+        assert status is not None
+        return Effect(
+            name=str(record.metadata.name),
+            reference=status.external_reference or self._reference(status.result, reference_of),
+            result=status.result,
+            state=status.state,
+            executed_now=executed_now,
+        )
