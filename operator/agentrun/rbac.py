@@ -23,7 +23,8 @@ ATTEMPT_POD_RULES: list[Rule] = [
 ]
 
 # The operator: drive Runs, own Attempts, Pods and Leases, post Events; kopf needs to list/watch
-# namespaces and CRDs, and (with peering) its peering objects.
+# namespaces and CRDs, and (with peering) its peering objects, which the operator creates when missing
+# (agentrun.operator.bootstrap).
 OPERATOR_RULES: list[Rule] = [
     {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch", "update"]},
@@ -50,7 +51,7 @@ OPERATOR_RULES: list[Rule] = [
     {
         "apiGroups": ["kopf.dev"],
         "resources": ["clusterkopfpeerings", "kopfpeerings"],
-        "verbs": ["get", "list", "watch", "patch"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
     },
 ]
 

@@ -93,3 +93,52 @@ def with_input(run: Run, resume: ResumeRequest, now: datetime) -> list[dict[str,
     }
     kept = [i.to_api() for i in run.status.inputs or [] if i.request_id != resume.request_id]
     return [*kept, entry][-MAX_RECORDS:]
+
+
+def retry_digest(run: Run) -> str:
+    request = run.spec.retry_request
+    assert request is not None
+    return json_digest({"fromCheckpoint": request.from_checkpoint, "reason": request.reason})
+
+
+def judge_retry(run: Run, checkpoint_ids: set[str], unresolved_effects: list[str]) -> Verdict:
+    """A manual retry: only of a Failed or NeedsReconciliation Run, and only once nothing is unknown."""
+    request, phase = run.spec.retry_request, run.status.phase
+    assert request is not None
+    if phase not in (RunPhase.FAILED, RunPhase.NEEDS_RECONCILIATION):
+        return Verdict(
+            False, "NotRetryable", f"the Run is {phase}: only Failed or NeedsReconciliation Runs retry"
+        )
+    if unresolved_effects:
+        names = ", ".join(sorted(unresolved_effects)[:5])
+        return Verdict(
+            False,
+            "UnresolvedSideEffects",
+            f"resolve the side effects whose outcome is unknown first ({names}): "
+            "kubectl agentrun resolve-effect",
+        )
+    if request.from_checkpoint and request.from_checkpoint not in checkpoint_ids:
+        return Verdict(False, "UnknownCheckpoint", f"checkpoint {request.from_checkpoint} does not exist")
+    start = request.from_checkpoint or run.status.latest_checkpoint or "the beginning"
+    return Verdict(
+        True, "Accepted", f"manual retry from {start}" + (f": {request.reason}" if request.reason else "")
+    )
+
+
+def pause_digest(run: Run) -> str:
+    request = run.spec.pause
+    assert request is not None
+    return json_digest({"requestId": request.request_id, "reason": request.reason})
+
+
+def judge_pause(run: Run) -> Verdict | None:
+    """A pause is honoured by the worker at its next step boundary; this records how it ended, or None
+    while the Run is still on its way to the boundary."""
+    request, status = run.spec.pause, run.status
+    assert request is not None
+    pending = status.pending_request
+    if status.phase == RunPhase.PAUSED and pending is not None and pending.request_id == request.request_id:
+        return Verdict(True, "Accepted", f"paused at checkpoint {pending.checkpoint_id}")
+    if status.phase in (RunPhase.RUNNING, RunPhase.QUEUED, RunPhase.RETRY_BACKOFF):
+        return None
+    return Verdict(False, "NotRunning", f"the Run is {status.phase}: only a running Run can pause")

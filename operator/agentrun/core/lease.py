@@ -56,9 +56,13 @@ def epoch_for_grant(lease: LeaseView | None, holder: str) -> tuple[int, bool]:
 
     A Lease already held by `holder` is the trace of an earlier grant interrupted before it finished
     (an operator restart): its epoch is adopted, never bumped again, so no epoch is skipped or reused.
+    A revoked Lease (no holder) already carries a fresh epoch that no Attempt has used: it is given out.
     """
     if lease is None:
         return 1, True
     if lease.holder == holder:
         return lease.epoch, False
+    if lease.holder is None:
+        # Revoked (lease lost, deadline): the new epoch was taken then and nobody holds it yet.
+        return lease.epoch, True
     return lease.epoch + 1, True

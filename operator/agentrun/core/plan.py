@@ -51,6 +51,11 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class DeleteCheckpoint:
+    name: str
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -59,7 +64,14 @@ class RecordEvent:
 
 
 Action = (
-    PatchRunStatus | WriteLease | CreateAttempt | PatchAttemptStatus | CreatePod | DeletePod | RecordEvent
+    PatchRunStatus
+    | WriteLease
+    | CreateAttempt
+    | PatchAttemptStatus
+    | CreatePod
+    | DeletePod
+    | DeleteCheckpoint
+    | RecordEvent
 )
 
 

@@ -8,7 +8,7 @@ sequence is ordered so that a crash between two writes leaves a state this funct
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,18 +19,21 @@ from agentrun.api import (
     AttemptFailure,
     AttemptPhase,
     AttemptReason,
+    Checkpoint,
     ControlOp,
     FailureClass,
     Run,
     RunPhase,
+    SideEffect,
     attempt_name,
 )
-from agentrun.core import controls, failures
+from agentrun.core import controls, failures, report, retention
 from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
 from agentrun.core.lease import LeaseView, epoch_for_grant
 from agentrun.core.plan import (
     CreateAttempt,
     CreatePod,
+    DeleteCheckpoint,
     DeletePod,
     PatchAttemptStatus,
     PatchRunStatus,
@@ -67,6 +70,8 @@ class World:
     # Seconds before the current holder's lease expires on the operator's clock (<= 0: expired),
     # None while the operator has not seen the Lease yet.
     lease_expires_in: float | None = None
+    side_effects: Sequence[SideEffect] = ()
+    checkpoints: Sequence[Checkpoint] = ()
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
@@ -101,8 +106,11 @@ class _Decision:
                 previous=self.status.conditions,
                 now=self.w.now,
             ),
+            "sideEffects": report.side_effect_counts(self.w.side_effects),
             **fields,
         }
+        if phase in TERMINAL_PHASES or phase == RunPhase.NEEDS_RECONCILIATION:
+            patch["report"] = report.run_report(self.w.side_effects)
         self.plan.add(PatchRunStatus(patch))
 
     def event(self, type_: str, reason: str, message: str, attempt: str | None = None) -> None:
@@ -181,10 +189,12 @@ class _Decision:
                 )
             )
 
-    def after_failure(self, number: int, failure: AttemptFailure, phase: AttemptPhase) -> None:
+    def after_failure(self, number: int, failure: AttemptFailure, phase: AttemptPhase, **fields: Any) -> None:
         """The current Attempt failed: back off and retry, or fail the Run."""
         history = [*(self.w.failure_of(n) for n in range(1, number)), failure]
-        decision = decide_retry(self.run.spec.retry, number, history, seed=str(self.run.metadata.uid))
+        decision = decide_retry(
+            self.run.spec.retry, self.attempts_in_series(number), history, seed=str(self.run.metadata.uid)
+        )
         name = attempt_name(str(self.run.metadata.name), number)
         self.event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
         if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
@@ -200,6 +210,7 @@ class _Decision:
                     "message": (failure.message or "")[:1024],
                     "fingerprint": failure.fingerprint,
                 },
+                **fields,
             )
             self.event("Warning", "NeedsReconciliation", message)
             return
@@ -213,6 +224,7 @@ class _Decision:
                 f"Attempt {number} ended {phase.value} ({failure.failure_class}: {failure.message}); "
                 f"Attempt {number + 1} starts at {rfc3339(at)}",
                 nextAttemptTime=rfc3339(at),
+                **fields,
             )
             self.event("Normal", "RetryScheduled", decision.message)
             self.plan.wake_in((at - self.w.now).total_seconds())
@@ -227,8 +239,23 @@ class _Decision:
                 "message": (failure.message or "")[:1024],
                 "fingerprint": failure.fingerprint,
             },
+            **fields,
         )
         self.event("Warning", decision.reason, decision.message)
+
+    def attempts_in_series(self, number: int) -> int:
+        """Attempts counted against spec.retry.maxAttempts: those since the Run last started afresh
+        (its first Attempt, a resume, a manual retry), so answering a question renews the budget."""
+        fresh = (AttemptReason.INITIAL, AttemptReason.MANUAL_RETRY)
+        first = 1
+        for n in range(number, 0, -1):
+            attempt = self.w.attempts.get(n)
+            if attempt is not None and (
+                attempt.spec.reason in fresh or attempt.spec.reason.startswith("resume:")
+            ):
+                first = n
+                break
+        return number - first + 1
 
 
 def decide(world: World) -> Plan:
@@ -248,21 +275,48 @@ def decide(world: World) -> Plan:
         )
         d.event("Normal", "Queued", "Run accepted; starting Attempt 1")
         return d.plan.wake_in(0)
+    _prune_checkpoints(d)
     if phase in TERMINAL_PHASES and phase != RunPhase.FAILED:
+        _refresh_report(d)
         return d.plan
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
 
+    committed = attempt is not None and status.committed_by is not None
+    if committed and attempt and status.committed_by and status.committed_by.attempt == attempt.metadata.name:
+        if phase in (RunPhase.RUNNING, RunPhase.CANCEL_REQUESTED):
+            # The commit passed the fence, so it came before any cancel or deadline: it stands.
+            d.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
+            _after_attempt(d, attempt, None, phase=AttemptPhase.SUCCEEDED)
+            if spec.cancel_epoch > (status.observed_cancel_epoch or 0):
+                d.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
+            return d.plan
     if spec.cancel_epoch > (status.observed_cancel_epoch or 0) and phase != RunPhase.CANCEL_REQUESTED:
         _cancel(d, attempt, pod)
         return d.plan
-    if phase == RunPhase.FAILED:
+    retry = spec.retry_request
+    if retry is not None and controls.processed(run, retry.idempotency_key) is None:
+        _manual_retry(d, current or 0)
+        return d.plan
+    if phase in (RunPhase.FAILED, RunPhase.NEEDS_RECONCILIATION):
+        _refresh_report(d)
         return d.plan  # a manual retry (spec.retryRequest) is the only way on
     if _deadline_passed(world):
         _stop_for_deadline(d, attempt, pod)
         return d.plan
 
+    pause = spec.pause
+    if pause is not None and controls.processed(run, pause.request_id) is None:
+        verdict = controls.judge_pause(run)
+        if verdict is not None:
+            record = controls.control_record(
+                ControlOp.PAUSE, pause.request_id, controls.pause_digest(run), verdict, world.now
+            )
+            d.plan.add(PatchRunStatus({"controls": controls.with_record(run, record)}))
+            if not verdict.accepted:
+                d.event("Warning", "PauseRejected", f"{verdict.reason}: {verdict.message}")
+            return d.plan
     if spec.resume is not None and controls.processed(run, spec.resume.idempotency_key) is None:
         _resume(d, current or 0)
         return d.plan
@@ -317,6 +371,43 @@ def _resume(d: _Decision, current: int) -> None:
         inputs=controls.with_input(run, resume, now),
         pendingRequest=None,
     )
+
+
+def _manual_retry(d: _Decision, current: int) -> None:
+    run, now = d.run, d.w.now
+    request = run.spec.retry_request
+    assert request is not None
+    verdict = controls.judge_retry(
+        run,
+        {c.spec.id for c in d.w.checkpoints},
+        [str(e.metadata.name) for e in report.unresolved(d.w.side_effects)],
+    )
+    record = controls.control_record(
+        ControlOp.RETRY, request.idempotency_key, controls.retry_digest(run), verdict, now
+    )
+    if not verdict.accepted:
+        d.plan.add(PatchRunStatus({"controls": controls.with_record(run, record)}))
+        d.event("Warning", "RetryRejected", f"{verdict.reason}: {verdict.message}")
+        return
+    d.event("Normal", "ManualRetry", verdict.message)
+    fields: dict[str, Any] = {"controls": controls.with_record(run, record), "failure": None}
+    if request.from_checkpoint:
+        fields["latestCheckpoint"] = request.from_checkpoint
+        d.status = d.status.model_copy(update={"latest_checkpoint": request.from_checkpoint})
+    d.grant(current + 1, AttemptReason.MANUAL_RETRY, None, **fields)
+
+
+def _refresh_report(d: _Decision) -> None:
+    """A stopped Run keeps its report in step with its SideEffects (e.g. one resolved by a person)."""
+    counts = report.side_effect_counts(d.w.side_effects)
+    current = d.status.side_effects.to_api() if d.status.side_effects else None
+    if current != counts:
+        d.plan.add(PatchRunStatus({"sideEffects": counts, "report": report.run_report(d.w.side_effects)}))
+
+
+def _prune_checkpoints(d: _Decision) -> None:
+    for name in retention.prunable(d.run, d.w.checkpoints, d.w.attempts.values()):
+        d.plan.add(DeleteCheckpoint(name))
 
 
 def _input_expired(d: _Decision) -> None:
@@ -376,13 +467,17 @@ def _supervise(d: _Decision, number: int, attempt: Attempt | None, pod: PodView 
         )
     lease = w.lease
     holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    if not holds_lease or w.lease_expires_in is None:
+    if not holds_lease or w.lease_expires_in is None or not pod.running_since:
+        # The lease is judged once the agent runs: image pulls and scheduling do not count against it.
         d.plan.wake_in(RECHECK_SECONDS)
     elif w.lease_expires_in <= 0:
         failure = failures.lease_lost(lease.duration_seconds if lease else 0)
         d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
+        # Take the lease over now, not at the next grant: a frozen worker that wakes up during the
+        # backoff must already find its epoch stale.
+        epoch = _revoke_lease(d)
         d.plan.add(DeletePod(pod.name, grace_seconds=0))
-        d.after_failure(number, failure, AttemptPhase.LEASE_LOST)
+        d.after_failure(number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
     else:
         d.plan.wake_in(w.lease_expires_in + 0.05)
 

@@ -33,9 +33,7 @@ def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
 class OwnedObjects:
     def __init__(self) -> None:
         self._by_run: dict[str, dict[Key, dict[str, JsonDict]]] = {
-            "attempts": defaultdict(dict),
-            "pods": defaultdict(dict),
-            "leases": defaultdict(dict),
+            kind: defaultdict(dict) for kind in ("attempts", "checkpoints", "sideeffects", "pods", "leases")
         }
         self._sightings: dict[tuple[str, str], Sighting] = {}
 

@@ -59,6 +59,8 @@ class Executor:
                     await self._create_pod(body, ns, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):
                     await self.api.delete(self.api.core_path("pods", ns, pod), grace)
+                case p.DeleteCheckpoint(name=checkpoint):
+                    await self.api.delete(self.api.custom_path("checkpoints", ns, checkpoint))
                 case p.RecordEvent():
                     await self._event(action, run)
 

@@ -7,7 +7,7 @@ import datetime
 import logging
 import time
 
-from agentrun.api import Attempt, Run, lease_name
+from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.lease import lease_view, seconds_until_expiry
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide
@@ -77,6 +77,8 @@ class Reconciler:
             lease=lease,
             now=datetime.datetime.now(datetime.UTC),
             lease_expires_in=expires_in,
+            side_effects=[SideEffect.model_validate(o) for o in self.cache.of("sideeffects", key)],
+            checkpoints=[Checkpoint.model_validate(o) for o in self.cache.of("checkpoints", key)],
         )
         plan = decide(world)
         await self.executor.execute(plan, run)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 from dataclasses import dataclass
 
 import kopf
@@ -23,6 +25,9 @@ class OperatorSettings:
     # One active replica; standbys take over when its peering heartbeat stops (needs the peering CRDs).
     peering: str | None = None
     priority: int = 0
+    # How long a replica's peering heartbeat counts (kopf's default is 60 s): a replica that dies without
+    # saying goodbye is replaced by a standby this long after its last heartbeat.
+    peering_lifetime: int = 60
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -32,8 +37,21 @@ class OperatorSettings:
             event_workers=int(env("AGENTRUN_EVENT_WORKERS", cls.event_workers)),
             watch_timeout_seconds=int(env("AGENTRUN_WATCH_TIMEOUT_SECONDS", cls.watch_timeout_seconds)),
             peering=env("AGENTRUN_PEERING") or None,
-            priority=int(env("AGENTRUN_PRIORITY", cls.priority)),
+            priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority))),
+            peering_lifetime=int(env("AGENTRUN_PEERING_LIFETIME", cls.peering_lifetime)),
         )
+
+
+# kopf pauses every replica that sees a live peer of the same priority, so the replicas of one Deployment
+# (which share their environment) need distinct priorities: AGENTRUN_PRIORITY=auto derives one from this
+# process's start time, so the longest-running replica stays active and newer ones stand by. The values
+# are negative: a replica started with an explicit priority (0 and up) always takes precedence.
+# (Milliseconds with a random tie-breaker: distinct, and exact as a JSON number in any client.)
+_AUTO_PRIORITY = -(time.time_ns() // 1_000_000 * 1000 + random.randrange(1000))
+
+
+def _priority(value: str) -> int:
+    return _AUTO_PRIORITY if value.strip().lower() == "auto" else int(value)
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorSettings) -> None:
@@ -46,4 +64,5 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorSettings) ->
     if config.peering:
         settings.peering.name = config.peering
         settings.peering.priority = config.priority
+        settings.peering.lifetime = config.peering_lifetime
         settings.peering.mandatory = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import signal
@@ -13,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from agentrun.api import FailureClass
+from agentrun.core.failures import fingerprint
 from agentrun.kubeapi import KubeApi
 from agentrun.worker.context import Context
 from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, Interrupted, LeaseLost, RateLimited
@@ -22,10 +22,6 @@ from agentrun.worker.session import Session
 log = logging.getLogger("agentrun.worker")
 Agent = Callable[[Context], Coroutine[Any, Any, Any]]
 EX_TEMPFAIL = 75
-
-
-def _fingerprint(kind: str, message: str) -> str:
-    return hashlib.sha256(f"{kind}\0{message}".encode()).hexdigest()[:16]
 
 
 def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
@@ -39,7 +35,8 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
     report: dict[str, Any] = {
         "class": cls.value,
         "message": message[:1024],
-        "fingerprint": _fingerprint(f"{cls}:{type(exc).__name__}", message),
+        # the operator's normalisation: "timeout after 3012 ms" repeats "timeout after 2990 ms"
+        "fingerprint": fingerprint(cls, f"{type(exc).__name__}: {message}"),
     }
     if isinstance(exc, RateLimited) and exc.retry_after is not None:
         report["retryAfterSeconds"] = int(exc.retry_after + 0.999)

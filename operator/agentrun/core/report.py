@@ -1,0 +1,54 @@
+"""The Run's account of the outside world: what happened, what was compensated, what cannot be undone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from agentrun.api import SideEffect, SideEffectState
+
+MAX_REPORTED = 100
+
+
+def _state(effect: SideEffect) -> SideEffectState:
+    return effect.status.state if effect.status else SideEffectState.PENDING
+
+
+def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
+    counts = {"confirmed": 0, "compensated": 0, "unknown": 0, "irreversible": 0}
+    for effect in effects:
+        state = _state(effect)
+        if state == SideEffectState.CONFIRMED:
+            counts["confirmed"] += 1
+            if not effect.spec.reversible:
+                counts["irreversible"] += 1
+        elif state == SideEffectState.COMPENSATED:
+            counts["compensated"] += 1
+        elif state in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
+            counts["unknown"] += 1
+    return counts
+
+
+def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
+    ordered = sorted(effects, key=lambda e: (e.metadata.creation_timestamp or 0, e.metadata.name or ""))
+    listed = [
+        {
+            "name": e.metadata.name,
+            "tool": e.spec.tool,
+            **({"target": e.spec.target} if e.spec.target else {}),
+            "state": _state(e).value,
+            **(
+                {"externalReference": e.status.external_reference}
+                if e.status and e.status.external_reference
+                else {}
+            ),
+            "reversible": e.spec.reversible,
+        }
+        for e in ordered
+    ]
+    return {"effects": listed[:MAX_REPORTED], "omitted": max(len(listed) - MAX_REPORTED, 0)}
+
+
+def unresolved(effects: Iterable[SideEffect]) -> list[SideEffect]:
+    """Effects nobody knows the outcome of: they block automation and manual retries alike."""
+    return [e for e in effects if _state(e) == SideEffectState.UNKNOWN]

@@ -1,0 +1,191 @@
+"""The Helm chart's values: one pydantic model, the single source of charts/agentrun/values.yaml (its
+defaults and comments) and of values.schema.json (every object closed with additionalProperties: false,
+except the Kubernetes objects passed through as they are: resources, securityContext, affinity, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+# Kubernetes API objects the chart copies into the Pod spec unchanged (the API server validates them).
+KubeObject = dict[str, Any]
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class _Values(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, use_attribute_docstrings=True
+    )
+
+
+class Image(_Values):
+    repository: str = Field("agentrun/operator", min_length=1)
+    """Operator image (built from the repository's Dockerfile)."""
+    tag: str = ""
+    """Image tag; empty means the chart's appVersion."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy of the operator (and of the `helm test` Pod, which uses the same image)."""
+
+
+class Crds(_Values):
+    install: bool = True
+    """Install and upgrade the agentrun.dev CRDs with the release. They are templates (not crds/, which
+    Helm never upgrades) annotated helm.sh/resource-policy: keep, so `helm uninstall` never deletes
+    them, nor the Runs they hold. Set false when CRDs are managed outside this release (see README)."""
+
+
+class Peering(_Values):
+    enabled: bool = True
+    """Run the replicas as kopf peers: one active, the others paused until it goes. Required when
+    replicaCount > 1. The operator creates the peering object (KopfPeering in each watched namespace, or a
+    ClusterKopfPeering) when it is missing."""
+    name: str = Field("agentrun", pattern=NAME_PATTERN, max_length=63)
+    """Name of the peering object: operators sharing it see each other."""
+    lifetime_seconds: int = Field(15, ge=5, le=600)
+    """A replica that dies without saying goodbye is taken over this long after its last heartbeat (a
+    replica that stops gracefully hands over at once)."""
+    install_crds: bool = True
+    """Install kopf's peering CRDs (clusterkopfpeerings.kopf.dev, kopfpeerings.kopf.dev). Set false if
+    another kopf-based operator in the cluster already installed them."""
+
+
+class Health(_Values):
+    enabled: bool = True
+    """Serve kopf's health endpoint (/healthz) and probe it (liveness and readiness)."""
+    port: int = Field(8080, ge=1024, le=65535)
+    """Container port of the health endpoint."""
+
+
+class OperatorTuning(_Values):
+    workers: int = Field(8, ge=1, le=256)
+    """Runs reconciled concurrently (AGENTRUN_WORKERS)."""
+    event_workers: int = Field(200, ge=1, le=10000)
+    """Cap of kopf's per-object watch-event workers (AGENTRUN_EVENT_WORKERS)."""
+    watch_timeout_seconds: int = Field(300, ge=30, le=3600)
+    """Re-list after this long even if a watch looks healthy (AGENTRUN_WATCH_TIMEOUT_SECONDS)."""
+    verbose: bool = False
+    """Debug logging."""
+    extra_env: list[KubeObject] = Field(default_factory=list)
+    """More environment variables for the operator container (Kubernetes EnvVar objects)."""
+
+
+class ServiceAccount(_Values):
+    create: bool = True
+    """Create the operator's ServiceAccount."""
+    name: str = Field("", max_length=253)
+    """Its name; empty means the release's full name."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the ServiceAccount (e.g. for workload identity)."""
+
+
+class AgentServiceAccount(_Values):
+    create: bool = True
+    """Create the agents' ServiceAccount in every agent namespace."""
+    name: str = Field("agentrun-agent", pattern=NAME_PATTERN, max_length=253)
+    """The ServiceAccount attempt Pods run as: set spec.agent.serviceAccountName of your Runs to it. It
+    is bound to the attempt role (its Run's status, Leases, Checkpoints, SideEffects; nothing else)."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the ServiceAccount."""
+
+
+class Agents(_Values):
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces where attempt Pods run: each gets the agents' ServiceAccount and a binding of the
+    attempt role. Empty means the watched namespaces (namespace-scoped mode) or the release namespace
+    (cluster-wide mode). In cluster-wide mode, bind the ClusterRole <fullname>-attempt in any other
+    namespace with a RoleBinding."""
+    service_account: AgentServiceAccount = Field(default_factory=AgentServiceAccount)
+    """The agents' ServiceAccount."""
+
+
+class Rbac(_Values):
+    create: bool = True
+    """Create the operator's and the agents' RBAC (ClusterRole or Roles, and their bindings)."""
+
+
+class PodDisruptionBudget(_Values):
+    enabled: bool = True
+    """Create a PodDisruptionBudget when replicaCount > 1."""
+    max_unavailable: int = Field(1, ge=1)
+    """How many operator replicas a voluntary disruption (a node drain) may take down at once."""
+
+
+class Values(_Values):
+    name_override: str = Field("", max_length=63)
+    """Replaces the chart name in object names."""
+    fullname_override: str = Field("", max_length=63)
+    """Replaces the release's full name (the prefix of every object name)."""
+    image: Image = Field(default_factory=Image)
+    """The operator image."""
+    image_pull_secrets: list[KubeObject] = Field(default_factory=list)
+    """Pull secrets for the operator image ([{name: ...}])."""
+    replica_count: int = Field(2, ge=0, le=10)
+    """Operator replicas: one is active, the others stand by (needs peering.enabled)."""
+    watch_namespaces: list[str] = Field(default_factory=list)
+    """Empty: cluster-wide mode (a ClusterRole and ClusterRoleBinding). Otherwise namespace-scoped mode:
+    the operator watches only these namespaces, with a Role and RoleBinding in each, and the chart
+    creates no cluster-scoped object but the CRDs."""
+    crds: Crds = Field(default_factory=Crds)
+    """The agentrun.dev CustomResourceDefinitions."""
+    peering: Peering = Field(default_factory=Peering)
+    """Several replicas, one active (kopf peering)."""
+    health: Health = Field(default_factory=Health)
+    """The health endpoint and probes."""
+    operator: OperatorTuning = Field(default_factory=OperatorTuning)
+    """Operator settings."""
+    service_account: ServiceAccount = Field(default_factory=ServiceAccount)
+    """The operator's ServiceAccount."""
+    agents: Agents = Field(default_factory=Agents)
+    """Where attempt Pods run, and as whom."""
+    rbac: Rbac = Field(default_factory=Rbac)
+    """RBAC objects."""
+    resources: KubeObject = Field(
+        default_factory=lambda: {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        }
+    )
+    """Resources of the operator container."""
+    pod_security_context: KubeObject = Field(
+        default_factory=lambda: {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    )
+    """Pod security context (the defaults meet the restricted Pod Security Standard)."""
+    security_context: KubeObject = Field(
+        default_factory=lambda: {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    )
+    """Container security context of the operator and of the `helm test` Pod."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the operator Pods."""
+    pod_labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels of the operator Pods."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector of the operator Pods."""
+    tolerations: list[KubeObject] = Field(default_factory=list)
+    """Tolerations of the operator Pods."""
+    affinity: KubeObject = Field(default_factory=dict)
+    """Affinity of the operator Pods."""
+    topology_spread_constraints: list[KubeObject] = Field(default_factory=list)
+    """Topology spread constraints of the operator Pods (e.g. one replica per zone)."""
+    priority_class_name: str = Field("", max_length=253)
+    """Priority class of the operator Pods."""
+    termination_grace_period_seconds: int = Field(30, ge=1, le=600)
+    """Time a stopping replica has to finish its work and hand over to a standby."""
+    pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
+    """The operator's PodDisruptionBudget."""
+    global_: KubeObject = Field(default_factory=dict, alias="global")
+    """Values a parent chart shares with its dependencies (unused by this chart)."""

@@ -1,0 +1,299 @@
+"""A small HTTP ticket service: the external world of the ticket example, its tests and the demo.
+
+    python -m agentrun.examples.ticketservice --port 8088 --state tickets.json
+
+POST /tickets (header Idempotency-Key, JSON {title, body}) creates a ticket (201); a repeat with the same key
+and the same content returns the same ticket (200); the same key with other content is refused (422).
+GET /tickets?idempotencyKey=K (200 or 404) · GET /tickets (all) · GET /tickets/{id} · POST /tickets/{id}/close
+GET /audit: every creation, idempotent replay and close, in order (append-only) · GET /healthz
+POST /faults JSON merges fault settings, DELETE /faults clears them (kept in memory only):
+  failLookups: true          lookups by key or id answer 503
+  failCreates: 503           creates answer this status and create nothing
+  delayCreateSeconds: 2      a create is stored, then the answer waits this long
+  dropCreateResponse: true   a create is stored, then the connection closes with no answer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Json = dict[str, Any]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)  # bool is an int in Python
+
+
+# Fault name -> whether a value is acceptable.
+FAULTS: dict[str, Callable[[Any], bool]] = {
+    "failLookups": lambda value: isinstance(value, bool),
+    "dropCreateResponse": lambda value: isinstance(value, bool),
+    "failCreates": lambda value: type(value) is int and 400 <= value <= 599,
+    "delayCreateSeconds": lambda value: _is_number(value) and value >= 0,
+}
+
+
+class KeyReused(Exception):
+    """The idempotency key already names a ticket with other content."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TicketStore:
+    """Tickets and the audit log, saved to one JSON file (atomically) after every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        state: Json = json.loads(path.read_text()) if path.exists() else {}
+        self._next_id: int = state.get("nextId", 1)
+        self._tickets: dict[str, Json] = {t["id"]: t for t in state.get("tickets", [])}
+        self._by_key: dict[str, str] = {t["idempotencyKey"]: t["id"] for t in self._tickets.values()}
+        self._audit: list[Json] = state.get("audit", [])
+
+    def create(self, key: str, title: str, body: str) -> tuple[Json, bool]:
+        """Returns (ticket, replayed)."""
+        with self._lock:
+            existing = self._tickets.get(self._by_key.get(key, ""))
+            if existing is not None:
+                if (existing["title"], existing["body"]) != (title, body):
+                    raise KeyReused(
+                        f"idempotency key {key!r} was used for {existing['id']} with other content"
+                    )
+                self._record("replayed", existing)
+                return dict(existing), True
+            ticket_id = f"T-{self._next_id}"
+            self._next_id += 1
+            ticket = {
+                "id": ticket_id,
+                "reference": ticket_id,
+                "title": title,
+                "body": body,
+                "idempotencyKey": key,
+                "status": "open",
+                "createdAt": _now(),
+            }
+            self._tickets[ticket_id] = ticket
+            self._by_key[key] = ticket_id
+            self._record("created", ticket)
+            return dict(ticket), False
+
+    def close(self, ticket_id: str) -> Json | None:
+        with self._lock:
+            ticket = self._tickets.get(ticket_id)
+            if ticket is None:
+                return None
+            if ticket["status"] != "closed":
+                ticket.update(status="closed", closedAt=_now())
+                self._record("closed", ticket)
+            return dict(ticket)
+
+    def get(self, ticket_id: str) -> Json | None:
+        with self._lock:
+            ticket = self._tickets.get(ticket_id)
+            return dict(ticket) if ticket else None
+
+    def find_by_key(self, key: str) -> Json | None:
+        with self._lock:
+            ticket = self._tickets.get(self._by_key.get(key, ""))
+            return dict(ticket) if ticket else None
+
+    def tickets(self) -> list[Json]:
+        with self._lock:
+            return [dict(t) for t in self._tickets.values()]
+
+    def audit(self) -> list[Json]:
+        with self._lock:
+            return [dict(e) for e in self._audit]
+
+    def _record(self, event: str, ticket: Json) -> None:
+        self._audit.append(
+            {
+                "seq": len(self._audit) + 1,
+                "event": event,
+                "ticketId": ticket["id"],
+                "idempotencyKey": ticket["idempotencyKey"],
+                "title": ticket["title"],
+                "at": _now(),
+            }
+        )
+        self._save()
+
+    def _save(self) -> None:
+        state = {"nextId": self._next_id, "tickets": list(self._tickets.values()), "audit": self._audit}
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(state, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class TicketServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], store: TicketStore) -> None:
+        super().__init__(address, Handler)
+        self.store = store
+        self.faults: Json = {}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason or HTTPStatus(status).phrase.replace(" ", "")
+
+
+# (status, JSON payload), or None to close the connection without answering.
+Reply = tuple[int, object] | None
+Query = dict[str, list[str]]
+
+
+def _found(ticket: Json | None) -> Reply:
+    if ticket is None:
+        raise Refused(HTTPStatus.NOT_FOUND, "no such ticket", reason="TicketNotFound")
+    return HTTPStatus.OK, ticket
+
+
+def _check_faults(request: Json) -> None:
+    for name, value in request.items():
+        if name not in FAULTS or not FAULTS[name](value):
+            raise Refused(HTTPStatus.BAD_REQUEST, f"unknown fault or bad value: {name}={value!r}")
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: TicketServer
+
+    def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def do_DELETE(self) -> None:
+        self._answer(self._delete)
+
+    def _get(self, path: str, query: Query) -> Reply:
+        store = self.server.store
+        if path == "/healthz":
+            return HTTPStatus.OK, {"ok": True}
+        if path == "/audit":
+            return HTTPStatus.OK, store.audit()
+        if path == "/faults":
+            return HTTPStatus.OK, self.server.faults
+        if path == "/tickets" and "idempotencyKey" not in query:
+            return HTTPStatus.OK, store.tickets()
+        if path == "/tickets":
+            self._check_lookups()
+            return _found(store.find_by_key(query["idempotencyKey"][0]))
+        if match := re.fullmatch(r"/tickets/([^/]+)", path):
+            self._check_lookups()
+            return _found(store.get(match[1]))
+        raise Refused(HTTPStatus.NOT_FOUND, f"no route for GET {path}")
+
+    def _post(self, path: str, query: Query) -> Reply:
+        if path == "/tickets":
+            return self._create()
+        if match := re.fullmatch(r"/tickets/([^/]+)/close", path):
+            return _found(self.server.store.close(match[1]))
+        if path == "/faults":
+            request = self._json_body()
+            _check_faults(request)
+            self.server.faults = {**self.server.faults, **request}
+            return HTTPStatus.OK, self.server.faults
+        raise Refused(HTTPStatus.NOT_FOUND, f"no route for POST {path}")
+
+    def _delete(self, path: str, query: Query) -> Reply:
+        if path == "/faults":
+            self.server.faults = {}
+            return HTTPStatus.OK, {}
+        raise Refused(HTTPStatus.NOT_FOUND, f"no route for DELETE {path}")
+
+    def _create(self) -> Reply:
+        faults = self.server.faults
+        request = self._json_body()
+        key = self.headers.get("Idempotency-Key")
+        if not key:
+            raise Refused(HTTPStatus.BAD_REQUEST, "the Idempotency-Key header is required")
+        title, body = request.get("title"), request.get("body", "")
+        if not isinstance(title, str) or not title or not isinstance(body, str):
+            raise Refused(HTTPStatus.BAD_REQUEST, "expected {title: non-empty string, body: string}")
+        if faults.get("failCreates"):
+            raise Refused(faults["failCreates"], "creates fail (injected fault)", reason="InjectedFault")
+        try:
+            ticket, replayed = self.server.store.create(key, title, body)
+        except KeyReused as err:
+            raise Refused(HTTPStatus.UNPROCESSABLE_ENTITY, str(err), reason="IdempotencyKeyReused") from err
+        # Both faults act after the ticket is stored: the caller cannot tell whether it exists.
+        time.sleep(faults.get("delayCreateSeconds", 0))
+        if faults.get("dropCreateResponse"):
+            return None
+        return (HTTPStatus.OK if replayed else HTTPStatus.CREATED), ticket
+
+    def _check_lookups(self) -> None:
+        if self.server.faults.get("failLookups"):
+            raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "lookups fail (injected fault)", "InjectedFault")
+
+    def _json_body(self) -> Json:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            value = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise Refused(HTTPStatus.BAD_REQUEST, "expected a JSON object")
+        return value
+
+    def _answer(self, route: Callable[[str, Query], Reply]) -> None:
+        url = urlsplit(self.path)
+        try:
+            reply = route(url.path, parse_qs(url.query))
+        except Refused as err:
+            reply = err.status, {"error": str(err), "reason": err.reason}
+        if reply is None:
+            self.close_connection = True
+            return
+        status, payload = reply
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8088)
+    parser.add_argument("--state", type=Path, required=True, help="JSON file holding tickets and audit log")
+    args = parser.parse_args(argv)
+    server = TicketServer((args.host, args.port), TicketStore(args.state))
+    print(f"ticket service listening on http://{args.host}:{server.server_port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""What the operator makes sure of before kopf starts: its API is served, and its peering object exists.
+
+A Helm install creates the CRDs and the Deployment together, so the operator may start before the API
+server serves agentrun.dev; in namespace-scoped mode kopf scans the API only once at start-up, so it
+must not start early. With peering (several replicas, one active), kopf needs the KopfPeering
+(namespace-scoped mode: one in each watched namespace) or ClusterKopfPeering object to exist: kopf never
+creates it, and without it every replica would stay paused. The CRDs of those objects are defined here,
+the single source for the Helm chart and the plain manifests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import quote
+
+from agentrun.api import GROUP, VERSION
+from agentrun.kubeapi import ApiError, KubeApi
+
+log = logging.getLogger("agentrun.operator")
+
+PEERING_GROUP: Final = "kopf.dev"
+PEERING_VERSION: Final = "v1"
+AGENTRUN_PLURALS: Final = ("runs", "attempts", "checkpoints", "sideeffects")
+LOG_EVERY_SECONDS: Final = 10.0
+
+
+def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{PEERING_GROUP}"},
+        "spec": {
+            "group": PEERING_GROUP,
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": PEERING_VERSION,
+                    "served": True,
+                    "storage": True,
+                    # kopf writes its heartbeats to .status through the main resource: no status
+                    # subresource, and the status is free-form (one entry per operator replica).
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                            "properties": {
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def peering_crds() -> list[dict[str, Any]]:
+    """The CRDs of kopf's peering objects (kopf.dev/v1), as kopf's documentation defines them."""
+    return [
+        _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        _peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
+    ]
+
+
+async def served_resources(api: KubeApi, group_version: str) -> set[str]:
+    """The resource names the API server serves in group/version (empty when it serves none)."""
+    try:
+        found = await api.get(f"/apis/{group_version}")
+    except ApiError as exc:
+        if exc.status in (403, 503):  # discovery of a group being registered may fail for a moment
+            return set()
+        raise
+    return {str(resource["name"]) for resource in (found or {}).get("resources", [])}
+
+
+async def wait_until_served(
+    api: KubeApi, group_version: str, plurals: Sequence[str], interval: float = 1.0
+) -> None:
+    """Waits (forever, logging every 10 s) until the API server serves every plural of group_version."""
+    last_log = time.monotonic()
+    while True:
+        missing = set(plurals) - await served_resources(api, group_version)
+        if not missing:
+            return
+        if time.monotonic() - last_log >= LOG_EVERY_SECONDS:
+            log.warning(
+                "waiting for the API server to serve %s %s: are the CRDs installed?",
+                group_version,
+                ", ".join(sorted(missing)),
+            )
+            last_log = time.monotonic()
+        await asyncio.sleep(interval)
+
+
+def peering_object(name: str, namespace: str | None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/part-of": "agentrun"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}",
+        "kind": "KopfPeering" if namespace else "ClusterKopfPeering",
+        "metadata": metadata,
+    }
+
+
+async def ensure_peering(api: KubeApi, name: str, namespaces: Sequence[str]) -> None:
+    """Creates the peering object kopf will use (in every watched namespace, or cluster-wide)."""
+    base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
+    targets = [
+        (f"{base}/namespaces/{quote(namespace)}/kopfpeerings", namespace) for namespace in namespaces
+    ] or [(f"{base}/clusterkopfpeerings", None)]
+    for collection, namespace in targets:
+        try:
+            await api.create(collection, peering_object(name, namespace))
+            log.info("created the peering object %s in %s", name, namespace or "the cluster")
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+
+
+async def prepare(api: KubeApi, namespaces: Sequence[str], peering: str | None) -> None:
+    """Everything that must hold before kopf starts (see the module docstring)."""
+    await wait_until_served(api, f"{GROUP}/{VERSION}", AGENTRUN_PLURALS)
+    if peering:
+        plural = "kopfpeerings" if namespaces else "clusterkopfpeerings"
+        await wait_until_served(api, f"{PEERING_GROUP}/{PEERING_VERSION}", [plural])
+        await ensure_peering(api, peering, namespaces)

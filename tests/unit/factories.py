@@ -1,0 +1,243 @@
+"""Small builders of what core/ decides on: Runs, Attempts, Pod and Lease views, Worlds; and readers of Plans.
+
+Everything is fixed (names, uid, clock) so that tables of cases stay short and results are reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from agentrun.api import Attempt, AttemptFailure, FailureClass, Run, attempt_name
+from agentrun.core import failures
+from agentrun.core.failures import ContainerExit
+from agentrun.core.lease import LeaseView
+from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent
+from agentrun.core.pods import PodView
+from agentrun.core.runs import World
+
+RUN = "triage"
+NAMESPACE = "team-a"
+RUN_UID = "0b6c1f2e-8d3a-4c55-9e21-5f0a7b9c1d2e"
+GENERATION = 3
+RUN_RESOURCE_VERSION = "1001"
+LEASE_RESOURCE_VERSION = "4711"
+IMAGE = "agentrun/agent:dev"
+CREATED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+NOW = CREATED + timedelta(minutes=10)
+EARLIER = CREATED + timedelta(minutes=1)  # when conditions were last written, in Runs that have some
+
+A = TypeVar("A")
+
+
+def ts(moment: datetime) -> str:
+    """RFC 3339 in whole seconds, as the API server writes times."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def name_of(number: int) -> str:
+    return attempt_name(RUN, number)
+
+
+# ---- Runs --------------------------------------------------------------------------------------------------
+
+
+def make_run(
+    status: dict[str, Any] | None = None,
+    *,
+    spec: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Run:
+    """A Run as read from the API server (defaults applied by the model), with `status` as given."""
+    body: dict[str, Any] = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Run",
+        "metadata": {
+            "name": RUN,
+            "namespace": NAMESPACE,
+            "uid": RUN_UID,
+            "generation": GENERATION,
+            "resourceVersion": RUN_RESOURCE_VERSION,
+            "creationTimestamp": ts(CREATED),
+            **(metadata or {}),
+        },
+        "spec": {"agent": {"image": IMAGE, "command": ["python", "-m", "agent"]}, **(spec or {})},
+    }
+    if status is not None:
+        body["status"] = status
+    return Run.model_validate(body)
+
+
+def run_status(
+    phase: str,
+    *,
+    current: int | None = None,
+    lease_epoch: int = 0,
+    cancel_epoch: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
+    """status of a Run in `phase` whose latest Attempt is `current`; extra fields in camelCase."""
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": GENERATION,
+        "attempts": current or 0,
+        "leaseEpoch": lease_epoch,
+        "observedCancelEpoch": cancel_epoch,
+    }
+    if current is not None:
+        status["currentAttempt"] = current
+    status.update(extra)
+    return status
+
+
+def committed_by(number: int, lease_epoch: int, cancel_epoch: int = 0) -> dict[str, Any]:
+    return {"attempt": name_of(number), "leaseEpoch": lease_epoch, "cancelEpoch": cancel_epoch}
+
+
+def pending_request(reason: str = "input_required", request_id: str = "req-1") -> dict[str, Any]:
+    return {"requestId": request_id, "reason": reason, "checkpointId": "ckpt-2", "prompt": "Which one?"}
+
+
+# ---- Attempts ----------------------------------------------------------------------------------------------
+
+
+def failure_of(
+    failure_class: FailureClass, message: str = "boom", retry_after: int | None = None
+) -> AttemptFailure:
+    made = failures.failure(failure_class, message, 1)
+    return made.model_copy(update={"retry_after_seconds": retry_after}) if retry_after else made
+
+
+def make_attempt(
+    number: int,
+    *,
+    phase: str | None = "Running",
+    lease_epoch: int | None = None,
+    cancel_epoch: int = 0,
+    reason: str = "initial",
+    failure: AttemptFailure | None = None,
+    started: bool = True,
+    resume_from: str | None = None,
+) -> Attempt:
+    """Attempt `number` as read from the API server; lease epoch `number` unless said otherwise."""
+    spec: dict[str, Any] = {
+        "runName": RUN,
+        "number": number,
+        "leaseEpoch": number if lease_epoch is None else lease_epoch,
+        "cancelEpoch": cancel_epoch,
+        "reason": reason,
+    }
+    if resume_from:
+        spec["resumeFrom"] = resume_from
+    status: dict[str, Any] = {}
+    if phase is not None:
+        status = {"phase": phase, "podName": name_of(number)}
+    if started:
+        status["startTime"] = ts(NOW - timedelta(minutes=5))
+    if failure is not None:
+        status["failure"] = failure.to_api()
+        status["completionTime"] = ts(NOW - timedelta(minutes=1))
+    return Attempt.model_validate(
+        {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "Attempt",
+            "metadata": {
+                "name": name_of(number),
+                "namespace": NAMESPACE,
+                "uid": f"attempt-uid-{number}",
+                "resourceVersion": f"20{number}",
+            },
+            "spec": spec,
+            "status": status,
+        }
+    )
+
+
+def failed_attempt(number: int, failure_class: FailureClass, message: str = "boom", **kw: Any) -> Attempt:
+    return make_attempt(number, phase="Failed", failure=failure_of(failure_class, message), **kw)
+
+
+# ---- Pods and the Lease ------------------------------------------------------------------------------------
+
+
+def pending_pod(number: int) -> PodView:
+    return PodView(name=name_of(number), phase="Pending", deleting=False, running_since=None, exit=None)
+
+
+def running_pod(number: int, *, deleting: bool = False) -> PodView:
+    since = ts(NOW - timedelta(minutes=5))
+    return PodView(name=name_of(number), phase="Running", deleting=deleting, running_since=since, exit=None)
+
+
+def ended_pod(
+    number: int,
+    exit_code: int,
+    *,
+    message: str | None = None,
+    reason: str | None = None,
+    pod_reason: str | None = None,
+) -> PodView:
+    end = ContainerExit(exit_code=exit_code, reason=reason, message=message, pod_reason=pod_reason)
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    return PodView(name=name_of(number), phase=phase, deleting=False, running_since=None, exit=end)
+
+
+def make_lease(
+    holder: str | None, epoch: int, *, resource_version: str = LEASE_RESOURCE_VERSION, duration: int = 60
+) -> LeaseView:
+    return LeaseView(holder=holder, epoch=epoch, duration_seconds=duration, resource_version=resource_version)
+
+
+def held_by(number: int, epoch: int | None = None) -> LeaseView:
+    """The Lease held by Attempt `number`, at epoch `number` unless said otherwise."""
+    return make_lease(name_of(number), number if epoch is None else epoch)
+
+
+# ---- Worlds and Plans --------------------------------------------------------------------------------------
+
+
+def make_world(
+    run: Run,
+    *,
+    attempts: Iterable[Attempt] = (),
+    pods: Iterable[PodView] = (),
+    lease: LeaseView | None = None,
+    now: datetime = NOW,
+    expires_in: float | None = None,
+) -> World:
+    return World(
+        run=run,
+        attempts={a.spec.number: a for a in attempts},
+        pods={p.name: p for p in pods},
+        lease=lease,
+        now=now,
+        lease_expires_in=expires_in,
+    )
+
+
+def kinds(plan: Plan) -> list[str]:
+    """The plan's writes in order, by action type (Events left out: they change no state)."""
+    return [type(a).__name__ for a in plan.actions if not isinstance(a, RecordEvent)]
+
+
+def of_type(plan: Plan, kind: type[A]) -> list[A]:
+    return [a for a in plan.actions if isinstance(a, kind)]
+
+
+def run_patch(plan: Plan) -> dict[str, Any]:
+    """The plan's one Run status patch."""
+    patches = of_type(plan, PatchRunStatus)
+    assert len(patches) == 1, f"expected one Run status patch, got {patches}"
+    return patches[0].patch
+
+
+def attempt_patches(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for action in of_type(plan, PatchAttemptStatus):
+        out.setdefault(action.name, []).append(action.patch)
+    return out
+
+
+def events(plan: Plan) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in of_type(plan, RecordEvent)]

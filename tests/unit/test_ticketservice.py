@@ -1,0 +1,197 @@
+"""The example ticket service as a real process on loopback, driven by the client the ticket agent uses."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from agentrun.examples import tickets
+from devcluster.processes import free_port
+from support.tickets import TicketServiceProcess
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TicketServiceProcess]:
+    process = TicketServiceProcess(tmp_path / "tickets.json")
+    process.start()
+    monkeypatch.setenv("TICKET_SERVICE_URL", process.url)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def key() -> str:
+    return f"run-1/create_ticket/{uuid.uuid4().hex[:8]}"
+
+
+def raw_post(service: TicketServiceProcess, path: str, payload: object, headers: dict[str, str]) -> Any:
+    connection = http.client.HTTPConnection(urlsplit(service.url).netloc, timeout=10)
+    try:
+        connection.request("POST", path, json.dumps(payload), headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_create_returns_an_open_ticket_and_audits_it(service: TicketServiceProcess) -> None:
+    k = key()
+    ticket = tickets.create(k, "Printer on fire", "third floor")
+    assert ticket["id"] == ticket["reference"] == "T-1"
+    assert ticket | {"createdAt": None} == {
+        "id": "T-1",
+        "reference": "T-1",
+        "title": "Printer on fire",
+        "body": "third floor",
+        "idempotencyKey": k,
+        "status": "open",
+        "createdAt": None,
+    }
+    audit = [(entry["event"], entry["ticketId"], entry["idempotencyKey"]) for entry in service.audit()]
+    assert audit == [("created", "T-1", k)]
+
+
+def test_replay_with_the_same_key_returns_the_same_ticket_without_creating_another(
+    service: TicketServiceProcess,
+) -> None:
+    k = key()
+    first = raw_post(service, "/tickets", {"title": "t", "body": "b"}, {"Idempotency-Key": k})
+    second = raw_post(service, "/tickets", {"title": "t", "body": "b"}, {"Idempotency-Key": k})
+    assert (first[0], second[0]) == (201, 200)
+    assert first[1] == second[1] == tickets.create(k, "t", "b")
+    assert [e["event"] for e in service.audit()] == ["created", "replayed", "replayed"]
+    assert len(service.creations()) == len(service.tickets()) == 1
+
+
+def test_concurrent_creates_with_one_key_make_one_ticket(service: TicketServiceProcess) -> None:
+    k = key()
+    results: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda: results.append(tickets.create(k, "t", "b"))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {r["id"] for r in results} == {"T-1"}
+    assert len(service.creations()) == 1
+
+
+def test_key_reused_with_other_content_is_refused(service: TicketServiceProcess) -> None:
+    k = key()
+    tickets.create(k, "t", "b")
+    with pytest.raises(tickets.TicketServiceError) as refused:
+        tickets.create(k, "t", "another body")
+    assert refused.value.status == 422
+    assert len(service.tickets()) == 1
+
+
+def test_create_without_idempotency_key_or_title_is_a_bad_request(service: TicketServiceProcess) -> None:
+    assert raw_post(service, "/tickets", {"title": "t", "body": "b"}, {})[0] == 400
+    assert raw_post(service, "/tickets", {"body": "b"}, {"Idempotency-Key": key()})[0] == 400
+    assert service.tickets() == []
+
+
+def test_lookup_by_key_finds_the_ticket_or_says_absent(service: TicketServiceProcess) -> None:
+    k = key()
+    created = tickets.create(k, "t", "b")
+    assert tickets.find_by_key(k) == created
+    assert tickets.find_by_key("never-used/key with spaces&symbols") is None
+    assert tickets.get("T-1") == created
+    with pytest.raises(tickets.TicketNotFound):
+        tickets.get("T-99")
+
+
+def test_close_is_audited_once(service: TicketServiceProcess) -> None:
+    ticket = tickets.create(key(), "t", "b")
+    assert tickets.close(ticket["id"])["status"] == "closed"
+    assert tickets.close(ticket["id"])["status"] == "closed"
+    assert [e["event"] for e in service.audit()] == ["created", "closed"]
+
+
+def test_failing_lookups_make_find_by_key_raise(service: TicketServiceProcess) -> None:
+    k = key()
+    tickets.create(k, "t", "b")
+    service.set_faults(failLookups=True)
+    with pytest.raises(tickets.TicketServiceError) as failed:
+        tickets.find_by_key(k)
+    assert failed.value.status == 503
+    service.clear_faults()
+    assert tickets.find_by_key(k) is not None
+
+
+def test_a_dropped_create_response_is_an_unknown_outcome_though_the_ticket_exists(
+    service: TicketServiceProcess,
+) -> None:
+    k = key()
+    service.set_faults(dropCreateResponse=True)
+    with pytest.raises(tickets.OutcomeUnknown):
+        tickets.create(k, "t", "b")
+    found = tickets.find_by_key(k)
+    assert found is not None and found["id"] == "T-1"
+    assert len(service.creations()) == 1
+
+
+def test_a_create_timeout_is_an_unknown_outcome(
+    service: TicketServiceProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = key()
+    service.set_faults(delayCreateSeconds=1.5)
+    monkeypatch.setenv("TICKET_SERVICE_TIMEOUT", "0.3")
+    with pytest.raises(tickets.OutcomeUnknown):
+        tickets.create(k, "t", "b")
+    assert tickets.find_by_key(k) is not None
+
+
+def test_an_error_answer_to_create_is_a_plain_error(service: TicketServiceProcess) -> None:
+    service.set_faults(failCreates=503)
+    with pytest.raises(tickets.TicketServiceError) as failed:
+        tickets.create(key(), "t", "b")
+    assert failed.value.status == 503
+    assert not isinstance(failed.value, tickets.OutcomeUnknown)
+    assert service.tickets() == []
+
+
+def test_an_unreachable_service_is_a_plain_error_for_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TICKET_SERVICE_URL", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(tickets.TicketServiceError) as unreachable:
+        tickets.find_by_key("k")
+    assert unreachable.value.status is None
+    with pytest.raises(tickets.TicketServiceError):
+        tickets.create("k", "t", "b")  # nothing was sent, so the outcome is known
+
+
+def test_a_404_from_a_wrong_url_is_not_taken_for_absent(
+    service: TicketServiceProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TICKET_SERVICE_URL", f"{service.url}/not-the-ticket-service")
+    with pytest.raises(tickets.TicketServiceError) as wrong:
+        tickets.find_by_key(key())
+    assert wrong.value.status == 404 and not isinstance(wrong.value, tickets.TicketNotFound)
+
+
+def test_faults_are_validated_and_cleared(service: TicketServiceProcess) -> None:
+    assert service.set_faults(failLookups=True) == {"failLookups": True}
+    assert service.set_faults(delayCreateSeconds=0.1) == {"failLookups": True, "delayCreateSeconds": 0.1}
+    for bad in ({"failCreates": True}, {"failCreates": 200}, {"explode": True}, {"failLookups": "yes"}):
+        assert raw_post(service, "/faults", bad, {})[0] == 400
+    service.clear_faults()
+    assert service.set_faults() == {}
+
+
+def test_state_survives_a_restart(service: TicketServiceProcess) -> None:
+    k = key()
+    closed = tickets.close(tickets.create(k, "t", "b")["id"])
+    audit = service.audit()
+    service.restart()
+    assert tickets.find_by_key(k) == closed and closed["status"] == "closed"
+    assert service.audit() == audit
+    assert tickets.create(key(), "next", "b")["id"] == "T-2"
+    assert tickets.create(k, "t", "b")["id"] == "T-1"
