@@ -283,15 +283,22 @@ def decide(world: World) -> Plan:
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
 
-    committed = attempt is not None and status.committed_by is not None
-    if committed and attempt and status.committed_by and status.committed_by.attempt == attempt.metadata.name:
-        if phase in (RunPhase.RUNNING, RunPhase.CANCEL_REQUESTED):
-            # The commit passed the fence, so it came before any cancel or deadline: it stands.
-            d.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
-            _after_attempt(d, attempt, None, phase=AttemptPhase.SUCCEEDED)
-            if spec.cancel_epoch > (status.observed_cancel_epoch or 0):
-                d.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
-            return d.plan
+    committer = status.committed_by.attempt if status.committed_by else None
+    if (
+        attempt is not None
+        and committer == attempt.metadata.name
+        and phase
+        in (
+            RunPhase.RUNNING,
+            RunPhase.CANCEL_REQUESTED,
+        )
+    ):
+        # The commit passed the fence, so it came before any cancel or deadline: it stands.
+        d.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
+        _after_attempt(d, attempt, None, phase=AttemptPhase.SUCCEEDED)
+        if spec.cancel_epoch > (status.observed_cancel_epoch or 0):
+            d.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
+        return d.plan
     if spec.cancel_epoch > (status.observed_cancel_epoch or 0) and phase != RunPhase.CANCEL_REQUESTED:
         _cancel(d, attempt, pod)
         return d.plan

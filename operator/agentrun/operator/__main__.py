@@ -45,6 +45,7 @@ def main() -> None:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("kubernetes").setLevel(logging.INFO)  # its DEBUG logs every response body
     asyncio.run(run(list(args.namespace), args.liveness))
 
 

@@ -111,9 +111,10 @@ def peering_object(name: str, namespace: str | None) -> dict[str, Any]:
 async def ensure_peering(api: KubeApi, name: str, namespaces: Sequence[str]) -> None:
     """Creates the peering object kopf will use (in every watched namespace, or cluster-wide)."""
     base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
-    targets = [
+    targets: list[tuple[str, str | None]] = [
         (f"{base}/namespaces/{quote(namespace)}/kopfpeerings", namespace) for namespace in namespaces
-    ] or [(f"{base}/clusterkopfpeerings", None)]
+    ]
+    targets = targets or [(f"{base}/clusterkopfpeerings", None)]
     for collection, namespace in targets:
         try:
             await api.create(collection, peering_object(name, namespace))

@@ -18,6 +18,8 @@ log = logging.getLogger("agentrun.operator")
 
 OWNED = {
     "attempts": (GROUP, VERSION, "attempts"),
+    "checkpoints": (GROUP, VERSION, "checkpoints"),
+    "sideeffects": (GROUP, VERSION, "sideeffects"),
     "pods": ("", "v1", "pods"),
     "leases": ("coordination.k8s.io", "v1", "leases"),
 }

@@ -123,8 +123,15 @@ class Context:
         reversible: bool = False,
         step: str | None = None,
         reference_of: Callable[[Any], str | None] | None = None,
+        unknown_on: tuple[type[BaseException], ...] = (),
     ) -> Effect:
-        """Runs an external action at most once per idempotency key, through the SideEffect ledger."""
+        """Runs an external action at most once per idempotency key, through the SideEffect ledger.
+
+        `execute(key)` performs it and returns its result; `lookup(key)` returns that result if the
+        action happened, None if it did not, and raises if it cannot tell. An exception from execute of
+        a type in `unknown_on` (or a timeout or lost connection) means nobody knows whether the action
+        happened: the record becomes Unknown and the Run waits for reconciliation.
+        """
         return await self._ledger.perform(
             tool=tool,
             key=key,
@@ -135,4 +142,5 @@ class Context:
             reversible=reversible,
             step=step,
             reference_of=reference_of,
+            unknown_on=unknown_on,
         )

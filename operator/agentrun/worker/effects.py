@@ -39,12 +39,12 @@ def _now() -> str:
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
+    """Coroutine functions are awaited; plain callables run in a thread, so a blocking client never
+    stalls the lease renewals running beside the agent."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    value = await asyncio.to_thread(fn, *args)
     return await value if inspect.isawaitable(value) else value
-
-
-def _is_unknown_outcome(exc: BaseException) -> bool:
-    return isinstance(exc, UNKNOWN_OUTCOME) or type(exc).__name__ == "OutcomeUnknown"
 
 
 class Ledger:
@@ -103,6 +103,7 @@ class Ledger:
         reversible: bool,
         step: str | None,
         reference_of: Callable[[Any], str | None] | None,
+        unknown_on: tuple[type[BaseException], ...] = (),
     ) -> Effect:
         name = side_effect_name(key)
         digest = request_digest(tool, target)
@@ -156,21 +157,30 @@ class Ledger:
                     resolvedBy=resolved_by,
                 )
                 return self._effect(confirmed, reference_of, executed_now=False)
-        return await self._execute(record, key, execute, reference_of, resolved_by)
+        return await self._execute(
+            record,
+            key,
+            execute,
+            reference_of=reference_of,
+            resolved_by=resolved_by,
+            unknown_on=UNKNOWN_OUTCOME + unknown_on,
+        )
 
     async def _execute(
         self,
         record: SideEffect,
         key: str,
         execute: Callable[[str], Any],
+        *,
         reference_of: Callable[[Any], str | None] | None,
         resolved_by: str | None,
+        unknown_on: tuple[type[BaseException], ...],
     ) -> Effect:
         await self._check_fence()
         try:
             result = await _call(execute, key)
         except Exception as exc:
-            if _is_unknown_outcome(exc):
+            if isinstance(exc, unknown_on):
                 await self._set_state(record, SideEffectState.UNKNOWN, message=f"outcome unknown: {exc}")
                 raise UnknownSideEffect(
                     f"{record.spec.tool} with key {key}: outcome unknown ({exc})"

@@ -1,0 +1,64 @@
+"""The ticket agent: plan, ask a person for the priority, open a ticket in an external service, commit.
+
+    input:
+      title: "Printer on fire"
+      body: "Third floor"
+      askPriority: true              # interrupt for typed input (default true)
+      failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
+                                     # the ticket exists, so the next ones must not open another
+
+Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun import worker
+from agentrun.examples import tickets
+
+PRIORITY_SCHEMA = {
+    "type": "object",
+    "properties": {"priority": {"enum": ["low", "normal", "high"]}},
+    "required": ["priority"],
+    "additionalProperties": False,
+}
+
+
+async def agent(ctx: worker.Context) -> dict[str, Any]:
+    spec: dict[str, Any] = ctx.input or {}
+    state: dict[str, Any] = dict(ctx.state or {})
+    if "plan" not in state:
+        state["plan"] = {"title": str(spec.get("title", "untitled")), "body": str(spec.get("body", ""))}
+        await ctx.checkpoint(state, step="plan")
+    if spec.get("askPriority", True) and "priority" not in state:
+        answer = await ctx.interrupt(
+            reason="input_required",
+            prompt=f"Which priority for the ticket {state['plan']['title']!r}? (low, normal or high)",
+            schema=PRIORITY_SCHEMA,
+            expires_in=3600,
+        )
+        state["priority"] = answer["priority"]
+        await ctx.checkpoint(state, step="priority")
+    plan = state["plan"]
+    title = f"[{state.get('priority', 'normal')}] {plan['title']}"
+    ticket = await ctx.side_effect(
+        tool="create_ticket",
+        key=f"{ctx.namespace}.{ctx.run_name}.create-ticket",
+        target=tickets.service_url(),
+        execute=lambda key: tickets.create(key, title, plan["body"]),
+        lookup=tickets.find_by_key,
+        compensation="close_ticket",
+        reversible=True,
+        step="create-ticket",
+        unknown_on=(tickets.OutcomeUnknown,),
+    )
+    if ctx.attempt_number in spec.get("failAfterTicket", []):
+        raise worker.TransientError(
+            f"flaky step after ticket {ticket.reference} (attempt {ctx.attempt_number})"
+        )
+    return {"ticket": ticket.reference, "priority": state.get("priority"), "executedNow": ticket.executed_now}
+
+
+if __name__ == "__main__":
+    worker.main(agent)

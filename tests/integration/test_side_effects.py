@@ -1,0 +1,191 @@
+"""The side-effect ledger against a real external service: never twice, never guessed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.kube import Kube, wait_for
+from support.operator import OperatorProcess
+from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
+from support.tickets import TicketServiceProcess
+
+pytestmark = pytest.mark.cluster
+
+FAST_RETRY = {
+    "maxAttempts": 4,
+    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
+    "sameErrorLimit": 5,
+}
+
+
+@pytest.fixture
+def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
+    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def ticket_run(name: str, service: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {
+            "agent": {
+                "image": "agentrun/agent:dev",
+                "command": ["python", "-m", "agentrun.examples.ticket_agent"],
+                "env": [{"name": k, "value": v} for k, v in service.env().items()],
+            },
+            "input": {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario},
+            "retry": FAST_RETRY,
+        },
+    }
+
+
+def side_effects(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sideeffects", label_selector=f"agentrun.dev/run={run}"
+    )["items"]
+    return items
+
+
+def kill_worker_during_create(kube: Kube, namespace: str, run: str) -> None:
+    """Waits until the ledger says Pending (the create is in flight) and SIGKILLs the worker then."""
+    wait_for(
+        lambda: any(
+            (e.get("status") or {}).get("state") == "Pending" for e in side_effects(kube, namespace, run)
+        ),
+        timeout=30,
+        what="the side effect recorded Pending",
+    )
+    status = kube.core.read_namespaced_pod(f"{run}-a1", namespace).status
+    os.killpg(int(status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
+
+
+def test_ticket_agent_asks_then_opens_one_ticket(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, ticket_run("ask", tickets, askPriority=True))
+    waiting = wait_phase(kube, ns, "ask", {"InputRequired", "Failed"})
+    pending = waiting["status"]["pendingRequest"]
+    resume = {
+        "requestId": pending["requestId"],
+        "checkpointId": pending["checkpointId"],
+        "value": {"priority": "high"},
+        "idempotencyKey": "answer-1",
+    }
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "runs", "ask", {"spec": {"resume": resume}}
+    )
+    run = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    [created] = tickets.creations()
+    assert run["status"]["result"] == {"ticket": created["ticketId"], "priority": "high", "executedNow": True}
+    assert created["title"] == "[high] ticket of ask"
+    [effect] = side_effects(kube, ns, "ask")
+    assert (effect["status"]["state"], effect["status"]["externalReference"]) == (
+        "Confirmed",
+        created["ticketId"],
+    )
+
+    # The report follows the ledger (level-based), so read it once it lists the effect.
+    report = wait_for(
+        lambda: get_run(kube, ns, "ask")["status"]["report"]["effects"], timeout=10, what="the report"
+    )
+    assert [(e["tool"], e["state"], e["reversible"]) for e in report] == [
+        ("create_ticket", "Confirmed", True)
+    ]
+    assert get_run(kube, ns, "ask")["status"]["sideEffects"] == {
+        "confirmed": 1,
+        "compensated": 0,
+        "unknown": 0,
+        "irreversible": 0,
+    }
+
+
+def test_worker_killed_between_the_call_and_its_confirmation_finds_the_ticket_by_key(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    tickets.set_faults(delayCreateSeconds=4)
+    create_run(kube, ns, ticket_run("crash", tickets))
+    kill_worker_during_create(kube, ns, "crash")
+    tickets.clear_faults()
+    run = wait_phase(kube, ns, "crash", {"Succeeded", "Failed", "NeedsReconciliation"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert len(tickets.creations()) == 1, tickets.audit()
+    assert run["status"]["result"]["executedNow"] is False, "attempt 2 reused the ticket it found"
+    [effect] = side_effects(kube, ns, "crash")
+    assert effect["status"]["state"] == "Confirmed"
+    assert effect["status"]["resolvedBy"] == "lookup by crash-a2"
+    assert [a["status"]["phase"] for a in attempts(kube, ns, "crash")] == ["Failed", "Succeeded"]
+
+
+def test_unknown_outcome_stops_automation_until_reconciled(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    tickets.set_faults(delayCreateSeconds=4)
+    create_run(kube, ns, ticket_run("unsure", tickets))
+    kill_worker_during_create(kube, ns, "unsure")
+    tickets.set_faults(failLookups=True)
+    run = wait_phase(kube, ns, "unsure", {"Succeeded", "Failed", "NeedsReconciliation"})
+    assert run["status"]["phase"] == "NeedsReconciliation", operator.log_tail()
+    assert run["status"]["failure"]["class"] == "unknown_side_effect"
+    [effect] = side_effects(kube, ns, "unsure")
+    assert effect["status"]["state"] == "Unknown"
+    assert run["status"]["sideEffects"]["unknown"] == 1
+    assert len(tickets.creations()) == 1, "no second ticket"
+
+    # A retry is refused while the outcome is unknown ...
+    retry = {"spec": {"retryRequest": {"idempotencyKey": "retry-1", "reason": "lookup is back"}}}
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", "unsure", retry)
+    wait_for(lambda: get_run(kube, ns, "unsure")["status"].get("controls"), what="retry-1 processed")
+    [refused] = get_run(kube, ns, "unsure")["status"]["controls"]
+    assert (refused["outcome"], refused["reason"]) == ("Rejected", "UnresolvedSideEffects")
+
+    # ... until a person resolves the effect; then the retry reuses the ticket and never creates one.
+    tickets.clear_faults()
+    [ticket] = tickets.tickets()
+    resolution = {
+        "status": {
+            "state": "Confirmed",
+            "resolvedBy": "alice",
+            "externalReference": ticket["id"],
+            "result": ticket,
+        }
+    }
+    kube.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ns, "sideeffects", effect["metadata"]["name"], resolution
+    )
+    retry = {"spec": {"retryRequest": {"idempotencyKey": "retry-2", "reason": "resolved by alice"}}}
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", "unsure", retry)
+    run = wait_phase(kube, ns, "unsure", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"]["ticket"] == ticket["id"]
+    assert attempts(kube, ns, "unsure")[-1]["spec"]["reason"] == "manual_retry"
+    assert len(tickets.creations()) == 1
+
+
+def test_a_confirmed_effect_is_never_executed_again_across_retries(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, ticket_run("retries", tickets, failAfterTicket=[1, 2, 3]))
+    run = wait_phase(kube, ns, "retries", {"Succeeded", "Failed"}, timeout=90)
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert len(attempts(kube, ns, "retries")) == 4
+    assert [e["event"] for e in tickets.audit()] == ["created"], (
+        "no replay either: the SDK never called again"
+    )
+    assert run["status"]["result"]["executedNow"] is False
