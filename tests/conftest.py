@@ -14,7 +14,7 @@ from agentrun.rbac import attempt_role
 from devcluster.cluster import LocalCluster
 from support.agentrun import install_crds
 from support.kube import Kube, wait_for
-from support.operator import OperatorProcess
+from devcluster.operator import OperatorProcess
 
 
 @pytest.fixture(scope="session")

@@ -53,15 +53,9 @@ def status(state_dir: Path) -> int:
 
 
 def demo(state_dir: Path) -> int:
-    code = up(state_dir)
-    if code:
-        return code
-    print(
-        "\nThe control plane and the process node agent are up. The narrated agentrun demo (interrupt,\n"
-        "resume, cancel and crash recovery of the ticket agent) lands with the control-operations work;\n"
-        "until then try:  KUBECONFIG=.devcluster/kubeconfig kubectl get nodes,pods -A"
-    )
-    return 0
+    from .demo import main as run_demo  # noqa: PLC0415 - only the demo needs the agentrun package
+
+    return run_demo(state_dir / "demo")
 
 
 def main() -> int:

@@ -107,31 +107,29 @@ class KubeApi:
     # ---- paths -----------------------------------------------------------------------------------------
 
     @staticmethod
+    def _path(api: str, plural: str, namespace: str, name: str | None, subresource: str | None) -> str:
+        parts = [api, "namespaces", quote(namespace), plural]
+        parts += [quote(name)] if name else []
+        parts += [subresource] if subresource else []
+        return "/".join(parts)
+
+    @classmethod
     def custom_path(
-        plural: str, namespace: str, name: str | None = None, subresource: str | None = None
+        cls, plural: str, namespace: str, name: str | None = None, subresource: str | None = None
     ) -> str:
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{plural}"
-        if name:
-            path += f"/{quote(name)}"
-        if subresource:
-            path += f"/{subresource}"
-        return path
+        """The path of an agentrun.dev object (or collection, without name)."""
+        return cls._path(f"/apis/{GROUP}/{VERSION}", plural, namespace, name, subresource)
 
-    @staticmethod
+    @classmethod
     def core_path(
-        plural: str, namespace: str, name: str | None = None, subresource: str | None = None
+        cls, plural: str, namespace: str, name: str | None = None, subresource: str | None = None
     ) -> str:
-        path = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
-        if name:
-            path += f"/{quote(name)}"
-        if subresource:
-            path += f"/{subresource}"
-        return path
+        """The path of a core/v1 object (or collection, without name)."""
+        return cls._path("/api/v1", plural, namespace, name, subresource)
 
-    @staticmethod
-    def lease_path(namespace: str, name: str | None = None) -> str:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
-        return f"{path}/{quote(name)}" if name else path
+    @classmethod
+    def lease_path(cls, namespace: str, name: str | None = None) -> str:
+        return cls._path("/apis/coordination.k8s.io/v1", "leases", namespace, name, None)
 
     # ---- verbs -------------------------------------------------------------------------------------
 

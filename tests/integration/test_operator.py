@@ -9,8 +9,8 @@ from datetime import datetime
 
 import pytest
 
+from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.operator import OperatorProcess
 from support.runs import attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from agentrun.examples.manifests import agent_run
+from devcluster.operator import OperatorProcess
+from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
-from support.operator import OperatorProcess
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
-from support.tickets import TicketServiceProcess
 
 pytestmark = pytest.mark.cluster
 
@@ -35,20 +36,8 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 
 
 def ticket_run(name: str, service: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Run",
-        "metadata": {"name": name},
-        "spec": {
-            "agent": {
-                "image": "agentrun/agent:dev",
-                "command": ["python", "-m", "agentrun.examples.ticket_agent"],
-                "env": [{"name": k, "value": v} for k, v in service.env().items()],
-            },
-            "input": {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario},
-            "retry": FAST_RETRY,
-        },
-    }
+    scenario = {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario}
+    return agent_run(name, "ticket_agent", scenario, env=service.env(), retry=FAST_RETRY)
 
 
 def side_effects(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:

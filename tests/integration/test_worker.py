@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.operator import OperatorProcess
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrun.examples.manifests import agent_run
 from support.kube import Kube, wait_for
 
 GROUP, VERSION = "agentrun.dev", "v1alpha1"
 
 
 def scenario_run(name: str, scenario: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Run",
-        "metadata": {"name": name},
-        "spec": {
-            "agent": {
-                "image": "agentrun/agent:dev",
-                "command": ["python", "-m", "agentrun.examples.scenario"],
-            },
-            "input": scenario,
-            **spec,
-        },
-    }
+    return agent_run(name, "scenario", scenario, **spec)
 
 
 def create_run(kube: Kube, namespace: str, body: dict[str, Any]) -> None:

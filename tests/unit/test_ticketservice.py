@@ -15,7 +15,7 @@ import pytest
 
 from agentrun.examples import tickets
 from devcluster.processes import free_port
-from support.tickets import TicketServiceProcess
+from devcluster.tickets import TicketServiceProcess
 
 
 @pytest.fixture

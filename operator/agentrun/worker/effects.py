@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import SideEffect, SideEffectState
+from agentrun.api import API_VERSION, SideEffect, SideEffectState
 from agentrun.core.fence import fence_violation
 from agentrun.core.ledger import Step, after_lookup, next_step, request_digest, side_effect_name
 from agentrun.kubeapi import ApiError
@@ -212,7 +212,6 @@ class Ledger:
         reversible: bool,
         step: str | None,
     ) -> tuple[SideEffect, bool]:
-        run = self.session.run or await self.session.read_run()
         spec: dict[str, Any] = {
             "runName": self.me.run,
             "tool": tool,
@@ -226,21 +225,9 @@ class Ledger:
         if step:
             spec["step"] = step
         body = {
-            "apiVersion": "agentrun.dev/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "SideEffect",
-            "metadata": {
-                "name": name,
-                "namespace": self.me.namespace,
-                "labels": {"agentrun.dev/run": self.me.run},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "agentrun.dev/v1alpha1",
-                        "kind": "Run",
-                        "name": self.me.run,
-                        "uid": run.metadata.uid,
-                    }
-                ],
-            },
+            "metadata": await self.session.owned_metadata(name),
             "spec": spec,
         }
         try:

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from agentrun.api import Attempt, Checkpoint, Run, lease_name
+from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, Run, lease_name
 from agentrun.core.fence import fence_violation
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.errors import FenceRejected, LeaseLost
@@ -52,6 +52,17 @@ class Session:
         if body is None:
             raise LeaseLost(f"Attempt {self.me.attempt} does not exist")
         return Attempt.model_validate(body)
+
+    async def owned_metadata(self, name: str) -> JsonDict:
+        """Metadata of an object this worker creates for its Run: the run label and the Run as owner."""
+        run = self.run or await self.read_run()
+        owner = {"apiVersion": API_VERSION, "kind": "Run", "name": self.me.run, "uid": run.metadata.uid}
+        return {
+            "name": name,
+            "namespace": self.me.namespace,
+            "labels": {RUN_LABEL: self.me.run},
+            "ownerReferences": [{**owner, "blockOwnerDeletion": True}],
+        }
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
@@ -114,24 +125,10 @@ class Session:
         """Creates the immutable Checkpoint, then moves status.latestCheckpoint to it (fenced)."""
         sequence = parent.spec.sequence + 1 if parent else 1
         checkpoint_id = f"{self.me.attempt}-s{sequence}"
-        run = self.run or await self.read_run()
         body: JsonDict = {
-            "apiVersion": "agentrun.dev/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Checkpoint",
-            "metadata": {
-                "name": checkpoint_id,
-                "namespace": self.me.namespace,
-                "labels": {"agentrun.dev/run": self.me.run},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "agentrun.dev/v1alpha1",
-                        "kind": "Run",
-                        "name": self.me.run,
-                        "uid": run.metadata.uid,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
+            "metadata": await self.owned_metadata(checkpoint_id),
             "spec": {
                 "runName": self.me.run,
                 "id": checkpoint_id,

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from devcluster.processes import spawn, stop_group
+from .processes import spawn, stop_group
 
 
 class OperatorProcess:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from devcluster.processes import free_port, spawn, stop_group
+from .processes import free_port, spawn, stop_group
 
 
 class TicketServiceProcess:

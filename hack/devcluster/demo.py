@@ -1,0 +1,241 @@
+"""`make demo`: agentrun's promises, narrated, on the embedded local control plane.
+
+1. A ticket agent plans, asks a person for the priority (interrupt), gets the answer (resume), opens a
+   ticket in an external service exactly once (side-effect ledger) and commits its result.
+2. A Run is cancelled in the middle of a step: the agent stops fast, a late commit would be refused.
+3. A worker is killed between the external call and its confirmation: the next Attempt finds the
+   ticket by its idempotency key instead of opening a second one.
+Each Run ends with `kubectl agentrun report`. Everything started here stops on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun.examples.manifests import agent_run
+from agentrun.rbac import attempt_role
+
+from .cluster import REPO_ROOT, LocalCluster
+from .operator import OperatorProcess
+from .tickets import TicketServiceProcess
+
+NAMESPACE = "demo"
+BOLD, DIM, GREEN, RESET = ("\033[1m", "\033[2m", "\033[32m", "\033[0m") if sys.stdout.isatty() else ("",) * 4
+
+
+def say(text: str) -> None:
+    print(f"\n{BOLD}{textwrap.dedent(text).strip()}{RESET}", flush=True)
+
+
+class Demo:
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+
+    def sh(self, *argv: str, stdin: str | None = None, show: bool = True, check: bool = True) -> str:
+        """Runs a command a user would type, shows it and its output."""
+        shown = " ".join(argv)
+        if show:
+            print(f"{GREEN}$ {shown}{RESET}", flush=True)
+        exe = self.cluster.binary("kubectl") if argv[0] == "kubectl" else argv[0]
+        if argv[0] == "kubectl-agentrun":
+            command = [sys.executable, "-m", "agentrun.cli", *argv[1:]]
+        else:
+            command = [exe, *argv[1:]]
+        out = subprocess.run(command, input=stdin, capture_output=True, text=True, env=self.env, check=False)
+        if show and (out.stdout.strip() or out.stderr.strip()):
+            print(textwrap.indent((out.stdout + out.stderr).rstrip(), "  "), flush=True)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{shown} failed: {out.stderr}")
+        return out.stdout
+
+    def run_json(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(
+            self.sh("kubectl", "get", "run", name, "-n", NAMESPACE, "-o", "json", show=False)
+        )
+        return result
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := probe():
+                return value
+            time.sleep(0.3)
+        raise RuntimeError(f"timed out waiting for {what}")
+
+    def wait_phase(self, name: str, *phases: str) -> dict[str, Any]:
+        print(f"{DIM}  ... waiting for run/{name} to be {' or '.join(phases)}{RESET}", flush=True)
+        return self.wait(
+            f"{name} in {phases}",
+            lambda: (run := self.run_json(name)) and run.get("status", {}).get("phase") in phases and run,
+        )
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.sh("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))
+
+
+def ticket_run(name: str, tickets: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
+    return agent_run(
+        name,
+        "ticket_agent",
+        {"title": "Printer on fire", "body": "Third floor, next to the kitchen", **scenario},
+        env=tickets.env(),
+        retry={"maxAttempts": 3, "backoff": {"initialSeconds": 1, "factor": 2.0, "maxSeconds": 5}},
+    )
+
+
+@contextlib.contextmanager
+def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, OperatorProcess]]:
+    shutil.rmtree(state_dir, ignore_errors=True)
+    cluster = LocalCluster(state_dir=state_dir)
+    tickets = TicketServiceProcess(state_dir / "tickets.json", state_dir / "logs" / "tickets.log")
+    operator: OperatorProcess | None = None
+    try:
+        say("Starting the local control plane: etcd, apiserver, controller-manager, scheduler, node agent")
+        began = time.monotonic()
+        cluster.start()
+        print(f"  healthy in {time.monotonic() - began:.1f}s; logs in {state_dir / 'logs'}")
+        demo = Demo(cluster)
+        say("Installing the agentrun CRDs and a namespace whose agents may do what an attempt Pod does")
+        demo.sh("kubectl", "apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+        demo.sh("kubectl", "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        demo.sh("kubectl", "create", "namespace", NAMESPACE)
+        demo.wait(
+            "the default service account",
+            lambda: demo.sh("kubectl", "get", "sa", "default", "-n", NAMESPACE, show=False, check=False),
+        )
+        demo.apply(attempt_role(NAMESPACE))
+        demo.sh(
+            "kubectl",
+            "create",
+            "rolebinding",
+            "agentrun-attempt",
+            "-n",
+            NAMESPACE,
+            "--role=agentrun-attempt",
+            f"--serviceaccount={NAMESPACE}:default",
+        )
+        say("Starting the external ticket service (the world outside) and the agentrun operator")
+        tickets.start()
+        print(f"  ticket service at {tickets.url}")
+        operator = OperatorProcess(cluster.kubeconfig, state_dir / "logs" / "operator.log")
+        operator.start()
+        operator.wait_ready()
+        print(f"  operator running (log: {operator.log_path})")
+        yield demo, tickets, operator
+    finally:
+        if operator:
+            operator.stop()
+        tickets.stop()
+        cluster.stop()
+
+
+def act_one(demo: Demo, tickets: TicketServiceProcess) -> None:
+    say("1. Interrupt and resume: the agent asks a person for the priority before it opens a ticket")
+    demo.apply(ticket_run("triage", tickets))
+    run = demo.wait_phase("triage", "InputRequired", "Failed")
+    demo.sh("kubectl", "get", "runs", "-n", NAMESPACE)
+    pending = run["status"]["pendingRequest"]
+    print(f"  the Run waits at checkpoint {pending['checkpointId']}: {pending['prompt']}")
+    print("  the worker was released: its Attempt ended Interrupted, no Pod is running")
+    say("An answer that does not match the request's schema is refused, and the Run does not move")
+    demo.sh(
+        "kubectl-agentrun",
+        "resume",
+        "triage",
+        "-n",
+        NAMESPACE,
+        "--value",
+        '{"priority": "urgent"}',
+        check=False,
+    )
+    say("The right answer resumes the same Run from the same checkpoint")
+    demo.sh("kubectl-agentrun", "resume", "triage", "-n", NAMESPACE, "--value", '{"priority": "high"}')
+    demo.wait_phase("triage", "Succeeded", "Failed")
+    demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=triage")
+    print(f"  tickets in the external service: {[t['id'] + ' ' + t['title'] for t in tickets.tickets()]}")
+    demo.sh("kubectl-agentrun", "report", "triage", "-n", NAMESPACE)
+
+
+def act_two(demo: Demo) -> None:
+    say("2. Cancel in the middle of a step: the agent stops fast, and nothing after the cancel counts")
+    demo.apply(agent_run("long-task", "scenario", {"steps": 20, "stepSeconds": 1.0}))
+    demo.wait(
+        "a checkpoint of long-task",
+        lambda: demo.run_json("long-task").get("status", {}).get("latestCheckpoint"),
+    )
+    began = time.monotonic()
+    demo.sh("kubectl-agentrun", "cancel", "long-task", "-n", NAMESPACE)
+    run = demo.wait_phase("long-task", "Cancelled")
+    print(f"  Cancelled {time.monotonic() - began:.1f}s after the cancel; the attempt was stopped mid-step")
+    print(
+        f"  cancel epoch now {run['spec']['cancelEpoch']}: a late "
+        "commit from the old worker would carry epoch 0 and be refused (stale_after_cancel)"
+    )
+    demo.sh("kubectl-agentrun", "report", "long-task", "-n", NAMESPACE)
+
+
+def act_three(demo: Demo, tickets: TicketServiceProcess) -> None:
+    say("3. Crash between the external call and its confirmation: no second ticket")
+    tickets.set_faults(delayCreateSeconds=3)
+    demo.apply(ticket_run("crash", tickets, askPriority=False))
+    pod = demo.wait("the ticket call in flight", lambda: _pending_effect_pod(demo, "crash"))
+    print(
+        f"  the ledger says Pending, the ticket service has not answered yet: killing {pod[0]} (pid {pod[1]})"
+    )
+    os.killpg(pod[1], signal.SIGKILL)
+    tickets.clear_faults()
+    demo.wait_phase("crash", "Succeeded", "Failed", "NeedsReconciliation")
+    demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=crash")
+    demo.sh("kubectl-agentrun", "effects", "crash", "-n", NAMESPACE)
+    created = [e for e in tickets.audit() if e["event"] == "created" and "crash" in e["idempotencyKey"]]
+    print(f"  tickets the service created for this Run: {len(created)} (from its own audit log)")
+    demo.sh("kubectl-agentrun", "report", "crash", "-n", NAMESPACE)
+
+
+def _pending_effect_pod(demo: Demo, run: str) -> tuple[str, int] | None:
+    effects = json.loads(
+        demo.sh(
+            "kubectl",
+            "get",
+            "sideeffects",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"agentrun.dev/run={run}",
+            "-o",
+            "json",
+            show=False,
+        )
+    )["items"]
+    if not any((e.get("status") or {}).get("state") == "Pending" for e in effects):
+        return None
+    pod = json.loads(demo.sh("kubectl", "get", "pod", f"{run}-a1", "-n", NAMESPACE, "-o", "json", show=False))
+    container_id = pod["status"]["containerStatuses"][0]["containerID"]
+    return pod["metadata"]["name"], int(container_id.removeprefix("process://"))
+
+
+def main(state_dir: Path) -> int:
+    try:
+        with environment(state_dir) as (demo, tickets, _operator):
+            act_one(demo, tickets)
+            act_two(demo)
+            act_three(demo, tickets)
+            say("Done. Every process started by the demo stops now.")
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping everything the demo started", file=sys.stderr)
+        return 130
+    return 0
