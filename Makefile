@@ -10,7 +10,7 @@ DEVCLUSTER := PYTHONPATH=hack $(PY) -m devcluster
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,16 @@ binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, schedule
 	bash hack/build-control-plane.sh all
 
 .PHONY: crds
-crds: venv ## regenerate crds/ (and the chart's copy) from the pydantic models
+crds: venv ## regenerate crds/ from the pydantic models (then `make manifests` for the chart's copy)
 	$(PY) -m agentrun.api.crdgen
+
+.PHONY: manifests
+manifests: venv binaries ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
+	$(PY) -m agentrun.deploy.render
+
+.PHONY: e2e
+e2e: venv binaries ## Helm chart end to end on its own local control plane (AGENTRUN_E2E_KUBECONFIG: any cluster)
+	$(PY) -m pytest tests/e2e
 
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy, import-linter

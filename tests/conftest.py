@@ -12,9 +12,9 @@ import pytest
 
 from agentrun.rbac import attempt_role
 from devcluster.cluster import LocalCluster
+from devcluster.operator import OperatorProcess
 from support.agentrun import install_crds
 from support.kube import Kube, wait_for
-from devcluster.operator import OperatorProcess
 
 
 @pytest.fixture(scope="session")

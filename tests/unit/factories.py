@@ -9,10 +9,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from agentrun.api import Attempt, AttemptFailure, FailureClass, Run, attempt_name
+from agentrun.api import Attempt, AttemptFailure, Checkpoint, FailureClass, Run, SideEffect, attempt_name
 from agentrun.core import failures
 from agentrun.core.failures import ContainerExit
 from agentrun.core.lease import LeaseView
+from agentrun.core.ledger import side_effect_name
 from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent
 from agentrun.core.pods import PodView
 from agentrun.core.runs import World
@@ -115,12 +116,19 @@ def make_attempt(
     phase: str | None = "Running",
     lease_epoch: int | None = None,
     cancel_epoch: int = 0,
-    reason: str = "initial",
+    reason: str | None = None,
     failure: AttemptFailure | None = None,
     started: bool = True,
     resume_from: str | None = None,
+    input_value: Any = None,
 ) -> Attempt:
-    """Attempt `number` as read from the API server; lease epoch `number` unless said otherwise."""
+    """Attempt `number` as read from the API server; lease epoch `number` unless said otherwise.
+
+    reason: "initial" for Attempt 1 and "retry:transient" for later ones unless said otherwise, so that
+    Attempts 1..n make one retry series (spec.retry.maxAttempts counts them together).
+    """
+    if reason is None:
+        reason = "initial" if number == 1 else "retry:transient"
     spec: dict[str, Any] = {
         "runName": RUN,
         "number": number,
@@ -130,6 +138,8 @@ def make_attempt(
     }
     if resume_from:
         spec["resumeFrom"] = resume_from
+    if input_value is not None:
+        spec["input"] = input_value
     status: dict[str, Any] = {}
     if phase is not None:
         status = {"phase": phase, "podName": name_of(number)}
@@ -156,6 +166,68 @@ def make_attempt(
 
 def failed_attempt(number: int, failure_class: FailureClass, message: str = "boom", **kw: Any) -> Attempt:
     return make_attempt(number, phase="Failed", failure=failure_of(failure_class, message), **kw)
+
+
+# ---- SideEffects and Checkpoints --------------------------------------------------------------------------
+
+NO_SIDE_EFFECTS = {"confirmed": 0, "compensated": 0, "unknown": 0, "irreversible": 0}
+
+
+def make_side_effect(
+    key: str,
+    state: str | None = "Confirmed",
+    *,
+    tool: str = "create_ticket",
+    target: str | None = None,
+    reversible: bool = False,
+    reference: str | None = None,
+    digest: str | None = None,
+    created: datetime | None = EARLIER,
+) -> SideEffect:
+    """The ledger record of one external action, named from its key as the SDK names it; state None: the
+    record has no status yet (it counts as Pending)."""
+    metadata: dict[str, Any] = {
+        "name": side_effect_name(key),
+        "namespace": NAMESPACE,
+        "labels": {"agentrun.dev/run": RUN},
+    }
+    if created is not None:
+        metadata["creationTimestamp"] = ts(created)
+    spec: dict[str, Any] = {
+        "runName": RUN,
+        "tool": tool,
+        "idempotencyKey": key,
+        "reversible": reversible,
+        "compensation": "undo_" + tool if reversible else "",
+    }
+    if target is not None:
+        spec["target"] = target
+    if digest is not None:
+        spec["requestDigest"] = digest
+    body: dict[str, Any] = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "SideEffect", "metadata": metadata}
+    body["spec"] = spec
+    if state is not None:
+        body["status"] = {"state": state, **({"externalReference": reference} if reference else {})}
+    return SideEffect.model_validate(body)
+
+
+def make_checkpoint(checkpoint_id: str, sequence: int, attempt: int = 1) -> Checkpoint:
+    """A Checkpoint named by its id, as the SDK names them."""
+    return Checkpoint.model_validate(
+        {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "Checkpoint",
+            "metadata": {"name": checkpoint_id, "namespace": NAMESPACE, "labels": {"agentrun.dev/run": RUN}},
+            "spec": {
+                "runName": RUN,
+                "id": checkpoint_id,
+                "sequence": sequence,
+                "attempt": name_of(attempt),
+                "leaseEpoch": attempt,
+                "state": {"step": sequence},
+            },
+        }
+    )
 
 
 # ---- Pods and the Lease ------------------------------------------------------------------------------------
@@ -205,6 +277,8 @@ def make_world(
     lease: LeaseView | None = None,
     now: datetime = NOW,
     expires_in: float | None = None,
+    side_effects: Iterable[SideEffect] = (),
+    checkpoints: Iterable[Checkpoint] = (),
 ) -> World:
     return World(
         run=run,
@@ -213,6 +287,8 @@ def make_world(
         lease=lease,
         now=now,
         lease_expires_in=expires_in,
+        side_effects=tuple(side_effects),
+        checkpoints=tuple(checkpoints),
     )
 
 

@@ -44,11 +44,18 @@ def sight(previous: Sighting | None, resource_version: str, now: float) -> Sight
     return Sighting(resource_version, now)
 
 
-def seconds_until_expiry(sighting: Sighting | None, duration_seconds: int, now: float) -> float | None:
-    """Seconds left before the holder loses the Lease (<= 0: expired); None if never seen."""
+def seconds_until_expiry(
+    sighting: Sighting | None, duration_seconds: int, now: float, agent_started_at: float | None = None
+) -> float | None:
+    """Seconds left before the holder loses the Lease (<= 0: expired); None if never seen.
+
+    The count starts again when the operator first saw the agent running (`agent_started_at`, same
+    clock): a slow image pull or schedule must not use up the lease before the worker could renew it.
+    """
     if sighting is None:
         return None
-    return sighting.seen_at + duration_seconds - now
+    since = max(sighting.seen_at, agent_started_at or sighting.seen_at)
+    return since + duration_seconds - now
 
 
 def epoch_for_grant(lease: LeaseView | None, holder: str) -> tuple[int, bool]:

@@ -21,6 +21,7 @@ from agentrun.api import (
     AttemptReason,
     Checkpoint,
     ControlOp,
+    ControlOutcome,
     FailureClass,
     Run,
     RunPhase,
@@ -111,6 +112,14 @@ class _Decision:
         }
         if phase in TERMINAL_PHASES or phase == RunPhase.NEEDS_RECONCILIATION:
             patch["report"] = report.run_report(self.w.side_effects)
+        self.plan.add(PatchRunStatus(patch))
+
+    def record_control(self, record: dict[str, Any]) -> None:
+        """A refused (or merely noted) control request: recorded, and nothing else changes."""
+        patch = {
+            "controls": controls.with_record(self.run, record),
+            "observedGeneration": self.run.metadata.generation,
+        }
         self.plan.add(PatchRunStatus(patch))
 
     def event(self, type_: str, reason: str, message: str, attempt: str | None = None) -> None:
@@ -276,57 +285,37 @@ def decide(world: World) -> Plan:
         d.event("Normal", "Queued", "Run accepted; starting Attempt 1")
         return d.plan.wake_in(0)
     _prune_checkpoints(d)
-    if phase in TERMINAL_PHASES and phase != RunPhase.FAILED:
-        _refresh_report(d)
-        return d.plan
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
 
-    committer = status.committed_by.attempt if status.committed_by else None
+    committed_by = status.committed_by
     if (
         attempt is not None
-        and committer == attempt.metadata.name
-        and phase
-        in (
-            RunPhase.RUNNING,
-            RunPhase.CANCEL_REQUESTED,
-        )
+        and committed_by is not None
+        and committed_by.attempt == attempt.metadata.name
+        and phase in (RunPhase.RUNNING, RunPhase.CANCEL_REQUESTED)
     ):
         # The commit passed the fence, so it came before any cancel or deadline: it stands.
         d.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
         _after_attempt(d, attempt, None, phase=AttemptPhase.SUCCEEDED)
-        if spec.cancel_epoch > (status.observed_cancel_epoch or 0):
+        if spec.cancel_epoch > committed_by.cancel_epoch:
             d.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
         return d.plan
-    if spec.cancel_epoch > (status.observed_cancel_epoch or 0) and phase != RunPhase.CANCEL_REQUESTED:
+    cancelable = phase not in (RunPhase.SUCCEEDED, RunPhase.CANCELLED, RunPhase.CANCEL_REQUESTED)
+    if cancelable and spec.cancel_epoch > (status.observed_cancel_epoch or 0):
         _cancel(d, attempt, pod)
         return d.plan
-    retry = spec.retry_request
-    if retry is not None and controls.processed(run, retry.idempotency_key) is None:
-        _manual_retry(d, current or 0)
-        return d.plan
-    if phase in (RunPhase.FAILED, RunPhase.NEEDS_RECONCILIATION):
-        _refresh_report(d)
-        return d.plan  # a manual retry (spec.retryRequest) is the only way on
-    if _deadline_passed(world):
+    stopped = phase in TERMINAL_PHASES or phase == RunPhase.NEEDS_RECONCILIATION
+    if not stopped and _deadline_passed(world):
         _stop_for_deadline(d, attempt, pod)
         return d.plan
-
-    pause = spec.pause
-    if pause is not None and controls.processed(run, pause.request_id) is None:
-        verdict = controls.judge_pause(run)
-        if verdict is not None:
-            record = controls.control_record(
-                ControlOp.PAUSE, pause.request_id, controls.pause_digest(run), verdict, world.now
-            )
-            d.plan.add(PatchRunStatus({"controls": controls.with_record(run, record)}))
-            if not verdict.accepted:
-                d.event("Warning", "PauseRejected", f"{verdict.reason}: {verdict.message}")
-            return d.plan
-    if spec.resume is not None and controls.processed(run, spec.resume.idempotency_key) is None:
-        _resume(d, current or 0)
+    if _control_requests(d, current or 0):
         return d.plan
+    if stopped:
+        _refresh_report(d)
+        return d.plan  # only a manual retry (spec.retryRequest) moves a Failed Run on
+
     if phase in controls.WAITING and status.pending_request and status.pending_request.expires_at:
         expires_at = status.pending_request.expires_at
         if world.now >= expires_at:
@@ -353,6 +342,31 @@ def decide(world: World) -> Plan:
     return d.plan
 
 
+def _control_requests(d: _Decision, current: int) -> bool:
+    """Judges the control requests not processed yet (one record per idempotency key); True when one
+    was, so the Run waits for that write before anything else happens."""
+    run, spec = d.run, d.run.spec
+    if spec.retry_request is not None and controls.processed(run, spec.retry_request.idempotency_key) is None:
+        _manual_retry(d, current)
+        return True
+    pause = spec.pause
+    if pause is not None and controls.processed(run, pause.request_id) is None:
+        verdict = controls.judge_pause(run)
+        if verdict is not None:
+            d.record_control(
+                controls.control_record(
+                    ControlOp.PAUSE, pause.request_id, controls.pause_digest(run), verdict, d.w.now
+                )
+            )
+            if not verdict.accepted:
+                d.event("Warning", "PauseRejected", f"{verdict.reason}: {verdict.message}")
+            return True
+    if spec.resume is not None and controls.processed(run, spec.resume.idempotency_key) is None:
+        _resume(d, current)
+        return True
+    return False
+
+
 def _resume(d: _Decision, current: int) -> None:
     run, now = d.run, d.w.now
     resume = run.spec.resume
@@ -362,11 +376,7 @@ def _resume(d: _Decision, current: int) -> None:
         ControlOp.RESUME, resume.idempotency_key, controls.resume_digest(resume), verdict, now
     )
     if not verdict.accepted:
-        d.plan.add(
-            PatchRunStatus(
-                {"controls": controls.with_record(run, record), "observedGeneration": run.metadata.generation}
-            )
-        )
+        d.record_control(record)
         d.event("Warning", "ResumeRejected", f"{verdict.reason}: {verdict.message}")
         return
     d.event("Normal", "ResumeAccepted", verdict.message)
@@ -393,11 +403,17 @@ def _manual_retry(d: _Decision, current: int) -> None:
         ControlOp.RETRY, request.idempotency_key, controls.retry_digest(run), verdict, now
     )
     if not verdict.accepted:
-        d.plan.add(PatchRunStatus({"controls": controls.with_record(run, record)}))
+        d.record_control(record)
         d.event("Warning", "RetryRejected", f"{verdict.reason}: {verdict.message}")
         return
     d.event("Normal", "ManualRetry", verdict.message)
-    fields: dict[str, Any] = {"controls": controls.with_record(run, record), "failure": None}
+    # A request left over from before (one that expired, or a deadline while waiting) is not the new
+    # Attempt's: were it kept, that Attempt ending without a result would pass for an interrupt.
+    fields: dict[str, Any] = {
+        "controls": controls.with_record(run, record),
+        "failure": None,
+        "pendingRequest": None,
+    }
     if request.from_checkpoint:
         fields["latestCheckpoint"] = request.from_checkpoint
         d.status = d.status.model_copy(update={"latest_checkpoint": request.from_checkpoint})
@@ -446,13 +462,18 @@ def _supervise(d: _Decision, number: int, attempt: Attempt | None, pod: PodView 
     w = d.w
     if attempt is None:
         # A grant interrupted after the Run's status was written: create the Attempt it promised.
-        prev = w.attempts.get(number - 1)
-        recovered = d.attempt_object(number, w.run.status.lease_epoch or 0, _reason_after(prev, w), None)
+        reason, input_value = _promised(w, number)
+        recovered = d.attempt_object(number, w.run.status.lease_epoch or 0, reason, input_value)
         d.plan.add(CreateAttempt(recovered.to_api()))
         d.ensure_pod(recovered)
         return
     name = str(attempt.metadata.name)
     if attempt.status.phase in FINISHED_ATTEMPT:
+        if attempt.status.phase == AttemptPhase.LEASE_LOST and w.lease is not None:
+            # The loss was recorded and the operator stopped before the takeover: finish it first.
+            failure = attempt.status.failure or failures.lease_lost(w.lease.duration_seconds)
+            _take_over(d, attempt, pod, failure)
+            return
         _after_attempt(d, attempt, attempt.status.failure)
         return
     if pod is None:
@@ -480,13 +501,39 @@ def _supervise(d: _Decision, number: int, attempt: Attempt | None, pod: PodView 
     elif w.lease_expires_in <= 0:
         failure = failures.lease_lost(lease.duration_seconds if lease else 0)
         d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
-        # Take the lease over now, not at the next grant: a frozen worker that wakes up during the
-        # backoff must already find its epoch stale.
-        epoch = _revoke_lease(d)
-        d.plan.add(DeletePod(pod.name, grace_seconds=0))
-        d.after_failure(number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
+        _take_over(d, attempt, pod, failure)
     else:
         d.plan.wake_in(w.lease_expires_in + 0.05)
+
+
+def _take_over(d: _Decision, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
+    """The Attempt lost its lease. Take the lease over now, not at the next grant: a frozen worker that
+    wakes up during the backoff must already find its epoch stale. Then stop its Pod, move the Run on."""
+    epoch = _revoke_lease(d)
+    if pod is not None and not pod.finished:
+        d.plan.add(DeletePod(pod.name, grace_seconds=0))
+    d.after_failure(attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
+
+
+def _promised(world: World, number: int) -> tuple[str, Any]:
+    """(reason, input) of Attempt `number`, whose grant was interrupted before the Attempt was created.
+
+    The grant of a resume or a manual retry writes its Accepted control record in the same status write,
+    so one Accepted record more than the Attempts started for that op names the missing Attempt (exact
+    while status.controls holds the whole history: it drops its oldest records beyond 50). Otherwise the
+    grant was an automatic retry, whose reason follows from how the previous Attempt ended.
+    """
+    status, resume = world.run.status, world.run.spec.resume
+    accepted = [c.op for c in status.controls or [] if c.outcome == ControlOutcome.ACCEPTED]
+    reasons = [a.spec.reason for a in world.attempts.values()]
+    if accepted.count(ControlOp.RETRY) > reasons.count(AttemptReason.MANUAL_RETRY):
+        return AttemptReason.MANUAL_RETRY, None
+    resumed = sum(reason.startswith("resume:") for reason in reasons)
+    if accepted.count(ControlOp.RESUME) > resumed and status.inputs:
+        answer = status.inputs[-1]  # the newest accepted input
+        same = resume is not None and resume.idempotency_key == answer.idempotency_key
+        return AttemptReason.resume(answer.request_id), resume.value if same and resume else None
+    return _reason_after(world.attempts.get(number - 1), world), None
 
 
 def _conclude(d: _Decision, attempt: Attempt, pod: PodView) -> None:

@@ -38,6 +38,8 @@ CHART: Final = Path("charts/agentrun")
 MANIFESTS: Final = Path("manifests")
 MANIFEST_NAMESPACE: Final = "agentrun-system"
 MANIFEST_RELEASE: Final = "agentrun"
+# `helm template` assumes Kubernetes v1.20 unless told; the chart needs 1.30 or later (Chart.yaml).
+KUBE_VERSION: Final = "1.35.0"
 GENERATOR: Final = "python -m agentrun.deploy.render"
 
 # Resources of the rules that are cluster-scoped: they cannot be granted by a Role, so namespace-scoped
@@ -82,12 +84,7 @@ def _values_lines(model: BaseModel, indent: str) -> list[str]:
             lines.append(f"{indent}{key}:")
             lines += _values_lines(value, indent + "  ")
         else:
-            dumped = yaml.safe_dump(
-                {key: value if not isinstance(value, BaseModel) else value.model_dump(by_alias=True)},
-                default_flow_style=False,
-                sort_keys=False,
-                width=108,
-            )
+            dumped = yaml.safe_dump({key: value}, default_flow_style=False, sort_keys=False, width=108)
             lines += [f"{indent}{line}" for line in dumped.splitlines()]
     return lines
 
@@ -101,20 +98,21 @@ def values_yaml() -> str:
     return header + "\n".join(_values_lines(Values(), "")) + "\n"
 
 
-def _strip_titles(node: Any) -> Any:
+def _tidy(node: Any) -> Any:
+    """No titles (noise), descriptions reflowed (docstrings are wrapped at the source's line length)."""
     if isinstance(node, dict):
         return {
-            key: _strip_titles(value)
+            key: " ".join(value.split()) if key == "description" and isinstance(value, str) else _tidy(value)
             for key, value in node.items()
             if not (key == "title" and isinstance(value, str))
         }
     if isinstance(node, list):
-        return [_strip_titles(item) for item in node]
+        return [_tidy(item) for item in node]
     return node
 
 
 def values_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = _strip_titles(Values.model_json_schema(by_alias=True))
+    schema: dict[str, Any] = _tidy(Values.model_json_schema(by_alias=True))
     # The schema documents; values.yaml holds the defaults (Helm merges them before validating).
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -179,7 +177,7 @@ def rules_tpl() -> str:
     ]
     for name, rules in rule_sets().items():
         body = yaml.safe_dump(rules, default_flow_style=None, sort_keys=False, width=200)
-        parts.append(f'{{{{- define "{name}" }}}}\n{body}{{{{- end }}}}\n')
+        parts.append(f'{{{{- define "{name}" -}}}}\n{body}{{{{- end }}}}\n')
     return "\n".join(parts)
 
 
@@ -189,7 +187,9 @@ def rules_tpl() -> str:
 def _crd_template(crd: dict[str, Any]) -> str:
     spec = yaml.safe_dump({"spec": crd["spec"]}, sort_keys=True, width=110, allow_unicode=True)
     if "{{" in spec or "}}" in spec:
-        raise RenderError(f"{crd['metadata']['name']}: '{{{{' or '}}}}' in the CRD would break Helm templating")
+        raise RenderError(
+            f"{crd['metadata']['name']}: '{{{{' or '}}}}' in the CRD would break Helm templating"
+        )
     return (
         "---\n"
         "apiVersion: apiextensions.k8s.io/v1\n"
@@ -205,8 +205,10 @@ def _crd_template(crd: dict[str, Any]) -> str:
     )
 
 
-def crds_template() -> str:
-    agentrun = "".join(_crd_template(crd) for crd in crdgen.custom_resource_definitions())
+def crds_template(crds: Sequence[dict[str, Any]] | None = None) -> str:
+    """The chart's CRD template: the agentrun.dev CRDs (crds, default: the generated ones) and kopf's."""
+    crds = crdgen.custom_resource_definitions() if crds is None else crds
+    agentrun = "".join(_crd_template(crd) for crd in crds)
     peering = "".join(_crd_template(crd) for crd in peering_crds())
     return (
         "{{/*\n"
@@ -224,14 +226,22 @@ def crds_template() -> str:
     )
 
 
-def chart_files() -> dict[str, str]:
+def chart_files(crds: Sequence[dict[str, Any]] | None = None) -> dict[str, str]:
     """Path relative to the chart -> content of every generated file of the chart."""
     return {
         "values.yaml": values_yaml(),
         "values.schema.json": json.dumps(values_schema(), indent=2) + "\n",
         "templates/_rules.tpl": rules_tpl(),
-        "templates/crds.yaml": crds_template(),
+        "templates/crds.yaml": crds_template(crds),
     }
+
+
+def write_chart(source: Path, destination: Path, crds: Sequence[dict[str, Any]] | None = None) -> Path:
+    """A copy of the chart at source, with its generated files rendered (from crds, if given)."""
+    shutil.copytree(source, destination)
+    for name, content in chart_files(crds).items():
+        (destination / name).write_text(content)
+    return destination
 
 
 # --- manifests/ ---------------------------------------------------------------------------------------
@@ -246,7 +256,9 @@ def find_helm(root: Path) -> str:
         candidates.append(Path(bin_dir) / "helm")
     script = root / "hack" / "build-control-plane.sh"
     if script.is_file():
-        out = subprocess.run(["bash", str(script), "print-bin-dir"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["bash", str(script), "print-bin-dir"], check=False, capture_output=True, text=True
+        )
         if out.returncode == 0:
             candidates.append(Path(out.stdout.strip()) / "helm")
     for candidate in candidates:
@@ -260,7 +272,17 @@ def find_helm(root: Path) -> str:
 def helm_template(helm: str, chart: Path, *args: str) -> list[dict[str, Any]]:
     """The documents `helm template` renders (tests excluded), parsed."""
     out = subprocess.run(
-        [helm, "template", MANIFEST_RELEASE, str(chart), "--namespace", MANIFEST_NAMESPACE, "--skip-tests", *args],
+        [
+            helm,
+            "template",
+            MANIFEST_RELEASE,
+            str(chart),
+            f"--namespace={MANIFEST_NAMESPACE}",
+            f"--kube-version={KUBE_VERSION}",
+            "--skip-tests",
+            *args,
+        ],
+        check=False,
         capture_output=True,
         text=True,
     )
@@ -308,9 +330,10 @@ KIND_ORDER: Final = (
 def manifest_files(docs: list[dict[str, Any]]) -> dict[str, str]:
     """File name (relative to manifests/) -> content, from the rendered chart."""
     header = (
-        f"# Generated by `{GENERATOR}` (make manifests): `helm template` of charts/agentrun with its\n"
-        f"# default values (cluster-wide; namespace {MANIFEST_NAMESPACE}). Do not edit: change the chart or\n"
-        "# its Python sources and regenerate. Install: kubectl apply -k manifests/ (or -f, CRDs first).\n"
+        f"# Generated by `{GENERATOR}` (make manifests):\n"
+        f"# `helm template` of charts/agentrun with its default values (cluster-wide, namespace\n"
+        f"# {MANIFEST_NAMESPACE}). Do not edit: change the chart or its Python sources and regenerate.\n"
+        "# Install: kubectl apply -k manifests/\n"
     )
     namespace = {
         "apiVersion": "v1",
@@ -329,15 +352,29 @@ def manifest_files(docs: list[dict[str, Any]]) -> dict[str, str]:
     unknown = [doc["kind"] for doc in docs if doc["kind"] not in KIND_ORDER]
     if unknown:
         raise RenderError(f"the chart renders kinds manifests/ does not place: {unknown}")
-    ordered = sorted(docs, key=lambda d: (KIND_ORDER.index(d["kind"]), d["metadata"].get("namespace", ""), d["metadata"]["name"]))
+    ordered = sorted(
+        docs,
+        key=lambda d: (
+            KIND_ORDER.index(d["kind"]),
+            d["metadata"].get("namespace", ""),
+            d["metadata"]["name"],
+        ),
+    )
     for doc in ordered:
         grouped.setdefault(_manifest_file(doc), []).append(_plain(doc))
     files = {
         name: header
-        + "".join("---\n" + yaml.safe_dump(doc, sort_keys=True, width=110, allow_unicode=True) for doc in group)
+        + "".join(
+            "---\n" + yaml.safe_dump(doc, sort_keys=True, width=110, allow_unicode=True) for doc in group
+        )
         for name, group in grouped.items()
     }
-    resources = ["namespace.yaml", *sorted(n for n in files if n.startswith("crds/")), "rbac.yaml", "operator.yaml"]
+    resources = [
+        "namespace.yaml",
+        *sorted(n for n in files if n.startswith("crds/")),
+        "rbac.yaml",
+        "operator.yaml",
+    ]
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -349,21 +386,20 @@ def manifest_files(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 def rendered_files(root: Path, helm: str | None = None) -> dict[Path, str]:
     """Repository path -> content of every generated file (the chart's generated parts and manifests/)."""
-    chart = chart_files()
-    files = {CHART / name: content for name, content in chart.items()}
+    files = {CHART / name: content for name, content in chart_files().items()}
     with tempfile.TemporaryDirectory(prefix="agentrun-chart-") as tmp:
-        copy = Path(tmp) / "agentrun"
-        shutil.copytree(root / CHART, copy)
-        for name, content in chart.items():
-            (copy / name).write_text(content)
-        docs = helm_template(helm or find_helm(root), copy)
+        docs = helm_template(helm or find_helm(root), write_chart(root / CHART, Path(tmp) / "agentrun"))
     files |= {MANIFESTS / name: content for name, content in manifest_files(docs).items()}
     return files
 
 
 def drifted(root: Path, files: dict[Path, str]) -> list[Path]:
     """Generated files that differ or are missing, and files in manifests/ that are no longer generated."""
-    changed = [path for path, content in files.items() if not (root / path).is_file() or (root / path).read_text() != content]
+    changed = [
+        path
+        for path, content in files.items()
+        if not (root / path).is_file() or (root / path).read_text() != content
+    ]
     stale = [
         path.relative_to(root)
         for path in sorted((root / MANIFESTS).rglob("*"))

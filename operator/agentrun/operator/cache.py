@@ -30,12 +30,18 @@ def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
         return True
 
 
+def _agent_running(pod: JsonDict) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any("running" in (s.get("state") or {}) for s in statuses)
+
+
 class OwnedObjects:
     def __init__(self) -> None:
         self._by_run: dict[str, dict[Key, dict[str, JsonDict]]] = {
             kind: defaultdict(dict) for kind in ("attempts", "checkpoints", "sideeffects", "pods", "leases")
         }
         self._sightings: dict[tuple[str, str], Sighting] = {}
+        self._running_seen: dict[tuple[str, str], float] = {}  # attempt Pods, by (namespace, name)
 
     @staticmethod
     def run_key(obj: JsonDict) -> Key | None:
@@ -51,6 +57,8 @@ class OwnedObjects:
         name = obj["metadata"]["name"]
         if _newer_or_equal(obj, bucket.get(name)):
             bucket[name] = obj
+            if kind == "pods" and _agent_running(obj):
+                self._running_seen.setdefault((key[0], name), time.monotonic())
             if kind == "leases":
                 lease_key = (key[0], name)
                 rv = obj["metadata"]["resourceVersion"]
@@ -59,6 +67,11 @@ class OwnedObjects:
 
     def remove(self, kind: str, obj: JsonDict) -> Key | None:
         key = self.run_key(obj)
+        where = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if kind == "pods":
+            self._running_seen.pop(where, None)
+        if kind == "leases":
+            self._sightings.pop(where, None)
         if key is not None:
             self._by_run[kind][key].pop(obj["metadata"]["name"], None)
             if not self._by_run[kind][key]:
@@ -70,6 +83,10 @@ class OwnedObjects:
 
     def sighting(self, namespace: str, lease: str) -> Sighting | None:
         return self._sightings.get((namespace, lease))
+
+    def running_seen(self, namespace: str, pod: str) -> float | None:
+        """When (monotonic) this operator first saw the Pod's agent running."""
+        return self._running_seen.get((namespace, pod))
 
     def forget_run(self, key: Key) -> None:
         for kind in self._by_run.values():

@@ -69,7 +69,8 @@ class Reconciler:
         expires_in = None
         if lease is not None:
             sighting = self.cache.sighting(namespace, lease_name(name))
-            expires_in = seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic())
+            started = self.cache.running_seen(namespace, lease.holder) if lease.holder else None
+            expires_in = seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic(), started)
         world = World(
             run=run,
             attempts=attempts,

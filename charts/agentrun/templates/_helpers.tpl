@@ -1,0 +1,69 @@
+{{/* Names, labels and the few decisions every template shares. */}}
+
+{{- define "agentrun.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agentrun.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agentrun.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentrun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "agentrun.labels" -}}
+helm.sh/chart: {{ include "agentrun.chart" . }}
+{{ include "agentrun.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: agentrun
+{{- end }}
+
+{{- define "agentrun.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "agentrun.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* true when the operator watches only .Values.watchNamespaces (Roles instead of a ClusterRole) */}}
+{{- define "agentrun.namespaced" -}}
+{{- if .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/* The namespaces where attempt Pods run, as a JSON list (see agents.namespaces in values.yaml). */}}
+{{- define "agentrun.agentNamespaces" -}}
+{{- $namespaces := concat .Values.watchNamespaces .Values.agents.namespaces | uniq }}
+{{- if not $namespaces }}{{ $namespaces = list .Release.Namespace }}{{ end }}
+{{- toJson $namespaces }}
+{{- end }}
+
+{{/* Refuses combinations the schema cannot express. */}}
+{{- define "agentrun.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
+{{- fail "replicaCount > 1 needs peering.enabled: without it every replica would reconcile every Run" }}
+{{- end }}
+{{- if and (not .Values.rbac.create) (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.name is required when the chart creates neither the ServiceAccount nor its RBAC" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,584 @@
+"""The Helm chart end to end: lint, server-side dry run, install, a Run through the installed operator,
+least privilege of attempt Pods, upgrade with a changed CRD, standby takeover, `helm test`, uninstall.
+
+The chart is installed once per module, namespace-scoped (it watches only its own namespace, which
+enforces the restricted Pod Security Standard); the tests after the install run in file order and build
+on each other, as an operator's life does: install, use, upgrade, fail over, test, uninstall. On the
+local control plane the operator's Pods are run by the node agent under the chart's ServiceAccount, so
+the chart's RBAC is what the operator runs with.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api import crdgen
+from agentrun.deploy import render
+from devcluster.processes import free_port
+from e2e.conftest import Target
+from support.corpus import REPO
+from support.kube import Kube, wait_for
+from support.runs import GROUP, VERSION, create_run, get_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+CHART = REPO / "charts" / "agentrun"
+RELEASE = "agentrun-e2e"  # contains the chart's name, so the full name (object prefix) is the release's
+OPERATOR_LABELS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+AGENT_SERVICE_ACCOUNT = "agentrun-agent"
+PEERING = "agentrun"
+LIFETIME_SECONDS = 15
+E2E_COLUMN = "E2E Generation"  # the printer column the upgraded chart's Run CRD adds
+CHART_CRDS = [
+    *(crd["metadata"]["name"] for crd in crdgen.custom_resource_definitions()),
+    "clusterkopfpeerings.kopf.dev",
+    "kopfpeerings.kopf.dev",
+]
+# restricted Pod Security Standard: what an attempt Pod needs on top of agentrun's defaults
+RESTRICTED_POD = {
+    "securityContext": {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "containers": [
+        {
+            "name": "agent",
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        }
+    ],
+}
+
+
+@dataclass
+class Release:
+    target: Target
+    namespace: str
+    other_namespace: str  # not watched: another tenant
+    health_port: int
+    installed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kube(self) -> Kube:
+        return self.target.kube
+
+    def image_values(self) -> list[str]:
+        repository, _, tag = self.target.operator_image.rpartition(":")
+        if not repository or "/" in tag:  # no tag given (or a registry port): the chart's default tag
+            return [f"--set-string=image.repository={self.target.operator_image}"]
+        return [f"--set-string=image.repository={repository}", f"--set-string=image.tag={tag}"]
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        pods = self.kube.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABELS).items
+        return [self.kube.api_client.sanitize_for_serialization(pod) for pod in pods]
+
+    def running_operator_pods(self, count: int) -> list[dict[str, Any]] | None:
+        pods = [
+            pod
+            for pod in self.operator_pods()
+            if pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+        ]
+        return pods if len(pods) == count else None
+
+    def live_peers(self) -> dict[str, dict[str, Any]]:
+        """The operator replicas with a fresh heartbeat in the peering object, by Pod name."""
+        try:
+            peering = self.kube.custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", self.namespace, "kopfpeerings", PEERING
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return {}
+            raise
+        now = time.time()
+        return {
+            name: peer
+            for name, peer in (peering.get("status") or {}).items()
+            if _timestamp(peer["lastseen"]) + int(peer["lifetime"]) > now
+        }
+
+    def operator_log(self, pod: dict[str, Any]) -> str:
+        assert self.target.node_pods is not None
+        path = self.target.node_pods / pod["metadata"]["uid"] / "operator.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _timestamp(value: str) -> float:
+    return datetime.datetime.fromisoformat(value).timestamp()
+
+
+def _paused(log: str) -> bool:
+    """Whether a replica's log says it is paused: kopf starts paused with mandatory peering and logs
+    each change ("Resuming operations ...", "Pausing operations ...")."""
+    return log.rfind("Pausing operations") >= log.rfind("Resuming operations")
+
+
+def _create_namespace(kube: Kube, name: str, labels: dict[str, str]) -> None:
+    kube.core.create_namespace({"metadata": {"name": name, "labels": {"agentrun.dev/test": "e2e", **labels}}})
+    wait_for(
+        lambda: kube.core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+
+
+def _adopt_leftover_crds(kube: Kube, namespace: str) -> None:
+    """CRDs outlive `helm uninstall` (resource-policy keep). On a cluster reused between e2e runs (kind),
+    the previous run's CRDs are re-annotated for this run's release so that Helm adopts them; CRDs not
+    from an e2e run are never touched: the test fails instead."""
+    for name in CHART_CRDS:
+        try:
+            crd = kube.extensions.read_custom_resource_definition(name)
+        except ApiException as error:
+            if error.status == 404:
+                continue
+            raise
+        owner = (crd.metadata.annotations or {}).get("meta.helm.sh/release-name")
+        assert owner == RELEASE, (
+            f"CRD {name} exists and is not from an agentrun e2e run (release {owner!r}): "
+            "run the e2e tests on a fresh cluster"
+        )
+        kube.extensions.patch_custom_resource_definition(
+            name, {"metadata": {"annotations": {"meta.helm.sh/release-namespace": namespace}}}
+        )
+
+
+@pytest.fixture(scope="module")
+def namespaces(kube: Kube) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:8]
+    mine, other = f"e2e-{suffix}", f"e2e-{suffix}-other"
+    _create_namespace(kube, mine, {"pod-security.kubernetes.io/enforce": "restricted"})
+    _create_namespace(kube, other, {})
+    yield mine, other
+    for name in (mine, other):
+        try:
+            kube.core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+@pytest.fixture(scope="module")
+def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release]:
+    namespace, other = namespaces
+    installed = Release(e2e_target, namespace, other, health_port=free_port())
+    _adopt_leftover_crds(e2e_target.kube, namespace)
+    started = time.monotonic()
+    e2e_target.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        f"--namespace={namespace}",
+        f"--set=watchNamespaces={{{namespace}}}",
+        "--set=replicaCount=1",
+        f"--set=health.port={installed.health_port}",
+        f"--set=peering.lifetimeSeconds={LIFETIME_SECONDS}",
+        *installed.image_values(),
+        "--wait",
+        "--timeout=120s",
+    )
+    installed.installed = True
+    installed.timings["install"] = time.monotonic() - started
+    try:
+        yield installed
+    finally:
+        if installed.installed:
+            e2e_target.helm("uninstall", RELEASE, f"--namespace={namespace}", "--wait", check=False)
+
+
+def server_version(kube: Kube) -> str:
+    return str(client.VersionApi(kube.api_client).get_code().git_version).lstrip("v")
+
+
+def echo_run(name: str, image: str, message: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {
+            "agent": {
+                "image": image,
+                "command": ["python", "-m", "agentrun.examples.echo"],
+                "serviceAccountName": AGENT_SERVICE_ACCOUNT,
+                "podTemplate": {"spec": RESTRICTED_POD},
+            },
+            "input": {"message": message},
+        },
+    }
+
+
+# --- before installing --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespace-scoped"])
+def test_chart_lints(e2e_target: Target, mode: str) -> None:
+    values = ["--set=watchNamespaces={team-a}"] if mode == "namespace-scoped" else []
+    result = e2e_target.helm(
+        "lint", "--strict", str(CHART), f"--kube-version={server_version(e2e_target.kube)}", *values
+    )
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespace-scoped"])
+def test_rendered_chart_is_accepted_by_the_api_server(
+    e2e_target: Target, namespaces: tuple[str, str], mode: str
+) -> None:
+    namespace, _ = namespaces
+    values = [f"--set=watchNamespaces={{{namespace}}}"] if mode == "namespace-scoped" else []
+    rendered = e2e_target.helm(
+        "template",
+        "dry-run",
+        str(CHART),
+        f"--namespace={namespace}",
+        f"--kube-version={server_version(e2e_target.kube)}",
+        "--skip-tests",  # the test Pod's ServiceAccount does not exist yet: `helm test` runs it below
+        *values,
+    ).stdout
+    applied = e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
+    kinds = {line.split("/")[0] for line in applied.stdout.splitlines()}
+    assert {"deployment.apps", "customresourcedefinition.apiextensions.k8s.io", "serviceaccount"} <= kinds
+
+
+def test_plain_manifests_are_accepted_by_the_api_server(
+    e2e_target: Target, namespaces: tuple[str, str]
+) -> None:
+    """manifests/ (kustomize), moved to a test namespace: the namespace itself cannot be dry-run created."""
+    namespace, _ = namespaces
+    built = e2e_target.kube.kubectl("kustomize", str(REPO / "manifests")).stdout
+    docs = [doc for doc in yaml.safe_load_all(built) if doc and doc["kind"] != "Namespace"]
+    for doc in docs:
+        if doc["metadata"].get("namespace") == render.MANIFEST_NAMESPACE:
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+    e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+# --- installed ----------------------------------------------------------------------------------------
+
+
+def test_operator_runs_under_the_charts_service_account(release: Release) -> None:
+    (pod,) = wait_for(lambda: release.running_operator_pods(1), 60, what="the operator Pod running")
+    assert pod["spec"]["serviceAccountName"] == RELEASE
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "agentrun.operator"]
+
+    def ready() -> bool:
+        conditions = release.operator_pods()[0]["status"].get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for(ready, 60, what="the operator Pod Ready")
+    if release.target.local:  # the process node runs no probes: ask the health endpoint ourselves
+
+        def healthz() -> int | None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{release.health_port}/healthz", timeout=2
+                ) as r:
+                    return int(r.status)
+            except OSError:
+                return None
+
+        assert wait_for(healthz, 30, what="the operator's /healthz") == 200
+    peers = wait_for(release.live_peers, 30, what="the operator's heartbeat in its peering object")
+    assert list(peers) == [pod["metadata"]["name"]]
+
+
+def test_run_succeeds_through_the_installed_operator(release: Release) -> None:
+    started = time.monotonic()
+    create_run(release.kube, release.namespace, echo_run("echo", release.target.agent_image, "hello"))
+    run = wait_phase(release.kube, release.namespace, "echo", {"Succeeded", "Failed"}, timeout=120)
+    release.timings["first run"] = time.monotonic() - started
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert run["status"]["result"] == {"echo": {"message": "hello"}}
+    pod = release.kube.pod("echo-a1", release.namespace)
+    assert pod is not None
+    assert pod["spec"]["serviceAccountName"] == AGENT_SERVICE_ACCOUNT
+
+
+def _as_service_account(kube: Kube, namespace: str, name: str) -> client.ApiClient:
+    """An API client that authenticates with a token of the ServiceAccount (and nothing else)."""
+    token = kube.kubectl("create", "token", name, "--duration=10m", namespace=namespace).stdout.strip()
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=configuration)
+    configuration.cert_file = configuration.key_file = None
+    configuration.username = configuration.password = None
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(configuration)
+
+
+def _status(request: Callable[[], object]) -> int:
+    try:
+        request()
+    except ApiException as error:
+        return int(error.status)
+    return 200
+
+
+def test_attempt_service_account_is_refused_what_it_does_not_need(release: Release) -> None:
+    """As the agents' ServiceAccount (what an attempt Pod authenticates as): its own namespace's Runs,
+    yes; Secrets, Pods, ConfigMaps, Run specs, deletes and any other namespace, no.
+
+    RBAC cannot say "only the Run this Pod belongs to": resourceNames are fixed when the Role is written,
+    and one ServiceAccount serves every Run of its namespace. So within a namespace the boundary is the
+    epoch fence, not RBAC: a status commit whose committedBy epochs are not the Run's is refused by the
+    API server's validation rule, which is checked here too. (Per-Run ServiceAccounts and Roles would
+    close this; the operator does not create them.)"""
+    kube = release.kube
+    ns, other = release.namespace, release.other_namespace
+    kube.core.create_namespaced_secret(ns, {"metadata": {"name": "e2e-secret"}, "stringData": {"k": "v"}})
+    create_run(kube, other, echo_run("elsewhere", release.target.agent_image, "not yours"))
+    agent = _as_service_account(kube, ns, AGENT_SERVICE_ACCOUNT)
+    custom, core = client.CustomObjectsApi(agent), client.CoreV1Api(agent)
+
+    def status_patch(namespace: str, name: str, status: dict[str, Any]) -> Callable[[], object]:
+        return lambda: custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "runs", name, {"status": status}
+        )
+
+    allowed = {
+        "get its namespace's Run": lambda: custom.get_namespaced_custom_object(
+            GROUP, VERSION, ns, "runs", "echo"
+        ),
+        "read its Run's status": lambda: custom.get_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "runs", "echo"
+        ),
+    }
+    refused = {
+        "list Secrets": lambda: core.list_namespaced_secret(ns),
+        "get a Secret": lambda: core.read_namespaced_secret("e2e-secret", ns),
+        "list ConfigMaps": lambda: core.list_namespaced_config_map(ns),
+        "list Pods": lambda: core.list_namespaced_pod(ns),
+        "create a Pod": lambda: core.create_namespaced_pod(
+            ns, {"metadata": {"name": "sneaky"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        ),
+        "change a Run's spec": lambda: custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, "runs", "echo", {"spec": {"cancelEpoch": 1}}
+        ),
+        "delete a Run": lambda: custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "runs", "echo"),
+        "create an Attempt": lambda: custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, "attempts", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Attempt"}
+        ),
+        "read another namespace's Run": lambda: custom.get_namespaced_custom_object(
+            GROUP, VERSION, other, "runs", "elsewhere"
+        ),
+        "read another namespace's Run status": lambda: custom.get_namespaced_custom_object_status(
+            GROUP, VERSION, other, "runs", "elsewhere"
+        ),
+        "write another namespace's Run status": status_patch(other, "elsewhere", {"message": "mine now"}),
+        "list Runs cluster-wide": lambda: custom.list_cluster_custom_object(GROUP, VERSION, "runs"),
+        "read Leases of another namespace": lambda: client.CoordinationV1Api(agent).list_namespaced_lease(
+            other
+        ),
+    }
+    assert {what: _status(call) for what, call in allowed.items()} == dict.fromkeys(allowed, 200)
+    assert {what: _status(call) for what, call in refused.items()} == dict.fromkeys(refused, 403)
+
+    run = get_run(kube, ns, "echo")
+    forged = {
+        "result": {"forged": True},
+        "committedBy": {
+            "attempt": "echo-a9",
+            "leaseEpoch": run["status"]["leaseEpoch"] + 7,
+            "cancelEpoch": 0,
+        },
+    }
+    assert _status(status_patch(ns, "echo", forged)) == 422
+    assert get_run(kube, ns, "echo")["status"]["result"] == {"echo": {"message": "hello"}}
+
+
+def _chart_with_changed_crd(destination: Path) -> Path:
+    """The chart as its next version would ship it: the Run CRD gains a (wide) printer column."""
+    crds = crdgen.custom_resource_definitions()
+    run_crd = next(crd for crd in crds if crd["spec"]["names"]["kind"] == "Run")
+    run_crd["spec"]["versions"][0]["additionalPrinterColumns"].append(
+        {
+            "name": E2E_COLUMN,
+            "type": "integer",
+            "jsonPath": ".metadata.generation",
+            "description": "A column only the e2e test's chart version has.",
+            "priority": 1,
+        }
+    )
+    chart = render.write_chart(CHART, destination / "agentrun", crds)
+    chart_yaml = chart / "Chart.yaml"
+    chart_yaml.write_text(chart_yaml.read_text().replace("version: 0.1.0", "version: 0.1.1-e2e"))
+    return chart
+
+
+def test_helm_upgrade_applies_a_changed_crd(release: Release, tmp_path: Path) -> None:
+    """A new chart version with a changed CRD, upgraded to two replicas. (The health endpoint is off
+    from here on the local cluster: the process node gives every Pod the same network, so two replicas
+    cannot both listen on one port.)"""
+    kube = release.kube
+    before = kube.extensions.read_custom_resource_definition("runs.agentrun.dev")
+    assert E2E_COLUMN not in [c.name for c in before.spec.versions[0].additional_printer_columns]
+    started = time.monotonic()
+    release.target.helm(
+        "upgrade",
+        RELEASE,
+        str(_chart_with_changed_crd(tmp_path)),
+        f"--namespace={release.namespace}",
+        "--reuse-values",
+        "--set=replicaCount=2",
+        *(["--set=health.enabled=false"] if release.target.local else []),
+        "--wait",
+        "--timeout=120s",
+    )
+    release.timings["upgrade"] = time.monotonic() - started
+    after = kube.extensions.read_custom_resource_definition("runs.agentrun.dev")
+    column = next(c for c in after.spec.versions[0].additional_printer_columns if c.name == E2E_COLUMN)
+    assert (column.json_path, column.priority) == (".metadata.generation", 1)
+    assert after.metadata.uid == before.metadata.uid  # upgraded in place, not recreated
+    assert E2E_COLUMN.upper() in kube.kubectl("get", "runs", "-o", "wide", namespace=release.namespace).stdout
+    assert get_run(kube, release.namespace, "echo")["status"]["phase"] == "Succeeded"  # the Runs survive
+    history = json.loads(
+        release.target.helm("history", RELEASE, f"--namespace={release.namespace}", "-o=json").stdout
+    )
+    assert [entry["chart"] for entry in history] == ["agentrun-0.1.0", "agentrun-0.1.1-e2e"]
+
+
+def test_one_replica_is_active_and_a_standby_takes_over(release: Release) -> None:
+    pods = wait_for(lambda: release.running_operator_pods(2), 90, what="two operator replicas running")
+    names = {pod["metadata"]["name"] for pod in pods}
+
+    def peers_are_the_replicas() -> dict[str, dict[str, Any]] | None:
+        live = release.live_peers()
+        return live if set(live) == names else None
+
+    peers = wait_for(peers_are_the_replicas, 60, what=f"exactly the replicas {sorted(names)} as peers")
+    priorities = [peer["priority"] for peer in peers.values()]
+    assert len(set(priorities)) == 2, peers  # equal priorities would pause both
+    active = max(pods, key=lambda pod: peers[pod["metadata"]["name"]]["priority"])
+    standby = next(pod for pod in pods if pod is not active)
+    if release.target.local:
+        wait_for(lambda: not _paused(release.operator_log(active)), 30, what="the active replica resumed")
+        assert _paused(release.operator_log(standby))
+
+    started, deleted_at = time.monotonic(), time.time()
+    release.kube.core.delete_namespaced_pod(active["metadata"]["name"], release.namespace)
+    create_run(
+        release.kube, release.namespace, echo_run("after-takeover", release.target.agent_image, "again")
+    )
+    run = wait_phase(release.kube, release.namespace, "after-takeover", {"Succeeded", "Failed"}, timeout=120)
+    took = time.monotonic() - started
+    release.timings["takeover to a succeeded Run"] = took
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    # a replica that stops gracefully leaves the peering at once: no waiting for its heartbeat to expire
+    assert took < LIFETIME_SECONDS, f"takeover took {took:.1f}s"
+    if release.target.local:
+        log = release.operator_log(standby)
+        assert not _paused(log)
+        resumed = next(line for line in reversed(log.splitlines()) if "Resuming operations" in line)
+        resumed_at = datetime.datetime.strptime(resumed[:23], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+        release.timings["takeover: the standby resumed"] = resumed_at.timestamp() - deleted_at
+
+
+def test_helm_test_passes(release: Release) -> None:
+    started = time.monotonic()
+    result = release.target.helm("test", RELEASE, f"--namespace={release.namespace}", "--timeout=120s")
+    release.timings["helm test"] = time.monotonic() - started
+    assert "Phase:          Succeeded" in result.stdout, result.stdout
+
+
+def leftovers(kube: Kube, namespaces: tuple[str, ...]) -> dict[str, list[str]]:
+    """What of the release is still there: its objects, and any Pod still running in its namespaces."""
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    found: dict[str, list[str]] = {
+        "cluster roles": [
+            r.metadata.name for r in kube.rbac.list_cluster_role(label_selector=selector).items
+        ],
+        "cluster role bindings": [
+            b.metadata.name for b in kube.rbac.list_cluster_role_binding(label_selector=selector).items
+        ],
+    }
+    for ns in namespaces:
+        found |= {
+            f"{ns} deployments": [d.metadata.name for d in kube.apps.list_namespaced_deployment(ns).items],
+            f"{ns} replicasets": [r.metadata.name for r in kube.apps.list_namespaced_replica_set(ns).items],
+            f"{ns} pods of the release": [
+                p.metadata.name for p in kube.core.list_namespaced_pod(ns, label_selector=selector).items
+            ],
+            f"{ns} running pods": [
+                p.metadata.name
+                for p in kube.core.list_namespaced_pod(ns).items
+                if p.status.phase in ("Pending", "Running")
+            ],
+            f"{ns} service accounts": [
+                a.metadata.name
+                for a in kube.core.list_namespaced_service_account(ns, label_selector=selector).items
+            ],
+            f"{ns} roles": [
+                r.metadata.name for r in kube.rbac.list_namespaced_role(ns, label_selector=selector).items
+            ],
+            f"{ns} role bindings": [
+                b.metadata.name
+                for b in kube.rbac.list_namespaced_role_binding(ns, label_selector=selector).items
+            ],
+        }
+    return {what: names for what, names in found.items() if names}
+
+
+def uninstall_and_wait(release: Release, timing: str) -> None:
+    namespaces = (release.namespace, release.other_namespace)
+    result = release.target.helm(
+        "uninstall", RELEASE, f"--namespace={release.namespace}", "--wait", "--timeout=120s"
+    )
+    release.installed = False
+    assert "runs.agentrun.dev" in result.stdout + result.stderr  # "kept due to the resource policy"
+    started = time.monotonic()
+    try:
+        wait_for(lambda: not leftovers(release.kube, namespaces), 60, interval=0.5, what="an empty namespace")
+    except AssertionError:
+        raise AssertionError(f"left behind: {leftovers(release.kube, namespaces)}") from None
+    release.timings[timing] = time.monotonic() - started
+    for name in CHART_CRDS:  # kept on purpose, with the Runs they hold
+        release.kube.extensions.read_custom_resource_definition(name)
+
+
+def test_uninstall_leaves_no_agentrun_workload(release: Release) -> None:
+    uninstall_and_wait(release, "uninstall, last Pod gone")
+    assert get_run(release.kube, release.namespace, "echo")["status"]["phase"] == "Succeeded"
+
+
+def test_cluster_wide_release_serves_every_namespace(release: Release) -> None:
+    """The default mode, installed for real: a ClusterRole, and Runs served in any namespace. Same release
+    name and namespace, so that Helm adopts the CRDs the first release left (see the chart's README).
+    The Run of the other namespace has waited since the least-privilege test: nobody served it."""
+    kube, other = release.kube, release.other_namespace
+    assert "phase" not in (get_run(kube, other, "elsewhere").get("status") or {})
+    started = time.monotonic()
+    release.target.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        f"--namespace={release.namespace}",
+        "--set=replicaCount=1",
+        f"--set=agents.namespaces={{{release.namespace},{other}}}",
+        f"--set=health.port={release.health_port}",
+        *release.image_values(),
+        "--wait",
+        "--timeout=120s",
+    )
+    release.installed = True
+    run = wait_phase(kube, other, "elsewhere", {"Succeeded", "Failed"}, timeout=120)
+    release.timings["cluster-wide: install to a succeeded Run"] = time.monotonic() - started
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert kube.rbac.read_cluster_role(f"{RELEASE}-attempt").rules is not None
+    result = release.target.helm("test", RELEASE, f"--namespace={release.namespace}", "--timeout=120s")
+    assert "Phase:          Succeeded" in result.stdout, result.stdout
+    uninstall_and_wait(release, "cluster-wide: uninstall, last Pod gone")
+    print(f"\ne2e timings (s): {json.dumps({k: round(v, 1) for k, v in release.timings.items()})}")
