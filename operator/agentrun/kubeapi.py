@@ -46,7 +46,7 @@ class ApiError(Exception):
         return self.status == 404
 
 
-def _error(exc: ApiException) -> ApiError:
+def to_api_error(exc: ApiException) -> ApiError:
     reason, message = str(exc.reason or ""), str(exc.body or "")
     try:
         status = json.loads(exc.body or "{}")
@@ -97,7 +97,7 @@ class KubeApi:
                     _return_http_data_only=True,
                 )
             except ApiException as exc:
-                raise _error(exc) from None
+                raise to_api_error(exc) from None
             return result if isinstance(result, dict) else {}
 
         self.requests += 1
@@ -194,6 +194,8 @@ class KubeApi:
                         if line.strip():
                             loop.call_soon_threadsafe(events.put_nowait, json.loads(line))
                 loop.call_soon_threadsafe(events.put_nowait, None)
+            except ApiException as exc:
+                loop.call_soon_threadsafe(events.put_nowait, to_api_error(exc))
             except BaseException as exc:  # handed to the consumer, which decides
                 loop.call_soon_threadsafe(events.put_nowait, exc)
 

@@ -1,0 +1,124 @@
+"""Everything the plugin reads and writes, through KubeApi: Runs, what they own, and waiting on them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.cli.errors import CliError, api_error_from, not_found
+from agentrun.kubeapi import ApiError, KubeApi
+
+JsonDict = dict[str, Any]
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+class Cluster:
+    """One namespace of one cluster, as the plugin sees it."""
+
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+
+    def path(self, plural: str, name: str | None = None, subresource: str | None = None) -> str:
+        return self.api.custom_path(plural, self.namespace, name, subresource)
+
+    # ---- reads ---------------------------------------------------------------------------------------
+
+    async def find_run(self, name: str) -> JsonDict | None:
+        return await self.api.get(self.path("runs", name))
+
+    async def run(self, name: str) -> JsonDict:
+        body = await self.find_run(name)
+        if body is None:
+            raise not_found("run", name, self.namespace)
+        return body
+
+    async def runs(self, all_namespaces: bool = False) -> list[JsonDict]:
+        path = f"/apis/{GROUP}/{VERSION}/runs" if all_namespaces else self.path("runs")
+        return list((await self.api.request("GET", path)).get("items", []))
+
+    async def owned(self, plural: str, run: str) -> list[JsonDict]:
+        """The Attempts, Checkpoints or SideEffects of a Run (by the agentrun.dev/run label)."""
+        found = await self.api.request(
+            "GET", self.path(plural), query={"labelSelector": f"{RUN_LABEL}={run}"}
+        )
+        return list(found.get("items", []))
+
+    async def side_effect(self, name: str) -> JsonDict:
+        body = await self.api.get(self.path("sideeffects", name))
+        if body is None:
+            raise not_found("side effect", name, self.namespace)
+        return body
+
+    async def whoami(self) -> str | None:
+        """The user name the API server knows us by (SelfSubjectReview), None when it will not say."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            answer = await self.api.create(SELF_SUBJECT_REVIEWS, review)
+        except ApiError:
+            return None
+        name = answer.get("status", {}).get("userInfo", {}).get("username")
+        return str(name) if name else None
+
+    # ---- writes --------------------------------------------------------------------------------------
+
+    async def merge_patch_run(self, name: str, patch: JsonDict) -> JsonDict:
+        return await self.api.merge_patch(self.path("runs", name), patch)
+
+    async def json_patch_run(self, name: str, operations: list[JsonDict]) -> JsonDict:
+        return await self.api.json_patch(self.path("runs", name), operations)
+
+    async def patch_side_effect_status(self, name: str, patch: JsonDict) -> JsonDict:
+        return await self.api.merge_patch(self.path("sideeffects", name, "status"), patch)
+
+    # ---- waiting -------------------------------------------------------------------------------------
+
+    async def follow(self, name: str, within: float | None) -> AsyncIterator[JsonDict]:
+        """The Run now, then each new version of it, until `within` seconds have passed (None: forever).
+
+        A watch (reconnected whenever the server ends it); the first read also tells a missing Run apart.
+        """
+        deadline = None if within is None else time.monotonic() + within
+        run = await self.run(name)
+        seen = run.get("metadata", {}).get("resourceVersion")
+        yield run
+        while deadline is None or time.monotonic() < deadline:
+            window = 300 if deadline is None else max(1, min(300, int(deadline - time.monotonic()) + 1))
+            try:
+                async for event in self.api.watch(self.path("runs"), name, timeout_seconds=window):
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "DELETED":
+                        raise CliError(f'run "{name}" was deleted')
+                    if kind == "ERROR":
+                        break  # e.g. 410 Gone: watch again from now
+                    version = obj.get("metadata", {}).get("resourceVersion")
+                    if version != seen:
+                        seen = version
+                        yield obj
+            except (ApiError, CliError):
+                raise
+            except Exception as exc:
+                refusal = api_error_from(exc)
+                if refusal is not None:
+                    raise refusal from None
+                await asyncio.sleep(1)  # a dropped connection: watch again
+        raise TimeoutError
+
+
+async def wait_for_run(
+    cluster: Cluster, name: str, done: Callable[[JsonDict], bool], within: float
+) -> tuple[JsonDict, bool]:
+    """Follows the Run until `done(run)` is true; returns the last version seen and whether it was."""
+    last: JsonDict = {}
+    try:
+        async with asyncio.timeout(within):
+            async for run in cluster.follow(name, within):
+                last = run
+                if done(run):
+                    return run, True
+    except TimeoutError:
+        pass
+    return last or await cluster.run(name), False

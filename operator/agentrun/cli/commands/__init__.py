@@ -1,0 +1,1 @@
+"""One module per area of `kubectl agentrun`; each command is `async def (ctx, args) -> exit code`."""

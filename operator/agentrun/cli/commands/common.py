@@ -1,0 +1,45 @@
+"""Pieces the control commands share: reading the Run, waiting for and printing the recorded outcome."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.api import ControlOutcome, ControlRecord, Run
+from agentrun.cli import render
+from agentrun.cli.cluster import wait_for_run
+from agentrun.cli.context import Context
+from agentrun.cli.control_requests import recorded
+from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError
+
+
+async def read_run(ctx: Context, name: str) -> tuple[dict[str, Any], Run]:
+    body = await ctx.cluster.run(name)
+    return body, Run.model_validate(body)
+
+
+def show_outcome(
+    ctx: Context, run_name: str, record: ControlRecord, body: dict[str, Any], *, again: bool = False
+) -> int:
+    """Prints the operator's verdict on a control request; exit 1 when it was rejected."""
+    if ctx.out.raw:
+        ctx.out.obj(body)
+    prefix = "already recorded: " if again else ""
+    ctx.out.text(f"run {run_name}: {prefix}{render.control_line(record)}")
+    return EXIT_OK if record.outcome == ControlOutcome.ACCEPTED else EXIT_FAILED
+
+
+async def await_outcome(
+    ctx: Context, name: str, key: str, within: float
+) -> tuple[dict[str, Any], ControlRecord | None]:
+    """Waits until the operator has recorded its outcome for `key` in status.controls."""
+    body, done = await wait_for_run(
+        ctx.cluster, name, lambda run: recorded(Run.model_validate(run), key) is not None, within
+    )
+    return body, recorded(Run.model_validate(body), key) if done else None
+
+
+def no_outcome(name: str, key: str, timeout: float) -> CliError:
+    return CliError(
+        f"the operator recorded no outcome for {key} within {timeout:g}s (is it running?); "
+        f"the request stays in the Run's spec: see kubectl agentrun describe {name}"
+    )

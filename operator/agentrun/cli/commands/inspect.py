@@ -1,0 +1,73 @@
+"""Reading commands: `get`, `describe` and `report`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from agentrun.api import Attempt, Checkpoint, Run, RunPhase, SideEffect
+from agentrun.cli import render, timeline
+from agentrun.cli.context import Context
+from agentrun.cli.errors import EXIT_OK
+from agentrun.cli.output import as_list
+
+
+async def get(ctx: Context, args: argparse.Namespace) -> int:
+    if args.run:
+        body = await ctx.cluster.run(args.run)
+        bodies = [body]
+        if ctx.out.raw:
+            ctx.out.obj(body)
+            return EXIT_OK
+    else:
+        bodies = await ctx.cluster.runs(all_namespaces=args.all_namespaces)
+        if ctx.out.raw:
+            ctx.out.obj(as_list(bodies))
+            return EXIT_OK
+    if not bodies:
+        where = "any namespace" if args.all_namespaces else f"namespace {ctx.namespace}"
+        ctx.out.note(f"No runs found in {where}.")
+        return EXIT_OK
+    runs = sorted(
+        (Run.model_validate(b) for b in bodies),
+        key=lambda r: (r.metadata.namespace or "", r.metadata.name or ""),
+    )
+    ctx.out.text(render.runs_table(runs, ctx.now(), with_namespace=args.all_namespaces))
+    return EXIT_OK
+
+
+async def describe(ctx: Context, args: argparse.Namespace) -> int:
+    body = await ctx.cluster.run(args.run)
+    attempts, checkpoints, effects = await asyncio.gather(
+        ctx.cluster.owned("attempts", args.run),
+        ctx.cluster.owned("checkpoints", args.run),
+        ctx.cluster.owned("sideeffects", args.run),
+    )
+    if ctx.out.raw:
+        ctx.out.obj(as_list([body, *attempts, *checkpoints, *effects]))
+        return EXIT_OK
+    text = timeline.describe(
+        Run.model_validate(body),
+        sorted((Attempt.model_validate(a) for a in attempts), key=lambda a: a.spec.number),
+        sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence),
+        [SideEffect.model_validate(e) for e in effects],
+        ctx.now(),
+    )
+    ctx.out.text(text)
+    return EXIT_OK
+
+
+async def report(ctx: Context, args: argparse.Namespace) -> int:
+    body = await ctx.cluster.run(args.run)
+    effects = await ctx.cluster.owned("sideeffects", args.run)
+    if ctx.out.raw:
+        ctx.out.obj(as_list([body, *effects]))
+        return EXIT_OK
+    run = Run.model_validate(body)
+    stopped = run.status.phase in render.TERMINAL or run.status.phase == RunPhase.NEEDS_RECONCILIATION
+    if run.status.report is not None:
+        listed, omitted = run.status.report.effects, run.status.report.omitted
+    else:
+        listed, omitted = render.reported_effects([SideEffect.model_validate(e) for e in effects]), 0
+    ctx.out.text(render.report_text(run, listed, omitted, live=not stopped))
+    return EXIT_OK

@@ -1,0 +1,54 @@
+"""Where the plugin talks to: the kubeconfig (as kubectl reads it) and its context's namespace."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kubernetes import config
+
+from agentrun.kubeapi import KubeApi, load_configuration
+
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """--kubeconfig, else $KUBECONFIG (a list like kubectl's), else ~/.kube/config when it exists."""
+    if explicit:
+        return explicit
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def default_namespace(kubeconfig: str | None) -> str:
+    """The current context's namespace, the service account's inside a Pod, else "default"."""
+    path = kubeconfig_path(kubeconfig)
+    if path:
+        try:
+            _, active = config.list_kube_config_contexts(config_file=path)
+        except (config.ConfigException, OSError):
+            return "default"
+        namespace = (active or {}).get("context", {}).get("namespace")
+        return str(namespace) if namespace else "default"
+    if IN_CLUSTER_NAMESPACE.exists():
+        return IN_CLUSTER_NAMESPACE.read_text().strip() or "default"
+    return "default"
+
+
+def context_user(kubeconfig: str | None) -> str | None:
+    """The user name of the current kubeconfig context (a fallback for who resolved a side effect)."""
+    path = kubeconfig_path(kubeconfig)
+    if not path:
+        return None
+    try:
+        _, active = config.list_kube_config_contexts(config_file=path)
+    except (config.ConfigException, OSError):
+        return None
+    user = (active or {}).get("context", {}).get("user")
+    return str(user) if user else None
+
+
+def connect(kubeconfig: str | None) -> KubeApi:
+    return KubeApi(load_configuration(kubeconfig_path(kubeconfig)), threads=4)

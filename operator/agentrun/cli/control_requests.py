@@ -1,0 +1,99 @@
+"""The control requests the plugin writes: default keys, local checks and the patches themselves.
+
+Pure functions: the commands read the Run, ask these what to send, and send it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jsonschema
+from pydantic import JsonValue
+
+from agentrun.api import ControlRecord, Run, json_digest
+
+
+def _short_hash(*parts: object) -> str:
+    return hashlib.sha256("\n".join(str(p) for p in parts).encode()).hexdigest()[:20]
+
+
+def resume_key(run_uid: str, request_id: str, checkpoint_id: str, value: JsonValue) -> str:
+    """The default idempotency key of a resume: the same answer to the same request of the same Run
+    always gets the same key, so repeating a command changes nothing."""
+    return f"cli-resume-{_short_hash(run_uid, request_id, checkpoint_id, json_digest(value))}"
+
+
+def retry_key(run: Run, from_checkpoint: str | None, reason: str | None) -> str:
+    """The default key of a manual retry: one per failure of the Run (its attempt count), so a double
+    click asks for one Attempt, and a retry after the next failure is a new request."""
+    failure = run.status.failure.fingerprint if run.status.failure else None
+    parts = (run.metadata.uid, run.status.attempts or 0, failure, from_checkpoint or "", reason or "")
+    return f"cli-retry-{_short_hash(*parts)}"
+
+
+def pause_request_id(run: Run, reason: str | None) -> str:
+    """The default id of a pause: one per Attempt and checkpoint, so repeating it asks for one pause."""
+    parts = (run.metadata.uid, run.status.attempts or 0, run.status.latest_checkpoint or "", reason or "")
+    return f"cli-pause-{_short_hash(*parts)}"
+
+
+def schema_problem(value: JsonValue, schema: dict[str, Any] | None) -> str | None:
+    """Why `value` does not satisfy the pending request's JSON Schema (the operator's wording), or None."""
+    if schema is None:
+        return None
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"value at {where}: {exc.message}"
+    except jsonschema.SchemaError as exc:
+        return f"the request's schema is invalid: {exc.message}"
+    return None
+
+
+def recorded(run: Run, key: str) -> ControlRecord | None:
+    """The outcome the operator recorded for `key`, if it has processed it."""
+    return next((c for c in run.status.controls or [] if c.idempotency_key == key), None)
+
+
+def resume_operations(
+    resource_version: str, request_id: str, checkpoint_id: str, value: JsonValue, key: str
+) -> list[dict[str, Any]]:
+    """A JSON patch that sets spec.resume as a whole, only on the version of the Run it was judged on.
+
+    Not a merge patch: that would merge an object value into the previous answer's value (keys of the
+    old answer would survive in the new one).
+    """
+    resume = {"requestId": request_id, "checkpointId": checkpoint_id, "value": value, "idempotencyKey": key}
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/spec/resume", "value": resume},
+    ]
+
+
+def retry_patch(key: str, from_checkpoint: str | None, reason: str | None) -> dict[str, Any]:
+    # Explicit nulls: a merge patch would otherwise keep fields of an earlier retryRequest.
+    request = {"idempotencyKey": key, "fromCheckpoint": from_checkpoint, "reason": reason}
+    return {"spec": {"retryRequest": request}}
+
+
+def pause_patch(request_id: str, reason: str | None) -> dict[str, Any]:
+    return {"spec": {"pause": {"requestId": request_id, "reason": reason}}}
+
+
+def cancel_operations(observed: int | None, resource_version: str | None) -> list[dict[str, Any]]:
+    """The compare-and-swap on spec.cancelEpoch: it only applies while the epoch is still `observed`.
+
+    A Run stored without the field (it has a default, so only an old object) is guarded by its
+    resourceVersion instead.
+    """
+    if observed is None:
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/spec/cancelEpoch", "value": 1},
+        ]
+    return [
+        {"op": "test", "path": "/spec/cancelEpoch", "value": observed},
+        {"op": "replace", "path": "/spec/cancelEpoch", "value": observed + 1},
+    ]

@@ -1,0 +1,384 @@
+"""`kubectl agentrun` against the real control plane and operator, run as the user runs it: a process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun.cli.cluster import Cluster
+from agentrun.cli.commands.cancel import Swap, compare_and_swap
+from agentrun.kubeapi import KubeApi, load_configuration
+from devcluster.operator import OperatorProcess
+from support.kube import Kube, wait_for
+from support.runs import GROUP, VERSION, create_run, get_run, scenario_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+PRIORITY = {
+    "type": "object",
+    "properties": {"priority": {"enum": ["low", "high"]}},
+    "required": ["priority"],
+    "additionalProperties": False,
+}
+
+
+def env_for(kubeconfig: Path) -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": str(kubeconfig)}
+
+
+def argv(namespace: str | None, *args: str) -> list[str]:
+    return [sys.executable, "-m", "agentrun.cli", *(["-n", namespace] if namespace else []), *args]
+
+
+def cli(
+    kube: Kube, namespace: str | None, *args: str, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs `kubectl agentrun ARGS` with the test cluster's kubeconfig (or the given one)."""
+    return subprocess.run(
+        argv(namespace, *args),
+        env=env_for(kubeconfig or kube.kubeconfig),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def cli_many(kube: Kube, namespace: str, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Several commands at the same time (as two people, or a double click, would run them)."""
+    processes = [
+        subprocess.Popen(
+            argv(namespace, *args),
+            env=env_for(kube.kubeconfig),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in commands
+    ]
+    results = []
+    for args, process in zip(commands, processes, strict=True):
+        out, err = process.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(args, process.returncode, out, err))
+    return results
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    )
+    return result.stdout
+
+
+def status_of(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_run(kube, namespace, name).get("status", {})
+    return status
+
+
+def test_get_describe_effects_report_and_watch_of_a_finished_run(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("done", {"steps": 2}))
+    assert wait_phase(kube, ns, "done", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded", (
+        operator.log_tail()
+    )
+
+    header, row = ok(cli(kube, ns, "get")).splitlines()
+    assert header.split() == ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "AGE"]
+    assert row.split()[:6] == ["done", "Succeeded", "1", "1", "0", "-"]
+    assert ok(cli(kube, ns, "get", "done")).splitlines()[1].split()[:2] == ["done", "Succeeded"]
+    listed = json.loads(ok(cli(kube, ns, "get", "-o", "json")))
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["done"]
+    one = yaml.safe_load(ok(cli(kube, ns, "get", "done", "-o", "yaml")))
+    assert (one["kind"], one["status"]["phase"]) == ("Run", "Succeeded")
+
+    text = ok(cli(kube, ns, "describe", "done"))
+    assert "Phase:         Succeeded: done-a1 committed the result" in text
+    assert '"steps": 2' in text.split("Result:")[1].splitlines()[0]
+    story = text.split("Timeline (UTC):\n")[1].split("\n\n")[0]
+    events = [line.strip()[10:].split("  ")[0] for line in story.splitlines()]
+    assert events[0] == "run created" and events[-2:] == ["attempt 1 Succeeded", "run Succeeded"]
+    assert {"attempt 1 started", "checkpoint 1", "checkpoint 2"} <= set(events)
+    assert "initial, lease epoch 1" in story and "done-a1-s2 at step-2 by done-a1" in story
+    conditions = [line.split() for line in text.split("Conditions:\n")[1].split("\n\n")[0].splitlines()]
+    assert conditions[1][:3] == ["Succeeded", "True", "Succeeded"], conditions
+    everything = json.loads(ok(cli(kube, ns, "describe", "done", "-o", "json")))
+    assert sorted({item["kind"] for item in everything["items"]}) == ["Attempt", "Checkpoint", "Run"]
+
+    effects = cli(kube, ns, "effects", "done")
+    assert (effects.returncode, effects.stdout) == (0, "")
+    assert "No side effects recorded for run done" in effects.stderr
+    report = ok(cli(kube, ns, "report", "done"))
+    assert report.splitlines()[0] == "Run done: Succeeded: done-a1 committed the result"
+    assert "No external side effects: nothing to compensate, nothing that cannot be undone." in report
+
+    watched = ok(cli(kube, ns, "watch", "done"))
+    assert "Succeeded" in watched.splitlines()[0] and "kubectl agentrun report done" in watched
+
+    # an ended Run cannot be cancelled: the API server says so, and the plugin shows its words
+    refused = cli(kube, ns, "cancel", "done")
+    assert refused.returncode == 1, refused.stdout
+    assert "cannot cancel run done: invalid:" in refused.stderr
+    assert "cannot change once the Run is Succeeded or Cancelled" in refused.stderr
+    assert get_run(kube, ns, "done")["spec"]["cancelEpoch"] == 0
+
+
+def test_watch_until_it_waits_then_resume_checked_locally_and_idempotent(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    scenario = {"steps": 2, "ask": {"atStep": 2, "prompt": "Which priority?", "schema": PRIORITY}}
+    create_run(kube, ns, scenario_run("ask", scenario))
+
+    watched = cli(kube, ns, "watch", "ask", "--timeout", "90")
+    assert watched.returncode == 0, watched.stderr + operator.log_tail()
+    assert "InputRequired" in watched.stdout.splitlines()[-3]
+    assert "waiting for request ask-r1: Which priority?" in watched.stdout
+    assert "kubectl agentrun resume ask --value JSON" in watched.stdout
+    waiting = ok(cli(kube, ns, "describe", "ask")).split("Waiting for:\n")[1]
+    assert "Prompt:  Which priority?" in waiting and '"enum": ["low", "high"]' in waiting
+
+    # a value the schema refuses never leaves the machine
+    before = get_run(kube, ns, "ask")
+    refused = cli(kube, ns, "resume", "ask", "--value", '{"priority": "urgent"}')
+    assert refused.returncode == 1
+    assert "does not match the schema of request ask-r1" in refused.stderr
+    assert "'urgent' is not one of ['low', 'high']" in refused.stderr and "nothing sent" in refused.stderr
+    after = get_run(kube, ns, "ask")
+    assert "resume" not in after["spec"] and "controls" not in after["status"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+
+    # an answer to another request goes to the operator, which refuses it and records why
+    other = ["--request-id", "other", "--checkpoint", "ask-a1-s1", "--key", "k-other"]
+    wrong = cli(kube, ns, "resume", "ask", "--value", '{"priority": "low", "note": "x"}', *other)
+    assert wrong.returncode == 1
+    assert (
+        "run ask: Resume k-other: Rejected, UnknownRequest: request other is not the pending one"
+        in wrong.stdout
+    )
+
+    # the next answer replaces that one whole (merged, its value would carry "note" and miss the schema)
+    accepted = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}'))
+    assert (
+        accepted.startswith("run ask: Resume cli-resume-")
+        and ": Accepted (answer to ask-r1 accepted)" in accepted
+    )
+    sent = get_run(kube, ns, "ask")
+    key = sent["spec"]["resume"]["idempotencyKey"]
+
+    again = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}'))
+    assert f"already recorded: Resume {key}: Accepted" in again
+    done = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert done["status"]["result"]["answer"] == {"priority": "high"}
+    assert done["metadata"]["generation"] == sent["metadata"]["generation"], "the repeat wrote nothing"
+    assert [c["idempotencyKey"] for c in done["status"]["controls"]] == ["k-other", key]
+    assert [i["idempotencyKey"] for i in done["status"]["inputs"]] == [key]
+
+    story = ok(cli(kube, ns, "describe", "ask")).split("Timeline (UTC):\n")[1]
+    assert (
+        "resume Accepted" in story
+        and f"input recorded         request ask-r1 at ask-a1-s1, key {key}" in story
+    )
+
+
+def test_cancel_is_a_compare_and_swap_so_a_double_click_cancels_once(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
+    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=60)
+
+    first, second = cli_many(kube, ns, ["cancel", "stop"], ["cancel", "stop"])
+    outputs = sorted([ok(first), ok(second)])
+    assert len([o for o in outputs if "cancel requested (cancel epoch 0 -> 1)" in o]) == 1, outputs
+    assert len([o for o in outputs if "already cancelled" in o]) == 1, outputs
+    assert get_run(kube, ns, "stop")["spec"]["cancelEpoch"] == 1
+
+    # a third, waiting: nothing more is sent, and it returns once the Run is Cancelled
+    waited = ok(cli(kube, ns, "cancel", "stop", "--wait", "--timeout", "60"))
+    assert "already cancelled" in waited and "run stop: Cancelled: cancelled (cancel epoch 1)" in waited
+    assert get_run(kube, ns, "stop")["spec"]["cancelEpoch"] == 1
+
+    # a writer that read epoch 0 before all this loses the swap and is told who won
+    async def stale_swap() -> Swap:
+        api = KubeApi(load_configuration(str(kube.kubeconfig)))
+        try:
+            return await compare_and_swap(Cluster(api, ns), "stop", 0, None)
+        finally:
+            api.close()
+
+    assert asyncio.run(stale_swap()) == Swap(ours=False, epoch=1)
+    assert get_run(kube, ns, "stop")["spec"]["cancelEpoch"] == 1
+
+
+def test_pause_then_resume_and_a_manual_retry(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("nap", {"steps": 6, "stepSeconds": 1}))
+    wait_phase(kube, ns, "nap", {"Running"})
+    paused = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch", "--timeout", "20"))
+    assert (
+        ": Accepted (paused at checkpoint" in paused or "the agent pauses at its next step boundary" in paused
+    )
+    status = wait_phase(kube, ns, "nap", {"Paused", "Succeeded", "Failed"})["status"]
+    assert status["phase"] == "Paused", operator.log_tail()
+    again = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch"))
+    assert f"already paused (request {status['pendingRequest']['requestId']})" in again
+    assert "Accepted" in ok(cli(kube, ns, "resume", "nap"))
+    assert wait_phase(kube, ns, "nap", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
+
+    create_run(kube, ns, scenario_run("redo", {"steps": 1, "fail": {"attempts": [1], "how": "permanent"}}))
+    assert wait_phase(kube, ns, "redo", {"Failed", "Succeeded"})["status"]["phase"] == "Failed"
+    retried = ok(cli(kube, ns, "retry", "redo", "--reason", "fixed the input", "--wait"))
+    assert ": Accepted (manual retry from" in retried and "Succeeded" in retried.splitlines()[-2]
+    assert "already recorded: Retry cli-retry-" in ok(
+        cli(kube, ns, "retry", "redo", "--reason", "fixed the input")
+    )
+    refused = cli(kube, ns, "retry", "redo")
+    assert (
+        refused.returncode == 1 and "only Failed or NeedsReconciliation Runs can be retried" in refused.stderr
+    )
+    assert len(status_of(kube, ns, "redo")["controls"]) == 1
+
+
+def test_effects_report_and_resolving_an_unknown_effect(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("ledger", {"steps": 1, "fail": {"how": "hang"}}))
+    effect = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SideEffect",
+        "metadata": {"name": "sfx-ticket", "labels": {"agentrun.dev/run": "ledger"}},
+        "spec": {
+            "runName": "ledger",
+            "tool": "create_ticket",
+            "idempotencyKey": "ticket-1",
+            "target": "project-a",
+        },
+    }
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", effect)
+    for state in ("Pending", "Unknown"):
+        kube.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            ns,
+            "sideeffects",
+            "sfx-ticket",
+            {"status": {"state": state, "attempt": "ledger-a1"}},
+        )
+
+    rows = [line.split() for line in ok(cli(kube, ns, "effects", "ledger")).splitlines()]
+    assert rows == [
+        ["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT"],
+        ["sfx-ticket", "create_ticket", "Unknown", "-", "no", "ledger-a1"],
+    ]
+    report = ok(cli(kube, ns, "report", "ledger"))
+    assert (
+        "Unknown: nobody knows whether it happened (1):" in report and "create_ticket on project-a" in report
+    )
+    assert "kubectl agentrun resolve-effect sfx-ticket" in report
+
+    resolved = ok(
+        cli(
+            kube,
+            ns,
+            "resolve-effect",
+            "sfx-ticket",
+            "--confirmed",
+            "--reference",
+            "T-9",
+            "--result",
+            '{"id": "T-9"}',
+        )
+    )
+    assert "side effect sfx-ticket: Unknown -> Confirmed (T-9), resolved by" in resolved
+    status = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", "sfx-ticket")[
+        "status"
+    ]
+    assert (status["state"], status["externalReference"], status["result"]) == (
+        "Confirmed",
+        "T-9",
+        {"id": "T-9"},
+    )
+    assert status["resolvedBy"] and status["resolvedBy"] != "kubectl-agentrun", (
+        "the API server told us who we are"
+    )
+    again = cli(kube, ns, "resolve-effect", "sfx-ticket", "--failed", "--by", "bob")
+    assert again.returncode == 1 and "sfx-ticket is Confirmed: only an Unknown (or Pending)" in again.stderr
+    assert "What cannot be undone (1):" in ok(cli(kube, ns, "report", "ledger"))
+    ok(cli(kube, ns, "cancel", "ledger"))
+
+
+def test_clear_errors_for_what_is_missing_or_forbidden(
+    kube: Kube, namespace: str, agentrun_crds: None, tmp_path: Path
+) -> None:
+    ns = namespace
+    commands = [
+        ["get", "nope"],
+        ["describe", "nope"],
+        ["cancel", "nope"],
+        ["resume", "nope", "--value", "1"],
+        ["retry", "nope"],
+        ["pause", "nope"],
+        ["effects", "nope"],
+        ["report", "nope"],
+        ["watch", "nope"],
+    ]
+    for args, result in zip(commands, cli_many(kube, ns, *commands), strict=True):
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert result.stderr == f'error: run "nope" not found in namespace "{ns}"\n', (args, result.stderr)
+        assert result.stdout == ""
+    missing = cli(kube, ns, "resolve-effect", "nope", "--failed")
+    assert (missing.returncode, missing.stderr) == (
+        1,
+        f'error: side effect "nope" not found in namespace "{ns}"\n',
+    )
+    bad = cli(kube, ns, "resume", "nope", "--value", "{nope")
+    assert bad.returncode == 2 and "--value is not valid JSON" in bad.stderr
+    assert cli(kube, ns, "frobnicate").returncode == 2
+
+    # found by kubectl as a plugin: any executable named kubectl-agentrun on the PATH
+    shim = tmp_path / "kubectl-agentrun"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m agentrun.cli "$@"\n')
+    shim.chmod(0o755)
+    env = {**env_for(kube.kubeconfig), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    plugin = subprocess.run(
+        [str(kube.kubectl_path), "agentrun", "get", "nope", "-n", ns],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert (plugin.returncode, plugin.stderr) == (1, f'error: run "nope" not found in namespace "{ns}"\n')
+
+    # someone without rights: a service account token, its namespace taken from the kubeconfig context
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "nobody"}})
+    token = kube.core.create_namespaced_service_account_token(
+        "nobody", ns, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": "nobody", "user": {"token": token}}]
+    config["contexts"][0]["context"].update(user="nobody", namespace=ns)
+    path = kube.kubeconfig.parent / f"nobody-{ns}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        forbidden = cli(kube, None, "get", kubeconfig=path)
+    finally:
+        path.unlink()
+    assert forbidden.returncode == 1
+    assert forbidden.stderr.startswith("error: forbidden: ")
+    assert f'User "system:serviceaccount:{ns}:nobody" cannot list resource "runs"' in forbidden.stderr
+    assert f'in the namespace "{ns}"' in forbidden.stderr
