@@ -162,6 +162,39 @@ def act_one(demo: Demo, tickets: TicketServiceProcess) -> None:
         '{"priority": "urgent"}',
         check=False,
     )
+    say("Plain kubectl works too; an answer to the wrong request is refused and recorded with a reason")
+    wrong = {
+        "resume": {
+            "requestId": "triage-r9",
+            "checkpointId": pending["checkpointId"],
+            "value": {"priority": "low"},
+            "idempotencyKey": "wrong-request",
+        }
+    }
+    demo.sh(
+        "kubectl",
+        "patch",
+        "run",
+        "triage",
+        "-n",
+        NAMESPACE,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": wrong}),
+    )
+    refusal = demo.wait(
+        "the refusal",
+        lambda: next(
+            (
+                c
+                for c in demo.run_json("triage")["status"].get("controls", [])
+                if c["idempotencyKey"] == "wrong-request"
+            ),
+            None,
+        ),
+    )
+    print(f"  status.controls: {refusal['outcome']} {refusal['reason']}: {refusal['message']}")
     say("The right answer resumes the same Run from the same checkpoint")
     demo.sh("kubectl-agentrun", "resume", "triage", "-n", NAMESPACE, "--value", '{"priority": "high"}')
     demo.wait_phase("triage", "Succeeded", "Failed")

@@ -1,0 +1,74 @@
+"""`make demo` is the main job: it must keep working end to end, and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devcluster.cluster import REPO_ROOT
+
+pytestmark = pytest.mark.cluster
+
+
+def demo(state_dir: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "hack")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "devcluster", "demo", "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def leftovers(state_dir: Path) -> list[str]:
+    """Processes whose command line mentions the demo's state directory (etcd, apiserver, agents...)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (proc / "stat").read_text().split(") ", 1)[1][0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if str(state_dir) in cmdline and state != "Z":
+                found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+def test_demo_keeps_its_three_promises(tmp_path: Path) -> None:
+    process = demo(tmp_path)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    for line in (
+        "Resume",
+        "Accepted",
+        "Rejected UnknownRequest",
+        "tickets in the external service: ['T-1 [high] Printer on fire']",
+        "Cancelled",
+        "tickets the service created for this Run: 1",
+        "Done.",
+    ):
+        assert line in out, f"{line!r} missing from the demo's narration:\n{out}"
+    assert leftovers(tmp_path) == []
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
+    process = demo(tmp_path)
+    assert process.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in process.stdout:  # interrupt while the Runs are in flight
+        if "1. Interrupt and resume" in line or time.monotonic() > deadline:
+            break
+    os.killpg(process.pid, signal.SIGINT)
+    process.communicate(timeout=60)
+    assert process.returncode == 130
+    time.sleep(0.5)
+    assert leftovers(tmp_path) == []
