@@ -1,0 +1,117 @@
+"""Control requests from outside: pause at a step boundary, idempotent resumes, and the races between
+resume and cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devcluster.operator import OperatorProcess
+from support.kube import Kube, wait_for
+from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+
+def patch_spec(kube: Kube, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "runs", name, {"spec": spec})
+
+
+def controls(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    return {c["idempotencyKey"]: c for c in get_run(kube, namespace, name)["status"].get("controls", [])}
+
+
+def answer(run: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
+    pending = run["status"]["pendingRequest"]
+    return {
+        "resume": {
+            "requestId": pending["requestId"],
+            "checkpointId": pending["checkpointId"],
+            "value": value,
+            "idempotencyKey": key,
+        }
+    }
+
+
+def test_pause_stops_at_the_next_step_boundary_and_resume_continues(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("pausable", {"steps": 6, "stepSeconds": 0.4}))
+    wait_for(lambda: get_run(kube, ns, "pausable").get("status", {}).get("latestCheckpoint"), timeout=30)
+    patch_spec(kube, ns, "pausable", {"pause": {"requestId": "maintenance-1", "reason": "database upgrade"}})
+    paused = wait_phase(kube, ns, "pausable", {"Paused", "Succeeded", "Failed"})
+    assert paused["status"]["phase"] == "Paused", operator.log_tail()
+    pending = paused["status"]["pendingRequest"]
+    assert (pending["requestId"], pending["reason"]) == ("maintenance-1", "paused")
+    assert pending["checkpointId"] == paused["status"]["latestCheckpoint"]
+    steps_done = int(pending["checkpointId"].rsplit("-s", 1)[1])
+    assert steps_done < 6, "paused before the end"
+    wait_for(lambda: "maintenance-1" in controls(kube, ns, "pausable"), what="the pause recorded")
+    assert controls(kube, ns, "pausable")["maintenance-1"]["outcome"] == "Accepted"
+
+    patch_spec(kube, ns, "pausable", answer(paused, {}, "carry-on"))
+    done = wait_phase(kube, ns, "pausable", {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert done["status"]["result"]["resumedAt"] == steps_done
+    assert attempts(kube, ns, "pausable")[-1]["spec"]["reason"] == "resume:maintenance-1"
+
+
+def test_the_same_resume_twice_starts_one_attempt_and_a_second_key_is_refused(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("twice", {"steps": 2, "ask": {"atStep": 2, "prompt": "Go?"}}))
+    waiting = wait_phase(kube, ns, "twice", {"InputRequired", "Failed"})
+    patch_spec(kube, ns, "twice", answer(waiting, {"go": True}, "first"))
+    wait_for(lambda: "first" in controls(kube, ns, "twice"), what="the first answer recorded")
+    patch_spec(kube, ns, "twice", answer(waiting, {"go": True}, "first"))  # a double click: no change
+    patch_spec(kube, ns, "twice", answer(waiting, {"go": False}, "second"))  # a second person, too late
+    wait_for(lambda: "second" in controls(kube, ns, "twice"), what="the second answer recorded")
+    done = wait_phase(kube, ns, "twice", {"Succeeded", "Failed"})
+    recorded = controls(kube, ns, "twice")
+    assert recorded["first"]["outcome"] == "Accepted"
+    assert (recorded["second"]["outcome"], recorded["second"]["reason"]) in {
+        ("Rejected", "NotWaiting"),
+        ("Rejected", "UnknownRequest"),
+    }
+    assert done["status"]["result"]["answer"] == {"go": True}
+    assert [i["idempotencyKey"] for i in done["status"]["inputs"]] == ["first"]
+    assert len(attempts(kube, ns, "twice")) == 2, "one resume, one Attempt"
+
+
+def test_cancel_and_resume_together_cancel_wins_and_the_resume_is_refused(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("race", {"steps": 2, "ask": {"atStep": 1, "prompt": "Go?"}}))
+    waiting = wait_phase(kube, ns, "race", {"InputRequired", "Failed"})
+    patch_spec(kube, ns, "race", {"cancelEpoch": 1, **answer(waiting, {"go": True}, "late")})
+    cancelled = wait_phase(kube, ns, "race", {"Cancelled", "Succeeded", "Failed"})
+    assert cancelled["status"]["phase"] == "Cancelled"
+    wait_for(lambda: "late" in controls(kube, ns, "race"), what="the resume judged")
+    assert (controls(kube, ns, "race")["late"]["outcome"], controls(kube, ns, "race")["late"]["reason"]) == (
+        "Rejected",
+        "NotWaiting",
+    )
+    assert len(attempts(kube, ns, "race")) == 1, "no Attempt started after the cancel"
+    assert "result" not in get_run(kube, ns, "race")["status"]
+
+
+def test_a_retry_of_a_running_run_is_refused_with_a_reason(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("busy", {"steps": 4, "stepSeconds": 0.5}))
+    wait_phase(kube, ns, "busy", {"Running"})
+    patch_spec(kube, ns, "busy", {"retryRequest": {"idempotencyKey": "too-soon", "reason": "impatient"}})
+    wait_for(lambda: "too-soon" in controls(kube, ns, "busy"), what="the retry judged")
+    refusal = controls(kube, ns, "busy")["too-soon"]
+    assert (refusal["op"], refusal["outcome"], refusal["reason"]) == ("Retry", "Rejected", "NotRetryable")
+    assert wait_phase(kube, ns, "busy", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
+    assert len(attempts(kube, ns, "busy")) == 1
+    reasons = {
+        e.reason for e in kube.core.list_namespaced_event(ns).items if e.involved_object.name == "busy"
+    }
+    assert "RetryRejected" in reasons
