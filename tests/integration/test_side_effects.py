@@ -178,3 +178,36 @@ def test_a_confirmed_effect_is_never_executed_again_across_retries(
         "no replay either: the SDK never called again"
     )
     assert run["status"]["result"]["executedNow"] is False
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "refused"])
+def test_a_gated_action_waits_for_approval_before_it_runs(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess, approved: bool
+) -> None:
+    ns = run_namespace
+    name = "gated" if approved else "refused"
+    create_run(kube, ns, ticket_run(name, tickets, requireApproval=True))
+    waiting = wait_phase(kube, ns, name, {"AuthRequired", "Failed", "Succeeded"})
+    assert waiting["status"]["phase"] == "AuthRequired", operator.log_tail()
+    pending = waiting["status"]["pendingRequest"]
+    assert pending["reason"] == "auth_required"
+    assert "create_ticket" in pending["prompt"]
+    assert tickets.creations() == [], "nothing runs before the approval"
+    resume = {
+        "requestId": pending["requestId"],
+        "checkpointId": pending["checkpointId"],
+        "value": {"approved": approved, "comment": "checked by alice"},
+        "idempotencyKey": "approval",
+    }
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", name, {"spec": {"resume": resume}})
+    done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
+    if not approved:
+        assert done["status"]["failure"]["class"] == "deterministic"
+        assert "not approved" in done["status"]["failure"]["message"]
+        assert tickets.creations() == []
+        return
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert len(tickets.creations()) == 1
+    [effect] = side_effects(kube, ns, name)
+    assert effect["status"]["approval"]["requestId"] == pending["requestId"]
+    assert effect["status"]["state"] == "Confirmed"

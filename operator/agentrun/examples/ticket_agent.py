@@ -4,6 +4,7 @@
       title: "Printer on fire"
       body: "Third floor"
       askPriority: true              # interrupt for typed input (default true)
+      requireApproval: false         # a person approves the ticket before it is opened (auth_required)
       failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
                                      # the ticket exists, so the next ones must not open another
 
@@ -52,6 +53,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         reversible=True,
         step="create-ticket",
         unknown_on=(tickets.OutcomeUnknown,),
+        requires_approval=bool(spec.get("requireApproval", False)),
     )
     if ctx.attempt_number in spec.get("failAfterTicket", []):
         raise worker.TransientError(

@@ -8,12 +8,17 @@ from typing import Any
 
 import jsonschema
 
-from agentrun.api import Attempt, Checkpoint, InterruptReason, Run
+from agentrun.api import Attempt, Checkpoint, InterruptReason, Run, SideEffectState
 from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError
 from agentrun.worker.session import Session
 
 _KEEP = object()
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}, "comment": {"type": "string", "maxLength": 1024}},
+    "required": ["approved"],
+}
 
 
 class Context:
@@ -124,6 +129,7 @@ class Context:
         step: str | None = None,
         reference_of: Callable[[Any], str | None] | None = None,
         unknown_on: tuple[type[BaseException], ...] = (),
+        requires_approval: bool = False,
     ) -> Effect:
         """Runs an external action at most once per idempotency key, through the SideEffect ledger.
 
@@ -131,7 +137,11 @@ class Context:
         action happened, None if it did not, and raises if it cannot tell. An exception from execute of
         a type in `unknown_on` (or a timeout or lost connection) means nobody knows whether the action
         happened: the record becomes Unknown and the Run waits for reconciliation.
+
+        With `requires_approval`, the Run first waits for a person (an interrupt with reason
+        auth_required, answered with {"approved": true}); the approval is recorded on the SideEffect.
         """
+        approval = await self._approval(tool, key, target) if requires_approval else None
         return await self._ledger.perform(
             tool=tool,
             key=key,
@@ -143,4 +153,24 @@ class Context:
             step=step,
             reference_of=reference_of,
             unknown_on=unknown_on,
+            approval=approval,
         )
+
+    async def _approval(self, tool: str, key: str, target: str | None) -> dict[str, Any] | None:
+        """The approval to record before a gated action, or None if it was approved (or done) before."""
+        record = await self._ledger.record_for(key)
+        if record is not None and record.status is not None:
+            done = record.status.state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED)
+            if done or record.status.approval is not None:
+                return None
+        request_id = self._answering
+        on = f" on {target}" if target else ""
+        value = await self.interrupt(
+            reason=InterruptReason.AUTH_REQUIRED,
+            prompt=f'Approve {tool}{on} (idempotency key {key})? Answer {{"approved": true}} or false.',
+            schema=APPROVAL_SCHEMA,
+        )
+        if not value.get("approved"):
+            raise PermanentError(f"{tool} (key {key}) was not approved")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"requestId": request_id, "time": now}

@@ -57,6 +57,9 @@ class Ledger:
             "sideeffects", self.me.namespace, name, "status" if status else None
         )
 
+    async def record_for(self, key: str) -> SideEffect | None:
+        return await self._record(side_effect_name(key))
+
     async def _record(self, name: str) -> SideEffect | None:
         body = await self.session.api.get(self._path(name))
         return SideEffect.model_validate(body) if body else None
@@ -104,6 +107,7 @@ class Ledger:
         step: str | None,
         reference_of: Callable[[Any], str | None] | None,
         unknown_on: tuple[type[BaseException], ...] = (),
+        approval: dict[str, Any] | None = None,
     ) -> Effect:
         name = side_effect_name(key)
         digest = request_digest(tool, target)
@@ -130,6 +134,9 @@ class Ledger:
         if decision == Step.REUSE:
             assert record.status is not None
             return self._effect(record, reference_of, executed_now=False)
+        if approval is not None and not (record.status and record.status.approval):
+            state = record.status.state if record.status else SideEffectState.PENDING
+            record = await self._set_state(record, state, message="approved", approval=approval)
         resolved_by = None
         if decision == Step.LOOK_UP:
             found: bool | None

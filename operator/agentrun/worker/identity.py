@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -27,8 +28,9 @@ class Identity:
         return int(self.attempt.rsplit("-a", 1)[1])
 
     @classmethod
-    def from_env(cls) -> Identity:
-        env = os.environ
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Identity:
+        """From the process environment, or from `env` (a host running attempts in-process)."""
+        env = os.environ if env is None else env
         missing = [k for k in ("AGENTRUN_RUN", "AGENTRUN_NAMESPACE", "AGENTRUN_ATTEMPT") if not env.get(k)]
         if missing:
             raise NotInAttemptPod(

@@ -43,8 +43,11 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
     return report, EX_TEMPFAIL if cls == FailureClass.TRANSIENT else 1
 
 
-async def run_attempt(agent: Agent, session: Session) -> None:
-    """Runs the agent next to the lease keeper and the cancel watch; whichever ends first decides."""
+async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool = True) -> None:
+    """Runs the agent next to the lease keeper and the cancel watch; whichever ends first decides.
+
+    stop_on_sigterm: SIGTERM (the Pod's deletion) sets `session.cancelled`. A host that runs many
+    attempts in one process (the local node's instant mode) passes False and sets it itself."""
     run = await session.read_run()
     attempt = await session.read_attempt()
     resumed = await session.load_checkpoint(session.me.resume_from) if session.me.resume_from else None
@@ -56,8 +59,9 @@ async def run_attempt(agent: Agent, session: Session) -> None:
     watcher = asyncio.create_task(session.watch_cancel())
     lost = asyncio.create_task(session.lost.wait())
     cancelled = asyncio.create_task(session.cancelled.wait())
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, session.cancelled.set)  # Pod deletion: stop fast
+    if stop_on_sigterm:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, session.cancelled.set)  # Pod deletion: stop fast
     try:
         await asyncio.wait({agent_task, lost, cancelled}, return_when=asyncio.FIRST_COMPLETED)
         if not agent_task.done():
@@ -74,6 +78,28 @@ async def run_attempt(agent: Agent, session: Session) -> None:
             task.cancel()
 
 
+async def attempt_exit_code(agent: Agent, session: Session, *, stop_on_sigterm: bool = True) -> int:
+    """Runs the Attempt to its end, writes the termination message and returns the exit code: what the
+    attempt Pod's process reports, whichever way the Attempt ends."""
+    me = session.me
+    try:
+        await run_attempt(agent, session, stop_on_sigterm=stop_on_sigterm)
+    except Interrupted as stop:  # a clean end: the Run waits for its answer
+        log.info("interrupted: waiting for request %s", stop.request_id)
+        _write_termination(me, {"interrupted": stop.request_id})
+        return 0
+    except BaseException as exc:  # every way out writes its termination message
+        report, code = _termination(exc)
+        if isinstance(exc, FenceRejected):
+            log.warning("commit rejected (%s): %s", exc.reason, exc)
+        else:
+            log.warning("attempt failed: %s", report["message"])
+        _write_termination(me, report)
+        return code
+    _write_termination(me, {})
+    return 0
+
+
 def main(agent: Agent) -> NoReturn:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     me = Identity.from_env()
@@ -81,23 +107,9 @@ def main(agent: Agent) -> NoReturn:
     async def session_main() -> int:
         api = KubeApi()
         try:
-            await run_attempt(agent, Session(api, me))
-        except Interrupted as stop:  # a clean end: the Run waits for its answer
-            log.info("interrupted: waiting for request %s", stop.request_id)
-            _write_termination(me, {"interrupted": stop.request_id})
-            return 0
-        except BaseException as exc:  # every way out writes its termination message
-            report, code = _termination(exc)
-            if isinstance(exc, FenceRejected):
-                log.warning("commit rejected (%s): %s", exc.reason, exc)
-            else:
-                log.warning("attempt failed: %s", report["message"])
-            _write_termination(me, report)
-            return code
+            return await attempt_exit_code(agent, Session(api, me))
         finally:
             api.close()
-        _write_termination(me, {})
-        return 0
 
     sys.exit(asyncio.run(session_main()))
 
