@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import time
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, Run, lease_name
 from agentrun.core.fence import fence_violation
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.worker.errors import FenceRejected, LeaseLost
+from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
 
 log = logging.getLogger("agentrun.worker")
 JsonDict = dict[str, Any]
 MAX_CONFLICTS = 20
+MAX_STATE_BYTES = 256 * 1024
 
 
 def _now(micro: bool = False) -> str:
@@ -123,6 +125,12 @@ class Session:
 
     async def save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
         """Creates the immutable Checkpoint, then moves status.latestCheckpoint to it (fenced)."""
+        size = len(json.dumps(state, separators=(",", ":")))
+        if size > MAX_STATE_BYTES:
+            raise PermanentError(
+                f"checkpoint state is {size} bytes, over {MAX_STATE_BYTES}: keep large data elsewhere and "
+                "checkpoint a reference to it (objects must stay well under the API server's 1 MiB)"
+            )
         sequence = parent.spec.sequence + 1 if parent else 1
         checkpoint_id = f"{self.me.attempt}-s{sequence}"
         body: JsonDict = {
