@@ -13,16 +13,29 @@ from .processes import spawn, stop_group
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        *,
+        verbose: bool = True,
+    ) -> None:
+        """env: added to the environment; args: added to the command line (e.g. ["-n", "ns"]);
+        verbose: DEBUG logs (every reconcile), as tests want; benchmarks turn them off."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.env = dict(env or {})
+        self.args = list(args or [])
+        self.verbose = verbose
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "AGENTRUN_WORKERS": "8"}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "AGENTRUN_WORKERS": "8", **self.env}
         self.process = spawn(
-            [sys.executable, "-m", "agentrun.operator", "--verbose"],
+            [sys.executable, "-m", "agentrun.operator", *(["--verbose"] if self.verbose else []), *self.args],
             self.log_path,
             env=env,
             tie_to_parent=True,

@@ -69,6 +69,7 @@ class Release:
     namespace: str
     other_namespace: str  # not watched: another tenant
     health_port: int
+    metrics_port: int  # the process node shares one network among all Pods: not the default 8000
     installed: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -175,7 +176,7 @@ def namespaces(kube: Kube) -> Iterator[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release]:
     namespace, other = namespaces
-    installed = Release(e2e_target, namespace, other, health_port=free_port())
+    installed = Release(e2e_target, namespace, other, health_port=free_port(), metrics_port=free_port())
     _adopt_leftover_crds(e2e_target.kube, namespace)
     started = time.monotonic()
     e2e_target.helm(
@@ -186,6 +187,7 @@ def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release
         f"--set=watchNamespaces={{{namespace}}}",
         "--set=replicaCount=1",
         f"--set=health.port={installed.health_port}",
+        f"--set=metrics.port={installed.metrics_port}",
         f"--set=peering.lifetimeSeconds={LIFETIME_SECONDS}",
         *installed.image_values(),
         "--wait",
@@ -307,6 +309,21 @@ def test_run_succeeds_through_the_installed_operator(release: Release) -> None:
     pod = release.kube.pod("echo-a1", release.namespace)
     assert pod is not None
     assert pod["spec"]["serviceAccountName"] == AGENT_SERVICE_ACCOUNT
+    service = release.kube.core.read_namespaced_service(f"{RELEASE}-metrics", release.namespace)
+    assert service.spec.ports[0].name == "metrics"
+    if release.target.local:  # the operator's own metrics and JSON logs, as the chart configures them
+
+        def succeeded_runs() -> str | None:
+            url = f"http://127.0.0.1:{release.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+            return text if 'agentrun_runs{phase="Succeeded"} 1.0' in text else None
+
+        metrics = wait_for(succeeded_runs, 30, what="the Succeeded Run in the operator's metrics")
+        assert 'agentrun_attempts_started_total{failure_class="none",reason="initial"} 1.0' in metrics
+        (operator,) = release.operator_pods()
+        lines = [json.loads(line) for line in release.operator_log(operator).splitlines() if line.strip()]
+        assert any(e.get("run") == "echo" and "Succeeded" in e["message"] for e in lines)
 
 
 def _as_service_account(kube: Kube, namespace: str, name: str) -> client.ApiClient:
@@ -434,7 +451,7 @@ def test_helm_upgrade_applies_a_changed_crd(release: Release, tmp_path: Path) ->
         f"--namespace={release.namespace}",
         "--reuse-values",
         "--set=replicaCount=2",
-        *(["--set=health.enabled=false"] if release.target.local else []),
+        *(["--set=health.enabled=false", "--set=metrics.enabled=false"] if release.target.local else []),
         "--wait",
         "--timeout=120s",
     )
@@ -483,7 +500,7 @@ def test_one_replica_is_active_and_a_standby_takes_over(release: Release) -> Non
         log = release.operator_log(standby)
         assert not _paused(log)
         resumed = next(line for line in reversed(log.splitlines()) if "Resuming operations" in line)
-        resumed_at = datetime.datetime.strptime(resumed[:23], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+        resumed_at = datetime.datetime.fromisoformat(json.loads(resumed)["time"])  # logFormat json
         release.timings["takeover: the standby resumed"] = resumed_at.timestamp() - deleted_at
 
 
@@ -516,6 +533,9 @@ def leftovers(kube: Kube, namespaces: tuple[str, ...]) -> dict[str, list[str]]:
                 p.metadata.name
                 for p in kube.core.list_namespaced_pod(ns).items
                 if p.status.phase in ("Pending", "Running")
+            ],
+            f"{ns} services": [
+                s.metadata.name for s in kube.core.list_namespaced_service(ns, label_selector=selector).items
             ],
             f"{ns} service accounts": [
                 a.metadata.name
@@ -569,6 +589,7 @@ def test_cluster_wide_release_serves_every_namespace(release: Release) -> None:
         "--set=replicaCount=1",
         f"--set=agents.namespaces={{{release.namespace},{other}}}",
         f"--set=health.port={release.health_port}",
+        f"--set=metrics.port={release.metrics_port}",
         *release.image_values(),
         "--wait",
         "--timeout=120s",

@@ -191,6 +191,8 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "crds",
         "peering",
         "health",
+        "metrics",
+        "metrics.serviceMonitor",
         "operator",
         "serviceAccount",
         "agents",
@@ -208,7 +210,16 @@ def test_values_yaml_is_the_model_defaults_and_valid() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["replicaCount=-1", "unknownKey=1", "peering.unknown=1", "image.pullPolicy=Sometimes", "health.port=80"],
+    [
+        "replicaCount=-1",
+        "unknownKey=1",
+        "peering.unknown=1",
+        "image.pullPolicy=Sometimes",
+        "health.port=80",
+        "metrics.port=80",
+        "metrics.serviceMonitor.interval=soon",
+        "logFormat=xml",
+    ],
 )
 def test_bad_values_are_refused_by_the_schema(bad: str) -> None:
     assert "agentrun" in template_error(bad)
@@ -267,13 +278,62 @@ def test_operator_pod_is_hardened() -> None:
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "health", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8000, "protocol": "TCP"},
+    ]
 
 
 def test_health_endpoint_can_be_turned_off() -> None:
     container = operator_container(template("health.enabled=false"))
-    assert not {"ports", "livenessProbe", "readinessProbe", "startupProbe"} & set(container)
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
+    assert [port["name"] for port in container["ports"]] == ["metrics"]
     assert "args" not in container
+    bare = operator_container(template("health.enabled=false", "metrics.enabled=false"))
+    assert "ports" not in bare
+
+
+def test_metrics_are_served_and_exposed_by_a_service() -> None:
+    docs = template()
+    env = env_of(operator_container(docs))
+    assert env["AGENTRUN_METRICS_PORT"] == "8000"
+    assert env["AGENTRUN_LOG_FORMAT"] == "json"
+    service = one(docs, "Service", "rel-agentrun-metrics", "ops")
+    assert service["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8000, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = one(docs, "Deployment", "rel-agentrun", "ops")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "operator"
+    assert not by_kind(docs, "ServiceMonitor"), "a ServiceMonitor needs the Prometheus Operator: opt-in"
+
+
+def test_service_monitor_is_opt_in() -> None:
+    docs = template("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    monitor = one(docs, "ServiceMonitor", "rel-agentrun", "ops")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    service = one(docs, "Service", "rel-agentrun-metrics", "ops")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
+
+
+def test_metrics_can_be_turned_off() -> None:
+    docs = template("metrics.enabled=false", "logFormat=text")
+    assert not by_kind(docs, "Service")
+    env = env_of(operator_container(docs))
+    assert env["AGENTRUN_METRICS_PORT"] == "0"
+    assert env["AGENTRUN_LOG_FORMAT"] == "text"
+    assert "metrics.serviceMonitor.enabled needs metrics.enabled" in template_error(
+        "metrics.enabled=false", "metrics.serviceMonitor.enabled=true"
+    )
+    assert "health.port and metrics.port must differ" in template_error("metrics.port=8080")
 
 
 def test_namespace_scoped_mode_creates_nothing_cluster_scoped_but_crds() -> None:

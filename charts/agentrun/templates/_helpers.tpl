@@ -63,6 +63,12 @@ app.kubernetes.io/part-of: agentrun
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) }}
 {{- fail "replicaCount > 1 needs peering.enabled: without it every replica would reconcile every Run" }}
 {{- end }}
+{{- if and .Values.health.enabled .Values.metrics.enabled (eq (int .Values.health.port) (int .Values.metrics.port)) }}
+{{- fail "health.port and metrics.port must differ: both endpoints listen in the operator container" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: there is nothing to scrape otherwise" }}
+{{- end }}
 {{- if and (not .Values.rbac.create) (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when the chart creates neither the ServiceAccount nor its RBAC" }}
 {{- end }}

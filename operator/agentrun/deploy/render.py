@@ -9,7 +9,8 @@ Generated, never edited by hand:
 - charts/agentrun/templates/crds.yaml, the CRDs, from agentrun.api (crdgen) and kopf's peering CRDs;
 - manifests/: `helm template` of that chart with its default values (cluster-wide, release `agentrun`
   in namespace agentrun-system), split into files with a kustomization.yaml, without Helm's own labels.
-The rest of the chart (Deployment, RBAC objects, NOTES.txt, the test hook) is hand-written templates.
+The rest of the chart (Deployment, RBAC objects, metrics Service, NOTES.txt, the test hook) is hand-written
+templates.
 """
 
 from __future__ import annotations
@@ -322,8 +323,10 @@ KIND_ORDER: Final = (
     "ClusterRoleBinding",
     "Role",
     "RoleBinding",
+    "Service",
     "Deployment",
     "PodDisruptionBudget",
+    "ServiceMonitor",
 )
 
 

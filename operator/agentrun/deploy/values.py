@@ -60,6 +60,28 @@ class Health(_Values):
     """Container port of the health endpoint."""
 
 
+class ServiceMonitor(_Values):
+    enabled: bool = False
+    """Create a ServiceMonitor (monitoring.coreos.com/v1, the Prometheus Operator's CRD, which must be
+    installed) that scrapes the metrics Service."""
+    interval: str = Field("30s", pattern=r"^([0-9]+(ms|s|m|h))+$")
+    """How often Prometheus scrapes the operator."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels of the ServiceMonitor, e.g. the one your Prometheus selects ServiceMonitors by."""
+
+
+class Metrics(_Values):
+    enabled: bool = True
+    """Serve Prometheus metrics (agentrun_*: Runs by phase, Attempts, reconcile latency, lease takeovers,
+    rejected commits, side effects) on /metrics, with a Service <fullname>-metrics (port `metrics`,
+    annotated prometheus.io/scrape) in front of the operator Pods. Every replica serves its own; only
+    the active one counts Runs and Attempts."""
+    port: int = Field(8000, ge=1024, le=65535)
+    """Container port of the metrics endpoint (AGENTRUN_METRICS_PORT), and the Service's port."""
+    service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
+    """A Prometheus Operator ServiceMonitor for the metrics Service."""
+
+
 class OperatorTuning(_Values):
     workers: int = Field(8, ge=1, le=256)
     """Runs reconciled concurrently (AGENTRUN_WORKERS)."""
@@ -135,6 +157,11 @@ class Values(_Values):
     """Several replicas, one active (kopf peering)."""
     health: Health = Field(default_factory=Health)
     """The health endpoint and probes."""
+    metrics: Metrics = Field(default_factory=Metrics)
+    """Prometheus metrics."""
+    log_format: Literal["json", "text"] = "json"
+    """Operator log format (AGENTRUN_LOG_FORMAT): json, one object per line with time, level, logger,
+    message and the run, namespace and attempt it concerns; or text, for people."""
     operator: OperatorTuning = Field(default_factory=OperatorTuning)
     """Operator settings."""
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)

@@ -1,4 +1,5 @@
-"""python -m agentrun.operator [--namespace NS ...]: run the operator (cluster-wide by default)."""
+"""python -m agentrun.operator [--namespace NS ...] [--log-format json]: run the operator (cluster-wide by
+default). Prometheus metrics are served on $AGENTRUN_METRICS_PORT (default 8000; 0: off)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import kopf
 
 import agentrun.operator.handlers  # noqa: F401  (importing registers the handlers with kopf)
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import bootstrap
+from agentrun.operator import bootstrap, logs
 from agentrun.operator.settings import OperatorSettings
 
 
@@ -39,12 +40,18 @@ def main() -> None:
         help="serve kopf's health endpoint for probes, e.g. http://0.0.0.0:8080/healthz "
         "(default: $AGENTRUN_LIVENESS_ENDPOINT, else none)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("AGENTRUN_LOG_FORMAT") or "text",
+        help="text for people, json for log pipelines: one object per line with run/namespace/attempt "
+        "fields (default: $AGENTRUN_LOG_FORMAT, else text)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.log_format not in logs.FORMATS:  # argparse checks choices on the command line only
+        parser.error(f"AGENTRUN_LOG_FORMAT={args.log_format!r}: choose from {', '.join(logs.FORMATS)}")
+    logs.configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("kubernetes").setLevel(logging.INFO)  # its DEBUG logs every response body
     asyncio.run(run(list(args.namespace), args.liveness))
 

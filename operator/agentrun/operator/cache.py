@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from agentrun.api import RUN_LABEL
@@ -17,6 +18,8 @@ from agentrun.core.lease import Sighting, sight
 
 Key = tuple[str, str]  # (namespace, run name)
 JsonDict = dict[str, Any]
+# Told of every object the cache takes in: (kind, the version it replaces or None, the new version).
+Observer = Callable[[str, JsonDict | None, JsonDict], None]
 
 
 def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
@@ -36,7 +39,8 @@ def _agent_running(pod: JsonDict) -> bool:
 
 
 class OwnedObjects:
-    def __init__(self) -> None:
+    def __init__(self, on_put: Observer | None = None) -> None:
+        self.on_put = on_put
         self._by_run: dict[str, dict[Key, dict[str, JsonDict]]] = {
             kind: defaultdict(dict) for kind in ("attempts", "checkpoints", "sideeffects", "pods", "leases")
         }
@@ -55,7 +59,8 @@ class OwnedObjects:
             return None
         bucket = self._by_run[kind][key]
         name = obj["metadata"]["name"]
-        if _newer_or_equal(obj, bucket.get(name)):
+        previous = bucket.get(name)
+        if _newer_or_equal(obj, previous):
             bucket[name] = obj
             if kind == "pods" and _agent_running(obj):
                 self._running_seen.setdefault((key[0], name), time.monotonic())
@@ -63,6 +68,8 @@ class OwnedObjects:
                 lease_key = (key[0], name)
                 rv = obj["metadata"]["resourceVersion"]
                 self._sightings[lease_key] = sight(self._sightings.get(lease_key), rv, time.monotonic())
+            if self.on_put is not None:
+                self.on_put(kind, previous, obj)
         return key
 
     def remove(self, kind: str, obj: JsonDict) -> Key | None:
@@ -80,6 +87,10 @@ class OwnedObjects:
 
     def of(self, kind: str, key: Key) -> list[JsonDict]:
         return list(self._by_run[kind].get(key, {}).values())
+
+    def snapshot(self, kind: str) -> list[JsonDict]:
+        """Every cached object of a kind; safe to call from another thread (e.g. a metrics scrape)."""
+        return [obj for bucket in list(self._by_run[kind].values()) for obj in list(bucket.values())]
 
     def sighting(self, namespace: str, lease: str) -> Sighting | None:
         return self._sightings.get((namespace, lease))

@@ -11,6 +11,7 @@ from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.metrics import OperatorMetrics
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -26,9 +27,10 @@ def _now_micro() -> str:
 
 
 class Executor:
-    def __init__(self, api: KubeApi, cache: OwnedObjects) -> None:
+    def __init__(self, api: KubeApi, cache: OwnedObjects, metrics: OperatorMetrics | None = None) -> None:
         self.api = api
         self.cache = cache
+        self.metrics = metrics or OperatorMetrics(registry=None)
 
     async def execute(self, plan: p.Plan, run: Run) -> None:
         ns, name = str(run.metadata.namespace), str(run.metadata.name)
@@ -43,11 +45,15 @@ class Executor:
                     )
                     resource_version = written["metadata"]["resourceVersion"]
                 case p.WriteLease():
+                    previous = self._cached_lease(ns, name)
                     self.cache.put("leases", await self._write_lease(action, run))
+                    self.metrics.lease_written(previous, action)
                 case p.CreateAttempt(body=body):
-                    created = await self._create_or_get(self.api.custom_path("attempts", ns), body)
+                    created, new = await self._create_or_get(self.api.custom_path("attempts", ns), body)
                     attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
                     self.cache.put("attempts", created)
+                    if new:
+                        self.metrics.attempt_started(str(body["spec"]["reason"]))
                 case p.PatchAttemptStatus(name=attempt, patch=patch):
                     path = self.api.custom_path("attempts", ns, attempt, "status")
                     try:
@@ -55,6 +61,8 @@ class Executor:
                     except ApiError as exc:
                         if not exc.not_found:
                             raise
+                    else:
+                        self.metrics.attempt_status_written(patch)
                 case p.CreatePod(body=body):
                     await self._create_pod(body, ns, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):
@@ -73,17 +81,22 @@ class Executor:
             raise
         return result
 
-    async def _create_or_get(self, collection: str, body: JsonDict) -> JsonDict:
-        """Creates are idempotent: names are deterministic, so AlreadyExists means done before."""
+    async def _create_or_get(self, collection: str, body: JsonDict) -> tuple[JsonDict, bool]:
+        """Creates are idempotent: names are deterministic, so AlreadyExists means done before.
+        Returns the object and whether this call created it."""
         try:
-            return await self.api.create(collection, body)
+            return await self.api.create(collection, body), True
         except ApiError as exc:
             if not exc.conflict:
                 raise
         existing = await self.api.get(f"{collection}/{body['metadata']['name']}")
         if existing is None:
             raise Superseded(f"{body['metadata']['name']} exists and vanished: decide again")
-        return existing
+        return existing, False
+
+    def _cached_lease(self, ns: str, run: str) -> JsonDict | None:
+        name = lease_name(run)
+        return next((o for o in self.cache.of("leases", (ns, run)) if o["metadata"]["name"] == name), None)
 
     async def _write_lease(self, action: p.WriteLease, run: Run) -> JsonDict:
         ns, name = str(run.metadata.namespace), lease_name(str(run.metadata.name))
@@ -146,6 +159,7 @@ class Executor:
                     }
                 }
                 self.cache.put("attempts", await self.api.merge_patch(path, patch))
+                self.metrics.attempt_status_written(patch["status"])
                 return
             raise
 
@@ -191,7 +205,13 @@ class Executor:
             "count": 1,
             "reportingComponent": COMPONENT,
         }
+        fields = {"namespace": ns, "run": str(run.metadata.name)}
+        if action.attempt:
+            fields["attempt"] = action.attempt
+        # The Event's story goes to the log too (Events expire after an hour; logs are kept longer).
+        level = logging.WARNING if action.type == "Warning" else logging.INFO
+        log.log(level, "run %s/%s %s: %s", ns, run.metadata.name, action.reason, action.message, extra=fields)
         try:
             await self.api.create(self.api.core_path("events", ns), body)
         except ApiError as exc:  # an Event is worth a log line, never a failed reconcile
-            log.warning("event %s not recorded: %s", action.reason, exc)
+            log.warning("event %s not recorded: %s", action.reason, exc, extra=fields)

@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import kopf
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.core.lease import lease_view
+from agentrun.core.pods import pod_view
 from agentrun.kubeapi import KubeApi
+from agentrun.operator import metrics
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.settings import OperatorSettings, apply_settings
 
 log = logging.getLogger("agentrun.operator")
+JsonDict = dict[str, Any]
 
 OWNED = {
     "attempts": (GROUP, VERSION, "attempts"),
@@ -28,10 +33,11 @@ OWNED = {
 class _State:
     reconciler: Reconciler | None = None
     task: asyncio.Task[None] | None = None
+    metrics_server: WSGIServer | None = None
 
 
 state = _State()
-cache = OwnedObjects()
+cache = OwnedObjects(on_put=metrics.METRICS.cached)
 
 
 def _reconciler() -> Reconciler:
@@ -43,8 +49,9 @@ def _reconciler() -> Reconciler:
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     config = OperatorSettings.from_env()
     apply_settings(settings, config)
-    state.reconciler = Reconciler(KubeApi(), cache, workers=config.workers)
+    state.reconciler = Reconciler(KubeApi(), cache, workers=config.workers, metrics=metrics.METRICS)
     state.task = asyncio.create_task(state.reconciler.run(), name="reconciler")
+    state.metrics_server = metrics.serve(config.metrics_port)
     log.info("agentrun operator started: %s", config)
 
 
@@ -52,6 +59,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 async def cleanup(**_: Any) -> None:
     if state.task:
         state.task.cancel()
+    if state.metrics_server:
+        await asyncio.to_thread(state.metrics_server.shutdown)
+        state.metrics_server.server_close()
 
 
 @kopf.on.event(GROUP, VERSION, "runs")
@@ -60,14 +70,47 @@ async def run_event(event: kopf.RawEvent, namespace: str | None, name: str, **_:
     if event["type"] == "DELETED":
         cache.forget_run(key)
         _reconciler().queue.forget(key)
+        _reconciler().metrics.forget_run(key)
         return
     _reconciler().queue.add(key)
+
+
+def _cached(kind: str, obj: JsonDict) -> JsonDict | None:
+    key = cache.run_key(obj)
+    name = obj["metadata"]["name"]
+    return next((o for o in cache.of(kind, key) if o["metadata"]["name"] == name), None) if key else None
+
+
+def news_for_decide(kind: str, previous: JsonDict | None, obj: JsonDict) -> bool:
+    """Whether a new version of an owned object can change what `decide` sees. A Lease renewal (only
+    renewTime moved) cannot: the cache notes the sighting, and the wake-up already planned for the
+    Lease's expiry judges it again then. Nor can a Pod status update that leaves its PodView as it was
+    (conditions, IPs, publishes of an unchanged state). Skipping those saves a reconcile, and its read
+    of the Run, per renewal and per such update."""
+    if previous is None:
+        return True
+    if kind == "leases":
+        return _lease_terms(previous) != _lease_terms(obj)
+    if kind == "pods":
+        return pod_view(previous) != pod_view(obj)
+    return True
+
+
+def _lease_terms(lease: JsonDict) -> tuple[Any, ...]:
+    view = lease_view(lease)
+    return view.holder, view.epoch, view.duration_seconds
 
 
 def _owned_event(kind: str) -> Any:
     async def handler(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
-        key = cache.remove(kind, obj) if event["type"] == "DELETED" else cache.put(kind, obj)
+        if event["type"] == "DELETED":
+            key = cache.remove(kind, obj)
+        else:
+            previous = _cached(kind, obj)
+            key = cache.put(kind, obj)
+            if not news_for_decide(kind, previous, obj):
+                return
         if key is not None:
             _reconciler().queue.add(key)
 

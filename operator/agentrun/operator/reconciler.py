@@ -12,20 +12,30 @@ from agentrun.core.lease import lease_view, seconds_until_expiry
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator import logs
 from agentrun.operator.cache import Key, OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
+from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.workqueue import WorkQueue
 
 log = logging.getLogger("agentrun.operator")
 ERROR_BACKOFF_SECONDS = 2.0
 
 
+def _fields(key: Key) -> dict[str, str]:
+    return {"namespace": key[0], "run": key[1]}
+
+
 class Reconciler:
-    def __init__(self, api: KubeApi, cache: OwnedObjects, workers: int = 8) -> None:
+    def __init__(
+        self, api: KubeApi, cache: OwnedObjects, workers: int = 8, metrics: OperatorMetrics | None = None
+    ) -> None:
         self.api = api
         self.cache = cache
         self.queue: WorkQueue[Key] = WorkQueue()
-        self.executor = Executor(api, cache)
+        self.metrics = metrics or OperatorMetrics(registry=None)
+        self.executor = Executor(api, cache, self.metrics)
+        self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
 
@@ -35,18 +45,24 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
+            started, outcome = time.perf_counter(), "ok"
             try:
-                await self.reconcile(key)
+                with logs.bound(namespace=key[0], run=key[1]):
+                    await self.reconcile(key)
             except Superseded as exc:
-                log.debug("run %s/%s superseded: %s", *key, exc)
+                outcome = "superseded"
+                log.debug("run %s/%s superseded: %s", *key, exc, extra=_fields(key))
                 self.queue.add(key, 0.05)
             except ApiError as exc:
-                log.warning("run %s/%s: %s; retrying", *key, exc)
+                outcome = "error"
+                log.warning("run %s/%s: %s; retrying", *key, exc, extra=_fields(key))
                 self.queue.add(key, ERROR_BACKOFF_SECONDS)
             except Exception:
-                log.exception("run %s/%s: reconcile failed; retrying", *key)
+                outcome = "error"
+                log.exception("run %s/%s: reconcile failed; retrying", *key, extra=_fields(key))
                 self.queue.add(key, ERROR_BACKOFF_SECONDS)
             finally:
+                self.metrics.reconciled(outcome, time.perf_counter() - started)
                 self.queue.done(key)
 
     async def reconcile(self, key: Key) -> None:
@@ -56,8 +72,10 @@ class Reconciler:
         if body is None:
             self.cache.forget_run(key)
             self.queue.forget(key)
+            self.metrics.forget_run(key)
             return
         run = Run.model_validate(body)
+        self.metrics.run_seen(key, run.status.phase)
         attempts = {
             a.spec.number: a for a in (Attempt.model_validate(o) for o in self.cache.of("attempts", key))
         }
@@ -83,5 +101,6 @@ class Reconciler:
         )
         plan = decide(world)
         await self.executor.execute(plan, run)
+        self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)

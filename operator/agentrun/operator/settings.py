@@ -28,6 +28,8 @@ class OperatorSettings:
     # How long a replica's peering heartbeat counts (kopf's default is 60 s): a replica that dies without
     # saying goodbye is replaced by a standby this long after its last heartbeat.
     peering_lifetime: int = 60
+    # Prometheus metrics on 0.0.0.0:<port>/metrics; 0 turns them off.
+    metrics_port: int = 8000
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -39,6 +41,7 @@ class OperatorSettings:
             peering=env("AGENTRUN_PEERING") or None,
             priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority))),
             peering_lifetime=int(env("AGENTRUN_PEERING_LIFETIME", cls.peering_lifetime)),
+            metrics_port=int(env("AGENTRUN_METRICS_PORT", cls.metrics_port)),
         )
 
 

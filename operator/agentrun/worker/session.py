@@ -194,9 +194,13 @@ class Session:
         raise LeaseLost("the lease kept changing under this worker")
 
     async def keep_lease(self, renew_seconds: float, duration_seconds: float) -> None:
-        """Renews until the lease is lost; a worker that cannot renew for a whole duration stops itself."""
+        """Renews until the lease is lost; a worker that cannot renew for a whole duration stops itself.
+
+        The first renewal comes renew_seconds from now: the caller has just renewed (renew_once), and a
+        second renewal right after it would cost a Lease write and an operator reconcile for nothing."""
         last_renewal = time.monotonic()
         while True:
+            await asyncio.sleep(renew_seconds)
             try:
                 await self.renew_once()
                 last_renewal = time.monotonic()
@@ -209,7 +213,6 @@ class Session:
                 if time.monotonic() - last_renewal >= duration_seconds:
                     self.lost.set()
                     return
-            await asyncio.sleep(renew_seconds)
 
     async def watch_cancel(self) -> None:
         """Sets `cancelled` as soon as the Run's spec.cancelEpoch grows past this worker's."""

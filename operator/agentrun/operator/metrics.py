@@ -1,0 +1,283 @@
+"""The operator's Prometheus metrics: what it decided and did, each with a small, bounded label set.
+
+Thin hooks feed them, never steering anything: the reconciler (latency, outcomes, the phase of each Run it
+read and wrote), the executor (Attempts started and ended, lease takeovers), the cache (rejected commits,
+and the side effects it holds, counted at scrape time) and the work queue (its depth, read at scrape time).
+Label values outside the known sets become "other", so no label can grow with the number of Runs.
+
+Served by `serve(port)` (prometheus_client's HTTP server, on its own thread): the collectors that read the
+operator's in-memory state take snapshots (list() of a dict is atomic under the GIL), never iterate live.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    FailureClass,
+    RejectedCommitReason,
+    RunPhase,
+    SideEffectState,
+)
+from agentrun.core.plan import PatchRunStatus, Plan, WriteLease
+
+log = logging.getLogger("agentrun.operator")
+JsonDict = dict[str, Any]
+Key = tuple[str, str]  # (namespace, run name)
+
+OTHER: Final = "other"
+NONE: Final = "none"  # the failure_class of an Attempt that did not follow (or end in) a failure
+ATTEMPT_REASONS: Final = ("initial", "retry", "lease_expired", "resume", "manual_retry")
+FAILURE_CLASSES: Final = tuple(c.value for c in FailureClass)
+TAKEOVER_KINDS: Final = ("revoked", "handed_over")
+OUTCOMES: Final = ("ok", "superseded", "error")
+# Reconciles are a GET plus a few writes: milliseconds to seconds.
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+# --- label mapping (pure) -----------------------------------------------------------------------------
+
+
+def _known(value: object, known: Iterable[str]) -> str:
+    return str(value) if str(value) in set(known) else OTHER
+
+
+def failure_class_label(value: object) -> str:
+    """A failure class as a label value: none when absent, other when unknown."""
+    return NONE if value in (None, "") else _known(value, FAILURE_CLASSES)
+
+
+def attempt_reason_labels(reason: str) -> tuple[str, str]:
+    """(reason, failure_class) of an Attempt's spec.reason: `retry:<class>` becomes (retry, <class>),
+    `resume:<requestId>` becomes (resume, none): request ids would make the label unbounded."""
+    kind, _, detail = reason.partition(":")
+    if kind == "retry" and detail:
+        return "retry", failure_class_label(detail)
+    if kind == "resume" and detail:
+        return "resume", NONE
+    if not detail and kind in ("initial", "lease_expired", "manual_retry"):
+        return kind, NONE
+    return OTHER, NONE
+
+
+def run_phase_label(phase: object) -> str | None:
+    """A Run phase as a label value; None for a Run without one yet (it is not counted)."""
+    if phase in (None, ""):
+        return None
+    return _known(phase, (phase.value for phase in RunPhase))
+
+
+def planned_run_phase(plan: Plan) -> str | None:
+    """The phase the plan writes to the Run (its last PatchRunStatus that sets one), if any."""
+    phase = None
+    for action in plan.actions:
+        if isinstance(action, PatchRunStatus) and action.patch.get("phase"):
+            phase = str(action.patch["phase"])
+    return phase
+
+
+def finished_attempt_labels(patch: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(phase, failure_class) of an Attempt status patch that finishes the Attempt; None otherwise."""
+    phase = patch.get("phase")
+    if phase not in {str(phase) for phase in FINISHED_ATTEMPT_PHASES}:
+        return None
+    failure = patch.get("failure") or {}
+    return str(phase), failure_class_label(failure.get("class"))
+
+
+def lease_takeover_kind(previous: JsonDict | None, action: WriteLease) -> str | None:
+    """Whether a WriteLease takes the lease from someone: a revocation (no new holder) or a handover to
+    a new holder, both with a new epoch. Creating the Lease (the first grant) and granting a revoked
+    Lease (its epoch was taken at the revocation, which was counted) are no takeovers."""
+    if previous is None:
+        return None
+    spec = previous.get("spec") or {}
+    if not spec.get("holderIdentity") or action.epoch <= int(spec.get("leaseTransitions") or 0):
+        return None
+    return "revoked" if action.holder is None else "handed_over"
+
+
+def rejected_commit_reason(attempt: JsonDict | None) -> str | None:
+    """status.rejectedCommit.reason of an Attempt as a label value, None when it has none."""
+    rejected = ((attempt or {}).get("status") or {}).get("rejectedCommit")
+    if not rejected:
+        return None
+    return _known(rejected.get("reason"), (r.value for r in RejectedCommitReason))
+
+
+def side_effect_state_label(effect: JsonDict) -> str:
+    """A SideEffect without status counts as Pending (as in the ledger rules)."""
+    state = (effect.get("status") or {}).get("state") or SideEffectState.PENDING.value
+    return _known(state, (s.value for s in SideEffectState))
+
+
+# --- the metrics ----------------------------------------------------------------------------------------
+
+
+class _StateCollector(Collector):
+    """Gauges computed at scrape time from the operator's in-memory state."""
+
+    def __init__(self, metrics: OperatorMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        runs = GaugeMetricFamily(
+            "agentrun_runs",
+            "Runs by phase, as this operator last read or wrote them (Runs it has not reconciled yet, "
+            "e.g. on a standby replica, are not counted).",
+            labels=["phase"],
+        )
+        phases = Tally(list(self.metrics.run_phases.values()))
+        for phase in [*(phase.value for phase in RunPhase), OTHER]:
+            runs.add_metric([phase], phases.get(phase, 0))
+        yield runs
+        effects = GaugeMetricFamily(
+            "agentrun_side_effects",
+            "SideEffects (ledger entries) of the Runs this operator watches, by state.",
+            labels=["state"],
+        )
+        states = Tally(side_effect_state_label(e) for e in self.metrics.side_effects())
+        for state in [*(s.value for s in SideEffectState), OTHER]:
+            effects.add_metric([state], states.get(state, 0))
+        yield effects
+
+
+class OperatorMetrics:
+    """The operator's metrics, registered in `registry` (None: not registered, e.g. in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+        self.run_phases: dict[Key, str] = {}
+        self.side_effects: Callable[[], list[JsonDict]] = list
+        self.attempts_started = Counter(
+            "agentrun_attempts_started",
+            "Attempts the operator created, by reason (initial, retry, lease_expired, resume, "
+            "manual_retry) and, for retries, the failure class retried.",
+            ["reason", "failure_class"],
+            registry=registry,
+        )
+        self.attempts_ended = Counter(
+            "agentrun_attempts_ended",
+            "Attempts the operator recorded as finished, by final phase and failure class.",
+            ["phase", "failure_class"],
+            registry=registry,
+        )
+        self.reconcile_duration = Histogram(
+            "agentrun_reconcile_duration_seconds",
+            "Time to reconcile one Run: read it, decide, carry out the plan.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.reconciles = Counter(
+            "agentrun_reconciles",
+            "Reconciles by outcome: ok, superseded (a preconditioned write lost a race: decided again) "
+            "or error (retried after a backoff).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.lease_takeovers = Counter(
+            "agentrun_lease_takeovers",
+            "Leases taken from their holder with a new epoch: revoked (expired lease, deadline) or "
+            "handed_over (granted to the next Attempt while the previous one held it).",
+            ["kind"],
+            registry=registry,
+        )
+        self.rejected_commits = Counter(
+            "agentrun_rejected_commits",
+            "Attempts seen with a commit refused by a fence, by reason (stale_after_cancel, "
+            "stale_worker); each Attempt counts once per operator process.",
+            ["reason"],
+            registry=registry,
+        )
+        self.work_queue_depth = Gauge(
+            "agentrun_work_queue_depth",
+            "Runs waiting in the work queue for a reconcile worker.",
+            registry=registry,
+        )
+        # Series known up front exist from the start (at zero), so rate() and alerts see them.
+        for reason in ("initial", "lease_expired", "resume", "manual_retry"):
+            self.attempts_started.labels(reason, NONE)
+        for failure_class in FAILURE_CLASSES:
+            self.attempts_started.labels("retry", failure_class)
+        for outcome in OUTCOMES:
+            self.reconciles.labels(outcome)
+        for kind in TAKEOVER_KINDS:
+            self.lease_takeovers.labels(kind)
+        for rejected in RejectedCommitReason:
+            self.rejected_commits.labels(rejected.value)
+        if registry is not None:
+            registry.register(_StateCollector(self))
+
+    # --- sources read at scrape time
+
+    def track(self, side_effects: Callable[[], list[JsonDict]], queue_depth: Callable[[], int]) -> None:
+        self.side_effects = side_effects
+        self.work_queue_depth.set_function(lambda: float(queue_depth()))
+
+    # --- hooks
+
+    def run_seen(self, key: Key, phase: object) -> None:
+        label = run_phase_label(phase)
+        if label is not None:
+            self.run_phases[key] = label
+
+    def forget_run(self, key: Key) -> None:
+        self.run_phases.pop(key, None)
+
+    def reconciled(self, outcome: str, seconds: float) -> None:
+        self.reconciles.labels(_known(outcome, OUTCOMES)).inc()
+        self.reconcile_duration.observe(seconds)
+
+    def attempt_started(self, reason: str) -> None:
+        self.attempts_started.labels(*attempt_reason_labels(reason)).inc()
+
+    def attempt_status_written(self, patch: Mapping[str, Any]) -> None:
+        if labels := finished_attempt_labels(patch):
+            self.attempts_ended.labels(*labels).inc()
+
+    def lease_written(self, previous: JsonDict | None, action: WriteLease) -> None:
+        if kind := lease_takeover_kind(previous, action):
+            self.lease_takeovers.labels(kind).inc()
+
+    def cached(self, kind: str, previous: JsonDict | None, obj: JsonDict) -> None:
+        """The cache took in obj (replacing previous): an Attempt first seen with a rejected commit."""
+        if kind != "attempts" or rejected_commit_reason(previous) is not None:
+            return
+        if reason := rejected_commit_reason(obj):
+            self.rejected_commits.labels(reason).inc()
+
+
+def serve(port: int) -> WSGIServer | None:
+    """Serves the default registry on 0.0.0.0:port (0: not at all). A port already taken is logged, not
+    fatal: the operator's work matters more than its metrics. Returns the server (to shut it down)."""
+    if port == 0:
+        log.info("metrics are off (AGENTRUN_METRICS_PORT=0)")
+        return None
+    try:
+        server, _ = start_http_server(port)
+    except OSError as exc:
+        log.error("metrics not served: cannot listen on port %d: %s", port, exc)
+        return None
+    log.info("metrics served on :%d/metrics", port)
+    return server
+
+
+# The *_created series (one per labelled counter) would double the output for little use.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+METRICS: Final = OperatorMetrics()

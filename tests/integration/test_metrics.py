@@ -1,0 +1,138 @@
+"""The operator's Prometheus metrics and JSON logs, from a real operator process carrying a real Run.
+
+This module starts a control plane of its own (as tests/e2e does) and its own operator, namespace-scoped,
+with metrics on a free port (the process node shares one network namespace among all Pods and processes,
+so the default port 8000 may be taken) and --log-format json. The session's cluster-wide `operator`
+fixture, if another module started it, watches the session's cluster and never sees these Runs.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from devcluster.cluster import LocalCluster
+from devcluster.operator import OperatorProcess
+from devcluster.processes import free_port
+from support.agentrun import install_crds
+from support.kube import Kube, wait_for
+from support.runs import GROUP, VERSION, create_run, scenario_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+FAST_RETRY = {
+    "maxAttempts": 3,
+    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
+    "sameErrorLimit": 3,
+}
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs."""
+    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("metrics-cluster"))
+    try:
+        cluster.start()
+        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
+        install_crds(kube)
+        yield kube
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def namespaced_operator(
+    kube: Kube, run_namespace: str, tmp_path: Path
+) -> Iterator[tuple[OperatorProcess, int]]:
+    port = free_port()
+    process = OperatorProcess(
+        kube.kubeconfig,
+        tmp_path / "operator.log",
+        env={"AGENTRUN_METRICS_PORT": str(port)},
+        args=[f"--namespace={run_namespace}", "--log-format=json"],
+    )
+    process.start()
+    process.wait_ready()
+    try:
+        yield process, port
+    finally:
+        process.stop()
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), float("nan"))
+
+
+def test_metrics_and_json_logs_of_a_retried_run(
+    kube: Kube, run_namespace: str, namespaced_operator: tuple[OperatorProcess, int]
+) -> None:
+    operator, port = namespaced_operator
+    ns = run_namespace
+    before = scrape(port)
+    assert value(before, "agentrun_runs", phase="Succeeded") == 0
+    assert value(before, "agentrun_reconciles_total", outcome="error") == 0
+
+    scenario = {"steps": 2, "fail": {"attempts": [1], "atStep": 2, "how": "transient", "message": "503"}}
+    create_run(kube, ns, scenario_run("flaky", scenario, retry=FAST_RETRY))
+    run = wait_phase(kube, ns, "flaky", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+
+    # the gauge follows once the reconcile that wrote Succeeded has finished its plan
+    def succeeded() -> Samples | None:
+        samples = scrape(port)
+        return samples if value(samples, "agentrun_runs", phase="Succeeded") == 1 else None
+
+    samples = wait_for(succeeded, timeout=10, what="agentrun_runs{phase=Succeeded} 1")
+    assert value(samples, "agentrun_runs", phase="Running") == 0
+    assert value(samples, "agentrun_attempts_started_total", reason="initial", failure_class="none") == 1
+    assert value(samples, "agentrun_attempts_started_total", reason="retry", failure_class="transient") == 1
+    assert value(samples, "agentrun_attempts_ended_total", phase="Failed", failure_class="transient") == 1
+    assert value(samples, "agentrun_attempts_ended_total", phase="Succeeded", failure_class="none") == 1
+    # the retry took the lease from the failed first Attempt: one new epoch
+    takeovers = [value(samples, "agentrun_lease_takeovers_total", kind=k) for k in ("revoked", "handed_over")]
+    assert sum(takeovers) == 1
+    reconciles = value(samples, "agentrun_reconcile_duration_seconds_count")
+    assert reconciles >= 4
+    assert value(samples, "agentrun_reconcile_duration_seconds_bucket", le="+Inf") == reconciles
+    assert value(samples, "agentrun_reconcile_duration_seconds_bucket", le="30.0") == reconciles
+    outcomes = sum(
+        value(samples, "agentrun_reconciles_total", outcome=o) for o in ("ok", "superseded", "error")
+    )
+    assert outcomes == reconciles
+    assert value(samples, "agentrun_rejected_commits_total", reason="stale_worker") == 0
+    assert value(samples, "agentrun_side_effects", state="Confirmed") == 0
+    assert value(samples, "agentrun_work_queue_depth") >= 0
+
+    # JSON logs: every line one object; the Run's story carries run, namespace and attempt
+    lines = [line for line in operator.log_path.read_text().splitlines() if line.strip()]
+    entries: list[dict[str, Any]] = [json.loads(line) for line in lines]
+    assert all({"time", "level", "logger", "message"} <= set(entry) for entry in entries)
+    ours = [e for e in entries if e.get("run") == "flaky" and e.get("namespace") == ns]
+    started = [e for e in ours if "AttemptStarted" in e["message"]]
+    assert [e.get("attempt") for e in started] == ["flaky-a1", "flaky-a2"], ours
+    assert any("Succeeded" in e["message"] and e["level"] == "INFO" for e in ours)
+
+    # a deleted Run leaves the gauge
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, "runs", "flaky")
+    wait_for(
+        lambda: value(scrape(port), "agentrun_runs", phase="Succeeded") == 0,
+        timeout=10,
+        what="the deleted Run to leave agentrun_runs",
+    )
