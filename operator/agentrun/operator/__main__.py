@@ -53,6 +53,9 @@ def main() -> None:
         parser.error(f"AGENTRUN_LOG_FORMAT={args.log_format!r}: choose from {', '.join(logs.FORMATS)}")
     logs.configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("kubernetes").setLevel(logging.INFO)  # its DEBUG logs every response body
+    if not args.verbose:
+        # kopf logs "Handler ... succeeded" for every watch event: at scale that is most of the log.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     asyncio.run(run(list(args.namespace), args.liveness))
 
 
