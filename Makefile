@@ -37,6 +37,15 @@ manifests: venv binaries ## regenerate the chart's generated parts and manifests
 e2e: venv binaries ## Helm chart end to end on its own local control plane (AGENTRUN_E2E_KUBECONFIG: any cluster)
 	$(PY) -m pytest tests/e2e
 
+KIND_CLUSTER ?= agentrun-e2e
+.PHONY: e2e-kind
+e2e-kind: venv binaries ## the same e2e on kind, for machines with Docker (not the build machines: no engine)
+	docker build -t agentrun/operator:e2e . && docker build -f Dockerfile.agent -t agentrun/agent:e2e .
+	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
+	kind load docker-image --name $(KIND_CLUSTER) agentrun/operator:e2e agentrun/agent:e2e
+	mkdir -p .devcluster && kind get kubeconfig --name $(KIND_CLUSTER) > .devcluster/kind.kubeconfig
+	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig $(PY) -m pytest tests/e2e
+
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy, import-linter
 	$(VENV)/bin/ruff check operator hack tests bench
