@@ -18,16 +18,9 @@ from agentrun.cli.commands.cancel import Swap, compare_and_swap
 from agentrun.kubeapi import KubeApi, load_configuration
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, create_run, get_run, scenario_run, wait_phase
+from support.runs import GROUP, PRIORITY, VERSION, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-PRIORITY = {
-    "type": "object",
-    "properties": {"priority": {"enum": ["low", "high"]}},
-    "required": ["priority"],
-    "additionalProperties": False,
-}
 
 
 def env_for(kubeconfig: Path) -> dict[str, str]:

@@ -9,13 +9,9 @@ import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import attempts, create_run, get_run, patch_spec, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-def patch_spec(kube: Kube, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "runs", name, {"spec": spec})
 
 
 def controls(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:

@@ -22,15 +22,9 @@ from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
 from support.agentrun import install_crds
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, create_run, scenario_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, VERSION, create_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-FAST_RETRY = {
-    "maxAttempts": 3,
-    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
-    "sameErrorLimit": 3,
-}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 

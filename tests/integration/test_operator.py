@@ -11,7 +11,7 @@ import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import FAST_RETRY, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -36,13 +36,6 @@ def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, opera
         if e.involved_object.name in ("ok", "ok-a1")
     }
     assert {"Queued", "AttemptStarted", "Succeeded"} <= reasons
-
-
-FAST_RETRY = {
-    "maxAttempts": 3,
-    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
-    "sameErrorLimit": 3,
-}
 
 
 def test_transient_failure_is_retried_and_history_is_kept(

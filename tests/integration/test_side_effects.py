@@ -14,15 +14,9 @@ from agentrun.examples.manifests import agent_run
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-FAST_RETRY = {
-    "maxAttempts": 4,
-    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
-    "sameErrorLimit": 5,
-}
 
 
 @pytest.fixture
@@ -37,7 +31,13 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 
 def ticket_run(name: str, service: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
     scenario = {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario}
-    return agent_run(name, "ticket_agent", scenario, env=service.env(), retry=FAST_RETRY)
+    return agent_run(
+        name,
+        "ticket_agent",
+        scenario,
+        env=service.env(),
+        retry={**FAST_RETRY, "maxAttempts": 4, "sameErrorLimit": 5},
+    )
 
 
 def side_effects(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:

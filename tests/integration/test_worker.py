@@ -13,20 +13,17 @@ import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import (
+    PRIORITY,
+    attempts,
+    create_run,
+    get_run,
+    patch_spec,
+    scenario_run,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
-
-PRIORITY = {
-    "type": "object",
-    "properties": {"priority": {"enum": ["low", "high"]}},
-    "required": ["priority"],
-    "additionalProperties": False,
-}
-
-
-def patch_run(kube: Kube, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "runs", name, {"spec": spec})
 
 
 def resume(request_id: str, checkpoint_id: str, value: Any, key: str) -> dict[str, Any]:
@@ -63,9 +60,9 @@ def test_interrupt_then_resume_continues_from_the_checkpoint_with_the_value(
     )
 
     # refused: the wrong request, then a value the schema does not accept — the Run stays as it was
-    patch_run(kube, ns, "ask", resume("nope", pending["checkpointId"], {"priority": "high"}, "k1"))
+    patch_spec(kube, ns, "ask", resume("nope", pending["checkpointId"], {"priority": "high"}, "k1"))
     wait_for(lambda: "k1" in controls(get_run(kube, ns, "ask")), what="k1 processed")
-    patch_run(
+    patch_spec(
         kube, ns, "ask", resume(pending["requestId"], pending["checkpointId"], {"priority": "urgent"}, "k2")
     )
     wait_for(lambda: "k2" in controls(get_run(kube, ns, "ask")), what="k2 processed")
@@ -78,7 +75,7 @@ def test_interrupt_then_resume_continues_from_the_checkpoint_with_the_value(
     assert run["status"]["pendingRequest"] == pending
     assert len(attempts(kube, ns, "ask")) == 1
 
-    patch_run(
+    patch_spec(
         kube, ns, "ask", resume(pending["requestId"], pending["checkpointId"], {"priority": "high"}, "k3")
     )
     done = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
@@ -140,7 +137,7 @@ def test_cancel_stops_the_agent_inside_a_step_and_fences_late_commits(
     ns = run_namespace
     create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
     wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=30)
-    patch_run(kube, ns, "stop", {"cancelEpoch": 1})
+    patch_spec(kube, ns, "stop", {"cancelEpoch": 1})
     run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=30)
     assert run["status"]["observedCancelEpoch"] == 1
     [attempt] = attempts(kube, ns, "stop")

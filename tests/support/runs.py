@@ -9,6 +9,20 @@ from support.kube import Kube, wait_for
 
 GROUP, VERSION = "agentrun.dev", "v1alpha1"
 
+# Retries after one second, so retry paths take seconds in tests.
+FAST_RETRY: dict[str, Any] = {
+    "maxAttempts": 3,
+    "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1},
+    "sameErrorLimit": 3,
+}
+# The scenario agent's question in the interrupt tests.
+PRIORITY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"priority": {"enum": ["low", "high"]}},
+    "required": ["priority"],
+    "additionalProperties": False,
+}
+
 
 def scenario_run(name: str, scenario: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return agent_run(name, "scenario", scenario, **spec)
@@ -16,6 +30,11 @@ def scenario_run(name: str, scenario: dict[str, Any], **spec: Any) -> dict[str, 
 
 def create_run(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
     kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body)
+
+
+def patch_spec(kube: Kube, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """A merge patch of the Run's spec, as `kubectl patch --type merge` sends it."""
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "runs", name, {"spec": spec})
 
 
 def get_run(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
