@@ -62,6 +62,14 @@ fmt: venv ## apply ruff fixes and formatting
 test: venv binaries lint ## everything: lint, unit tests, integration tests on the local control plane
 	$(PY) -m pytest tests
 
+.PHONY: bench
+bench: venv binaries ## benchmarks on local control planes (~15 min; not part of test): bench/REPORT.md
+	PYTHONPATH=hack:tests $(PY) bench/run_all.py $(BENCH_ARGS)
+
+.PHONY: chaos
+chaos: venv binaries ## 2,000 faults against ticket Runs, then the invariants (~80 min, bounded; not in test)
+	PYTHONPATH=hack:tests $(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
+
 .PHONY: cluster
 cluster: venv binaries ## start the local control plane + node agent (kubeconfig: .devcluster/kubeconfig)
 	$(DEVCLUSTER) up

@@ -60,9 +60,17 @@ class LocalCluster:
     state_dir: Path
     node_name: str = DEFAULT_NODE
     with_node_agent: bool = True
+    # The node agent's instant mode (nodeagent/instant.py): no process per Pod, for benchmarks.
+    instant: bool = False
+    # Added to kube-controller-manager's command line (e.g. ["--kube-api-qps=200"] in a benchmark).
+    controller_manager_flags: list[str] = field(default_factory=list)
     bin_dir: Path = field(default_factory=binary_dir)
     components: list[Component] = field(default_factory=list)
     api_port: int = 0
+    # How each component was started (argv, env, tied to this process), for restart_component().
+    _launches: dict[str, tuple[list[str], dict[str, str] | None, bool]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def kubeconfig(self) -> Path:
@@ -186,6 +194,7 @@ class LocalCluster:
                 "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 "--controllers=*",
+                *self.controller_manager_flags,
             ],
             f"https://127.0.0.1:{cm_port}/healthz",
             tie,
@@ -215,6 +224,7 @@ class LocalCluster:
                     f"--kubeconfig={node_kubeconfig}",
                     f"--node-name={self.node_name}",
                     f"--state-dir={self.state_dir / 'node'}",
+                    *(["--instant"] if self.instant else []),
                 ],
                 "",
                 tie,
@@ -232,6 +242,27 @@ class LocalCluster:
             stop_group(component.pid)
         self.components.clear()
         self.state_file.unlink(missing_ok=True)
+
+    def restart_component(self, name: str, timeout_seconds: float = 60.0) -> Component:
+        """Stops one component (its whole process group) and starts it again with the same command line,
+        hence the same port, flags and data directory, then waits until it is healthy again. For fault
+        injection (bench/chaos.py), e.g. ``restart_component("kube-apiserver")``. Call it from the main
+        thread: a component tied to its parent dies with the thread that started it."""
+        found = [(i, c) for i, c in enumerate(self.components) if c.name == name]
+        if not found:
+            raise ClusterError(f"no component named {name!r} (have {[c.name for c in self.components]})")
+        if name not in self._launches:
+            raise ClusterError(f"{name} was not started by this LocalCluster object: cannot restart it")
+        index, old = found[0]
+        argv, env, tie = self._launches[name]
+        stop_group(old.pid)
+        proc = spawn(argv, Path(old.log), env=env, tie_to_parent=tie)
+        component = Component(name, proc.pid, old.health_url, old.log)
+        self.components[index] = component
+        if self.state_file.exists():
+            self._save_state()
+        self._wait_healthy(component, time.monotonic() + timeout_seconds)
+        return component
 
     def running(self) -> bool:
         return any(pid_alive(c.pid) for c in self.components)
@@ -264,6 +295,7 @@ class LocalCluster:
         log = self.state_dir / "logs" / f"{name}.log"
         proc = spawn(argv, log, env=env, tie_to_parent=tie)
         self.components.append(Component(name, proc.pid, health_url, str(log)))
+        self._launches[name] = (list(argv), env, tie)
 
     def _save_state(self) -> None:
         state = {

@@ -8,6 +8,7 @@ the only typed view of our objects. Blocking calls run on a private thread pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -174,6 +175,8 @@ class KubeApi:
             ("timeoutSeconds", str(timeout_seconds)),
         ]
 
+        responses: list[Any] = []
+
         def stream() -> None:
             try:
                 response = self._client.call_api(
@@ -186,6 +189,7 @@ class KubeApi:
                     _return_http_data_only=True,
                     _request_timeout=timeout_seconds + 30,
                 )
+                responses.append(response)
                 buffer = b""
                 for chunk in response.stream(4096, decode_content=True):
                     buffer += chunk
@@ -203,10 +207,18 @@ class KubeApi:
         # A daemon thread, not the pool: a read blocked on a quiet stream must never hold the process
         # open at exit, and closing the response from another thread would block on its lock.
         threading.Thread(target=stream, name="kubeapi-watch", daemon=True).start()
-        while (item := await events.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        try:
+            while (item := await events.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            # The consumer stopped early (cancelled, or done with the watch): end the blocked read now, so
+            # the thread and its connection (a watch on the API server) do not live on until the server's
+            # timeout. shutdown() only shuts the socket for reading: safe from another thread.
+            for response in responses:
+                with contextlib.suppress(Exception):
+                    response.shutdown()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,4 +1,4 @@
-"""python -m devcluster.nodeagent --kubeconfig K --node-name N --state-dir D"""
+"""python -m devcluster.nodeagent --kubeconfig K --node-name N --state-dir D [--instant]"""
 
 from __future__ import annotations
 
@@ -20,9 +20,21 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True, help="credentials of system:node:<name>")
     parser.add_argument("--node-name", required=True)
     parser.add_argument("--state-dir", required=True, type=Path, help="pod sandboxes, logs, tokens")
+    parser.add_argument(
+        "--instant",
+        action="store_true",
+        help="instant mode: agentrun example agents run in this process through the real SDK protocol, "
+        "other containers complete at once (see devcluster/nodeagent/instant.py)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    agent = NodeAgent(Kube(args.kubeconfig), NodeSettings(name=args.node_name), args.state_dir, Restarts())
+    agent = NodeAgent(
+        Kube(args.kubeconfig),
+        NodeSettings(name=args.node_name),
+        args.state_dir,
+        Restarts(),
+        instant=args.instant,
+    )
 
     async def run() -> None:
         task = asyncio.create_task(agent.run())

@@ -13,6 +13,7 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from ..kubeconfig import write_kubeconfig
+from .instant import InstantRunner
 from .kube import Kube, in_background, now_rfc3339
 from .node import NodeHeartbeat, NodeSettings
 from .podenv import decode_secret
@@ -25,8 +26,18 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 class NodeAgent:
-    def __init__(self, kube: Kube, settings: NodeSettings, state_dir: Path, restarts: Restarts) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: NodeSettings,
+        state_dir: Path,
+        restarts: Restarts,
+        *,
+        instant: bool = False,
+    ) -> None:
+        """instant: run Pods in the instant mode (instant.py) instead of as local processes."""
         self.kube = kube
+        self.runner_class: type[PodRunner] = InstantRunner if instant else PodRunner
         self.settings = settings
         self.state_dir = state_dir
         self.restarts = restarts
@@ -123,7 +134,7 @@ class NodeAgent:
             # Nothing of ours runs for it (e.g. created while we were down): finish the deletion.
             in_background(self.finish_deletion(pod), f"delete {uid}")
             return
-        runner = PodRunner(pod, self, self._sandbox(pod), self.restarts)
+        runner = self.runner_class(pod, self, self._sandbox(pod), self.restarts)
         self.runners[uid] = runner
         # A Pod that already ran under an earlier agent lost its processes with that agent.
         previous = max(

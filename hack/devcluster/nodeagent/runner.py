@@ -25,6 +25,47 @@ DEFAULT_GRACE_SECONDS = 30
 _PR_SET_PDEATHSIG = 1
 
 
+class ContainerProcess(Protocol):
+    """A started container, as the runner supervises it: an OS process group here, an asyncio task in the
+    instant mode (instant.py). Status reporting never needs to know which."""
+
+    @property
+    def container_id(self) -> str: ...
+    @property
+    def label(self) -> str: ...  # for the Started event, e.g. "pid 1234"
+    @property
+    def running(self) -> bool: ...
+    async def wait(self) -> int: ...  # the exit code as the kubelet reports it (128 + signal)
+    def signal(self, sig: signal.Signals) -> None: ...
+
+
+class ProcessGroup:
+    """A container run as a local process, in a process group of its own."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @property
+    def container_id(self) -> str:
+        return f"process://{self.process.pid}"
+
+    @property
+    def label(self) -> str:
+        return f"pid {self.process.pid}"
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    async def wait(self) -> int:
+        return _exit_code(await self.process.wait())
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+
+
 class PodHost(Protocol):
     """What a runner needs from the agent: API calls scoped to this node."""
 
@@ -52,7 +93,7 @@ class ContainerRun:
     state: dict[str, Any] = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: dict[str, Any] = field(default_factory=dict)
     restart_count: int = 0
-    process: asyncio.subprocess.Process | None = None
+    process: ContainerProcess | None = None
     done: bool = False
 
     @property
@@ -70,7 +111,7 @@ class ContainerRun:
             "restartCount": self.restart_count,
             "image": self.spec.get("image") or "process",
             "imageID": "process://devcluster",
-            "containerID": f"process://{self.process.pid}" if self.process else "",
+            "containerID": self.process.container_id if self.process else "",
         }
 
 
@@ -237,20 +278,9 @@ class PodRunner:
                 await self._sleep_unless_deleted(2.0)
                 if self.deleting.is_set():
                     return None
-        workdir = c.spec.get("workingDir") or str(self.sandbox)
         log_path = self.sandbox / f"{c.name}.log"
         try:
-            with log_path.open("ab") as out:
-                c.process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=env,
-                    cwd=workdir,
-                    start_new_session=True,
-                    preexec_fn=_pdeathsig_kill,
-                )
+            c.process = await self._spawn(c, argv, env, log_path)
         except OSError as exc:
             c.state = {"terminated": _terminated(128, "StartError", str(exc), now_rfc3339(), now_rfc3339())}
             self._mark_changed()
@@ -258,16 +288,33 @@ class PodRunner:
         started_at = now_rfc3339()
         c.state = {"running": {"startedAt": started_at}}
         self._refresh_readiness()
-        await self.host.event(self.pod, "Started", f"Started container {c.name} (pid {c.process.pid})")
-        exit_code = _exit_code(await c.process.wait())
+        await self.host.event(self.pod, "Started", f"Started container {c.name} ({c.process.label})")
+        exit_code = await c.process.wait()
         message = _termination_message(termination_path, log_path, c.spec, exit_code)
         reason = "Completed" if exit_code == 0 else "Error"
         c.state = {"terminated": _terminated(exit_code, reason, message, started_at, now_rfc3339(), c=c)}
         self._refresh_readiness()
         return exit_code
 
+    async def _spawn(
+        self, c: ContainerRun, argv: list[str], env: dict[str, str], log_path: Path
+    ) -> ContainerProcess:
+        """Starts the container's command (OSError: it could not be started)."""
+        with log_path.open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=c.spec.get("workingDir") or str(self.sandbox),
+                start_new_session=True,
+                preexec_fn=_pdeathsig_kill,
+            )
+        return ProcessGroup(process)
+
     async def _stop_processes(self, grace_seconds: float) -> None:
-        running = [c for c in self._all() if c.process and c.process.returncode is None]
+        running = [c for c in self._all() if c.process and c.process.running]
         for c in running:
             await self.host.event(self.pod, "Killing", f"Stopping container {c.name}")
             self._signal(c, signal.SIGTERM)
@@ -346,9 +393,8 @@ class PodRunner:
 
     @staticmethod
     def _signal(c: ContainerRun, sig: signal.Signals) -> None:
-        if c.process and c.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(c.process.pid, sig)
+        if c.process:
+            c.process.signal(sig)
 
     async def _sleep_unless_deleted(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -375,7 +421,7 @@ def _terminated(
     if message:
         state["message"] = message
     if c and c.process:
-        state["containerID"] = f"process://{c.process.pid}"
+        state["containerID"] = c.process.container_id
     return state
 
 

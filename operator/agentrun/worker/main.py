@@ -11,9 +11,11 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+import urllib3
+
 from agentrun.api import FailureClass
 from agentrun.core.failures import fingerprint
-from agentrun.kubeapi import KubeApi
+from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.context import Context
 from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, Interrupted, LeaseLost, RateLimited
 from agentrun.worker.identity import Identity
@@ -22,6 +24,16 @@ from agentrun.worker.session import Session
 log = logging.getLogger("agentrun.worker")
 Agent = Callable[[Context], Coroutine[Any, Any, Any]]
 EX_TEMPFAIL = 75
+# Answers that mean the API server could not serve the request (not that it refused it).
+UNAVAILABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+
+
+def _api_server_unavailable(exc: BaseException) -> bool:
+    """The worker's own requests to the API server went unanswered (a restart of the control plane, a
+    network blip): the infrastructure failed, not the agent, and another Attempt may well succeed."""
+    if isinstance(exc, ApiError):
+        return exc.status in UNAVAILABLE_STATUSES
+    return isinstance(exc, urllib3.exceptions.HTTPError)  # the client's connection errors, unwrapped
 
 
 def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
@@ -30,6 +42,11 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
         cls, message = exc.failure_class, str(exc) or type(exc).__name__
     elif isinstance(exc, asyncio.CancelledError):
         cls, message = FailureClass.CANCELLED, "the Attempt was stopped"
+    elif _api_server_unavailable(exc):
+        cls, message = (
+            FailureClass.INFRASTRUCTURE,
+            f"the API server was unavailable: {type(exc).__name__}: {exc}",
+        )
     else:
         cls, message = FailureClass.DETERMINISTIC, f"{type(exc).__name__}: {exc}"
     report: dict[str, Any] = {

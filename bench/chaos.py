@@ -1,0 +1,1444 @@
+"""Chaos: many ticket-agent Runs under random faults, then the promises checked and printed as figures.
+
+    PYTHONPATH=hack:tests .venv/bin/python bench/chaos.py --profile full     # make chaos
+    PYTHONPATH=hack:tests .venv/bin/python bench/chaos.py --profile small    # tests/integration/test_chaos.py
+    options: --runs N --faults N --seconds S --seed N --state-dir D --keep --report out.json
+
+Everything runs on its own local control plane (a temporary directory): etcd, kube-apiserver,
+controller-manager, scheduler and the process node agent; the agentrun CRDs, a namespace whose default
+service account may do what an attempt Pod does; the external ticket service; the operator as a process.
+Runs of the ticket agent (operator/agentrun/examples/ticket_agent.py) are launched a few at a time, with
+short leases (5 s, renewed every second) and a generous retry budget; most ask a person for a priority
+(interrupt) before they open their ticket, some fail once after the ticket exists. The ticket service
+answers creates slowly (a few seconds, after storing the ticket), so workers spend time with their side
+effect recorded Pending.
+
+A seeded fault injector then picks, at random times, among (counted by kind in the output):
+  kill-worker                      SIGKILL a running worker process
+  kill-during-create               SIGKILL a worker whose ticket create is in flight (SideEffect Pending)
+  kill-during-create-lookups-down  the same, and the service's lookups fail for a while (the next Attempt
+                                   cannot tell whether the ticket exists: NeedsReconciliation)
+  freeze-worker                    SIGSTOP a worker for 0.4 to 2.5 lease durations, then SIGCONT it
+  zombie-worker                    SIGSTOP the node agent (a hung kubelet) and a worker; SIGCONT the worker
+                                   after its lease was taken over (it can write late: the fences must
+                                   refuse), then the node agent, which stops it
+  drop-create-answer               the service stores creates but drops their answers for a few seconds
+  restart-operator                 kill -9 the operator, start it again after up to 3 s (once it has been
+                                   up long enough to get some work done)
+  restart-apiserver                stop kube-apiserver and start it again with the same flags and port
+  cancel / cancel-twice            raise spec.cancelEpoch (compare-and-swap), twice: again a little later
+  cancel-double-click              the same compare-and-swap sent twice (the second must be refused)
+  resume                           answer a waiting Run
+  resume-duplicate                 the same answer twice (one key), the same key with another value (the
+                                   API server must refuse it), then a second key with another value
+Runs left waiting for a few seconds are answered as a person would (not counted as faults).
+
+After the fault window every frozen worker is continued, the ticket service is healed, and the harness
+waits (bounded) until every Run is terminal (Succeeded, Failed, Cancelled) or waiting for someone
+(InputRequired, NeedsReconciliation). It then resolves what needs resolving as a person would: answers
+waiting Runs; for a Run in NeedsReconciliation it looks each Unknown ticket up in the service, records
+the outcome on the SideEffect (resolvedBy) and asks for a retry; and waits (bounded) for every Run to end.
+
+Invariants (each figure must be 0; any violation makes the exit status 1, with the evidence printed):
+  tickets created twice: from the ticket service's own audit log, `created` events beyond the first per
+      idempotency key (a key is one Run's ticket).
+  results accepted after their cancel: a Run holding status.result whose committedBy.cancelEpoch is above
+      spec.cancelEpoch; or below it although the cancel that raised the epoch past it did not already see
+      this very commit in the answer to its (atomic) patch, i.e. the result was written after the cancel;
+      or a late-cancelled Run that is not Succeeded (a commit that passed the fence stands, the cancel is
+      too late); or a Cancelled Run carrying a result. (The order comes from the patch's answer, not from
+      the CancelTooLate Event, which is best effort: an operator killed at the wrong moment never posts it.)
+  commits accepted with a stale lease epoch: a Run whose committedBy does not name its current Attempt,
+      whose committedBy.leaseEpoch differs from that Attempt's spec.leaseEpoch or from status.leaseEpoch,
+      whose committing Attempt is not Succeeded; or two Attempts of a Run with non-increasing lease epochs.
+  Runs stuck outside a terminal or waiting phase: after the faults, a Run in neither a terminal phase nor
+      a waiting one (InputRequired, AuthRequired, Paused, NeedsReconciliation) when the settle time is up;
+      after the resolution, a Run that is not terminal when the resolve time is up.
+  unknown side effects not surfaced as NeedsReconciliation: a SideEffect in Unknown (or left Pending
+      with no Attempt running) whose Run is not in NeedsReconciliation, Failed or Cancelled, or whose Run's
+      status.sideEffects.unknown does not count it. Checked after the faults and after the resolution.
+  history lost: Attempts other than exactly 1..status.attempts; an Attempt's resumeFrom or the Run's
+      latestCheckpoint that no longer exists; a status.inputs entry whose key is not an Accepted Resume in
+      status.controls; an Accepted control record seen during the run that is gone; Accepted resumes and
+      Attempts started by a resume that do not match one to one (same request, same value as sent).
+Also checked, and counted as violations too:
+  results that disagree with the world: a Succeeded Run whose result names another ticket than the one
+      the service holds for its key, or another priority than the answer its last resumed Attempt got.
+  control requests mishandled: a key recorded twice in status.controls, a reused resume key with another
+      value accepted by the API server, a double-clicked cancel applied twice.
+Also printed as figures, not counted as violations (defects this harness found, open at the time of writing;
+they break none of the promises above):
+Runs asked the same question again after an answer, Attempts left unfinished on an ended Run, Attempts
+after the first with reason 'initial', Attempts failed as 'Pod disappeared'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import config
+from kubernetes.client.rest import ApiException
+
+from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.examples.manifests import agent_run
+from agentrun.rbac import attempt_role
+from devcluster.cluster import LocalCluster
+from devcluster.operator import OperatorProcess
+from devcluster.tickets import TicketServiceProcess
+from support.agentrun import install_crds
+from support.kube import Kube
+
+Json = dict[str, Any]
+NS = "chaos"
+LEASE = {"durationSeconds": 5, "renewSeconds": 1}
+RETRY = {
+    "maxAttempts": 20,
+    "backoff": {"initialSeconds": 1, "factor": 1.5, "maxSeconds": 3},
+    "sameErrorLimit": 8,
+}
+TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
+WAITING = frozenset({"InputRequired", "AuthRequired", "Paused"})
+SETTLED = TERMINAL | WAITING | {"NeedsReconciliation"}
+FINISHED_ATTEMPT = frozenset({"Succeeded", "Failed", "Interrupted", "Aborted", "LeaseLost", "Rejected"})
+# A Run may keep an effect whose outcome is unknown only in these phases.
+MAY_HOLD_UNKNOWN = frozenset({"NeedsReconciliation", "Failed", "Cancelled"})
+PRIORITIES = ("low", "normal", "high")
+RESOLVER = "chaos-resolver"
+NODE_AGENT = "(node agent)"  # Frozen.run of the frozen node agent
+
+
+@dataclass(frozen=True)
+class Profile:
+    runs: int
+    faults: int
+    seconds: float  # the fault window, at most
+    gap: float  # mean seconds between two faults (when something offers a target)
+    concurrency: int  # Runs in flight at once
+    settle_seconds: float  # after the faults: until every Run is terminal or waiting
+    resolve_seconds: float  # after the resolution: until every Run is terminal
+    apiserver_gap: float  # at least this long between two kube-apiserver restarts
+    # The operator is killed again only after it has been up this long: it must get some work done (after
+    # a start it lists every object it owns first, which takes a while once there are thousands).
+    operator_uptime: float
+    answer_after: float  # a Run left waiting this long is answered (as a person would)
+
+
+PROFILES = {
+    "small": Profile(
+        runs=20,
+        faults=30,
+        seconds=60,
+        gap=1.2,
+        concurrency=7,
+        settle_seconds=120,
+        resolve_seconds=120,
+        apiserver_gap=45,
+        operator_uptime=6,
+        answer_after=4,
+    ),
+    "full": Profile(
+        runs=1400,
+        faults=2000,
+        seconds=5400,
+        gap=0.8,
+        concurrency=10,
+        settle_seconds=300,
+        resolve_seconds=300,
+        apiserver_gap=90,
+        operator_uptime=30,
+        answer_after=5,
+    ),
+}
+
+WEIGHTS = {
+    "kill-worker": 3.0,
+    "kill-during-create": 3.0,
+    "kill-during-create-lookups-down": 0.7,
+    "freeze-worker": 2.0,
+    "zombie-worker": 0.6,
+    "drop-create-answer": 0.4,
+    "restart-operator": 1.2,
+    "restart-apiserver": 0.5,
+    "cancel": 1.0,
+    "cancel-twice": 0.5,
+    "cancel-double-click": 0.5,
+    "resume": 1.5,
+    "resume-duplicate": 1.5,
+}
+CANCEL_SHARE = 0.25  # at most this share of the Runs launched so far is cancelled
+
+INVARIANTS = (
+    ("tickets_created_twice", "tickets created twice"),
+    ("results_after_cancel", "results accepted after their cancel"),
+    ("stale_lease_commits", "commits accepted with a stale lease epoch"),
+    ("stuck_runs", "Runs stuck outside a terminal or waiting phase"),
+    ("unknown_not_surfaced", "unknown side effects not surfaced as NeedsReconciliation"),
+    ("history_lost", "history lost"),
+    ("results_disagree", "results that disagree with the world (also checked)"),
+    ("controls_mishandled", "control requests mishandled (also checked)"),
+)
+
+
+class HarnessError(Exception):
+    """The harness itself could not do its job (not a finding about agentrun)."""
+
+
+# ---- the API, patient across kube-apiserver restarts ---------------------------------------------------
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class AnswerLost(Exception):
+    """A write was sent but its answer never came: it may or may not have been applied."""
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """True when the request surely never reached the API server (nothing to be unsure about)."""
+    reason = getattr(exc, "reason", None)
+    return isinstance(
+        exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError
+    ) or (
+        isinstance(exc, urllib3.exceptions.MaxRetryError)
+        and isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError)
+    )
+
+
+class Api:
+    """JSON in, JSON out. Reads are retried through API server restarts; a write is retried only when it
+    surely was not applied (no connection, or the server said it is not ready), else AnswerLost."""
+
+    def __init__(self, kubeconfig: Path, patience: float = 120.0) -> None:
+        self.client = config.new_client_from_config(config_file=str(kubeconfig))
+        self.patience = patience
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Json:
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                result = self.client.call_api(
+                    path,
+                    method,
+                    query_params=list((query or {}).items()),
+                    header_params={"Content-Type": content_type, "Accept": "application/json"},
+                    body=body,
+                    response_type="object",
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                    _request_timeout=(5, 30),
+                )
+                return result if isinstance(result, dict) else {}
+            except ApiException as exc:
+                status = int(exc.status or 0)
+                retryable = status in (429, 503) or (status >= 500 and method == "GET")
+                if retryable and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                try:
+                    message = json.loads(exc.body or "{}").get("message", str(exc.body))
+                except (ValueError, AttributeError):
+                    message = str(exc.body)
+                raise ApiError(status, message) from None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if method != "GET" and not _not_sent(exc):
+                    raise AnswerLost(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+                if time.monotonic() >= deadline:
+                    raise HarnessError(f"the API server did not answer {method} {path}: {exc}") from None
+                time.sleep(0.5)
+
+    def get(self, path: str) -> Json | None:
+        try:
+            return self.call("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def items(self, path: str, selector: str | None = None) -> list[Json]:
+        query = {"labelSelector": selector} if selector else None
+        found: list[Json] = self.call("GET", path, query=query).get("items", [])
+        return found
+
+    def json_patch(self, path: str, operations: list[Json]) -> Json:
+        return self.call("PATCH", path, operations, content_type="application/json-patch+json")
+
+    def merge_patch(self, path: str, patch: Json) -> Json:
+        return self.call("PATCH", path, patch, content_type="application/merge-patch+json")
+
+
+def custom(plural: str, name: str | None = None, sub: str | None = None) -> str:
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{plural}"
+    return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+def pods_path() -> str:
+    return f"/api/v1/namespaces/{NS}/pods"
+
+
+def phase_of(run: Json) -> str:
+    return str((run.get("status") or {}).get("phase") or "New")
+
+
+def ticket_key(run: str) -> str:
+    return f"{NS}.{run}.create-ticket"
+
+
+# ---- what the harness did, for the checks ---------------------------------------------------------------
+
+
+@dataclass
+class CancelRecord:
+    run: str
+    epoch: int  # the epoch this cancel raised spec.cancelEpoch to
+    # committedBy as the answer to the (atomic) patch showed it: None when there was no result yet.
+    committed_before: Json | None
+    answer_lost: bool = False
+
+
+@dataclass
+class ResumeRecord:
+    run: str
+    key: str
+    request_id: str
+    checkpoint: str
+    value: Json
+    outcome: str  # written | refused | lost
+    message: str = ""
+
+
+@dataclass
+class Frozen:
+    pid: int
+    start_time: str  # /proc/<pid>/stat field 22: tells a reused pid apart
+    until: float
+    run: str
+
+
+@dataclass
+class Records:
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    conditions: collections.Counter[str] = field(default_factory=collections.Counter)
+    cancels: list[CancelRecord] = field(default_factory=list)
+    cancels_refused: int = 0  # refused by the API server (the Run had ended, or the swap lost)
+    double_click_applied_twice: list[str] = field(default_factory=list)
+    resumes: list[ResumeRecord] = field(default_factory=list)
+    key_reuse_accepted: list[str] = field(default_factory=list)
+    accepted_seen: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))
+    answers: int = 0  # answers given as a person would (not faults)
+    resolutions: int = 0  # SideEffects resolved by the harness
+    retries_requested: int = 0
+    operator_starts: int = 0
+    apiserver_restarts: list[float] = field(default_factory=list)  # seconds each took
+
+
+# ---- processes ------------------------------------------------------------------------------------------
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def worker_pid(pod: Json, state_dir: Path) -> int | None:
+    """The pid of a running ticket-agent worker of this cluster's node (never anyone else's process)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if not statuses or "running" not in (statuses[0].get("state") or {}):
+        return None
+    container_id = str(statuses[0].get("containerID") or "")
+    if not container_id.startswith("process://"):
+        return None
+    pid = int(container_id.removeprefix("process://"))
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+        group = os.getpgid(pid)
+    except OSError:
+        return None
+    if "ticket_agent" not in cmdline or not cwd.startswith(str(state_dir)) or group != pid:
+        return None
+    return pid
+
+
+# ---- the chaos run ---------------------------------------------------------------------------------------
+
+
+class Chaos:
+    def __init__(self, profile: Profile, seed: int, state_dir: Path, out: Callable[[str], None]) -> None:
+        self.profile = profile
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.state_dir = state_dir
+        self.say = out
+        self.cluster = LocalCluster(state_dir=state_dir / "cluster")
+        self.tickets = TicketServiceProcess(state_dir / "tickets.json", state_dir / "logs" / "tickets.log")
+        self.operator: OperatorProcess | None = None
+        self.api: Api | None = None
+        self.records = Records()
+        self.launched: list[str] = []
+        self.spec_of: dict[str, Json] = {}  # run -> its input
+        self.frozen: list[Frozen] = []
+        self.timers: list[tuple[float, str, Callable[[], object]]] = []
+        self.runs: dict[str, Json] = {}
+        self.pods: dict[str, Json] = {}
+        self.effects: list[Json] = []
+        self.act_at: dict[str, float] = {}  # run -> when a person acts on its wait next
+        self.retry_requests: collections.Counter[str] = collections.Counter()
+        self.last_fault: dict[str, float] = {}
+        self.next_launch = 0.0
+        self.observed_at = -1e9
+        self.began = time.monotonic()
+        self.last_apiserver_restart = time.monotonic() - profile.apiserver_gap / 2
+        self.operator_down = False
+        self.operator_started_at = 0.0
+
+    # ---- set-up and tear-down ----------------------------------------------------------------------
+
+    def setup(self) -> None:
+        self.say(f"chaos: starting a local control plane in {self.state_dir}")
+        self.cluster.start(timeout_seconds=180)
+        kube = Kube(self.cluster.kubeconfig, Path(self.cluster.binary("kubectl")))
+        install_crds(kube, timeout=120)
+        self.api = Api(self.cluster.kubeconfig)
+        self.api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+        self._wait(
+            "the default service account",
+            lambda: self.api_().items(f"/api/v1/namespaces/{NS}/serviceaccounts"),
+        )
+        rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+        self.api.call("POST", f"{rbac}/roles", attempt_role(NS))
+        binding = {
+            "metadata": {"name": "agentrun-attempt"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentrun-attempt"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
+        }
+        self.api.call("POST", f"{rbac}/rolebindings", binding)
+        self.tickets.start()
+        os.environ["AGENTRUN_METRICS_PORT"] = "0"  # other operators on this machine may hold the default
+        self.operator = OperatorProcess(self.cluster.kubeconfig, self.state_dir / "logs" / "operator.log")
+        self._start_operator()
+
+    def teardown(self) -> None:
+        for frozen in self.frozen:
+            self._continue(frozen)
+        self.frozen.clear()
+        if self.operator:
+            self.operator.stop()
+        self.tickets.stop()
+        self.cluster.stop()
+
+    def api_(self) -> Api:
+        assert self.api is not None
+        return self.api
+
+    def _start_operator(self, timeout: float = 90) -> None:
+        assert self.operator is not None
+        log = self.operator.log_path
+        offset = log.stat().st_size if log.exists() else 0
+        self.operator.start()
+        self.records.operator_starts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.operator.alive():
+                raise HarnessError(f"the operator exited during start-up:\n{self.operator.log_tail()}")
+            with log.open("rb") as f:
+                f.seek(offset)
+                if b"agentrun operator started" in f.read():
+                    self.operator_down = False
+                    self.operator_started_at = time.monotonic()
+                    return
+            time.sleep(0.1)
+        raise HarnessError(f"the operator did not start in {timeout}s:\n{self.operator.log_tail()}")
+
+    @staticmethod
+    def _wait(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := probe():
+                return value
+            time.sleep(0.2)
+        raise HarnessError(f"timed out waiting for {what}")
+
+    # ---- observing ----------------------------------------------------------------------------------
+
+    def observe(self, every: float = 1.0) -> None:
+        """Reads the Runs that have not ended (an ended Run stays as last seen), their Pods and SideEffects;
+        at most once every `every` seconds, so that thousands of Runs cost the API server little."""
+        if time.monotonic() < self.observed_at + every:
+            return
+        api = self.api_()
+        active = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
+        for name in active:
+            if (run := api.get(custom("runs", name))) is not None:
+                self.runs[name] = run
+                for control in (run.get("status") or {}).get("controls") or []:
+                    if control.get("outcome") == "Accepted":
+                        self.records.accepted_seen[name].add(control["idempotencyKey"])
+        selector = f"{RUN_LABEL} in ({','.join(active)})"
+        self.pods = {p["metadata"]["name"]: p for p in api.items(pods_path(), selector)} if active else {}
+        self.effects = api.items(custom("sideeffects"), selector) if active else []
+        self.observed_at = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def progress(self) -> None:
+        phases = collections.Counter(phase_of(self.runs.get(n, {})) for n in self.launched)
+        shown = " ".join(f"{p}={n}" for p, n in sorted(phases.items()))
+        self.say(
+            f"  t={self.elapsed():5.0f}s launched {len(self.launched)}/{self.profile.runs} "
+            f"faults {sum(self.records.faults.values())}/{self.profile.faults} | {shown}"
+        )
+
+    # ---- launching Runs -------------------------------------------------------------------------------
+
+    def launch_some(self) -> None:
+        active = sum(1 for name in self.launched if phase_of(self.runs.get(name, {})) not in TERMINAL)
+        room = active < self.profile.concurrency and len(self.launched) < self.profile.runs
+        if room and time.monotonic() >= self.next_launch:  # one at a time: the Runs' steps spread out
+            self.launch(f"t{len(self.launched) + 1:03d}")
+            self.next_launch = time.monotonic() + self.rng.uniform(0.5, 2.0)
+
+    def launch(self, name: str) -> None:
+        scenario: Json = {
+            "title": f"chaos ticket {name}",
+            "body": f"opened by the chaos run (seed {self.seed})",
+            "askPriority": self.rng.random() < 0.6,
+        }
+        if self.rng.random() < 0.2:
+            scenario["failAfterTicket"] = [1]
+        manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env(), retry=RETRY, lease=LEASE)
+        try:
+            self.api_().call("POST", custom("runs"), manifest)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        except AnswerLost:
+            if self.api_().get(custom("runs", name)) is None:
+                self.api_().call("POST", custom("runs"), manifest)
+        self.launched.append(name)
+        self.spec_of[name] = scenario
+
+    # ---- timers -------------------------------------------------------------------------------------
+
+    def later(self, seconds: float, what: str, action: Callable[[], object]) -> None:
+        self.timers.append((time.monotonic() + seconds, what, action))
+
+    def run_timers(self, *, all_now: bool = False) -> None:
+        now = time.monotonic()
+        due = [t for t in self.timers if all_now or t[0] <= now]
+        self.timers = [t for t in self.timers if t not in due]
+        for _, _, action in sorted(due, key=lambda t: t[0]):
+            action()
+        for frozen in [f for f in self.frozen if all_now or f.until <= now]:
+            self._continue(frozen)
+            self.frozen.remove(frozen)
+
+    # ---- the fault window ---------------------------------------------------------------------------
+
+    def fault_window(self) -> None:
+        profile = self.profile
+        self.tickets.set_faults(delayCreateSeconds=2.5)
+        self.records.conditions["slow-creates"] += 1
+        next_fault = time.monotonic() + 2.0
+        next_condition = time.monotonic() + 15.0
+        next_progress = time.monotonic()
+        mean_gap = profile.gap
+        window_end = time.monotonic() + profile.seconds
+        while sum(self.records.faults.values()) < profile.faults and time.monotonic() < window_end:
+            self.observe()
+            if len(self.launched) == profile.runs and all(
+                phase_of(self.runs.get(n, {})) in TERMINAL for n in self.launched
+            ):
+                break  # nothing left to disturb
+            self.launch_some()
+            self.run_timers()
+            self.tend(after=profile.answer_after, again=6)
+            now = time.monotonic()
+            if now >= next_progress:
+                self.progress()
+                next_progress = now + 15
+            if now >= next_condition:
+                delay = self.rng.choice((1.5, 2.5, 3.5))
+                self.tickets.set_faults(delayCreateSeconds=delay)
+                self.records.conditions[f"slow-creates-{delay}s"] += 1
+                next_condition = now + self.rng.uniform(10, 20)
+            if now >= next_fault:
+                kind = self.inject()
+                if kind is not None:
+                    self.records.faults[kind] += 1
+                    next_fault = time.monotonic() + self.rng.uniform(0.4, 1.6) * mean_gap
+                else:
+                    next_fault = time.monotonic() + 0.3
+            time.sleep(0.2)
+        while len(self.launched) < profile.runs:  # the rest run without faults: --runs is honoured
+            self.observe()
+            self.launch_some()
+            self.tend(after=profile.answer_after, again=6)
+            time.sleep(0.5)
+        self.progress()
+
+    def end_faults(self) -> None:
+        self.run_timers(all_now=True)
+        self.tickets.clear_faults()
+        if self.operator is not None and not self.operator.alive():
+            self._start_operator()
+
+    def available(self) -> dict[str, list[Any]]:
+        """Targets of each fault kind now."""
+        workers: list[tuple[str, int]] = []
+        creating: list[tuple[str, int]] = []
+        frozen_pids = {f.pid for f in self.frozen}
+        in_flight = {
+            (e.get("status") or {}).get("attempt")
+            for e in self.effects
+            if (e.get("status") or {}).get("state") == "Pending"
+        }
+        for name, pod in self.pods.items():
+            pid = worker_pid(pod, self.state_dir)
+            if pid is None or pid in frozen_pids:
+                continue
+            run = pod["metadata"]["labels"][RUN_LABEL]
+            workers.append((run, pid))
+            if name in in_flight:
+                creating.append((run, pid))
+        cancelled = {c.run for c in self.records.cancels}
+        may_cancel = len(cancelled) < CANCEL_SHARE * len(self.launched)
+        cancellable = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
+        fresh = [n for n in cancellable if n not in cancelled] if may_cancel else []
+        waiting = [n for n in self.launched if phase_of(self.runs.get(n, {})) == "InputRequired"]
+        since_restart = time.monotonic() - self.last_apiserver_restart
+        operator_uptime = time.monotonic() - self.operator_started_at
+        since_drop = time.monotonic() - self.last_fault.get("drop-create-answer", -1e9)
+        targets: dict[str, list[Any]] = {
+            "kill-worker": workers,
+            "kill-during-create": creating,
+            "kill-during-create-lookups-down": creating,
+            "freeze-worker": workers,
+            "zombie-worker": workers if not any(f.run == NODE_AGENT for f in self.frozen) else [],
+            "drop-create-answer": [True] if creating and since_drop > 10 else [],
+            "restart-operator": [True]
+            if not self.operator_down and operator_uptime > self.profile.operator_uptime
+            else [],
+            "restart-apiserver": [True] if since_restart > self.profile.apiserver_gap else [],
+            "cancel": fresh,
+            "cancel-twice": fresh,
+            "cancel-double-click": fresh,
+            "resume": waiting,
+            "resume-duplicate": waiting,
+        }
+        return targets
+
+    def inject(self) -> str | None:
+        targets = {k: v for k, v in self.available().items() if v}
+        if not targets:
+            return None
+        kinds = sorted(targets)
+        untried = [k for k in kinds if not self.records.faults[k]]
+        if untried and self.rng.random() < 0.5:  # every kind early on, then by weight
+            kind = self.rng.choice(untried)
+        else:
+            kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        target = self.rng.choice(targets[kind])
+        done = getattr(self, "fault_" + kind.replace("-", "_"))(target)
+        if done:
+            self.last_fault[kind] = time.monotonic()
+        return kind if done else None
+
+    # ---- faults -------------------------------------------------------------------------------------
+
+    def fault_kill_worker(self, target: tuple[str, int]) -> bool:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(target[1], signal.SIGKILL)
+            return True
+        return False
+
+    def fault_kill_during_create(self, target: tuple[str, int]) -> bool:
+        return self.fault_kill_worker(target)
+
+    def fault_kill_during_create_lookups_down(self, target: tuple[str, int]) -> bool:
+        if not self.fault_kill_worker(target):
+            return False
+        self.tickets.set_faults(failLookups=True)
+        self.later(
+            self.rng.uniform(6, 12), "lookups back", lambda: self.tickets.set_faults(failLookups=False)
+        )
+        return True
+
+    def fault_freeze_worker(self, target: tuple[str, int]) -> bool:
+        run, pid = target
+        start = _proc_start_time(pid)
+        if start is None:
+            return False
+        try:
+            os.killpg(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        seconds = self.rng.uniform(0.4, 2.5) * LEASE["durationSeconds"]
+        self.frozen.append(Frozen(pid, start, time.monotonic() + seconds, run))
+        return True
+
+    def fault_zombie_worker(self, target: tuple[str, int]) -> bool:
+        """Freezes the node agent (a hung kubelet) and a worker; the worker wakes first, after its lease
+        was taken over and its Pod deleted, with nobody there to kill it: a zombie whose late writes the
+        fences must refuse. Then the node agent wakes and stops it."""
+        agent = next((c for c in self.cluster.components if c.name == "node-agent"), None)
+        agent_start = _proc_start_time(agent.pid) if agent else None
+        if agent is None or agent_start is None or not self.fault_freeze_worker(target):
+            return False
+        worker = self.frozen[-1]
+        worker.until = time.monotonic() + self.rng.uniform(7, 10)
+        os.killpg(agent.pid, signal.SIGSTOP)
+        self.frozen.append(
+            Frozen(agent.pid, agent_start, worker.until + self.rng.uniform(1.5, 3), NODE_AGENT)
+        )
+        return True
+
+    def _continue(self, frozen: Frozen) -> None:
+        if _proc_start_time(frozen.pid) == frozen.start_time:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(frozen.pid, signal.SIGCONT)
+
+    def fault_drop_create_answer(self, _: object) -> bool:
+        self.tickets.set_faults(dropCreateResponse=True)
+        self.later(
+            self.rng.uniform(1, 3),
+            "create answers back",
+            lambda: self.tickets.set_faults(dropCreateResponse=False),
+        )
+        return True
+
+    def fault_restart_operator(self, _: object) -> bool:
+        assert self.operator is not None
+        self.operator.kill()
+        self.operator_down = True
+        self.later(self.rng.uniform(0.1, 3.0), "operator back", self._start_operator)
+        return True
+
+    def fault_restart_apiserver(self, _: object) -> bool:
+        began = time.monotonic()
+        self.cluster.restart_component("kube-apiserver", timeout_seconds=120)
+        self.records.apiserver_restarts.append(time.monotonic() - began)
+        self.last_apiserver_restart = time.monotonic()
+        return True
+
+    def fault_cancel(self, run: str) -> bool:
+        return self.cancel(run) is not None
+
+    def fault_cancel_twice(self, run: str) -> bool:
+        if self.cancel(run) is None:
+            return False
+        self.later(self.rng.uniform(0.2, 4.0), f"second cancel of {run}", lambda: self._cancel_again(run))
+        return True
+
+    def _cancel_again(self, run: str) -> None:
+        self.cancel(run)
+
+    def fault_cancel_double_click(self, run: str) -> bool:
+        current = self.api_().get(custom("runs", run))
+        if current is None:
+            return False
+        observed = int(current["spec"].get("cancelEpoch", 0))
+        first = self.cancel(run, observed=observed)
+        second = self.cancel(run, observed=observed)
+        if first is not None and second is not None:
+            self.records.double_click_applied_twice.append(f"{run}: epoch {observed} raised twice")
+        return first is not None
+
+    def cancel(self, run: str, observed: int | None = None) -> int | None:
+        """The compare-and-swap of `kubectl agentrun cancel`; the epoch it wrote, None if refused."""
+        api = self.api_()
+        if observed is None:
+            current = api.get(custom("runs", run))
+            if current is None:
+                return None
+            observed = int(current["spec"].get("cancelEpoch", 0))
+        operations = [
+            {"op": "test", "path": "/spec/cancelEpoch", "value": observed},
+            {"op": "replace", "path": "/spec/cancelEpoch", "value": observed + 1},
+        ]
+        try:
+            written = api.json_patch(custom("runs", run), operations)
+        except ApiError as exc:
+            if exc.status not in (409, 422):
+                raise
+            self.records.cancels_refused += 1
+            return None
+        except AnswerLost:
+            self.records.cancels.append(CancelRecord(run, observed + 1, None, answer_lost=True))
+            return observed + 1
+        status = written.get("status") or {}
+        before = status.get("committedBy") if "result" in status else None
+        self.records.cancels.append(CancelRecord(run, observed + 1, before))
+        return observed + 1
+
+    def fault_resume(self, run: str) -> bool:
+        return self.answer(run) is not None
+
+    def fault_resume_duplicate(self, run: str) -> bool:
+        first = self.answer(run)
+        if first is None:
+            return False
+        other = {"priority": self.rng.choice([p for p in PRIORITIES if p != first.value["priority"]])}
+
+        def again() -> None:
+            # The same answer under the same key (changes nothing), then the same key with another value,
+            # which the API server must refuse: spec.resume holds that key now, as only we write it.
+            self.resume(run, first.key, first.request_id, first.checkpoint, first.value)
+            reuse = self.resume(run, first.key, first.request_id, first.checkpoint, other)
+            if reuse.outcome == "written":
+                self.records.key_reuse_accepted.append(f"{run}: key {first.key} reused with {other}")
+
+        def second() -> None:  # another key, another value: before or after the operator judged the first
+            self.resume(run, f"{first.key}-second", first.request_id, first.checkpoint, other)
+
+        first_delay = self.rng.uniform(0, 2)
+        self.later(first_delay, f"duplicate answer to {run}", again)
+        self.later(first_delay + self.rng.uniform(0.1, 3), f"second answer to {run}", second)
+        return True
+
+    # ---- answering, as a person would -----------------------------------------------------------------
+
+    def tend(self, after: float, again: float) -> None:
+        """What a person does for a Run waiting for someone, `after` seconds into its wait (and every
+        `again` seconds while it still waits): answers its question, or reconciles its unknown outcome."""
+        now = time.monotonic()
+        for name in self.launched:
+            phase = phase_of(self.runs.get(name, {}))
+            if phase not in ("InputRequired", "NeedsReconciliation"):
+                self.act_at.pop(name, None)
+                continue
+            if now < self.act_at.setdefault(name, now + after):
+                continue
+            self.act_at[name] = now + again
+            if phase == "InputRequired":
+                if self.answer(name) is not None:
+                    self.records.answers += 1
+            elif self.reconcile(name):
+                self.act_at[name] = now + 1.0  # ask for the retry once the ledger shows the outcome
+
+    def answer(self, run: str) -> ResumeRecord | None:
+        current = self.api_().get(custom("runs", run))
+        pending = ((current or {}).get("status") or {}).get("pendingRequest")
+        if not pending:
+            return None
+        key = f"answer-{run}-{self.rng.getrandbits(40):010x}"
+        value = {"priority": self.rng.choice(PRIORITIES)}
+        return self.resume(run, key, pending["requestId"], pending["checkpointId"], value)
+
+    def resume(self, run: str, key: str, request_id: str, checkpoint: str, value: Json) -> ResumeRecord:
+        """Sets spec.resume as a whole (a JSON patch, as `kubectl agentrun resume` does)."""
+        resume = {"requestId": request_id, "checkpointId": checkpoint, "value": value, "idempotencyKey": key}
+        record = ResumeRecord(run, key, request_id, checkpoint, value, "written")
+        try:
+            self.api_().json_patch(
+                custom("runs", run), [{"op": "add", "path": "/spec/resume", "value": resume}]
+            )
+        except ApiError as exc:
+            if exc.status not in (409, 422):
+                raise
+            record.outcome, record.message = "refused", exc.message
+        except AnswerLost as exc:
+            record.outcome, record.message = "lost", str(exc)
+        self.records.resumes.append(record)
+        return record
+
+    # ---- after the faults -------------------------------------------------------------------------------
+
+    def settle(self, timeout: float, done: Callable[[str], bool]) -> list[str]:
+        """Waits until done(phase) holds for every Run; returns the names that never got there."""
+        deadline = time.monotonic() + timeout
+        next_progress = time.monotonic() + 15
+        while True:
+            self.observe()
+            late = [n for n in self.launched if not done(phase_of(self.runs.get(n, {})))]
+            if not late or time.monotonic() >= deadline:
+                return late
+            if time.monotonic() >= next_progress:
+                self.progress()
+                next_progress = time.monotonic() + 15
+            time.sleep(0.5)
+
+    def resolve(self) -> list[str]:
+        """Answers waiting Runs and reconciles Runs in NeedsReconciliation, until every Run has ended."""
+        deadline = time.monotonic() + self.profile.resolve_seconds
+        next_progress = time.monotonic() + 15
+        self.act_at.clear()
+        while True:
+            self.observe()
+            late = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
+            if not late or time.monotonic() >= deadline:
+                return late
+            self.tend(after=0, again=6)
+            if time.monotonic() >= next_progress:
+                self.progress()
+                next_progress = time.monotonic() + 15
+            time.sleep(0.5)
+
+    def reconcile(self, name: str) -> bool:
+        """What a person does: look each unknown ticket up in the service and record the outcome on its
+        SideEffect (True); once none is unknown any more, ask for a retry with a new key (False)."""
+        unknown = [
+            e
+            for e in self.effects
+            if e["spec"]["runName"] == name and (e.get("status") or {}).get("state") == "Unknown"
+        ]
+        if unknown:
+            tickets = {t["idempotencyKey"]: t for t in self.tickets.tickets()}
+            for effect in unknown:
+                ticket = tickets.get(effect["spec"]["idempotencyKey"])
+                if ticket is not None:
+                    outcome = {"state": "Confirmed", "externalReference": ticket["id"], "result": ticket}
+                else:
+                    outcome = {"state": "Failed"}
+                patch = {"status": {**outcome, "resolvedBy": RESOLVER}}
+                self.api_().merge_patch(custom("sideeffects", effect["metadata"]["name"], "status"), patch)
+                self.records.resolutions += 1
+            return True
+        self.retry_requests[name] += 1
+        key = f"retry-{name}-{self.retry_requests[name]}"
+        request = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
+        with contextlib.suppress(AnswerLost):
+            self.api_().merge_patch(custom("runs", name), {"spec": {"retryRequest": request}})
+            self.records.retries_requested += 1
+        return False
+
+    # ---- the whole run -----------------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        self.setup()
+        self.began = time.monotonic()
+        self.last_apiserver_restart = self.began - self.profile.apiserver_gap / 2
+        self.say(
+            f"chaos: profile {self.profile}, seed {self.seed}; up in {self.elapsed():.0f}s; faults begin"
+        )
+        self.fault_window()
+        window = self.elapsed()
+        self.end_faults()
+        self.say(
+            f"chaos: {sum(self.records.faults.values())} faults in {window:.0f}s; "
+            "waiting for the Runs to settle"
+        )
+        stuck_after_faults = self.settle(self.profile.settle_seconds, lambda p: p in SETTLED)
+        settled = self.snapshot()
+        self.say("chaos: settled; resolving what waits for a person")
+        stuck_after_resolution = self.resolve()
+        self.progress()
+        final = self.snapshot()
+        audit = self.tickets.audit()
+        evidence = {
+            "settled": {k: v for k, v in vars(settled).items() if not k.startswith("_")},
+            "final": {k: v for k, v in vars(final).items() if not k.startswith("_")},
+            "audit": audit,
+        }
+        (self.state_dir / "world.json").write_text(json.dumps(evidence, indent=1, default=str))
+        return build_report(
+            self,
+            settled=settled,
+            final=final,
+            audit=audit,
+            stuck_after_faults=stuck_after_faults,
+            stuck_after_resolution=stuck_after_resolution,
+            window_seconds=window,
+        )
+
+    def snapshot(self) -> World:
+        api = self.api_()
+        deadline = time.monotonic() + 20
+        while True:  # the report of a stopped Run follows its SideEffects (level-based): give it a moment
+            world = World(
+                runs={r["metadata"]["name"]: r for r in api.items(custom("runs"))},
+                attempts=api.items(custom("attempts")),
+                checkpoints=api.items(custom("checkpoints")),
+                effects=api.items(custom("sideeffects")),
+            )
+            if not unknown_not_surfaced(world) or time.monotonic() >= deadline:
+                return world
+            time.sleep(1.0)
+
+
+# ---- the checks: pure functions of what was observed ---------------------------------------------------
+
+
+@dataclass
+class World:
+    runs: dict[str, Json]
+    attempts: list[Json]
+    checkpoints: list[Json]
+    effects: list[Json]
+    _by_run: dict[str, list[Json]] = field(default_factory=dict, repr=False)
+
+    def attempts_of(self, run: str) -> list[Json]:
+        if not self._by_run:
+            for attempt in sorted(self.attempts, key=lambda a: a["spec"]["number"]):
+                self._by_run.setdefault(attempt["spec"]["runName"], []).append(attempt)
+        return self._by_run.get(run, [])
+
+
+def tickets_created_twice(audit: list[Json]) -> list[str]:
+    created = collections.Counter(e["idempotencyKey"] for e in audit if e["event"] == "created")
+    return [f"key {key}: {count} tickets created" for key, count in sorted(created.items()) if count > 1]
+
+
+def results_after_cancel(world: World, cancels: list[CancelRecord]) -> tuple[list[str], list[str]]:
+    """(violations, unverifiable): see the module docstring."""
+    violations, unverifiable = [], []
+    for name, run in sorted(world.runs.items()):
+        status, epoch = run.get("status") or {}, int(run["spec"].get("cancelEpoch", 0))
+        phase = phase_of(run)
+        if "result" not in status:
+            continue
+        committed = status.get("committedBy")
+        if committed is None:
+            violations.append(f"{name}: a result without committedBy")
+            continue
+        if phase == "Cancelled":
+            violations.append(f"{name}: Cancelled, yet holds a result committed by {committed}")
+        at = int(committed.get("cancelEpoch", 0))
+        if at > epoch:
+            violations.append(f"{name}: result committed with cancel epoch {at} > spec.cancelEpoch {epoch}")
+        if at >= epoch:
+            continue
+        passing = [c for c in cancels if c.run == name and c.epoch > at]
+        if not passing:
+            violations.append(
+                f"{name}: spec.cancelEpoch {epoch} > {at} of the commit, raised by nobody known"
+            )
+            continue
+        first = passing[0]
+        if first.answer_lost:
+            unverifiable.append(f"{name}: the answer to the cancel to epoch {first.epoch} was lost")
+        elif first.committed_before != committed:
+            violations.append(
+                f"{name}: result committed by {committed} after the cancel to epoch {first.epoch} "
+                f"(the cancel saw {first.committed_before})"
+            )
+        if phase != "Succeeded":
+            violations.append(f"{name}: the commit came before the cancel, yet the Run is {phase}")
+    return violations, unverifiable
+
+
+def stale_lease_commits(world: World) -> list[str]:
+    violations = []
+    for name, run in sorted(world.runs.items()):
+        status = run.get("status") or {}
+        attempts = world.attempts_of(name)
+        epochs = [int(a["spec"]["leaseEpoch"]) for a in attempts]
+        if any(b <= a for a, b in itertools.pairwise(epochs)):
+            violations.append(f"{name}: Attempt lease epochs not increasing: {epochs}")
+        committed = status.get("committedBy")
+        if "result" not in status or committed is None:
+            continue
+        by_name = {a["metadata"]["name"]: a for a in attempts}
+        attempt = by_name.get(committed.get("attempt"))
+        if attempt is None:
+            violations.append(f"{name}: committed by {committed.get('attempt')}, which does not exist")
+            continue
+        if int(attempt["spec"]["leaseEpoch"]) != int(committed.get("leaseEpoch", -1)):
+            violations.append(
+                f"{name}: committed with lease epoch {committed.get('leaseEpoch')}, "
+                f"{attempt['metadata']['name']} held {attempt['spec']['leaseEpoch']}"
+            )
+        if attempt["spec"]["number"] != status.get("currentAttempt"):
+            violations.append(
+                f"{name}: committed by {attempt['metadata']['name']}, current Attempt is "
+                f"{status.get('currentAttempt')}"
+            )
+        if int(status.get("leaseEpoch") or 0) != int(committed.get("leaseEpoch", -1)):
+            violations.append(
+                f"{name}: status.leaseEpoch {status.get('leaseEpoch')} != "
+                f"committed {committed.get('leaseEpoch')}"
+            )
+        if (attempt.get("status") or {}).get("phase") != "Succeeded":
+            violations.append(
+                f"{name}: the committing {attempt['metadata']['name']} is "
+                f"{(attempt.get('status') or {}).get('phase')}, not Succeeded"
+            )
+    return violations
+
+
+def _effect_state(effect: Json) -> str:
+    return str((effect.get("status") or {}).get("state") or "Pending")
+
+
+def unknown_not_surfaced(world: World) -> list[str]:
+    """Meant for a world where no Attempt runs any more (settled or ended)."""
+    violations = []
+    unknown_by_run: collections.Counter[str] = collections.Counter()
+    for effect in world.effects:
+        state, run_name = _effect_state(effect), effect["spec"]["runName"]
+        if state not in ("Unknown", "Pending"):
+            continue
+        unknown_by_run[run_name] += 1
+        phase = phase_of(world.runs.get(run_name, {}))
+        if phase not in MAY_HOLD_UNKNOWN:
+            violations.append(f"{effect['metadata']['name']} ({run_name}): {state}, but the Run is {phase}")
+    for name, run in sorted(world.runs.items()):
+        if phase_of(run) not in MAY_HOLD_UNKNOWN:
+            continue
+        counted = int(((run.get("status") or {}).get("sideEffects") or {}).get("unknown") or 0)
+        if counted != unknown_by_run[name]:
+            violations.append(
+                f"{name} ({phase_of(run)}): status.sideEffects.unknown is {counted}, "
+                f"{unknown_by_run[name]} SideEffects are Unknown or Pending"
+            )
+    return violations
+
+
+def history_lost(world: World, records: Records) -> list[str]:
+    violations = []
+    checkpoints = {c["spec"]["id"] for c in world.checkpoints}
+    sent = {r.key: r for r in records.resumes if r.outcome == "written"}
+    for name, run in sorted(world.runs.items()):
+        status = run.get("status") or {}
+        attempts = world.attempts_of(name)
+        numbers = [a["spec"]["number"] for a in attempts]
+        if numbers != list(range(1, int(status.get("attempts") or 0) + 1)):
+            violations.append(f"{name}: Attempts {numbers}, status.attempts {status.get('attempts')}")
+        for attempt in attempts:
+            start = attempt["spec"].get("resumeFrom")
+            if start and start not in checkpoints:
+                violations.append(f"{attempt['metadata']['name']}: resumeFrom {start} no longer exists")
+        latest = status.get("latestCheckpoint")
+        if latest and latest not in checkpoints:
+            violations.append(f"{name}: latestCheckpoint {latest} no longer exists")
+        controls = status.get("controls") or []
+        accepted = {c["idempotencyKey"] for c in controls if c.get("outcome") == "Accepted"}
+        accepted_resumes = [
+            c["idempotencyKey"]
+            for c in controls
+            if c.get("outcome") == "Accepted" and c.get("op") == "Resume"
+        ]
+        for entry in status.get("inputs") or []:
+            if entry.get("idempotencyKey") not in accepted_resumes:
+                violations.append(f"{name}: input {entry} has no Accepted Resume in status.controls")
+        for key in sorted(records.accepted_seen.get(name, set()) - accepted):
+            violations.append(f"{name}: the Accepted control {key} seen earlier is gone from status.controls")
+        resumed = [a for a in attempts if str(a["spec"]["reason"]).startswith("resume:")]
+        if len(resumed) != len(accepted_resumes):
+            violations.append(
+                f"{name}: {len(accepted_resumes)} Accepted resumes, "
+                f"{len(resumed)} Attempts started by a resume"
+            )
+        for key, attempt in zip(accepted_resumes, resumed, strict=False):
+            record = sent.get(key)
+            if record is None:
+                violations.append(f"{name}: Accepted resume {key} was never sent")
+                continue
+            reason = f"resume:{record.request_id}"
+            if attempt["spec"]["reason"] != reason or attempt["spec"].get("input") != record.value:
+                violations.append(
+                    f"{attempt['metadata']['name']}: {attempt['spec']['reason']} with "
+                    f"{attempt['spec'].get('input')}, but {key} answered {record.request_id} "
+                    f"with {record.value}"
+                )
+    return violations
+
+
+def results_disagree(world: World, tickets: list[Json], inputs: dict[str, Json]) -> list[str]:
+    by_key = {t["idempotencyKey"]: t for t in tickets}
+    violations = []
+    for name, run in sorted(world.runs.items()):
+        status = run.get("status") or {}
+        if phase_of(run) != "Succeeded":
+            continue
+        result = status.get("result") or {}
+        ticket = by_key.get(ticket_key(name))
+        if ticket is None or result.get("ticket") != ticket["id"]:
+            violations.append(f"{name}: result {result}, the service holds {ticket}")
+            continue
+        resumed = [a for a in world.attempts_of(name) if str(a["spec"]["reason"]).startswith("resume:")]
+        asked = inputs.get(name, {}).get("askPriority", True)
+        expected = (resumed[-1]["spec"].get("input") or {}).get("priority") if resumed else None
+        if asked and result.get("priority") != expected:
+            violations.append(f"{name}: result priority {result.get('priority')}, the answer was {expected}")
+        if ticket["title"] != f"[{result.get('priority') or 'normal'}] {inputs.get(name, {}).get('title')}":
+            violations.append(f"{name}: ticket title {ticket['title']!r} vs result {result}")
+    return violations
+
+
+def controls_mishandled(world: World, records: Records) -> list[str]:
+    violations = list(records.double_click_applied_twice) + list(records.key_reuse_accepted)
+    for name, run in sorted(world.runs.items()):
+        keys = collections.Counter(
+            c["idempotencyKey"] for c in (run.get("status") or {}).get("controls") or []
+        )
+        violations += [f"{name}: control {key} recorded {n} times" for key, n in keys.items() if n > 1]
+    return violations
+
+
+# ---- the report ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    profile: str
+    seed: int
+    runs: int
+    faults: dict[str, int]
+    conditions: dict[str, int]
+    violations: dict[str, list[str]]
+    unverifiable: list[str]
+    figures: dict[str, Any]
+    seconds: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+    def to_json(self) -> Json:
+        return {
+            "profile": self.profile,
+            "seed": self.seed,
+            "runs": self.runs,
+            "faults": self.faults,
+            "faultsTotal": sum(self.faults.values()),
+            "conditions": self.conditions,
+            "invariants": {key: len(found) for key, found in self.violations.items()},
+            "violations": self.violations,
+            "unverifiable": self.unverifiable,
+            "figures": self.figures,
+            "seconds": self.seconds,
+            "ok": self.ok,
+        }
+
+    def render(self) -> str:
+        lines = [
+            f"chaos report: profile {self.profile}, seed {self.seed}, {self.runs} Runs, "
+            f"{sum(self.faults.values())} faults; fault window {self.seconds['window']:.0f}s, "
+            f"total {self.seconds['total']:.0f}s",
+            "faults injected, by kind:",
+            *(f"  {kind:<34} {count:>5}" for kind, count in sorted(self.faults.items())),
+            "conditions of the ticket service (not counted as faults): "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(self.conditions.items())),
+            "figures:",
+            *(f"  {key:<52} {value}" for key, value in self.figures.items()),
+            "invariants (each must be 0):",
+            *(f"  {label:<60} {len(self.violations[key]):>3}" for key, label in INVARIANTS),
+        ]
+        if self.unverifiable:
+            lines += ["not verifiable (a lost answer; not counted):", *(f"  {u}" for u in self.unverifiable)]
+        for key, label in INVARIANTS:
+            if self.violations[key]:
+                lines += [f"VIOLATIONS: {label}:", *(f"  - {v}" for v in self.violations[key][:40])]
+        lines.append("chaos: OK, no invariant violated" if self.ok else "chaos: FAILED, invariants violated")
+        return "\n".join(lines)
+
+
+def build_report(
+    chaos: Chaos,
+    *,
+    settled: World,
+    final: World,
+    audit: list[Json],
+    stuck_after_faults: list[str],
+    stuck_after_resolution: list[str],
+    window_seconds: float,
+) -> Report:
+    records = chaos.records
+    tickets = chaos.tickets.tickets()
+    after_cancel, unverifiable = results_after_cancel(final, records.cancels)
+    stuck = [f"{n}: {phase_of(settled.runs.get(n, {}))} after the faults" for n in stuck_after_faults]
+    stuck += [f"{n}: {phase_of(final.runs.get(n, {}))} after the resolution" for n in stuck_after_resolution]
+    violations = {
+        "tickets_created_twice": tickets_created_twice(audit),
+        "results_after_cancel": after_cancel,
+        "stale_lease_commits": stale_lease_commits(final),
+        "stuck_runs": stuck,
+        "unknown_not_surfaced": [f"after the faults: {v}" for v in unknown_not_surfaced(settled)]
+        + [f"at the end: {v}" for v in unknown_not_surfaced(final)],
+        "history_lost": history_lost(final, records),
+        "results_disagree": results_disagree(final, tickets, chaos.spec_of),
+        "controls_mishandled": controls_mishandled(final, records),
+    }
+    attempt_phases = collections.Counter(str((a.get("status") or {}).get("phase")) for a in final.attempts)
+    rejected = collections.Counter(
+        str(a["status"]["rejectedCommit"].get("reason"))
+        for a in final.attempts
+        if (a.get("status") or {}).get("rejectedCommit")
+    )
+    reasons = collections.Counter(str(a["spec"]["reason"]).split(":")[0] for a in final.attempts)
+    asked_again = sum(
+        1
+        for run in final.runs.values()
+        if sum(
+            1
+            for c in (run.get("status") or {}).get("controls") or []
+            if c.get("op") == "Resume" and c.get("outcome") == "Accepted"
+        )
+        > 1
+    )
+    events = collections.Counter(e["event"] for e in audit)
+    unfinished = [
+        f"{a['metadata']['name']} {(a.get('status') or {}).get('phase')} "
+        f"(Run {phase_of(final.runs.get(a['spec']['runName'], {}))})"
+        for a in final.attempts
+        if phase_of(final.runs.get(a["spec"]["runName"], {})) in TERMINAL
+        and (a.get("status") or {}).get("phase") not in FINISHED_ATTEMPT
+    ]
+    judged = collections.Counter(
+        f"{c.get('op')} {c.get('outcome')} {c.get('reason')}"
+        for run in final.runs.values()
+        for c in (run.get("status") or {}).get("controls") or []
+    )
+    figures: dict[str, Any] = {
+        "Runs after the faults": dict(collections.Counter(phase_of(r) for r in settled.runs.values())),
+        "Runs at the end": dict(collections.Counter(phase_of(r) for r in final.runs.values())),
+        "Attempts": len(final.attempts),
+        "Attempts by reason": dict(reasons),
+        "Attempts by phase": dict(attempt_phases),
+        "late writes refused by the fences (rejectedCommit)": dict(rejected),
+        "tickets created / creates replayed by key / closed": (
+            f"{events['created']} / {events['replayed']} / {events['closed']}"
+        ),
+        "NeedsReconciliation after the faults": sum(
+            1 for r in settled.runs.values() if phase_of(r) == "NeedsReconciliation"
+        ),
+        "SideEffects resolved by the harness / retries asked": (
+            f"{records.resolutions} / {records.retries_requested}"
+        ),
+        "cancels written / refused by the API server": f"{len(records.cancels)} / {records.cancels_refused}",
+        "cancels too late (the commit came first, the Run Succeeded)": sum(
+            1
+            for r in final.runs.values()
+            if phase_of(r) == "Succeeded"
+            and int((r["status"].get("committedBy") or {}).get("cancelEpoch", 0))
+            < int(r["spec"].get("cancelEpoch", 0))
+        ),
+        "resumes written / refused by the API server": (
+            f"{sum(r.outcome == 'written' for r in records.resumes)} / "
+            f"{sum(r.outcome == 'refused' for r in records.resumes)}"
+        ),
+        "control requests judged by the operator (op outcome reason)": dict(sorted(judged.items())),
+        "answers given as a person would (not faults)": records.answers,
+        "Runs asked the same question again after an answer": asked_again,
+        "Attempts left unfinished on an ended Run": unfinished,
+        "Attempts after the first with reason 'initial'": [
+            a["metadata"]["name"]
+            for a in final.attempts
+            if a["spec"]["number"] > 1 and a["spec"]["reason"] == "initial"
+        ],
+        "Attempts failed as 'Pod disappeared'": sum(
+            "disappeared" in str(((a.get("status") or {}).get("failure") or {}).get("message"))
+            for a in final.attempts
+        ),
+        "Runs Failed, by failure class and reason": dict(
+            collections.Counter(
+                f"{(r['status'].get('failure') or {}).get('class')} "
+                f"{(r['status'].get('failure') or {}).get('reason')}"
+                for r in final.runs.values()
+                if phase_of(r) == "Failed"
+            )
+        ),
+        "operator starts": records.operator_starts,
+        "kube-apiserver restarts (seconds each)": [round(s, 1) for s in records.apiserver_restarts],
+    }
+    return Report(
+        profile="",
+        seed=chaos.seed,
+        runs=len(chaos.launched),
+        faults=dict(records.faults),
+        conditions=dict(records.conditions),
+        violations=violations,
+        unverifiable=unverifiable,
+        figures=figures,
+        seconds={"window": window_seconds, "total": chaos.elapsed()},
+    )
+
+
+# ---- main ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="small")
+    parser.add_argument("--runs", type=int, help="Runs launched in all (default: the profile's)")
+    parser.add_argument("--faults", type=int, help="faults to inject, at most (default: the profile's)")
+    parser.add_argument("--seconds", type=float, help="the fault window, at most (default: the profile's)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--state-dir", type=Path, help="default: a temporary directory, removed unless kept")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory (logs) in any case")
+    parser.add_argument("--report", type=Path, help="also write the report as JSON here")
+    return parser.parse_args(argv)
+
+
+def _stop_on_sigterm(signum: int, _: object) -> None:
+    # As for Ctrl-C: unwind, so that tear-down continues frozen processes and stops everything started.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    profile = PROFILES[args.profile]
+    overrides = {
+        k: v for k, v in (("runs", args.runs), ("faults", args.faults), ("seconds", args.seconds)) if v
+    }
+    profile = replace(profile, **overrides)
+    profile = replace(profile, concurrency=min(profile.concurrency, profile.runs))
+    temporary = args.state_dir is None
+    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="agentrun-chaos-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    chaos = Chaos(profile, args.seed, state_dir.resolve(), say)
+    report: Report | None = None
+    try:
+        report = chaos.run()
+        report.profile = args.profile
+    except (HarnessError, ApiError, AnswerLost, urllib.error.URLError, OSError) as exc:
+        say(f"chaos: the harness could not finish: {type(exc).__name__}: {exc}")
+        if chaos.operator is not None:
+            say(f"operator log tail:\n{chaos.operator.log_tail()}")
+    finally:
+        chaos.teardown()
+    keep = args.keep or report is None or not report.ok
+    if report is not None:
+        say(report.render())
+        if args.report:
+            args.report.write_text(json.dumps(report.to_json(), indent=2))
+    if keep:
+        say(f"chaos: logs and state kept in {state_dir}")
+    elif temporary:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    if report is None:
+        return 2
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

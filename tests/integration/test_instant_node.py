@@ -1,0 +1,94 @@
+"""The node agent's instant mode (hack/devcluster/nodeagent/instant.py) on a control plane of its own.
+
+An echo Run goes to Succeeded through the real SDK protocol, run inside the node agent's process with the
+Pod's service-account kubeconfig: the Lease is renewed by the Attempt, the commit is fenced, the Pod
+reports exit code 0 like a process would. A Pod with any other command completes at once with exit 0
+(the instant mode of the Job pods in the benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrun.examples.manifests import agent_run
+from devcluster.cluster import LocalCluster
+from devcluster.operator import OperatorProcess
+from devcluster.processes import free_port
+from support.agentrun import install_crds
+from support.kube import Kube
+from support.runs import attempts, create_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """Overrides the session's `kube` in this module: a control plane of its own, in instant mode."""
+    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("instant-cluster"), instant=True)
+    try:
+        cluster.start()
+        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
+        install_crds(kube)
+        yield kube
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def namespaced_operator(kube: Kube, run_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        kube.kubeconfig,
+        tmp_path / "operator.log",
+        env={"AGENTRUN_METRICS_PORT": str(free_port())},
+        args=[f"--namespace={run_namespace}"],
+    )
+    process.start()
+    process.wait_ready()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.mark.timeout(60)
+def test_echo_run_succeeds_in_the_node_agents_process(
+    kube: Kube, run_namespace: str, namespaced_operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, agent_run("echo", "echo", {"hello": "instant"}))
+    run = wait_phase(kube, ns, "echo", {"Succeeded", "Failed"}, timeout=40)
+    assert run["status"]["phase"] == "Succeeded", namespaced_operator.log_tail()
+    assert run["status"]["result"] == {"echo": {"hello": "instant"}}
+    assert run["status"]["committedBy"] == {"attempt": "echo-a1", "leaseEpoch": 1, "cancelEpoch": 0}
+    (attempt,) = attempts(kube, ns, "echo")
+    assert attempt["status"]["phase"] == "Succeeded"
+
+    pod = kube.wait_pod_phase("echo-a1", ns, ("Succeeded", "Failed"))
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["containerID"].startswith("instant://")  # no process was started for it
+    assert container["state"]["terminated"]["exitCode"] == 0
+    assert pod["status"]["phase"] == "Succeeded"
+    # the Attempt renewed the Lease it was granted (renew_once before the agent starts), with the Pod's
+    # service account: the node's own credentials may not even read a Run
+    lease = kube.coordination.read_namespaced_lease("echo.run.agentrun.dev", ns)
+    assert (lease.spec.holder_identity, lease.spec.lease_transitions) == ("echo-a1", 1)
+    assert lease.spec.renew_time > lease.spec.acquire_time
+
+
+@pytest.mark.timeout(60)
+def test_other_containers_complete_at_once(kube: Kube, namespace: str) -> None:
+    body = {
+        "metadata": {"name": "not-run"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "none", "command": ["sh", "-c", "exit 3"]}],
+        },
+    }
+    kube.core.create_namespaced_pod(namespace, body)
+    pod = kube.wait_pod_phase("not-run", namespace, ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Succeeded"
+    (container,) = pod["status"]["containerStatuses"]
+    assert container["state"]["terminated"]["exitCode"] == 0

@@ -1,0 +1,108 @@
+"""The invariant checks of the chaos run (bench/chaos.py) find what they are meant to find: each is shown a
+small world that breaks its promise, and one that keeps it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+
+
+@pytest.fixture(scope="module")
+def chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("chaos_under_test", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(name: str, phase: str, cancel_epoch: int = 0, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {"cancelEpoch": cancel_epoch},
+        "status": {"phase": phase, **status},
+    }
+
+
+def attempt(run_name: str, number: int, epoch: int, phase: str = "Succeeded", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{run_name}-a{number}"},
+        "spec": {"runName": run_name, "number": number, "leaseEpoch": epoch, "reason": "initial", **spec},
+        "status": {"phase": phase},
+    }
+
+
+def committed(run_name: str, number: int, lease: int, cancel: int = 0) -> dict[str, Any]:
+    return {"attempt": f"{run_name}-a{number}", "leaseEpoch": lease, "cancelEpoch": cancel}
+
+
+def succeeded(chaos: ModuleType, lease: int = 2) -> Any:
+    """Run r Succeeded: Attempt 1 failed, Attempt 2 (lease epoch 2) committed with lease epoch `lease`."""
+    cb = committed("r", 2, lease)
+    runs = {"r": run("r", "Succeeded", currentAttempt=2, attempts=2, leaseEpoch=2, result={}, committedBy=cb)}
+    return chaos.World(
+        runs=runs, attempts=[attempt("r", 1, 1, "Failed"), attempt("r", 2, 2)], checkpoints=[], effects=[]
+    )
+
+
+def test_a_second_creation_under_one_key_is_counted(chaos: ModuleType) -> None:
+    audit = [
+        {"event": "created", "idempotencyKey": "k1"},
+        {"event": "replayed", "idempotencyKey": "k1"},
+        {"event": "created", "idempotencyKey": "k2"},
+    ]
+    assert chaos.tickets_created_twice(audit) == []
+    assert len(chaos.tickets_created_twice([*audit, {"event": "created", "idempotencyKey": "k1"}])) == 1
+
+
+def test_a_result_written_after_the_cancel_is_a_violation(chaos: ModuleType) -> None:
+    world = succeeded(chaos)
+    world.runs["r"]["spec"]["cancelEpoch"] = 1
+    # The cancel's answer showed no result yet: the result came after it.
+    after = [chaos.CancelRecord("r", 1, None)]
+    assert len(chaos.results_after_cancel(world, after)[0]) == 1
+    # The cancel's answer already held this very commit: too late a cancel, the Run rightly Succeeded.
+    before = [chaos.CancelRecord("r", 1, committed("r", 2, 2))]
+    assert chaos.results_after_cancel(world, before) == ([], [])
+    world.runs["r"]["status"]["phase"] = "Cancelled"
+    assert len(chaos.results_after_cancel(world, before)[0]) == 2  # Cancelled with a result, not Succeeded
+
+
+def test_a_commit_with_another_lease_epoch_is_a_violation(chaos: ModuleType) -> None:
+    assert chaos.stale_lease_commits(succeeded(chaos)) == []
+    assert len(chaos.stale_lease_commits(succeeded(chaos, lease=1))) == 2  # the Attempt's and the Run's
+    world = succeeded(chaos)
+    world.attempts[0]["spec"]["leaseEpoch"] = 2  # two Attempts with one epoch
+    assert len(chaos.stale_lease_commits(world)) == 1
+
+
+def test_an_unknown_effect_must_stop_the_run_and_be_counted(chaos: ModuleType) -> None:
+    effect = {"metadata": {"name": "sfx-1"}, "spec": {"runName": "r"}, "status": {"state": "Unknown"}}
+    unsure = run("r", "NeedsReconciliation", sideEffects={"unknown": 1})
+    assert chaos.unknown_not_surfaced(chaos.World({"r": unsure}, [], [], [effect])) == []
+    unsure["status"]["sideEffects"]["unknown"] = 0
+    assert len(chaos.unknown_not_surfaced(chaos.World({"r": unsure}, [], [], [effect]))) == 1
+    done = run("r", "Succeeded", sideEffects={"unknown": 1})
+    assert len(chaos.unknown_not_surfaced(chaos.World({"r": done}, [], [], [effect]))) == 1
+
+
+def test_a_missing_attempt_or_input_record_is_history_lost(chaos: ModuleType) -> None:
+    records = chaos.Records()
+    assert chaos.history_lost(succeeded(chaos), records) == []
+    gap = succeeded(chaos)
+    gap.attempts.pop(0)
+    assert len(chaos.history_lost(gap, records)) == 1
+    orphan = succeeded(chaos)
+    orphan.runs["r"]["status"]["inputs"] = [{"requestId": "r-r1", "idempotencyKey": "k"}]
+    found = chaos.history_lost(orphan, records)
+    assert any("no Accepted Resume" in v for v in found), found
+    records.accepted_seen["r"].add("k")
+    assert any("is gone" in v for v in chaos.history_lost(succeeded(chaos), records))
