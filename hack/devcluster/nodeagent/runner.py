@@ -185,8 +185,6 @@ class PodRunner:
                 self._set_condition("PodReadyToStartContainers", "True")
                 if await self._run_init_containers():
                     self._set_condition("Initialized", "True")
-                    self.phase = "Running"
-                    self._mark_changed()
                     await asyncio.gather(*(self._supervise(c) for c in self.containers))
             self.phase = self._terminal_phase()
             self._refresh_readiness()
@@ -287,6 +285,8 @@ class PodRunner:
             return 128
         started_at = now_rfc3339()
         c.state = {"running": {"startedAt": started_at}}
+        if not c.init:
+            self.phase = "Running"  # as the kubelet reports it: once a container has started
         self._refresh_readiness()
         await self.host.event(self.pod, "Started", f"Started container {c.name} ({c.process.label})")
         exit_code = await c.process.wait()
