@@ -49,6 +49,18 @@ def render(r: dict[str, Any], findings: str) -> str:
             ],
         )
     )
+    if r.get("sections") and r.get("load_samples"):
+        rows = []
+        for name, start, end in r["sections"]:
+            loads = [load for t, load in r["load_samples"] if start <= t <= end] or [float("nan")]
+            rows.append([name, f"{end - start:.0f} s", f"{statistics.mean(loads):.1f}", f"{max(loads):.1f}"])
+        out += [
+            "",
+            "The machine is shared with other engineers' test runs. 1-min load during each section "
+            "(sampled every 5 s; this benchmark alone keeps it near 2-3 on 2 cores while a batch runs):",
+            "",
+            _table(["section", "took", "mean load", "max load"], rows),
+        ]
     out += ["", "Commands:", "", "```sh", COMMANDS, "```", ""]
     out += [
         "Two local control planes (hack/devcluster: etcd, kube-apiserver, kube-controller-manager, "

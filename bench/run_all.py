@@ -12,9 +12,12 @@ to bench/results.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,30 @@ import throughput
 from harness import Bench, cpu_seconds, load1, log, machine, versions
 
 HERE = Path(__file__).resolve().parent
+BEGAN = time.monotonic()
+
+
+class LoadSampler(threading.Thread):
+    """The machine's 1-min load every 5 s: other engineers share it, and the report says how much."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="load sampler")
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic() - BEGAN, load1()))
+            time.sleep(5)
+
+
+@contextlib.contextmanager
+def section(results: dict[str, Any], name: str) -> Iterator[None]:
+    """Records when a section ran (seconds since the start), for the load table of the report."""
+    start = time.monotonic() - BEGAN
+    try:
+        yield
+    finally:
+        results.setdefault("sections", []).append([name, start, time.monotonic() - BEGAN])
 
 
 def component_pids(bench: Bench) -> dict[str, int]:
@@ -51,7 +78,8 @@ def instant_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
                 pids = component_pids(bench)
                 cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
                 load = load1()
-                batch = throughput.batch(bench, kind, ns, args.n, timeout=1200)
+                with section(results, f"throughput: {kind}"):
+                    batch = throughput.batch(bench, kind, ns, args.n, timeout=1200)
                 cpu = {k: round((cpu_seconds(p) - cpu0[k]) / args.n * 1000, 1) for k, p in pids.items()}
                 batches.append(
                     batch.summary()
@@ -69,20 +97,24 @@ def instant_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
             "agentrun.dev", "v1alpha1", "tp-runs-0", "runs", "w0"
         )
 
-        results["footprint"] = [cost.footprint(bench, runs_existing)]
+        with section(results, f"footprint: {runs_existing} Runs"):
+            results["footprint"] = [cost.footprint(bench, runs_existing)]
 
-        results["lifecycle"] = latency.lifecycle(
-            bench, bench.namespace("latency"), args.latency_runs, args.latency_rate
-        )
+        with section(results, "latency: lifecycle"):
+            results["lifecycle"] = latency.lifecycle(
+                bench, bench.namespace("latency"), args.latency_runs, args.latency_rate
+            )
         runs_existing += 2 * args.latency_runs
-        results["cancel"] = latency.cancel(bench, bench.namespace("cancel"), args.latency_runs, 10.0)
+        with section(results, "latency: cancel"):
+            results["cancel"] = latency.cancel(bench, bench.namespace("cancel"), args.latency_runs, 10.0)
         runs_existing += args.latency_runs
 
         ceilings = []
         for rep in range(3):
             ns = f"ceiling-{rep}"
             bench.kube.core.create_namespace({"metadata": {"name": ns}})
-            ceilings.append(ceiling.ceiling(bench, ns, args.ceiling_objects))
+            with section(results, f"ceiling {rep}"):
+                ceilings.append(ceiling.ceiling(bench, ns, args.ceiling_objects))
         results["ceiling"] = ceilings
 
         bulk = max(0, args.many - runs_existing)
@@ -91,9 +123,11 @@ def instant_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
         seconds = cost.finished_runs(bench, bench.namespace("finished"), bulk, template)
         runs_existing += bulk
         results["bulk"] = {"runs": bulk, "seconds": round(seconds, 1)}
-        results["footprint"].append(cost.footprint(bench, runs_existing))
+        with section(results, f"footprint: {runs_existing} Runs"):
+            results["footprint"].append(cost.footprint(bench, runs_existing))
 
-        results["lease_load"] = cost.lease_load(bench, bench.namespace("leases"), args.lease_attempts)
+        with section(results, "lease load"):
+            results["lease_load"] = cost.lease_load(bench, bench.namespace("leases"), args.lease_attempts)
         results["instant_logs"] = str(state / "instant")
     finally:
         bench.stop()
@@ -111,7 +145,8 @@ def unthrottled_jobs_suite(args: argparse.Namespace, state: Path, results: dict[
         pids = component_pids(bench)
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
         load = load1()
-        batch = throughput.batch(bench, "jobs", bench.namespace("tp-jobs"), args.n, timeout=1200)
+        with section(results, "throughput: jobs, unthrottled"):
+            batch = throughput.batch(bench, "jobs", bench.namespace("tp-jobs"), args.n, timeout=1200)
         cpu = {k: round((cpu_seconds(p) - cpu0[k]) / args.n * 1000, 1) for k, p in pids.items()}
         results["jobs_unthrottled"] = batch.summary() | {
             "flags": " ".join(UNTHROTTLED),
@@ -126,10 +161,11 @@ def process_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
     bench = Bench(state / "processes", instant=False)
     try:
         bench.start()
-        results["process_echo"] = processes.echo(bench, bench.namespace("echo"), args.process_runs)
-        results["replacement"] = processes.replacement(
-            bench, bench.namespace("replace"), args.process_workers
-        )
+        with section(results, "real processes"):
+            results["process_echo"] = processes.echo(bench, bench.namespace("echo"), args.process_runs)
+            results["replacement"] = processes.replacement(
+                bench, bench.namespace("replace"), args.process_workers
+            )
     finally:
         bench.stop()
 
@@ -162,12 +198,15 @@ def main() -> None:
     }
     log(f"load {results['load1_at_start']}; machine {results['machine']}")
     began = time.monotonic()
+    sampler = LoadSampler()
+    sampler.start()
     with tempfile.TemporaryDirectory(prefix="agentrun-bench-") as tmp:
         state = Path(tmp)
         instant_suite(args, state, results)
         unthrottled_jobs_suite(args, state, results)
         process_suite(args, state, results)
     results["load1_at_end"] = load1()
+    results["load_samples"] = sampler.samples
     results["total_seconds"] = round(time.monotonic() - began)
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     args.out.write_text(report.render(results, (HERE / "findings.md").read_text()))
