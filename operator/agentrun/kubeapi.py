@@ -142,6 +142,20 @@ class KubeApi:
                 return None
             raise
 
+    async def list_all(
+        self, collection: str, label_selector: str | None = None, page: int = 500
+    ) -> list[JsonDict]:
+        """Every item of a collection, fetched in pages (items carry no kind: the collection names it)."""
+        items: list[JsonDict] = []
+        query = {"limit": str(page), **({"labelSelector": label_selector} if label_selector else {})}
+        while True:
+            found = await self.request("GET", collection, query=query)
+            items.extend(found.get("items") or [])
+            token = (found.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
     async def create(self, path: str, body: JsonDict) -> JsonDict:
         return await self.request("POST", path, body)
 
@@ -155,7 +169,8 @@ class KubeApi:
     async def json_patch(self, path: str, operations: list[JsonDict]) -> JsonDict:
         return await self.request("PATCH", path, operations, content_type=JSON_PATCH)
 
-    async def delete(self, path: str, grace_seconds: int | None = None) -> None:
+    async def delete(self, path: str, grace_seconds: int | None = None) -> bool:
+        """Deletes (in the background); False when there was nothing to delete."""
         body: JsonDict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
@@ -164,6 +179,8 @@ class KubeApi:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+            return False
+        return True
 
     async def watch(self, collection: str, name: str, timeout_seconds: int = 60) -> AsyncIterator[JsonDict]:
         """Watch events ({type, object}) of one object until the server ends the stream."""

@@ -29,7 +29,7 @@ from agentrun.api import (
     SideEffect,
     json_digest,
 )
-from agentrun.core import report
+from agentrun.core import failures, report
 from agentrun.core.conditions import conditions_for
 from agentrun.core.failures import fingerprint
 from agentrun.core.lease import LeaseView, Sighting, seconds_until_expiry, sight
@@ -1508,6 +1508,127 @@ def test_grant_carries_the_cancel_epoch() -> None:
     assert of_type(plan, CreatePod)[0].body["metadata"]["annotations"]["agentrun.dev/cancel-epoch"] == "2"
 
 
+CARRIED = {"priority": "high"}
+ANSWERED_ATTEMPT = make_attempt(  # resumed from LATEST_CHECKPOINT with CARRIED, then failed
+    2,
+    phase="Failed",
+    reason="resume:req-1",
+    failure=failure_of(FailureClass.TRANSIENT),
+    resume_from=LATEST_CHECKPOINT,
+    input_value=CARRIED,
+)
+CARRIED_ANSWERS = {
+    "resume-failed-before-a-checkpoint": (ANSWERED_ATTEMPT, LATEST_CHECKPOINT, CARRIED),
+    "resume-failed-after-a-new-checkpoint": (ANSWERED_ATTEMPT, "ckpt-8", None),
+    "a-carried-answer-is-carried-again": (
+        make_attempt(
+            2,
+            phase="Failed",
+            failure=failure_of(FailureClass.INFRASTRUCTURE),
+            resume_from=LATEST_CHECKPOINT,
+            input_value=CARRIED,
+        ),
+        LATEST_CHECKPOINT,
+        CARRIED,
+    ),
+    "lease-lost-before-a-checkpoint": (
+        make_attempt(
+            2,
+            phase="LeaseLost",
+            reason="resume:req-1",
+            failure=failure_of(FailureClass.LEASE_LOST),
+            resume_from=LATEST_CHECKPOINT,
+            input_value=CARRIED,
+        ),
+        LATEST_CHECKPOINT,
+        CARRIED,
+    ),
+    "no-answer-to-carry": (failed_attempt(2, FailureClass.TRANSIENT), LATEST_CHECKPOINT, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("previous", "latest", "carried"), CARRIED_ANSWERS.values(), ids=CARRIED_ANSWERS.keys()
+)
+def test_an_automatic_retry_carries_an_answer_not_built_on_yet(
+    previous: Attempt, latest: str, carried: Any
+) -> None:
+    """An answered Attempt that fails before saving a Checkpoint leaves the Run at the same waiting point:
+    its retry gets the same answer, or the agent would ask again what was answered already."""
+    world = backing_off(2, previous=previous, latestCheckpoint=latest, spec={"retry": {"maxAttempts": 5}})
+    spec = of_type(decide(world), CreateAttempt)[0].body["spec"]
+
+    assert spec["resumeFrom"] == latest
+    assert spec.get("input") == carried
+    assert spec["reason"] != "initial"
+
+
+def test_an_interrupted_retry_grant_is_recreated_with_the_carried_answer() -> None:
+    run = make_run(run_status("Running", current=3, lease_epoch=3, latestCheckpoint=LATEST_CHECKPOINT))
+    plan = decide(
+        make_world(
+            run, attempts=[failed_attempt(1, FailureClass.TRANSIENT), ANSWERED_ATTEMPT], lease=held_by(3)
+        )
+    )
+    spec = of_type(plan, CreateAttempt)[0].body["spec"]
+
+    assert (spec["number"], spec["reason"], spec.get("input")) == (3, "retry:transient", CARRIED)
+
+
+LEFTOVERS = {
+    "pending-attempt-with-its-pod-running": (
+        "Cancelled",
+        make_attempt(2, phase="Pending", started=False),
+        running_pod(2),
+        True,
+    ),
+    "running-attempt-without-a-pod": ("Cancelled", make_attempt(2), None, False),
+    "attempt-without-status-pod-stopping": (
+        "Failed",
+        make_attempt(2, phase=None, started=False),
+        running_pod(2, deleting=True),
+        False,
+    ),
+    "pending-attempt-pod-ended": ("Succeeded", make_attempt(2, phase="Pending"), ended_pod(2, 0), False),
+}
+
+
+@pytest.mark.parametrize(("phase", "leftover", "pod", "stops_pod"), LEFTOVERS.values(), ids=LEFTOVERS.keys())
+def test_a_stopped_run_aborts_the_attempts_its_stop_did_not_see(
+    phase: str, leftover: Attempt, pod: PodView | None, stops_pod: bool
+) -> None:
+    """A grant that raced with a cancel, or an Attempt the operator's cache did not hold yet when the Run
+    stopped: once seen, it is Aborted and its Pod stopped, so no Attempt of an ended Run reads as going."""
+    world = at_rest(phase)
+    world = replace(
+        world,
+        attempts={**world.attempts, 2: leftover},
+        pods={pod.name: pod} if pod else {},
+    )
+    plan = decide(world)
+
+    assert attempt_patches(plan) == {
+        name_of(2): [
+            {
+                "phase": "Aborted",
+                "completionTime": ts(NOW),
+                "failure": failures.failure(
+                    FailureClass.CANCELLED, f"the Run was {phase} before this Attempt finished"
+                ).to_api(),
+            }
+        ]
+    }
+    assert of_type(plan, DeletePod) == ([DeletePod(name_of(2))] if stops_pod else [])
+    assert of_type(plan, CreateAttempt) == [] and of_type(plan, CreatePod) == []
+
+
+def test_a_stopped_run_with_finished_attempts_writes_nothing_to_them() -> None:
+    plan = decide(at_rest("Cancelled"))
+
+    assert attempt_patches(plan) == {}
+    assert of_type(plan, DeletePod) == []
+
+
 # ---- crash recovery ----------------------------------------------------------------------------------------
 
 
@@ -2966,7 +3087,8 @@ STORIES = {
         {"retry": {"maxAttempts": 2}},
         user=(("InputRequired", answer("yes", "answer-1")),),
         controls=[("Resume", "Accepted", "Accepted")],
-        inputs={3: "yes"},
+        # Attempt 3 failed before saving a Checkpoint after the answer: its retry carries the answer on.
+        inputs={3: "yes", 4: "yes"},
     ),
     # Lease loss is not retried here: the Run fails with the Lease revoked at epoch 2, and the manual
     # retry's Attempt 2 is granted that same epoch.

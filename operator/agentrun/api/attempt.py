@@ -99,7 +99,12 @@ class AttemptSpec(ApiModel):
         description="Why the Attempt was started: initial, retry:<failure class>, lease_expired, "
         "resume:<requestId> or manual_retry.",
     )
-    input: FreeJson = Field(None, description="The resume value, when the Attempt answers a pending request.")
+    input: FreeJson = Field(
+        None,
+        description="The resume value, when the Attempt answers a pending request; or, on an automatic "
+        "retry, the answer the failed Attempt was given, when it saved no Checkpoint after it (so the "
+        "agent is not asked again).",
+    )
 
 
 class AttemptFailure(FailureInfo):

@@ -84,6 +84,7 @@ def decide(world: World) -> Plan:
     if external.judge_requests(d, current or 0):
         return d.plan
     if stopped:
+        _abort_leftovers(d)
         _refresh_report(d)
         return d.plan  # only a manual retry (spec.retryRequest) moves a Failed Run on
 
@@ -100,7 +101,7 @@ def decide(world: World) -> Plan:
         due = status.next_attempt_time
         if due is None or world.now >= due:
             number = (current or 0) + 1
-            d.grant(number, _reason_after(world.attempts.get(number - 1), world))
+            d.grant(number, *_automatic_retry(world, number))
         else:
             d.plan.wake_in((due - world.now).total_seconds())
     elif phase == RunPhase.RUNNING and current:
@@ -200,7 +201,21 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
         answer = status.inputs[-1]  # the newest accepted input
         same = resume is not None and resume.idempotency_key == answer.idempotency_key
         return AttemptReason.resume(answer.request_id), resume.value if same and resume else None
-    return _reason_after(world.attempts.get(number - 1), world), None
+    return _automatic_retry(world, number)
+
+
+def _automatic_retry(world: World, number: int) -> tuple[str, Any]:
+    """(reason, input) of Attempt `number`, which the operator starts because Attempt `number - 1` failed.
+
+    The input is the answer the failed Attempt was given if it saved no Checkpoint after it: the retry
+    continues from the same waiting point, and without the answer the agent would ask again a question
+    that was already answered (and accepted). Once a newer Checkpoint exists, the state carries it on.
+    """
+    previous = world.attempts.get(number - 1)
+    carried = None
+    if previous is not None and previous.spec.resume_from == world.run.status.latest_checkpoint:
+        carried = previous.spec.input
+    return _reason_after(previous, world), carried
 
 
 def _conclude(d: Decision, attempt: Attempt, pod: PodView) -> None:
@@ -253,6 +268,21 @@ def _after_attempt(
         d.after_failure(attempt.spec.number, failure, phase or AttemptPhase.FAILED)
     else:
         d.after_failure(attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
+
+
+def _abort_leftovers(d: Decision) -> None:
+    """A stopped Run has no Attempt still going. One its stop did not see (its grant raced with a cancel,
+    or the operator's cache did not hold it yet) is aborted now and its Pod stopped: its writes are
+    fenced off already, and its history must not read as if it were still running."""
+    phase = d.status.phase.value if d.status.phase else "stopped"
+    for attempt in d.w.attempts.values():
+        if attempt.status.phase in FINISHED_ATTEMPT:
+            continue
+        message = f"the Run was {phase} before this Attempt finished"
+        d.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, message))
+        pod = d.w.pods.get(str(attempt.metadata.name))
+        if pod is not None and not pod.finished and not pod.deleting:
+            d.plan.add(DeletePod(pod.name))
 
 
 def _refresh_report(d: Decision) -> None:

@@ -10,7 +10,7 @@ import os
 
 import kopf
 
-import agentrun.operator.handlers  # noqa: F401  (importing registers the handlers with kopf)
+import agentrun.operator.handlers  # importing registers the handlers with kopf
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, logs
 from agentrun.operator.settings import OperatorSettings
@@ -18,6 +18,7 @@ from agentrun.operator.settings import OperatorSettings
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
     await bootstrap.prepare(KubeApi(threads=2), namespaces, OperatorSettings.from_env().peering)
+    agentrun.operator.handlers.state.namespaces = tuple(namespaces)
     settings = kopf.OperatorSettings()
     # Namespace-scoped mode runs without cluster-wide permissions: kopf need not (and cannot) list
     # namespaces or watch CRDs; the API was found served above.

@@ -66,7 +66,8 @@ class Executor:
                 case p.CreatePod(body=body):
                     await self._create_pod(body, ns, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):
-                    await self.api.delete(self.api.core_path("pods", ns, pod), grace)
+                    if not await self.api.delete(self.api.core_path("pods", ns, pod), grace):
+                        self._forget("pods", (ns, name), pod)
                 case p.DeleteCheckpoint(name=checkpoint):
                     await self.api.delete(self.api.custom_path("checkpoints", ns, checkpoint))
                 case p.RecordEvent():
@@ -93,6 +94,13 @@ class Executor:
         if existing is None:
             raise Superseded(f"{body['metadata']['name']} exists and vanished: decide again")
         return existing, False
+
+    def _forget(self, kind: str, key: tuple[str, str], name: str) -> None:
+        """An object the cache holds but the API server does not (deleted while nobody watched, e.g.
+        between the start-up listing and kopf's): without this, decide would wait on it forever."""
+        for obj in self.cache.of(kind, key):
+            if obj["metadata"]["name"] == name:
+                self.cache.remove(kind, obj)
 
     def _cached_lease(self, ns: str, run: str) -> JsonDict | None:
         name = lease_name(run)

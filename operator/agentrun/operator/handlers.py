@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -13,7 +14,7 @@ from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.core.lease import lease_view
 from agentrun.core.pods import pod_view
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import metrics
+from agentrun.operator import metrics, sync
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.settings import OperatorSettings, apply_settings
@@ -21,16 +22,9 @@ from agentrun.operator.settings import OperatorSettings, apply_settings
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
 
-OWNED = {
-    "attempts": (GROUP, VERSION, "attempts"),
-    "checkpoints": (GROUP, VERSION, "checkpoints"),
-    "sideeffects": (GROUP, VERSION, "sideeffects"),
-    "pods": ("", "v1", "pods"),
-    "leases": ("coordination.k8s.io", "v1", "leases"),
-}
-
 
 class _State:
+    namespaces: tuple[str, ...] = ()  # watched namespaces (none: the whole cluster), set before kopf starts
     reconciler: Reconciler | None = None
     task: asyncio.Task[None] | None = None
     metrics_server: WSGIServer | None = None
@@ -49,7 +43,11 @@ def _reconciler() -> Reconciler:
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     config = OperatorSettings.from_env()
     apply_settings(settings, config)
-    state.reconciler = Reconciler(KubeApi(), cache, workers=config.workers, metrics=metrics.METRICS)
+    api = KubeApi()
+    state.reconciler = Reconciler(api, cache, workers=config.workers, metrics=metrics.METRICS)
+    started = time.monotonic()
+    counts = await sync.fill(api, cache, state.namespaces)
+    log.info("cache filled in %.1fs: %s", time.monotonic() - started, counts)
     state.task = asyncio.create_task(state.reconciler.run(), name="reconciler")
     state.metrics_server = metrics.serve(config.metrics_port)
     log.info("agentrun operator started: %s", config)
@@ -118,7 +116,7 @@ def _owned_event(kind: str) -> Any:
     return handler
 
 
-for _kind, (_group, _version, _plural) in OWNED.items():
+for _kind, (_group, _version, _plural) in sync.OWNED.items():
     kopf.on.event(_group, _version, _plural, labels={RUN_LABEL: kopf.PRESENT}, id=f"{_kind}-event")(
         _owned_event(_kind)
     )

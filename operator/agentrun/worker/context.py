@@ -37,9 +37,9 @@ class Context:
         self.state: Any = resumed_from.spec.state if resumed_from else None
         # True when this Attempt continues after a pause: observations made before it are stale, and
         # the agent must look at its world again.
-        self.resumed = attempt.spec.reason.startswith("resume:")
+        self._answering = answered_request(run, attempt)
+        self.resumed = self._answering is not None
         self.resume_value: Any = attempt.spec.input if self.resumed else None
-        self._answering = attempt.spec.reason.removeprefix("resume:") if self.resumed else None
         self._answered = {i.request_id for i in run.status.inputs or []}
 
     # ---- checkpoints and interrupts ----------------------------------------------------------------
@@ -174,3 +174,17 @@ class Context:
             raise PermanentError(f"{tool} (key {key}) was not approved")
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {"requestId": request_id, "time": now}
+
+
+def answered_request(run: Run, attempt: Attempt) -> str | None:
+    """The request this Attempt brings the answer to: named by a resume's reason; for an automatic retry
+    that carries the answer on (spec.input, same Checkpoint), the newest input accepted for that
+    Checkpoint."""
+    if attempt.spec.reason.startswith("resume:"):
+        return attempt.spec.reason.removeprefix("resume:")
+    if attempt.spec.input is None or not attempt.spec.resume_from:
+        return None
+    for recorded in reversed(run.status.inputs or []):
+        if recorded.checkpoint_id == attempt.spec.resume_from:
+            return recorded.request_id
+    return None
