@@ -106,3 +106,33 @@ def test_a_missing_attempt_or_input_record_is_history_lost(chaos: ModuleType) ->
     assert any("no Accepted Resume" in v for v in found), found
     records.accepted_seen["r"].add("k")
     assert any("is gone" in v for v in chaos.history_lost(succeeded(chaos), records))
+
+
+MISRECORDED = {
+    "asked-again": (
+        lambda w: w.runs["r"]["status"].update(
+            controls=[
+                {"idempotencyKey": k, "op": "Resume", "outcome": "Accepted"} for k in ("answer-1", "answer-2")
+            ]
+        ),
+        "asked again",
+    ),
+    "going-on-an-ended-run": (lambda w: w.attempts[0]["status"].update(phase="Pending"), "Pending on a"),
+    "a-retry-called-initial": (lambda w: w.attempts[1]["spec"].update(reason="initial"), "'initial'"),
+    "pod-judged-lost": (
+        lambda w: w.attempts[0]["status"].update(failure={"message": "the attempt Pod disappeared"}),
+        "disappeared",
+    ),
+}
+
+
+@pytest.mark.parametrize(("spoil", "found"), MISRECORDED.values(), ids=MISRECORDED.keys())
+def test_history_that_reads_otherwise_than_it_happened_is_misrecorded(
+    chaos: ModuleType, spoil: Any, found: str
+) -> None:
+    world = succeeded(chaos)
+    world.attempts[1]["spec"]["reason"] = "retry:transient"
+    assert chaos.attempts_misrecorded(world) == []
+    spoil(world)
+    violations = chaos.attempts_misrecorded(world)
+    assert len(violations) == 1 and found in violations[0], violations

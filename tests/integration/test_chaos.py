@@ -1,0 +1,49 @@
+"""The chaos run (`make chaos`, bench/chaos.py) in its small profile: its own control plane, ticket service
+and operator, about 30 faults of every kind against 20 ticket-agent Runs, and every invariant at 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devcluster.processes import spawn
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(900)
+def test_small_chaos_profile_breaks_no_promise(tmp_path: Path) -> None:
+    report_path, log_path = tmp_path / "report.json", tmp_path / "chaos.log"
+    paths = [
+        str(REPO / "hack"),
+        str(REPO / "tests"),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(":")),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    argv = [sys.executable, str(REPO / "bench" / "chaos.py"), "--profile", "small", "--seed", "7"]
+    argv += ["--state-dir", str(tmp_path / "state"), "--report", str(report_path)]
+    # Its own process group, tied to this one: an interrupted test session leaves no control plane behind.
+    process = spawn(argv, log_path, env=env, tie_to_parent=True)
+    try:
+        code = process.wait(timeout=840)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # the harness stops what it started on SIGTERM
+        process.wait(timeout=60)
+        raise
+    finally:
+        out = log_path.read_text(errors="replace")
+    assert report_path.exists(), f"the chaos run did not finish (exit {code}):\n{out}"
+    report = json.loads(report_path.read_text())
+    assert report["invariants"] == dict.fromkeys(report["invariants"], 0), out
+    assert code == 0, out
+    # The faults really happened (on a loaded machine fewer find a target in the window; never none).
+    assert report["faultsTotal"] >= 15, out
+    assert len(report["faults"]) >= 6, out
+    assert {"restart-apiserver", "restart-operator"} <= set(report["faults"]), out
