@@ -605,9 +605,16 @@ class Chaos:
                 else:
                     next_fault = time.monotonic() + 0.3
             time.sleep(0.2)
-        while len(self.launched) < profile.runs:  # the rest run without faults: --runs is honoured
+        # The rest run without faults (--runs is honoured), while the faults' timers still go off: a
+        # frozen process is continued when its time is up, or the Runs it holds would never end.
+        deadline = time.monotonic() + profile.settle_seconds
+        while len(self.launched) < profile.runs:
+            if time.monotonic() > deadline:  # Runs in flight do not end: the checks below say which
+                self.say(f"chaos: only {len(self.launched)} of {profile.runs} Runs launched in time")
+                break
             self.observe()
             self.launch_some()
+            self.run_timers()
             self.tend(after=profile.answer_after, again=6)
             time.sleep(0.5)
         self.progress()
