@@ -23,6 +23,7 @@ from agentrun.core.pods import (
     TERMINATION_MESSAGE_PATH,
     PodView,
     attempt_pod,
+    pod_essentials,
     pod_view,
 )
 from unit.factories import IMAGE, NAMESPACE, RUN, RUN_UID, make_attempt, make_run, run_status
@@ -435,6 +436,23 @@ def test_pod_view(pod: dict[str, Any], expected: PodView, finished: bool) -> Non
 
     assert got == expected
     assert got.finished is finished
+
+
+@pytest.mark.parametrize(("pod", "expected", "finished"), POD_VIEWS.values(), ids=POD_VIEWS.keys())
+def test_a_pods_essentials_read_as_the_pod(pod: dict[str, Any], expected: PodView, finished: bool) -> None:
+    """The operator caches only a Pod's essentials: they must say all that the Pod says to pod_view."""
+    served = copy.deepcopy(pod)
+    served["metadata"] |= {"resourceVersion": "42", "labels": {"agentrun.dev/run": "triage"}}
+    served["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    served["spec"] = {"containers": [{"name": "agent", "image": IMAGE}], "nodeName": "node-1"}
+    served["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    essentials = pod_essentials(served)
+
+    assert pod_view(essentials) == expected
+    assert essentials["metadata"]["resourceVersion"] == "42"
+    assert essentials["metadata"]["labels"] == {"agentrun.dev/run": "triage"}
+    assert "spec" not in essentials and "managedFields" not in essentials["metadata"]
+    assert "conditions" not in essentials["status"]
 
 
 @pytest.mark.parametrize(

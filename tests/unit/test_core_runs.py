@@ -1867,6 +1867,23 @@ def test_a_recorded_lease_loss_finishes_its_takeover(lease: LeaseView, writes: l
     assert name_of(1) not in attempt_patches(plan), "the Attempt is left as it is"
 
 
+@pytest.mark.parametrize(
+    "world",
+    [
+        supervising(expires_in=-1.0),  # finished as LeaseLost
+        supervising(pod=ended(1, 1)),  # finished as Failed
+        supervising(attempt=make_attempt(1, phase="Pending")),  # recorded as Running
+    ],
+    ids=["lease-lost", "failed", "started"],
+)
+def test_attempt_writes_carry_the_version_they_were_decided_on(world: World) -> None:
+    """A decision made on a stale view of an Attempt (the SDK may have ended it meanwhile) must not
+    rewrite it: each write names the resourceVersion it was decided on, and the API server checks it."""
+    [patch] = of_type(decide(world), PatchAttemptStatus)
+
+    assert patch.expected_resource_version == world.attempts[1].metadata.resource_version == "201"
+
+
 def test_lease_about_to_expire_wakes_just_after() -> None:
     assert decide(supervising(expires_in=0.2)).requeue_after == pytest.approx(0.25)
 

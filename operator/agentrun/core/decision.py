@@ -122,7 +122,8 @@ class Decision:
         patch: dict[str, Any] = {"phase": phase.value, "completionTime": rfc3339(self.w.now)}
         if failure is not None:
             patch["failure"] = failure.to_api()
-        self.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch))
+        rv = attempt.metadata.resource_version
+        self.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch, rv))
 
     # ---- transitions ---------------------------------------------------------------------------------
 
@@ -184,7 +185,9 @@ class Decision:
         if attempt.status.phase is None:
             self.plan.add(
                 PatchAttemptStatus(
-                    str(attempt.metadata.name), {"phase": "Pending", "podName": attempt.metadata.name}
+                    str(attempt.metadata.name),
+                    {"phase": "Pending", "podName": attempt.metadata.name},
+                    attempt.metadata.resource_version,
                 )
             )
 

@@ -35,8 +35,12 @@ class CreateAttempt:
 
 @dataclass(frozen=True)
 class PatchAttemptStatus:
+    """A merge patch of Attempt.status; with the resourceVersion the decision saw, when it saw one, so that
+    a decision made on a stale view of the Attempt never rewrites how it ended."""
+
     name: str
     patch: JsonDict
+    expected_resource_version: str | None = None
 
 
 @dataclass(frozen=True)

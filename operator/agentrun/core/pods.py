@@ -130,6 +130,24 @@ class PodView:
         return self.exit is not None or self.phase in ("Succeeded", "Failed")
 
 
+def pod_essentials(pod: dict[str, Any]) -> dict[str, Any]:
+    """The part of a Pod that pod_view (and the operator's cache) reads: a Pod as served is mostly spec,
+    managedFields and conditions, ten times the size, and the operator holds one per running Attempt."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    kept_metadata = {
+        k: metadata[k]
+        for k in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+        if k in metadata
+    }
+    kept_status = {k: status[k] for k in ("phase", "reason", "message") if k in status}
+    if "containerStatuses" in status:
+        kept_status["containerStatuses"] = [
+            {k: c[k] for k in ("name", "state") if k in c} for c in status["containerStatuses"]
+        ]
+    return {"metadata": kept_metadata, "status": kept_status}
+
+
 def pod_view(pod: dict[str, Any]) -> PodView:
     status = pod.get("status") or {}
     statuses = status.get("containerStatuses") or []

@@ -158,7 +158,9 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
     if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
         d.plan.add(
             PatchAttemptStatus(
-                name, {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
+                name,
+                {"phase": "Running", "startTime": pod.running_since, "podName": pod.name},
+                attempt.metadata.resource_version,
             )
         )
     lease = w.lease

@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrun.api import RUN_LABEL
 from agentrun.core.lease import Sighting, sight
+from agentrun.core.pods import pod_essentials
 
 Key = tuple[str, str]  # (namespace, run name)
 JsonDict = dict[str, Any]
@@ -31,6 +32,19 @@ def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
         return int(incoming["metadata"]["resourceVersion"]) >= int(cached["metadata"]["resourceVersion"])
     except (KeyError, ValueError):
         return True
+
+
+def essentials(kind: str, obj: JsonDict) -> JsonDict:
+    """What the cache keeps of an object: what the reconciler reads. managedFields go (often the largest
+    part of an object), a Pod keeps only what says how its agent is doing, a Checkpoint loses its state
+    (the operator never reads it; it may be hundreds of KiB)."""
+    if kind == "pods":
+        return pod_essentials(obj)
+    metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    kept = {**obj, "metadata": metadata}
+    if kind == "checkpoints":
+        kept["spec"] = {k: v for k, v in (obj.get("spec") or {}).items() if k != "state"}
+    return kept
 
 
 def _agent_running(pod: JsonDict) -> bool:
@@ -57,6 +71,7 @@ class OwnedObjects:
         key = self.run_key(obj)
         if key is None:
             return None
+        obj = essentials(kind, obj)
         bucket = self._by_run[kind][key]
         name = obj["metadata"]["name"]
         previous = bucket.get(name)

@@ -54,11 +54,20 @@ class Executor:
                     self.cache.put("attempts", created)
                     if new:
                         self.metrics.attempt_started(str(body["spec"]["reason"]))
-                case p.PatchAttemptStatus(name=attempt, patch=patch):
+                case p.PatchAttemptStatus(name=attempt, patch=patch, expected_resource_version=rv):
                     path = self.api.custom_path("attempts", ns, attempt, "status")
+                    change: JsonDict = {"status": patch}
+                    if rv is not None:
+                        change["metadata"] = {"resourceVersion": rv}
                     try:
-                        self.cache.put("attempts", await self.api.merge_patch(path, {"status": patch}))
+                        self.cache.put("attempts", await self.api.merge_patch(path, change))
                     except ApiError as exc:
+                        if exc.conflict:
+                            # The cache is behind the Attempt (e.g. the SDK recorded a rejected commit):
+                            # take the current one in, then decide again on it.
+                            if current := await self.api.get(self.api.custom_path("attempts", ns, attempt)):
+                                self.cache.put("attempts", current)
+                            raise Superseded(str(exc)) from None
                         if not exc.not_found:
                             raise
                     else:

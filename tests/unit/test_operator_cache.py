@@ -1,0 +1,44 @@
+"""The operator's cache keeps what the reconciler reads, and never goes back to an older version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.operator.cache import OwnedObjects
+
+RUN_LABEL = {"agentrun.dev/run": "triage"}
+MANAGED = [{"manager": "agentrun-worker", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+
+
+def served(kind: str, name: str, rv: str, **body: Any) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": "team-a", "resourceVersion": rv, "labels": RUN_LABEL}
+    return {"kind": kind, "metadata": {**metadata, "managedFields": MANAGED}, **body}
+
+
+def test_a_checkpoint_is_cached_without_its_state_or_managed_fields() -> None:
+    cache = OwnedObjects()
+    spec = {"runName": "triage", "id": "ckpt-1", "sequence": 1, "state": {"notes": "x" * 10_000}}
+    cache.put("checkpoints", served("Checkpoint", "triage-ckpt-1", "7", spec=spec))
+
+    [cached] = cache.of("checkpoints", ("team-a", "triage"))
+    assert cached["spec"] == {"runName": "triage", "id": "ckpt-1", "sequence": 1}
+    assert "managedFields" not in cached["metadata"]
+
+
+def test_an_attempt_is_cached_whole_but_for_managed_fields() -> None:
+    cache = OwnedObjects()
+    status = {"phase": "Running", "usage": {"inputTokens": 12}}
+    cache.put("attempts", served("Attempt", "triage-a1", "7", spec={"number": 1}, status=status))
+
+    [cached] = cache.of("attempts", ("team-a", "triage"))
+    assert (cached["spec"], cached["status"]) == ({"number": 1}, status)
+    assert "managedFields" not in cached["metadata"]
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    cache = OwnedObjects()
+    cache.put("attempts", served("Attempt", "triage-a1", "9", status={"phase": "Succeeded"}))
+    cache.put("attempts", served("Attempt", "triage-a1", "8", status={"phase": "Running"}))
+
+    [cached] = cache.of("attempts", ("team-a", "triage"))
+    assert cached["status"]["phase"] == "Succeeded"
