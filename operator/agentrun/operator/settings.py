@@ -24,6 +24,9 @@ class OperatorSettings:
     event_worker_idle_seconds: float = 0.5
     # Re-list periodically even if the watch stream looks healthy (guards against silent stalls).
     watch_timeout_seconds: int = 300
+    # kopf lists each kind in pages of this many objects (kopf: all at once). A single page of 10,000
+    # Runs is ~100 MB of Python objects at once, and the allocator keeps that peak as RSS for good.
+    list_chunk_size: int = 500
     # kopf posts Kubernetes Events for its own handler outcomes; we post our own meaningful ones.
     post_kopf_events: bool = False
     # One active replica; standbys take over when its peering heartbeat stops (needs the peering CRDs).
@@ -45,6 +48,7 @@ class OperatorSettings:
                 env("AGENTRUN_EVENT_WORKER_IDLE_SECONDS", cls.event_worker_idle_seconds)
             ),
             watch_timeout_seconds=int(env("AGENTRUN_WATCH_TIMEOUT_SECONDS", cls.watch_timeout_seconds)),
+            list_chunk_size=int(env("AGENTRUN_LIST_CHUNK_SIZE", cls.list_chunk_size)),
             peering=env("AGENTRUN_PEERING") or None,
             priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority))),
             peering_lifetime=int(env("AGENTRUN_PEERING_LIFETIME", cls.peering_lifetime)),
@@ -65,10 +69,11 @@ def _priority(value: str) -> int:
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorSettings) -> None:
-    settings.batching.worker_limit = config.event_workers
+    settings.queueing.worker_limit = config.event_workers
     settings.queueing.idle_timeout = config.event_worker_idle_seconds
     settings.watching.server_timeout = config.watch_timeout_seconds
     settings.watching.client_timeout = config.watch_timeout_seconds + 30
+    settings.watching.chunk_size = config.list_chunk_size or None
     if not config.post_kopf_events:
         settings.posting.level = logging.CRITICAL
     settings.peering.standalone = config.peering is None
