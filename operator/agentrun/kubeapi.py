@@ -142,18 +142,17 @@ class KubeApi:
                 return None
             raise
 
-    async def list_all(
+    async def list_pages(
         self, collection: str, label_selector: str | None = None, page: int = 500
-    ) -> list[JsonDict]:
-        """Every item of a collection, fetched in pages (items carry no kind: the collection names it)."""
-        items: list[JsonDict] = []
+    ) -> AsyncIterator[list[JsonDict]]:
+        """The items of a collection, a page at a time (items carry no kind: the collection names it)."""
         query = {"limit": str(page), **({"labelSelector": label_selector} if label_selector else {})}
         while True:
             found = await self.request("GET", collection, query=query)
-            items.extend(found.get("items") or [])
+            yield found.get("items") or []
             token = (found.get("metadata") or {}).get("continue")
             if not token:
-                return items
+                return
             query["continue"] = token
 
     async def create(self, path: str, body: JsonDict) -> JsonDict:

@@ -84,9 +84,15 @@ def test_fill_pages_through_long_lists(kube: Kube, namespace: str) -> None:
         create_attempt(kube, namespace, "paged", number)
     api = api_for(kube)
 
-    found = asyncio.run(api.list_all(KubeApi.custom_path("attempts", namespace), RUN_LABEL, page=3))
+    async def pages() -> list[list[dict[str, Any]]]:
+        return [
+            page async for page in api.list_pages(KubeApi.custom_path("attempts", namespace), RUN_LABEL, 3)
+        ]
 
-    assert sorted(o["spec"]["number"] for o in found) == list(range(1, 8))
+    found = asyncio.run(pages())
+
+    assert [len(page) for page in found] == [3, 3, 1]
+    assert sorted(o["spec"]["number"] for page in found for o in page) == list(range(1, 8))
 
 
 def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(

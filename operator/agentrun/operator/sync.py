@@ -9,9 +9,10 @@ starts watching only after the startup handlers finish, so listing here first cl
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 from urllib.parse import quote
 
@@ -33,7 +34,7 @@ RETRY_SECONDS: Final = 1.0
 LOG_EVERY_SECONDS: Final = 10.0
 
 
-def collections(group: str, version: str, plural: str, namespaces: Sequence[str]) -> list[str]:
+def collection_paths(group: str, version: str, plural: str, namespaces: Sequence[str]) -> list[str]:
     """The paths to list: one per watched namespace, or the whole cluster when none is named."""
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"
     if not namespaces:
@@ -44,21 +45,29 @@ def collections(group: str, version: str, plural: str, namespaces: Sequence[str]
 async def fill(api: KubeApi, cache: OwnedObjects, namespaces: Sequence[str]) -> dict[str, int]:
     """Lists every object a Run owns (labelled with its Run) into the cache; returns the count by kind.
     Retries until the API server answers (it may be restarting along with the operator)."""
-    counts: dict[str, int] = {}
+    counts = dict.fromkeys(OWNED, 0)
     for kind, (group, version, plural) in OWNED.items():
-        for collection in collections(group, version, plural, namespaces):
-            items = await _patiently(api, collection)
-            for obj in items:
-                cache.put(kind, obj)
-            counts[kind] = counts.get(kind, 0) + len(items)
+        for collection in collection_paths(group, version, plural, namespaces):
+            listing = functools.partial(_list_into, api, cache, collection, kind)
+            counts[kind] += await _patiently(listing, collection)
     return counts
 
 
-async def _patiently(api: KubeApi, collection: str) -> list[dict[str, object]]:
+async def _list_into(api: KubeApi, cache: OwnedObjects, collection: str, kind: str) -> int:
+    listed = 0
+    async for page in api.list_pages(collection, RUN_LABEL):
+        for obj in page:
+            cache.put(kind, obj)
+        listed += len(page)
+    return listed
+
+
+async def _patiently(attempt: Callable[[], Awaitable[int]], collection: str) -> int:
+    """attempt() until it succeeds (a listing interrupted midway is done again: puts are idempotent)."""
     logged = 0.0
     while True:
         try:
-            return await api.list_all(collection, RUN_LABEL)
+            return await attempt()
         except ApiError as exc:
             if exc.status in (401, 403, 404):
                 raise  # no permission, or the API is not served: waiting cannot help
