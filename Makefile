@@ -63,12 +63,12 @@ test: venv binaries lint ## everything: lint, unit tests, integration tests on t
 	$(PY) -m pytest tests
 
 .PHONY: bench
-bench: venv binaries ## benchmarks on local control planes (~15 min; not part of test): bench/REPORT.md
+bench: venv binaries ## benchmarks on local control planes (~25 min; not part of test): bench/REPORT.md
 	PYTHONPATH=hack:tests $(PY) bench/run_all.py $(BENCH_ARGS)
 
 .PHONY: chaos
 chaos: venv binaries ## 2,000 faults against ticket Runs, then the invariants (~80 min, bounded; not in test)
-	PYTHONPATH=hack:tests $(PY) bench/chaos.py --profile full $(CHAOS_ARGS)
+	PYTHONPATH=hack:tests $(PY) bench/chaos.py --profile full --report bench/chaos.json --summary bench/CHAOS.md $(CHAOS_ARGS)
 
 .PHONY: cluster
 cluster: venv binaries ## start the local control plane + node agent (kubeconfig: .devcluster/kubeconfig)

@@ -82,6 +82,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -1385,6 +1386,30 @@ def build_report(
 # ---- main ----------------------------------------------------------------------------------------------
 
 
+def summary(report: Report, argv: list[str]) -> str:
+    """The printed report as a Markdown page (bench/CHAOS.md), with what produced it."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    load = os.getloadavg()
+    return "\n".join(
+        [
+            "# agentrun chaos run",
+            "",
+            f"Generated on {when} by `bench/chaos.py {' '.join(argv)}` (`make chaos`), agentrun {commit}, "
+            f"on a {os.cpu_count()}-core machine shared with other engineers' test runs (1-min load at "
+            f"the end: {load[0]:.1f}). What each fault and each invariant means: the docstring of "
+            "`bench/chaos.py`. Raw figures: `bench/chaos.json`.",
+            "",
+            "```",
+            report.render(),
+            "```",
+            "",
+        ]
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1397,6 +1422,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--state-dir", type=Path, help="default: a temporary directory, removed unless kept")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs) in any case")
     parser.add_argument("--report", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--summary", type=Path, help="also write the printed report here, as Markdown")
     return parser.parse_args(argv)
 
 
@@ -1436,7 +1462,9 @@ def main(argv: list[str] | None = None) -> int:
     if report is not None:
         say(report.render())
         if args.report:
-            args.report.write_text(json.dumps(report.to_json(), indent=2))
+            args.report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        if args.summary:
+            args.summary.write_text(summary(report, argv if argv is not None else sys.argv[1:]))
     if keep:
         say(f"chaos: logs and state kept in {state_dir}")
     elif temporary:

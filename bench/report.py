@@ -6,10 +6,11 @@ import statistics
 from typing import Any
 
 COMMANDS = """\
-make bench                                            # everything below, ~15 min, writes this file
+make bench                                            # everything below, ~25 min, writes this file
 make bench BENCH_ARGS="--n 300"                       # smaller throughput batches
 PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --quick           # a smoke test, ~6 min
-PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --n 1000 --reps 3 # throughput 3 times (~30 min)"""
+PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --n 1000 --reps 3 # throughput 3 times (~30 min)
+.venv/bin/python bench/report.py                      # this file again from results.json + findings.md"""
 
 
 def _lat(row: dict[str, Any]) -> str:
@@ -361,3 +362,12 @@ def render(r: dict[str, Any], findings: str) -> str:
     ]
     out += [findings.strip(), ""]
     return "\n".join(out)
+
+
+if __name__ == "__main__":  # re-render REPORT.md after editing findings.md, without measuring again
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    results = json.loads((here / "results.json").read_text())
+    (here / "REPORT.md").write_text(render(results, (here / "findings.md").read_text()))
