@@ -9,6 +9,7 @@ fixture, if another module started it, watches the session's cluster and never s
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentrun.core.decision import RECHECK_SECONDS
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
@@ -130,3 +132,34 @@ def test_metrics_and_json_logs_of_a_retried_run(
         timeout=10,
         what="the deleted Run to leave agentrun_runs",
     )
+
+
+def test_lease_renewals_cost_no_reconcile(
+    kube: Kube, run_namespace: str, namespaced_operator: tuple[OperatorProcess, int]
+) -> None:
+    """A healthy worker renews its Lease every second; the operator's expiry check finds each renewal in
+    its cache and waits for the new expiry, without deciding the Run again (nor reading it)."""
+    operator, port = namespaced_operator
+    ns = run_namespace
+    lease = {"durationSeconds": 5, "renewSeconds": 1}
+    create_run(kube, ns, scenario_run("steady", {"steps": 1, "stepSeconds": 60}, lease=lease))
+
+    def attempt_running() -> bool:
+        attempt = kube.get("attempts.agentrun.dev", "steady-a1", ns) or {}
+        return (attempt.get("status") or {}).get("phase") == "Running"
+
+    wait_for(attempt_running, timeout=30, what="steady-a1 Running")
+    time.sleep(RECHECK_SECONDS + 1)  # the start's reconciles and wake-ups are over
+    lease_name = "steady.run.agentrun.dev"
+    renewed_before = kube.coordination.read_namespaced_lease(lease_name, ns).spec.renew_time
+    before = value(scrape(port), "agentrun_reconcile_duration_seconds_count")
+
+    time.sleep(12)  # more than two lease durations: the old wake-ups would have reconciled twice
+
+    after = value(scrape(port), "agentrun_reconcile_duration_seconds_count")
+    held = kube.coordination.read_namespaced_lease(lease_name, ns).spec
+    assert held.holder_identity == "steady-a1" and held.lease_transitions == 1, operator.log_tail()
+    assert held.renew_time > renewed_before
+    assert after - before == 0, operator.log_tail()
+    run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "runs", "steady")
+    assert run["status"]["phase"] == "Running"

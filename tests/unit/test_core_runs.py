@@ -252,6 +252,7 @@ class Transition:
     attempts: dict[int, str] = field(default_factory=dict)  # the phase each patched Attempt ends with
     stop_reason: str | None = None  # status.failure.reason of a Failed Run
     requeue: float | str | None = None  # "backoff": exactly until status.nextAttemptTime
+    lease_check: float | None = None  # when to look again unless the Lease was renewed meanwhile
     # The exact fields of a Run status patch that sets no phase (a control record, a report refresh).
     status_fields: frozenset[str] | None = None
 
@@ -267,9 +268,9 @@ TRANSITIONS: dict[str, Transition] = {
         make_world(make_run(run_status("Queued")), lease=held_by(1)), ADOPTED_GRANT, "Running", {1: "Pending"}
     ),
     # ---- supervising a live Attempt
-    "running-healthy": Transition(supervising(), [], requeue=30.05),
+    "running-healthy": Transition(supervising(), [], lease_check=30.05),
     "running-pod-started": Transition(
-        supervising(attempt=NOT_STARTED), ["PatchAttemptStatus"], attempts={1: "Running"}, requeue=30.05
+        supervising(attempt=NOT_STARTED), ["PatchAttemptStatus"], attempts={1: "Running"}, lease_check=30.05
     ),
     # The lease is judged once the agent runs: scheduling and image pulls do not count against it.
     "running-pod-not-started-yet": Transition(
@@ -691,9 +692,11 @@ TRANSITIONS: dict[str, Transition] = {
         stop_reason="DeadlineExceeded",
     ),
     "deadline-ahead-wakes-at-the-deadline": Transition(
-        supervising(spec={"deadlineSeconds": 620}), [], requeue=20.0
+        supervising(spec={"deadlineSeconds": 620}), [], requeue=20.0, lease_check=30.05
     ),
-    "deadline-ahead-lease-first": Transition(supervising(spec={"deadlineSeconds": 900}), [], requeue=30.05),
+    "deadline-ahead-lease-first": Transition(
+        supervising(spec={"deadlineSeconds": 900}), [], requeue=300.0, lease_check=30.05
+    ),
     "deadline-ahead-while-waiting": Transition(
         make_world(
             make_run(
@@ -1090,7 +1093,7 @@ TRANSITIONS.update(
                 lease=held_by(2),
             ),
             [],
-            requeue=30.05,
+            lease_check=30.05,
         ),
         "cancel-wins-over-a-resume": Transition(
             cancelled(waiting(spec=resume())), ["PatchRunStatus"], "Cancelled"
@@ -1229,7 +1232,7 @@ TRANSITIONS.update(
         "pause-asked-while-running": Transition(
             replace(supervising(), run=make_run(supervising().run.status.to_api(), spec=pause_spec())),
             [],
-            requeue=30.05,
+            lease_check=30.05,
         ),
         "pause-asked-while-queued": Transition(
             make_world(make_run(run_status("Queued"), spec=pause_spec())), GRANT, "Running", {1: "Pending"}
@@ -1271,10 +1274,12 @@ TRANSITIONS.update(
         "checkpoints-pruned-beyond-retention": Transition(
             with_checkpoints(supervising(latestCheckpoint="ckpt-5"), *CHAIN, retention=2),
             ["DeleteCheckpoint"] * 3,
-            requeue=30.05,
+            lease_check=30.05,
         ),
         "checkpoints-within-retention": Transition(
-            with_checkpoints(supervising(latestCheckpoint="ckpt-5"), *CHAIN, retention=5), [], requeue=30.05
+            with_checkpoints(supervising(latestCheckpoint="ckpt-5"), *CHAIN, retention=5),
+            [],
+            lease_check=30.05,
         ),
         "checkpoints-pruned-of-a-stopped-run": Transition(
             with_checkpoints(stopped(latestCheckpoint="ckpt-5"), *CHAIN, retention=1),
@@ -1329,6 +1334,9 @@ def test_transition(case: Transition) -> None:
         assert plan.requeue_after == delay > 0
     else:
         assert plan.requeue_after == (pytest.approx(case.requeue) if case.requeue is not None else None)
+    assert plan.lease_expires_in == (
+        pytest.approx(case.lease_check) if case.lease_check is not None else None
+    )
 
 
 CASES_WITH_STATUS_PATCHES = {k: c for k, c in TRANSITIONS.items() if c.phase is not None}
@@ -1885,7 +1893,10 @@ def test_attempt_writes_carry_the_version_they_were_decided_on(world: World) -> 
 
 
 def test_lease_about_to_expire_wakes_just_after() -> None:
-    assert decide(supervising(expires_in=0.2)).requeue_after == pytest.approx(0.25)
+    plan = decide(supervising(expires_in=0.2))
+
+    assert plan.lease_expires_in == pytest.approx(0.25)
+    assert plan.requeue_after is None  # renewals must not cost a reconcile each
 
 
 def test_repeated_lease_loss_stops_the_run() -> None:
@@ -2956,11 +2967,15 @@ class Cluster:
                 self.check_after_decision()
             phase = (self.status or {}).get("phase")
             acted = not plan.actions and self.act()
-            if not acted and not plan.actions and plan.requeue_after is None and phase in REPORTED_PHASES:
+            # The lease check wakes the operator at the expiry too (it skips that when the worker renewed:
+            # a reconcile more here changes nothing, decide being level-based).
+            wakes = [t for t in (plan.requeue_after, plan.lease_expires_in) if t is not None]
+            wake = min(wakes) if wakes else None
+            if not acted and not plan.actions and wake is None and phase in REPORTED_PHASES:
                 return plans
             changed = self.kubelet() or restarted or acted
             changed = changed or any(not isinstance(a, RecordEvent) for a in actions)
-            self.clock += 1.0 if changed or plan.requeue_after is None else plan.requeue_after
+            self.clock += 1.0 if changed or wake is None else wake
         raise AssertionError(f"the Run did not come to rest: {self.status}")
 
 

@@ -85,6 +85,10 @@ class Plan:
 
     actions: list[Action] = field(default_factory=list)
     requeue_after: float | None = None
+    # When the current holder's Lease runs out unless renewed first. Unlike requeue_after, the I/O layer
+    # looks at the Run again then only if the Lease was not renewed meanwhile (else it waits for the new
+    # expiry): a healthy worker's renewals cost no reconcile and no read of the Run.
+    lease_expires_in: float | None = None
 
     def add(self, *actions: Action) -> Plan:
         self.actions.extend(actions)
@@ -93,6 +97,10 @@ class Plan:
     def wake_in(self, seconds: float) -> Plan:
         seconds = max(seconds, 0.0)
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        return self
+
+    def wake_at_lease_expiry(self, seconds: float) -> Plan:
+        self.lease_expires_in = max(seconds, 0.0)
         return self
 
     def of(self, kind: type[Action]) -> list[Action]:

@@ -173,7 +173,7 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
         d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
         _take_over(d, attempt, pod, failure)
     else:
-        d.plan.wake_in(w.lease_expires_in + 0.05)
+        d.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
 
 def _take_over(d: Decision, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:

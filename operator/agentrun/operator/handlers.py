@@ -66,9 +66,7 @@ async def cleanup(**_: Any) -> None:
 async def run_event(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
     key = (str(namespace), name)
     if event["type"] == "DELETED":
-        cache.forget_run(key)
-        _reconciler().queue.forget(key)
-        _reconciler().metrics.forget_run(key)
+        _reconciler().forget(key)
         return
     _reconciler().queue.add(key)
 

@@ -8,7 +8,7 @@ import logging
 import time
 
 from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
-from agentrun.core.lease import lease_view, seconds_until_expiry
+from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError, KubeApi
@@ -38,6 +38,7 @@ class Reconciler:
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
+        self._lease_checks: dict[Key, asyncio.TimerHandle] = {}
 
     async def run(self) -> None:
         await asyncio.gather(*(self._worker() for _ in range(self.workers)))
@@ -70,9 +71,7 @@ class Reconciler:
         self.reconciles += 1
         body = await self.api.get(self.api.custom_path("runs", namespace, name))
         if body is None:
-            self.cache.forget_run(key)
-            self.queue.forget(key)
-            self.metrics.forget_run(key)
+            self.forget(key)
             return
         run = Run.model_validate(body)
         self.metrics.run_seen(key, run.status.phase)
@@ -80,22 +79,14 @@ class Reconciler:
             a.spec.number: a for a in (Attempt.model_validate(o) for o in self.cache.of("attempts", key))
         }
         pods = {v.name: v for v in (pod_view(o) for o in self.cache.of("pods", key))}
-        lease_obj = next(
-            (o for o in self.cache.of("leases", key) if o["metadata"]["name"] == lease_name(name)), None
-        )
-        lease = lease_view(lease_obj) if lease_obj else None
-        expires_in = None
-        if lease is not None:
-            sighting = self.cache.sighting(namespace, lease_name(name))
-            started = self.cache.running_seen(namespace, lease.holder) if lease.holder else None
-            expires_in = seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic(), started)
+        lease = self._cached_lease(key)
         world = World(
             run=run,
             attempts=attempts,
             pods=pods,
             lease=lease,
             now=datetime.datetime.now(datetime.UTC),
-            lease_expires_in=expires_in,
+            lease_expires_in=self._lease_expires_in(key, lease),
             side_effects=[SideEffect.model_validate(o) for o in self.cache.of("sideeffects", key)],
             checkpoints=[Checkpoint.model_validate(o) for o in self.cache.of("checkpoints", key)],
         )
@@ -104,3 +95,44 @@ class Reconciler:
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
+        self._check_lease_in(key, plan.lease_expires_in)
+
+    def forget(self, key: Key) -> None:
+        """The Run is gone: drop what this operator keeps about it."""
+        self.cache.forget_run(key)
+        self.queue.forget(key)
+        self.metrics.forget_run(key)
+        self._check_lease_in(key, None)
+
+    # ---- the Lease's expiry, looked at without reading the Run ---------------------------------------
+
+    def _cached_lease(self, key: Key) -> LeaseView | None:
+        name = lease_name(key[1])
+        lease = next((o for o in self.cache.of("leases", key) if o["metadata"]["name"] == name), None)
+        return lease_view(lease) if lease else None
+
+    def _lease_expires_in(self, key: Key, lease: LeaseView | None) -> float | None:
+        if lease is None:
+            return None
+        sighting = self.cache.sighting(key[0], lease_name(key[1]))
+        started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
+        return seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic(), started)
+
+    def _check_lease_in(self, key: Key, seconds: float | None) -> None:
+        """(Re)arms the one expiry check of this Run; None disarms it."""
+        if timer := self._lease_checks.pop(key, None):
+            timer.cancel()
+        if seconds is not None:
+            loop = asyncio.get_running_loop()
+            self._lease_checks[key] = loop.call_later(seconds, self._lease_check, key)
+
+    def _lease_check(self, key: Key) -> None:
+        """The holder's Lease was due to expire. Renewed since (as a healthy worker does every
+        renewSeconds): wait for the new expiry, no reconcile. Otherwise the Run is decided again, which
+        judges the expiry. A change of holder or epoch queues the Run through its watch event anyway."""
+        self._lease_checks.pop(key, None)
+        left = self._lease_expires_in(key, self._cached_lease(key))
+        if left is not None and left > 0:
+            self._check_lease_in(key, left + 0.05)
+        else:
+            self.queue.add(key)
