@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import quote
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -45,6 +46,12 @@ class ApiError(Exception):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+
+def unanswered(exc: BaseException) -> bool:
+    """The request got no answer at all (connection refused or reset, a timeout: the API server is
+    restarting, or the network failed), as opposed to an answer that refused it (ApiError)."""
+    return isinstance(exc, urllib3.exceptions.HTTPError)
 
 
 def to_api_error(exc: ApiException) -> ApiError:

@@ -11,7 +11,7 @@ from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide
-from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
 from agentrun.operator.cache import Key, OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
@@ -58,9 +58,17 @@ class Reconciler:
                 outcome = "error"
                 log.warning("run %s/%s: %s; retrying", *key, exc, extra=_fields(key))
                 self.queue.add(key, ERROR_BACKOFF_SECONDS)
-            except Exception:
+            except Exception as exc:
                 outcome = "error"
-                log.exception("run %s/%s: reconcile failed; retrying", *key, extra=_fields(key))
+                if unanswered(exc):  # the API server restarting: a line, not a traceback per Run
+                    log.warning(
+                        "run %s/%s: the API server did not answer (%s); retrying",
+                        *key,
+                        exc,
+                        extra=_fields(key),
+                    )
+                else:
+                    log.exception("run %s/%s: reconcile failed; retrying", *key, extra=_fields(key))
                 self.queue.add(key, ERROR_BACKOFF_SECONDS)
             finally:
                 self.metrics.reconciled(outcome, time.perf_counter() - started)

@@ -11,11 +11,9 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
-import urllib3
-
 from agentrun.api import FailureClass
 from agentrun.core.failures import fingerprint
-from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.worker.context import Context
 from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, Interrupted, LeaseLost, RateLimited
 from agentrun.worker.identity import Identity
@@ -33,7 +31,7 @@ def _api_server_unavailable(exc: BaseException) -> bool:
     network blip): the infrastructure failed, not the agent, and another Attempt may well succeed."""
     if isinstance(exc, ApiError):
         return exc.status in UNAVAILABLE_STATUSES
-    return isinstance(exc, urllib3.exceptions.HTTPError)  # the client's connection errors, unwrapped
+    return unanswered(exc)
 
 
 def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
