@@ -83,7 +83,7 @@ from unit.factories import (
 
 GRANT = ["WriteLease", "PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAttemptStatus"]
 # The Attempt is marked, the Lease revoked at once (a new epoch), its Pod killed, then the Run moves on.
-LEASE_LOST = ["PatchAttemptStatus", "WriteLease", "DeletePod", "PatchRunStatus"]
+LEASE_LOST = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
 ADOPTED_GRANT = ["PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAttemptStatus"]
 CONDITION_TYPES = ["Succeeded", "Waiting", "CancelRequested", "LeaseHeld"]
 FINISHED = [
@@ -531,7 +531,22 @@ TRANSITIONS: dict[str, Transition] = {
         )
         for case, attempt, pod, status, phase in CATCHING_UP
     },
-    # ---- crash recovery: the lease loss was recorded, the takeover not (all) done
+    # ---- crash recovery: the takeover interrupted after it revoked the Lease, or after it wrote the Run
+    "lease-revoked-run-not-written": Transition(
+        supervising(pod="running", lease=make_lease(None, 2), expires_in=None),
+        ["PatchRunStatus", "DeletePod", "PatchAttemptStatus"],
+        "RetryBackoff",
+        {1: "LeaseLost"},
+        requeue="backoff",
+    ),
+    "backoff-with-its-lost-attempt-unfinished": Transition(
+        backing_off(previous=make_attempt(1), lease=make_lease(None, 2), leaseEpoch=2),
+        ["PatchAttemptStatus"],
+        attempts={1: "LeaseLost"},
+        requeue=0.0,
+    ),
+    # ---- crash recovery: the lease loss was recorded first (by an operator before the takeover wrote
+    # the Run first), the takeover not (all) done
     **{
         f"lease-loss-recorded-{case}": Transition(
             supervising(attempt=LOST, pod=pod, lease=lease, expires_in=None),
@@ -540,11 +555,16 @@ TRANSITIONS: dict[str, Transition] = {
             requeue="backoff",
         )
         for case, pod, lease, writes in [
-            ("lease-and-pod-left", running_pod(1), held_by(1), LEASE_LOST[1:]),
+            ("lease-and-pod-left", running_pod(1), held_by(1), LEASE_LOST[:3]),
             ("lease-left-pod-gone", None, held_by(1), ["WriteLease", "PatchRunStatus"]),
             ("lease-left-pod-ended", ended(1, 137), held_by(1), ["WriteLease", "PatchRunStatus"]),
-            ("pod-left", running_pod(1), make_lease(None, 2), ["DeletePod", "PatchRunStatus"]),
-            ("pod-being-deleted", running_pod(1, deleting=True), make_lease(None, 2), LEASE_LOST[2:]),
+            ("pod-left", running_pod(1), make_lease(None, 2), ["PatchRunStatus", "DeletePod"]),
+            (
+                "pod-being-deleted",
+                running_pod(1, deleting=True),
+                make_lease(None, 2),
+                ["PatchRunStatus", "DeletePod"],
+            ),
             ("only-the-run-left", None, make_lease(None, 2), ["PatchRunStatus"]),
         ]
     },
@@ -1628,6 +1648,51 @@ def test_a_stopped_run_aborts_the_attempts_its_stop_did_not_see(
     }
     assert of_type(plan, DeletePod) == ([DeletePod(name_of(2))] if stops_pod else [])
     assert of_type(plan, CreateAttempt) == [] and of_type(plan, CreatePod) == []
+
+
+@pytest.mark.parametrize(
+    ("world", "phase"),
+    [
+        (
+            cancelled(
+                supervising(2, attempt=None, pod=None, history=(failed_attempt(1, FailureClass.TRANSIENT),))
+            ),
+            "Cancelled",
+        ),
+        (
+            supervising(
+                2, attempt=None, pod=None, spec=DEADLINE, history=(failed_attempt(1, FailureClass.TRANSIENT),)
+            ),
+            "Failed",
+        ),
+    ],
+    ids=["cancel", "deadline"],
+)
+def test_a_stop_creates_the_attempt_an_interrupted_grant_promised_and_ends_it(
+    world: World, phase: str
+) -> None:
+    """The grant of Attempt 2 wrote the Run (status.attempts 2) and the operator stopped before creating
+    it; then the Run was stopped. The Attempt is created all the same, and aborted: status.attempts
+    never counts an Attempt that does not exist."""
+    world = replace(world, attempts={1: world.attempts[1]})
+    plan = decide(world)
+
+    [create] = of_type(plan, CreateAttempt)
+    assert create.body["metadata"]["name"] == name_of(2)
+    assert create.body["spec"]["reason"] == "retry:transient"
+    assert [p["phase"] for p in attempt_patches(plan)[name_of(2)]] == ["Aborted"]
+    assert run_patch(plan)["phase"] == phase
+    assert of_type(plan, CreatePod) == []
+    assert kinds(plan).index("CreateAttempt") < kinds(plan).index("PatchAttemptStatus")
+
+
+def test_a_takeover_writes_the_run_before_it_ends_the_attempt() -> None:
+    """The Run's status write (new lease epoch, preconditioned) decides between the takeover and a
+    commit racing it; were the Attempt marked LeaseLost first, a commit landing in between would be
+    accepted from an Attempt the history calls lost."""
+    writes = kinds(decide(supervising(expires_in=-1.0)))
+
+    assert writes.index("WriteLease") < writes.index("PatchRunStatus") < writes.index("PatchAttemptStatus")
 
 
 def test_a_stopped_run_with_finished_attempts_writes_nothing_to_them() -> None:

@@ -75,11 +75,11 @@ def decide(world: World) -> Plan:
         return d.plan
     cancelable = phase not in (RunPhase.SUCCEEDED, RunPhase.CANCELLED, RunPhase.CANCEL_REQUESTED)
     if cancelable and spec.cancel_epoch > (status.observed_cancel_epoch or 0):
-        stopping.request_cancel(d, attempt, pod)
+        stopping.request_cancel(d, _or_promised(d, attempt), pod)
         return d.plan
     stopped = phase in TERMINAL_PHASES or phase == RunPhase.NEEDS_RECONCILIATION
     if not stopped and stopping.deadline_passed(world):
-        stopping.stop_for_deadline(d, attempt, pod)
+        stopping.stop_for_deadline(d, _or_promised(d, attempt), pod)
         return d.plan
     if external.judge_requests(d, current or 0):
         return d.plan
@@ -99,7 +99,12 @@ def decide(world: World) -> Plan:
         d.grant(1, AttemptReason.INITIAL)
     elif phase == RunPhase.RETRY_BACKOFF:
         due = status.next_attempt_time
-        if due is None or world.now >= due:
+        if attempt is not None and attempt.status.phase not in FINISHED_ATTEMPT:
+            # Only a lease takeover writes the backoff before ending its Attempt: it was interrupted.
+            lost = failures.lease_lost(world.lease.duration_seconds if world.lease else 0)
+            _finish_lost(d, attempt, pod, lost)
+            d.plan.wake_in(0 if due is None else (due - world.now).total_seconds())
+        elif due is None or world.now >= due:
             number = (current or 0) + 1
             d.grant(number, *_automatic_retry(world, number))
         else:
@@ -129,11 +134,7 @@ def _reason_after(previous: Attempt | None, world: World) -> str:
 def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView | None) -> None:
     w = d.w
     if attempt is None:
-        # A grant interrupted after the Run's status was written: create the Attempt it promised.
-        reason, input_value = _promised(w, number)
-        recovered = d.attempt_object(number, w.run.status.lease_epoch or 0, reason, input_value)
-        d.plan.add(CreateAttempt(recovered.to_api()))
-        d.ensure_pod(recovered)
+        d.ensure_pod(_create_promised(d, number))
         return
     name = str(attempt.metadata.name)
     if attempt.status.phase in FINISHED_ATTEMPT:
@@ -164,25 +165,53 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
             )
         )
     lease = w.lease
+    if lease is not None and lease.holder is None and lease.epoch > attempt.spec.lease_epoch:
+        # Revoked, and the operator stopped before writing the Run: finish the takeover.
+        _take_over(d, attempt, pod, failures.lease_lost(lease.duration_seconds))
+        return
     holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
     if not holds_lease or w.lease_expires_in is None or not pod.running_since:
         # The lease is judged once the agent runs: image pulls and scheduling do not count against it.
         d.plan.wake_in(RECHECK_SECONDS)
     elif w.lease_expires_in <= 0:
-        failure = failures.lease_lost(lease.duration_seconds if lease else 0)
-        d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
-        _take_over(d, attempt, pod, failure)
+        _take_over(d, attempt, pod, failures.lease_lost(lease.duration_seconds if lease else 0))
     else:
         d.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
 
 def _take_over(d: Decision, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
     """The Attempt lost its lease. Take the lease over now, not at the next grant: a frozen worker that
-    wakes up during the backoff must already find its epoch stale. Then stop its Pod, move the Run on."""
+    wakes up during the backoff must already find its epoch stale. The Run's status write (the new
+    epoch, preconditioned) is the point that decides between the takeover and a commit racing it: the
+    Attempt is marked LeaseLost only after it, so an Attempt whose commit came first is never recorded
+    as having lost. Then its Pod is stopped (a takeover interrupted after the Run's write is finished
+    by the backoff, _finish_lost)."""
     epoch = stopping.revoke_lease(d)
+    d.after_failure(attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
+    _finish_lost(d, attempt, pod, failure)
+
+
+def _finish_lost(d: Decision, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
     if pod is not None and not pod.finished:
         d.plan.add(DeletePod(pod.name, grace_seconds=0))
-    d.after_failure(attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
+    d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
+
+
+def _or_promised(d: Decision, attempt: Attempt | None) -> Attempt | None:
+    """The current Attempt that a stop must end: the one seen, or the one a grant promised (created now)."""
+    current = d.status.current_attempt
+    if attempt is None and current and d.status.phase == RunPhase.RUNNING:
+        return _create_promised(d, current)
+    return attempt
+
+
+def _create_promised(d: Decision, number: int) -> Attempt:
+    """A grant interrupted after the Run's status was written: creates the Attempt it promised (so that
+    status.attempts never counts one that does not exist, even if the Run stops before it runs)."""
+    reason, input_value = _promised(d.w, number)
+    promised = d.attempt_object(number, d.status.lease_epoch or 0, reason, input_value)
+    d.plan.add(CreateAttempt(promised.to_api()))
+    return promised
 
 
 def _promised(world: World, number: int) -> tuple[str, Any]:
@@ -277,12 +306,21 @@ def _abort_leftovers(d: Decision) -> None:
     or the operator's cache did not hold it yet) is aborted now and its Pod stopped: its writes are
     fenced off already, and its history must not read as if it were still running."""
     phase = d.status.phase.value if d.status.phase else "stopped"
+    stop = d.status.failure
     for attempt in d.w.attempts.values():
         if attempt.status.phase in FINISHED_ATTEMPT:
             continue
+        pod = d.w.pods.get(str(attempt.metadata.name))
+        if (
+            stop
+            and stop.failure_class == FailureClass.LEASE_LOST
+            and attempt.spec.number == d.status.current_attempt
+        ):
+            # The takeover that failed the Run was interrupted before it ended its Attempt.
+            _finish_lost(d, attempt, pod, failures.lease_lost(d.w.lease.duration_seconds if d.w.lease else 0))
+            continue
         message = f"the Run was {phase} before this Attempt finished"
         d.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, message))
-        pod = d.w.pods.get(str(attempt.metadata.name))
         if pod is not None and not pod.finished and not pod.deleting:
             d.plan.add(DeletePod(pod.name))
 
