@@ -94,10 +94,10 @@ from typing import Any
 
 import urllib3
 from kubernetes import config
-from kubernetes.client.rest import ApiException
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.examples.manifests import agent_run
+from agentrun.kubeapi import ApiError, call_json
 from agentrun.rbac import attempt_role
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -208,13 +208,6 @@ class HarnessError(Exception):
 # ---- the API, patient across kube-apiserver restarts ---------------------------------------------------
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-
-
 class AnswerLost(Exception):
     """A write was sent but its answer never came: it may or may not have been applied."""
 
@@ -250,29 +243,15 @@ class Api:
         deadline = time.monotonic() + self.patience
         while True:
             try:
-                result = self.client.call_api(
-                    path,
-                    method,
-                    query_params=list((query or {}).items()),
-                    header_params={"Content-Type": content_type, "Accept": "application/json"},
-                    body=body,
-                    response_type="object",
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                    _request_timeout=(5, 30),
+                return call_json(
+                    self.client, method, path, body, query=query, content_type=content_type, timeout=(5, 30)
                 )
-                return result if isinstance(result, dict) else {}
-            except ApiException as exc:
-                status = int(exc.status or 0)
-                retryable = status in (429, 503) or (status >= 500 and method == "GET")
+            except ApiError as exc:
+                retryable = exc.status in (429, 503) or (exc.status >= 500 and method == "GET")
                 if retryable and time.monotonic() < deadline:
                     time.sleep(0.5)
                     continue
-                try:
-                    message = json.loads(exc.body or "{}").get("message", str(exc.body))
-                except (ValueError, AttributeError):
-                    message = str(exc.body)
-                raise ApiError(status, message) from None
+                raise
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if method != "GET" and not _not_sent(exc):
                     raise AnswerLost(f"{method} {path}: {type(exc).__name__}: {exc}") from None

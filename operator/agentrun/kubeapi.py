@@ -75,6 +75,34 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     return configuration
 
 
+def call_json(
+    api_client: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    query: dict[str, str] | None = None,
+    content_type: str = "application/json",
+    timeout: tuple[float, float] | None = None,
+) -> JsonDict:
+    """One request, JSON in and out (blocking); an answer that refuses it raises ApiError."""
+    try:
+        result = api_client.call_api(
+            path,
+            method,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            response_type="object",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _request_timeout=timeout,
+        )
+    except ApiException as exc:
+        raise to_api_error(exc) from None
+    return result if isinstance(result, dict) else {}
+
+
 class KubeApi:
     def __init__(self, configuration: client.Configuration | None = None, threads: int = 16) -> None:
         configuration = configuration or load_configuration()
@@ -93,20 +121,7 @@ class KubeApi:
         content_type: str = "application/json",
     ) -> JsonDict:
         def call() -> JsonDict:
-            try:
-                result = self._client.call_api(
-                    path,
-                    method,
-                    query_params=list((query or {}).items()),
-                    header_params={"Content-Type": content_type, "Accept": "application/json"},
-                    body=body,
-                    response_type="object",
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                )
-            except ApiException as exc:
-                raise to_api_error(exc) from None
-            return result if isinstance(result, dict) else {}
+            return call_json(self._client, method, path, body, query=query, content_type=content_type)
 
         self.requests += 1
         loop = asyncio.get_running_loop()
