@@ -28,6 +28,7 @@ from harness import (
     JsonDict,
     by_verb_resource,
     cpu_seconds,
+    create_all,
     first_times,
     log,
     request_delta,
@@ -134,19 +135,11 @@ def lease_load(bench: Bench, ns: str, m: int, renew_seconds: int = 20) -> dict[s
     pods = bench.recorder(f"/api/v1/namespaces/{ns}/pods", _pod_event)
     api = bench.api(16)
     names = [f"l{i}" for i in range(m)]
-
-    async def create() -> None:
-        gate = asyncio.Semaphore(16)
-
-        async def one(name: str) -> None:
-            async with gate:
-                await api.create(runs_path(ns), agent_run(name, "scenario", HANG, retry=ONE_ATTEMPT))
-
-        await asyncio.gather(*(one(name) for name in names))
+    bodies = (agent_run(name, "scenario", HANG, retry=ONE_ATTEMPT) for name in names)
 
     began = time.monotonic()
     try:
-        asyncio.run(create())
+        asyncio.run(create_all(api, runs_path(ns), bodies, concurrency=16))
     finally:
         api.close()
 

@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from harness import Bench, JsonDict, first_times, log, percentile, runs_path, wait_until
+from harness import Bench, JsonDict, create_all, first_times, log, percentile, runs_path, wait_until
 
 from agentrun.api import RUN_LABEL
 from agentrun.examples.manifests import agent_run
@@ -133,17 +133,9 @@ def cancel(bench: Bench, ns: str, n: int, rate: float) -> dict[str, Any]:
     pods = bench.recorder(f"/api/v1/namespaces/{ns}/pods", _pod_event)
     api = bench.api(16)
     names = [f"c{i}" for i in range(n)]
+    bodies = (agent_run(name, "scenario", HANG, retry=ONE_ATTEMPT) for name in names)
 
-    async def create() -> None:
-        gate = asyncio.Semaphore(8)
-
-        async def one(name: str) -> None:
-            async with gate:
-                await api.create(runs_path(ns), agent_run(name, "scenario", HANG, retry=ONE_ATTEMPT))
-
-        await asyncio.gather(*(one(name) for name in names))
-
-    asyncio.run(create())
+    asyncio.run(create_all(api, runs_path(ns), bodies, concurrency=8))
 
     def running() -> set[str]:
         return set(first_times(pods.snapshot(), lambda e: e[0] if e[2] == "running" else None))
