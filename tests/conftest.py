@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrun.rbac import attempt_role
+from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import install_crds
@@ -67,11 +68,20 @@ def agentrun_crds(kube: Kube) -> None:
 
 
 @pytest.fixture(scope="session")
+def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's own identity (a ServiceAccount with agentrun.rbac's rules), with the admission
+    policies of agentrun.admission enforced: every test meets the API server rules of a Helm install."""
+    return security.install(
+        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
+    )
+
+
+@pytest.fixture(scope="session")
 def operator(
-    kube: Kube, agentrun_crds: None, tmp_path_factory: pytest.TempPathFactory
+    kube: Kube, agentrun_crds: None, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The agentrun operator, running as its own process against the test cluster."""
-    process = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    """The agentrun operator, running as its own process and ServiceAccount against the test cluster."""
+    process = OperatorProcess(operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
     process.start()
     process.wait_ready()
     try:

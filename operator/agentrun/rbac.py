@@ -14,7 +14,7 @@ Rule = dict[str, Any]
 ATTEMPT_POD_RULES: list[Rule] = [
     {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch"]},
-    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get"]},
+    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get", "list"]},
     {"apiGroups": [GROUP], "resources": ["attempts/status"], "verbs": ["get", "patch"]},
     {"apiGroups": [GROUP], "resources": ["checkpoints"], "verbs": ["get", "list", "create"]},
     {"apiGroups": [GROUP], "resources": ["sideeffects"], "verbs": ["get", "list", "create"]},
@@ -35,6 +35,7 @@ OPERATOR_RULES: list[Rule] = [
         "resources": ["checkpoints", "sideeffects"],
         "verbs": ["get", "list", "watch", "delete"],
     },
+    {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {
         "apiGroups": ["coordination.k8s.io"],

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes import client, config
 
 T = TypeVar("T")
@@ -46,6 +47,14 @@ class Kube:
         self.rbac = client.RbacAuthorizationV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.extensions = client.ApiextensionsV1Api(self.api_client)
+
+    def with_token(self, token: str) -> Kube:
+        """The same cluster as another identity: a kubeconfig with `token` and no client certificate."""
+        config_doc = yaml.safe_load(self.kubeconfig.read_text())
+        config_doc["users"][0]["user"] = {"token": token}
+        path = self.kubeconfig.with_name(f"token-{abs(hash(token))}.kubeconfig")
+        path.write_text(yaml.safe_dump(config_doc))
+        return Kube(path, self.kubectl_path)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, namespace: str | None = None

@@ -85,6 +85,8 @@ GRANT = ["WriteLease", "PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAtt
 # The Attempt is marked, the Lease revoked at once (a new epoch), its Pod killed, then the Run moves on.
 LEASE_LOST = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
 ADOPTED_GRANT = ["PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAttemptStatus"]
+# A grant after an earlier Attempt first deletes that Attempt's Pod, whose token could still write.
+SUCCESSOR_GRANT = ["DeletePod", *GRANT]
 CONDITION_TYPES = ["Succeeded", "Waiting", "CancelRequested", "LeaseHeld"]
 FINISHED = [
     AttemptPhase.SUCCEEDED,
@@ -570,15 +572,17 @@ TRANSITIONS: dict[str, Transition] = {
     },
     # ---- backoff
     "backoff-not-due-yet": Transition(backing_off(due=NOW + timedelta(seconds=40)), [], requeue=40.0),
-    "backoff-due": Transition(backing_off(), GRANT, "Running", {2: "Pending"}),
-    "backoff-due-exactly-now": Transition(backing_off(due=NOW), GRANT, "Running", {2: "Pending"}),
-    "backoff-without-next-attempt-time": Transition(backing_off(due=None), GRANT, "Running", {2: "Pending"}),
+    "backoff-due": Transition(backing_off(), SUCCESSOR_GRANT, "Running", {2: "Pending"}),
+    "backoff-due-exactly-now": Transition(backing_off(due=NOW), SUCCESSOR_GRANT, "Running", {2: "Pending"}),
+    "backoff-without-next-attempt-time": Transition(
+        backing_off(due=None), SUCCESSOR_GRANT, "Running", {2: "Pending"}
+    ),
     "backoff-grant-interrupted-after-the-lease": Transition(
-        backing_off(lease=held_by(2)), ADOPTED_GRANT, "Running", {2: "Pending"}
+        backing_off(lease=held_by(2)), ["DeletePod", *ADOPTED_GRANT], "Running", {2: "Pending"}
     ),
     "backoff-after-lease-loss": Transition(
         backing_off(previous=make_attempt(1, phase="LeaseLost", failure=failure_of(FailureClass.LEASE_LOST))),
-        GRANT,
+        SUCCESSOR_GRANT,
         "Running",
         {2: "Pending"},
     ),
@@ -3269,3 +3273,10 @@ CRASH_POINTS = crash_points()
 @pytest.mark.parametrize(("story", "crash"), CRASH_POINTS.values(), ids=CRASH_POINTS.keys())
 def test_operator_killed_between_writes(story: Story, crash: tuple[int, int]) -> None:
     check_story(story, crash)
+
+
+def test_a_grant_deletes_the_superseded_pod_at_once_before_anything_else() -> None:
+    plan = decide(backing_off())
+    first = plan.actions[0]
+    assert first == DeletePod("triage-a1", grace_seconds=0)
+    assert not [a for a in plan.actions[1:] if isinstance(a, DeletePod)]

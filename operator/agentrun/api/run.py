@@ -376,6 +376,9 @@ class RunSpec(ApiModel):
 # --- status -------------------------------------------------------------------------------------------
 
 
+MAX_REQUEST_LIFETIME_SECONDS = 366 * 24 * 3600
+
+
 class PendingRequest(ApiModel):
     """What the Run is waiting for: answer it with spec.resume."""
 
@@ -391,10 +394,17 @@ class PendingRequest(ApiModel):
     accepted_schema: FreeJsonObject | None = Field(
         None, description="A JSON Schema that spec.resume.value must satisfy."
     )
+    expires_in_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REQUEST_LIFETIME_SECONDS,
+        description="How long the request stays open, as the worker asked; the operator turns it into "
+        "expiresAt on its own clock when it first sees the request.",
+    )
     expires_at: datetime | None = Field(
         None,
         description="After this time (RFC 3339) an answer is refused and the Run fails with class "
-        "input_expired.",
+        "input_expired. Set by the operator from expiresInSeconds (never by a worker: clocks differ).",
     )
 
 
@@ -487,8 +497,26 @@ class RunReport(ApiModel):
     )
 
 
+# Counters the fences are built on: a write that lowers or removes one would reopen an old epoch.
+MONOTONIC_STATUS_FIELDS: Final = ("attempts", "currentAttempt", "leaseEpoch", "observedCancelEpoch")
+
+
 class RunStatus(ApiModel):
     """The observed state of a Run, written by the operator (and the fenced commit by the worker)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            *(
+                cel(
+                    f"!has(oldSelf.{field}) || (has(self.{field}) && self.{field} >= oldSelf.{field})",
+                    f"status.{field} never decreases nor disappears: the fences compare epochs with it",
+                    reason="FieldValueForbidden",
+                    field_path=f".{field}",
+                )
+                for field in MONOTONIC_STATUS_FIELDS
+            )
+        )
+    )
 
     phase: RunPhase | None = Field(None, description="Where the Run is in its life cycle.")
     observed_generation: int | None = Field(

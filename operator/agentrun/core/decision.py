@@ -26,6 +26,7 @@ from agentrun.core.lease import LeaseView, epoch_for_grant
 from agentrun.core.plan import (
     CreateAttempt,
     CreatePod,
+    DeletePod,
     PatchAttemptStatus,
     PatchRunStatus,
     Plan,
@@ -131,6 +132,7 @@ class Decision:
         """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod."""
         run = self.run
         name = attempt_name(str(run.metadata.name), number)
+        self.delete_superseded_pods(name)
         epoch, write = epoch_for_grant(self.w.lease, name)
         if write:
             rv = self.w.lease.resource_version if self.w.lease else None
@@ -151,6 +153,14 @@ class Decision:
         self.plan.add(CreateAttempt(attempt.to_api()))
         self.ensure_pod(attempt)
         self.event("Normal", "AttemptStarted", message, name)
+
+    def delete_superseded_pods(self, successor: str) -> None:
+        """Before a new Attempt is granted, the Pods of the earlier ones go, at once (no grace): a Pod's
+        bound token is refused as soon as the Pod object is gone, and the admission policies can check
+        only names, so a superseded Pod must not be left holding credentials."""
+        for pod in self.w.pods.values():
+            if pod.name != successor:
+                self.plan.add(DeletePod(pod.name, grace_seconds=0))
 
     def attempt_object(self, number: int, epoch: int, reason: str, input_value: Any) -> Attempt:
         run = self.run

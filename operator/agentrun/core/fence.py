@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from agentrun.api import RejectedCommitReason, Run
 
 
@@ -14,4 +16,26 @@ def fence_violation(run: Run, lease_epoch: int, cancel_epoch: int) -> RejectedCo
         return RejectedCommitReason.STALE_AFTER_CANCEL
     if (run.status.lease_epoch or 0) != lease_epoch:
         return RejectedCommitReason.STALE_WORKER
+    return None
+
+
+# The causes that the admission policies (agentrun.admission) put first in a refusal's message, and what
+# each means for the refused worker: a fence it lost (recorded on its Attempt), or a mistake (permanent).
+REFUSAL_CAUSES: Final = {
+    "StaleAfterCancel": RejectedCommitReason.STALE_AFTER_CANCEL,
+    "StaleWorker": RejectedCommitReason.STALE_WORKER,
+    "NotCurrentAttempt": RejectedCommitReason.STALE_WORKER,
+    "NotOwnRun": None,
+    "NotPodBound": None,
+    "NotWorkerField": None,
+    "NotOperator": None,
+}
+
+
+def refusal_cause(message: str) -> tuple[str, RejectedCommitReason | None] | None:
+    """(cause, fence lost or None) of a write the API server refused by policy, from its message alone
+    (no read needed); None if the message names no cause."""
+    for cause, reason in REFUSAL_CAUSES.items():
+        if f"{cause}:" in message:
+            return cause, reason
     return None

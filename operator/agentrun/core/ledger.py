@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-from agentrun.api import SideEffect, SideEffectState
+from agentrun.api import Attempt, AttemptReason, SideEffect, SideEffectState
 
 
 class Step(StrEnum):
@@ -55,3 +56,37 @@ def after_lookup(found: bool | None, can_look_up: bool) -> Step:
     if not can_look_up or found is None:
         return Step.RECONCILE
     return Step.REUSE if found else Step.EXECUTE
+
+
+# --- approvals ------------------------------------------------------------------------------------------
+# A gated action asks for approval with an interrupt whose request id names its SideEffect. The answer
+# reaches the worker as the spec.input of the Attempt that resumes (written by the operator, immutable),
+# and the operator, not the worker, records it on the SideEffect: a Pod may never write an approval.
+
+
+def approval_request_id(side_effect: str) -> str:
+    """The id of the interrupt that asks to approve the action recorded as SideEffect `side_effect`."""
+    return f"approve-{side_effect}"
+
+
+def approval_answer(attempts: Iterable[Attempt], request_id: str) -> Any:
+    """The accepted answer to approval request `request_id`: the input of the Attempt that resumed with
+    it (None if it was not answered)."""
+    reason = AttemptReason.resume(request_id)
+    return next((a.spec.input for a in attempts if a.spec.reason == reason), None)
+
+
+def approved(answer: Any) -> bool:
+    return isinstance(answer, dict) and answer.get("approved") is True
+
+
+def approvals_to_record(side_effects: Iterable[SideEffect], attempts: Iterable[Attempt]) -> list[str]:
+    """SideEffects whose approval was given (an Attempt resumed with an approving answer) but is not yet
+    recorded on them."""
+    attempts = list(attempts)
+    return [
+        str(effect.metadata.name)
+        for effect in side_effects
+        if not (effect.status and effect.status.approval)
+        and approved(approval_answer(attempts, approval_request_id(str(effect.metadata.name))))
+    ]

@@ -44,6 +44,14 @@ class PatchAttemptStatus:
 
 
 @dataclass(frozen=True)
+class PatchSideEffectStatus:
+    """A merge patch of SideEffect.status by the operator (an approval it records)."""
+
+    name: str
+    patch: JsonDict
+
+
+@dataclass(frozen=True)
 class CreatePod:
     body: JsonDict
 
@@ -72,6 +80,7 @@ Action = (
     | WriteLease
     | CreateAttempt
     | PatchAttemptStatus
+    | PatchSideEffectStatus
     | CreatePod
     | DeletePod
     | DeleteCheckpoint

@@ -20,17 +20,19 @@ from agentrun.api import (
     ControlOp,
     ControlOutcome,
     FailureClass,
+    PendingRequest,
     RunPhase,
 )
-from agentrun.core import controls, external, failures, report, retention, stopping
+from agentrun.core import controls, external, failures, ledger, report, retention, stopping
 from agentrun.core.conditions import TERMINAL_PHASES
-from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World
+from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World, rfc3339
 from agentrun.core.plan import (
     CreateAttempt,
     DeleteCheckpoint,
     DeletePod,
     PatchAttemptStatus,
     PatchRunStatus,
+    PatchSideEffectStatus,
     Plan,
 )
 from agentrun.core.pods import PodView
@@ -55,6 +57,11 @@ def decide(world: World) -> Plan:
         )
         d.event("Normal", "Queued", "Run accepted; starting Attempt 1")
         return d.plan.wake_in(0)
+    if _record_rejections(d):
+        return d.plan.wake_in(0)  # decide the rest on the Attempts as recorded
+    for effect in ledger.approvals_to_record(world.side_effects, world.attempts.values()):
+        approval = {"requestId": ledger.approval_request_id(effect), "time": rfc3339(world.now)}
+        d.plan.add(PatchSideEffectStatus(effect, {"approval": approval}))
     _prune_checkpoints(d)
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
@@ -293,12 +300,40 @@ def _after_attempt(
             "paused": RunPhase.PAUSED,
         }[request.reason.value]
         message = f"waiting for request {request.request_id} ({request.reason.value})"
-        d.set_phase(waiting, waiting.value, message)
+        d.set_phase(waiting, waiting.value, message, **_expiry(d, request))
         d.event("Normal", "Interrupted", message, name)
     elif failure is not None:
         d.after_failure(attempt.spec.number, failure, phase or AttemptPhase.FAILED)
     else:
         d.after_failure(attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
+
+
+def _expiry(d: Decision, request: PendingRequest) -> dict[str, Any]:
+    """The request's expiresAt, on the operator's clock, from the expiresInSeconds its worker asked for
+    (a worker's clock may be off by any amount; DESIGN: expiry is judged on the operator's own clock)."""
+    if request.expires_in_seconds is None or request.expires_at is not None:
+        return {}
+    expires_at = d.w.now + timedelta(seconds=request.expires_in_seconds)
+    return {"pendingRequest": {"expiresAt": rfc3339(expires_at)}}
+
+
+def _record_rejections(d: Decision) -> bool:
+    """Attempts whose worker recorded a refused commit (rejectedCommit, the one thing it may write on its
+    Attempt besides usage) are marked Rejected by the operator. True if any was."""
+    marked = False
+    for attempt in d.w.attempts.values():
+        if attempt.status.rejected_commit is None or attempt.status.phase in (
+            AttemptPhase.REJECTED,
+            AttemptPhase.SUCCEEDED,
+        ):
+            continue
+        patch: dict[str, Any] = {"phase": AttemptPhase.REJECTED.value}
+        if attempt.status.completion_time is None:
+            patch["completionTime"] = rfc3339(d.w.now)
+        name = str(attempt.metadata.name)
+        d.plan.add(PatchAttemptStatus(name, patch, attempt.metadata.resource_version))
+        marked = True
+    return marked
 
 
 def _abort_leftovers(d: Decision) -> None:

@@ -72,6 +72,9 @@ class Executor:
                             raise
                     else:
                         self.metrics.attempt_status_written(patch)
+                case p.PatchSideEffectStatus(name=effect, patch=patch):
+                    path = self.api.custom_path("sideeffects", ns, effect, "status")
+                    self.cache.put("sideeffects", await self.api.merge_patch(path, {"status": patch}))
                 case p.CreatePod(body=body):
                     await self._create_pod(body, ns, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):

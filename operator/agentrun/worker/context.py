@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import datetime
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Run, SideEffectState
+from agentrun.core import ledger
+from agentrun.core.ledger import side_effect_name
 from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError
 from agentrun.worker.session import Session
@@ -109,8 +111,8 @@ class Context:
         if schema is not None:
             pending["acceptedSchema"] = schema
         if expires_in:
-            at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=expires_in)
-            pending["expiresAt"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+            # The operator derives expiresAt on its own clock: this machine's clock may be off.
+            pending["expiresInSeconds"] = max(1, math.ceil(expires_in))
         await self._session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
         raise Interrupted(request_id)
 
@@ -139,9 +141,11 @@ class Context:
         happened: the record becomes Unknown and the Run waits for reconciliation.
 
         With `requires_approval`, the Run first waits for a person (an interrupt with reason
-        auth_required, answered with {"approved": true}); the approval is recorded on the SideEffect.
+        auth_required, answered with {"approved": true}); the operator records the approval on the
+        SideEffect.
         """
-        approval = await self._approval(tool, key, target) if requires_approval else None
+        if requires_approval:
+            await self._approve(tool, key, target)
         return await self._ledger.perform(
             tool=tool,
             key=key,
@@ -153,27 +157,33 @@ class Context:
             step=step,
             reference_of=reference_of,
             unknown_on=unknown_on,
-            approval=approval,
         )
 
-    async def _approval(self, tool: str, key: str, target: str | None) -> dict[str, Any] | None:
-        """The approval to record before a gated action, or None if it was approved (or done) before."""
+    async def _approve(self, tool: str, key: str, target: str | None) -> None:
+        """Returns once the gated action is approved (now or before); raises if it was refused.
+
+        The approval is an interrupt whose request id names the action's SideEffect. Its answer comes
+        back as the input of the Attempt that resumes; the operator records it on the SideEffect (a Pod
+        never writes an approval), so a later Attempt finds it there or on that Attempt."""
         record = await self._ledger.record_for(key)
         if record is not None and record.status is not None:
             done = record.status.state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED)
             if done or record.status.approval is not None:
-                return None
-        request_id = self._answering
-        on = f" on {target}" if target else ""
-        value = await self.interrupt(
-            reason=InterruptReason.AUTH_REQUIRED,
-            prompt=f'Approve {tool}{on} (idempotency key {key})? Answer {{"approved": true}} or false.',
-            schema=APPROVAL_SCHEMA,
-        )
-        if not value.get("approved"):
+                return
+        request_id = ledger.approval_request_id(side_effect_name(key))
+        if self._answering == request_id:
+            answer = self.resume_value
+            self._answering = None
+        else:
+            answer = ledger.approval_answer(await self._session.read_attempts(), request_id)
+        if answer is None:
+            on = f" on {target}" if target else ""
+            prompt = f'Approve {tool}{on} (idempotency key {key})? Answer {{"approved": true}} or false.'
+            await self._raise_interrupt(
+                InterruptReason.AUTH_REQUIRED, prompt, APPROVAL_SCHEMA, None, request_id
+            )
+        if not ledger.approved(answer):
             raise PermanentError(f"{tool} (key {key}) was not approved")
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return {"requestId": request_id, "time": now}
 
 
 def answered_request(run: Run, attempt: Attempt) -> str | None:

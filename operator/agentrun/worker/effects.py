@@ -107,7 +107,6 @@ class Ledger:
         step: str | None,
         reference_of: Callable[[Any], str | None] | None,
         unknown_on: tuple[type[BaseException], ...] = (),
-        approval: dict[str, Any] | None = None,
     ) -> Effect:
         name = side_effect_name(key)
         digest = request_digest(tool, target)
@@ -134,10 +133,7 @@ class Ledger:
         if decision == Step.REUSE:
             assert record.status is not None
             return self._effect(record, reference_of, executed_now=False)
-        if approval is not None and not (record.status and record.status.approval):
-            state = record.status.state if record.status else SideEffectState.PENDING
-            record = await self._set_state(record, state, message="approved", approval=approval)
-        resolved_by = None
+        looked_up = False
         if decision == Step.LOOK_UP:
             found: bool | None
             result: Any = None
@@ -148,7 +144,7 @@ class Ledger:
                 log.warning("lookup of %s failed: %s", key, exc)
                 found = None
             decision = after_lookup(found, lookup is not None)
-            resolved_by = f"lookup by {self.me.attempt}"
+            looked_up = True
             if decision == Step.RECONCILE:
                 await self._set_state(
                     record, SideEffectState.UNKNOWN, message="outcome unknown; lookup could not tell"
@@ -158,10 +154,9 @@ class Ledger:
                 confirmed = await self._set_state(
                     record,
                     SideEffectState.CONFIRMED,
-                    message="found by lookup",
+                    message="found by a lookup by key",
                     result=result,
                     externalReference=self._reference(result, reference_of),
-                    resolvedBy=resolved_by,
                 )
                 return self._effect(confirmed, reference_of, executed_now=False)
         return await self._execute(
@@ -169,7 +164,7 @@ class Ledger:
             key,
             execute,
             reference_of=reference_of,
-            resolved_by=resolved_by,
+            looked_up=looked_up,
             unknown_on=UNKNOWN_OUTCOME + unknown_on,
         )
 
@@ -180,7 +175,7 @@ class Ledger:
         execute: Callable[[str], Any],
         *,
         reference_of: Callable[[Any], str | None] | None,
-        resolved_by: str | None,
+        looked_up: bool,
         unknown_on: tuple[type[BaseException], ...],
     ) -> Effect:
         await self._check_fence()
@@ -196,14 +191,12 @@ class Ledger:
                 raise  # the record stays Pending: a later Attempt looks the action up before trying again
             await self._set_state(record, SideEffectState.FAILED, message=f"failed: {exc}")
             raise
-        extra: dict[str, Any] = {"resolvedBy": resolved_by} if resolved_by else {}
         confirmed = await self._set_state(
             record,
             SideEffectState.CONFIRMED,
-            message="executed",
+            message="executed after a lookup found nothing" if looked_up else "executed",
             result=result,
             externalReference=self._reference(result, reference_of),
-            **extra,
         )
         return self._effect(confirmed, reference_of, executed_now=True)
 

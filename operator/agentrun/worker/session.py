@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, Run, lease_name
-from agentrun.core.fence import fence_violation
+from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
@@ -55,6 +55,15 @@ class Session:
             raise LeaseLost(f"Attempt {self.me.attempt} does not exist")
         return Attempt.model_validate(body)
 
+    async def read_attempts(self) -> list[Attempt]:
+        """Every Attempt of this worker's Run (their specs: what each was started with)."""
+        collection = self.api.custom_path("attempts", self.me.namespace)
+        return [
+            Attempt.model_validate(item)
+            async for page in self.api.list_pages(collection, label_selector=f"{RUN_LABEL}={self.me.run}")
+            for item in page
+        ]
+
     async def owned_metadata(self, name: str) -> JsonDict:
         """Metadata of an object this worker creates for its Run: the run label and the Run as owner."""
         run = self.run or await self.read_run()
@@ -89,19 +98,28 @@ class Session:
                     # the API server's own fence (CEL) refused it: the epochs moved under us
                     await self.record_rejection("stale_worker", exc.message)
                     raise FenceRejected("stale_worker", exc.message) from None
+                await self.raise_refusal(exc, what)
                 raise
             self.run = Run.model_validate(written)
             return self.run
         raise ApiError(409, "Conflict", f"{what}: gave up after {MAX_CONFLICTS} conflicting writes")
 
+    async def raise_refusal(self, exc: ApiError, what: str) -> None:
+        """A write the admission policies refused: a lost fence (recorded on the Attempt, then
+        FenceRejected) or a write this worker may never make (PermanentError). Returns if the refusal
+        names no cause."""
+        if exc.status not in (403, 422) or (found := refusal_cause(exc.message)) is None:
+            return
+        cause, reason = found
+        if reason is None:
+            raise PermanentError(f"{what} refused by the API server ({cause}): {exc.message}") from None
+        await self.record_rejection(reason.value, exc.message)
+        raise FenceRejected(reason.value, exc.message) from None
+
     async def record_rejection(self, reason: str, message: str) -> None:
+        """Records the refused commit on this worker's Attempt (the operator then marks it Rejected)."""
         path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
-        patch = {
-            "status": {
-                "phase": "Rejected",
-                "rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()},
-            }
-        }
+        patch = {"status": {"rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()}}}
         try:
             await self.api.merge_patch(path, patch)
         except ApiError as exc:  # the record is for people; the refusal itself already happened
@@ -188,6 +206,8 @@ class Session:
                 if exc.conflict:
                     self._lease_rv = None  # re-read: maybe ours, maybe taken over
                     continue
+                if exc.status == 403 and "NotCurrentAttempt:" in exc.message:
+                    raise LeaseLost(exc.message) from None  # the policy: another Pod holds it now
                 raise
             self._lease_rv = renewed["metadata"]["resourceVersion"]
             return

@@ -1,0 +1,423 @@
+"""ValidatingAdmissionPolicies: the single source of who may write what, for the chart, the plain
+manifests, the tests and the demo (like agentrun.rbac for RBAC).
+
+RBAC cannot tell one attempt Pod from another (they share their namespace's ServiceAccount), so these
+policies make the API server check the identity inside the request: a Pod-bound service-account token
+carries the Pod's name in the user's extra (`authentication.kubernetes.io/pod-name`), and an Attempt's
+Pod is named after the Attempt (`<run>-a<number>`). Every rule compares with `oldObject`, what is stored,
+never with what the same request writes. The policies apply to ServiceAccounts other than the operator's
+(people are governed by RBAC); the Pod rule applies to everyone but the operator.
+
+Each refusal starts with its cause, so the SDK classifies a refused write without reading the Run:
+NotPodBound, NotOwnRun, NotCurrentAttempt, StaleAfterCancel, StaleWorker, NotWorkerField, NotOperator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from agentrun.api import GROUP, RUN_LABEL, AttemptStatus, RunPhase, RunStatus
+from agentrun.api.common import ApiModel
+
+Manifest = dict[str, Any]
+
+ADMISSION_API: Final = "admissionregistration.k8s.io/v1"
+POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
+# The garbage collector rewrites ownerReferences of dependents (orphaning) as its own ServiceAccount
+# when kube-controller-manager runs with --use-service-account-credentials.
+TRUSTED_CONTROLLERS: Final = ("system:serviceaccount:kube-system:generic-garbage-collector",)
+
+# The Run status fields an attempt Pod writes (DESIGN: the fenced commit fields); every other one is
+# the operator's. pendingRequest.expiresAt is the operator's too: it derives it on its own clock.
+WORKER_RUN_FIELDS: Final = ("result", "committedBy", "latestCheckpoint", "pendingRequest")
+WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId")
+# The phases in which the current Attempt's worker runs and may write.
+WORKER_PHASES: Final = (RunPhase.RUNNING,)
+# SideEffect status fields only the operator or a person writes.
+PERSON_SIDE_EFFECT_FIELDS: Final = ("approval", "resolvedBy")
+
+POD_NAME: Final = (
+    f"'{POD_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{POD_NAME_EXTRA}'][0] : ''"
+)
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _json_fields(model: type[ApiModel]) -> list[str]:
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def unchanged(new: str, old: str, field: str) -> str:
+    """CEL: `field` of `new` is exactly what it is in `old` (present in both and equal, or in neither)."""
+    a, b = f"{new}.{field}", f"{old}.{field}"
+    return f"(has({a}) == has({b}) && (!has({a}) || {a} == {b}))"
+
+
+def _changed_fields_message(new: str, old: str, fields: Sequence[str], prefix: str) -> str:
+    """CEL message: `prefix` followed by the names of `fields` that the request changes."""
+    names = ", ".join(f"({unchanged(new, old, f)} ? '' : '{f} ')" for f in fields)
+    return f"'{prefix}' + [{names}].join('')"
+
+
+def _variable(name: str, expression: str) -> dict[str, str]:
+    return {"name": name, "expression": expression}
+
+
+def _validation(expression: str, message_expression: str, reason: str = "Forbidden") -> dict[str, str]:
+    return {"expression": expression, "messageExpression": message_expression, "reason": reason}
+
+
+def _is_attempt_of(run: str) -> str:
+    """CEL: the requesting Pod's name is `<run>-a<number>`, i.e. an Attempt of that Run."""
+    return (
+        f"variables.podName.startsWith({run} + '-a')"
+        f" && variables.podName.substring(size({run}) + 2).matches('^[0-9]+$')"
+    )
+
+
+def _pod_bound(what: str) -> dict[str, str]:
+    return _validation(
+        "variables.podName != ''",
+        f"'NotPodBound: {what} is written by the agentrun operator or by an attempt Pod; '"
+        " + request.userInfo.username + ' presented a token that is not bound to a Pod'",
+    )
+
+
+def _own_run(run: str, what: str) -> dict[str, str]:
+    return _validation(
+        "variables.ownRun",
+        f"'NotOwnRun: Pod ' + variables.podName + ' is not an Attempt of Run ' + {run}"
+        f" + ': it may not write {what}'",
+    )
+
+
+def _policy(
+    name: str,
+    description: str,
+    *,
+    rules: list[dict[str, Any]],
+    variables: list[dict[str, str]],
+    validations: list[dict[str, str]],
+    match_conditions: list[dict[str, str]],
+    object_selector: dict[str, Any] | None = None,
+) -> list[Manifest]:
+    constraints: dict[str, Any] = {"resourceRules": rules}
+    if object_selector is not None:
+        constraints["objectSelector"] = object_selector
+    policy = {
+        "apiVersion": ADMISSION_API,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "annotations": {f"{GROUP}/description": description}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": constraints,
+            "matchConditions": match_conditions,
+            "variables": variables,
+            "validations": validations,
+        },
+    }
+    binding = {
+        "apiVersion": ADMISSION_API,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def _rule(group: str, resources: list[str], operations: list[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "apiVersions": ["*"], "resources": resources, "operations": operations}
+
+
+def _service_accounts_but(operator: str) -> list[dict[str, str]]:
+    exempt = _quoted((operator, *TRUSTED_CONTROLLERS))
+    return [
+        {
+            "name": "service-account",
+            "expression": "request.userInfo.username.startsWith('system:serviceaccount:')",
+        },
+        {"name": "not-the-operator", "expression": f"!(request.userInfo.username in {exempt})"},
+    ]
+
+
+def _run_status(operator: str) -> list[Manifest]:
+    stored = "oldObject.status"
+    operator_fields = [f for f in _json_fields(RunStatus) if f not in WORKER_RUN_FIELDS]
+    request = "object.status.pendingRequest"
+    old_request = "oldObject.status.pendingRequest"
+    committed = "object.status.committedBy"
+    return _policy(
+        f"run-status.{GROUP}",
+        "Run status: only the Pod of the stored current Attempt writes, only while no cancel is pending "
+        "and the Run is Running, and only the worker's fields.",
+        rules=[_rule(GROUP, ["runs/status"], ["UPDATE"])],
+        variables=[
+            _variable("podName", POD_NAME),
+            _variable(
+                "attempt",
+                f"has({stored}.currentAttempt)"
+                f" ? object.metadata.name + '-a' + string({stored}.currentAttempt) : ''",
+            ),
+            _variable("ownRun", _is_attempt_of("object.metadata.name")),
+            _variable(
+                "observedCancelEpoch",
+                f"has({stored}.observedCancelEpoch) ? {stored}.observedCancelEpoch : 0",
+            ),
+            _variable("leaseEpoch", f"has({stored}.leaseEpoch) ? {stored}.leaseEpoch : 0"),
+        ],
+        validations=[
+            _pod_bound("Run status"),
+            _own_run("object.metadata.name", "its status"),
+            _validation(
+                "variables.podName == variables.attempt",
+                "'NotCurrentAttempt: Pod ' + variables.podName + ' may not write Run '"
+                " + object.metadata.name + ': its current Attempt is '"
+                " + (variables.attempt == '' ? 'none' : variables.attempt)",
+            ),
+            _validation(
+                "oldObject.spec.cancelEpoch == variables.observedCancelEpoch",
+                "'StaleAfterCancel: Run ' + object.metadata.name + ' has a cancel pending (cancelEpoch '"
+                " + string(oldObject.spec.cancelEpoch) + '): no worker write is accepted any more'",
+            ),
+            _validation(
+                f"has({stored}.phase) && {stored}.phase in {_quoted(WORKER_PHASES)}",
+                "'StaleWorker: Run ' + object.metadata.name + ' is '"
+                f" + (has({stored}.phase) ? {stored}.phase : 'not started')"
+                " + ': its worker writes only while it is Running'",
+            ),
+            _validation(
+                f"!has({committed}) || {unchanged('object.status', stored, 'committedBy')}"
+                f" || ({committed}.attempt == variables.podName"
+                f" && {committed}.leaseEpoch == variables.leaseEpoch"
+                f" && {committed}.cancelEpoch == oldObject.spec.cancelEpoch)",
+                "'StaleWorker: committedBy must name this Attempt (' + variables.podName"
+                " + '), the stored lease epoch (' + string(variables.leaseEpoch)"
+                " + ') and cancel epoch (' + string(oldObject.spec.cancelEpoch) + ')'",
+            ),
+            _validation(
+                " && ".join(unchanged("object.status", stored, f) for f in operator_fields),
+                _changed_fields_message(
+                    "object.status",
+                    stored,
+                    operator_fields,
+                    f"NotWorkerField: an attempt Pod writes only {', '.join(WORKER_RUN_FIELDS)}; "
+                    "this request changes ",
+                ),
+            ),
+            _validation(
+                f"!has({request}) || !has({request}.expiresAt)"
+                f" || (has({old_request}) && has({old_request}.expiresAt)"
+                f" && {request}.expiresAt == {old_request}.expiresAt)",
+                "'NotWorkerField: pendingRequest.expiresAt is derived by the operator on its own clock; "
+                "a worker sets expiresInSeconds'",
+            ),
+        ],
+        match_conditions=_service_accounts_but(operator),
+    )
+
+
+def _attempt_status(operator: str) -> list[Manifest]:
+    operator_fields = [f for f in _json_fields(AttemptStatus) if f not in WORKER_ATTEMPT_FIELDS]
+    return _policy(
+        f"attempt-status.{GROUP}",
+        "Attempt status: a Pod writes only its own Attempt, and only rejectedCommit, usage and traceId.",
+        rules=[_rule(GROUP, ["attempts/status"], ["UPDATE"])],
+        variables=[
+            _variable("podName", POD_NAME),
+            _variable("ownRun", _is_attempt_of("oldObject.spec.runName")),
+        ],
+        validations=[
+            _pod_bound("Attempt status"),
+            _own_run("oldObject.spec.runName", "its Attempts"),
+            _validation(
+                "variables.podName == object.metadata.name",
+                "'NotCurrentAttempt: Pod ' + variables.podName + ' may write only its own Attempt, not '"
+                " + object.metadata.name",
+            ),
+            _validation(
+                " && ".join(unchanged("object.status", "oldObject.status", f) for f in operator_fields),
+                _changed_fields_message(
+                    "object.status",
+                    "oldObject.status",
+                    operator_fields,
+                    f"NotWorkerField: an attempt Pod writes only {', '.join(WORKER_ATTEMPT_FIELDS)} of "
+                    "its Attempt (the operator derives the phase); this request changes ",
+                ),
+            ),
+        ],
+        match_conditions=_service_accounts_but(operator),
+    )
+
+
+def _owned_by_run(run: str) -> str:
+    """CEL: the new object is labelled with and owned by the Run named `run` (by name: a policy cannot
+    read the Run's uid; the SDK checks the uid on every object it did not create itself)."""
+    return (
+        f"has(object.metadata.labels) && '{RUN_LABEL}' in object.metadata.labels"
+        f" && object.metadata.labels['{RUN_LABEL}'] == {run}"
+        " && has(object.metadata.ownerReferences) && size(object.metadata.ownerReferences) > 0"
+        f" && object.metadata.ownerReferences.all(o, o.kind == 'Run' && o.name == {run})"
+    )
+
+
+def _ledger_create(kind: str, plural: str, operator: str, names_attempt: str | None) -> list[Manifest]:
+    validations = [
+        _pod_bound(f"a {kind}"),
+        _own_run("object.spec.runName", f"a {kind} for it"),
+        _validation(
+            _owned_by_run("object.spec.runName"),
+            f"'NotOwnRun: a {kind} carries the label {RUN_LABEL}=' + object.spec.runName"
+            " + ' and that Run as its only owner'",
+        ),
+    ]
+    if names_attempt:
+        validations.append(
+            _validation(
+                f"{names_attempt} == variables.podName",
+                f"'NotCurrentAttempt: a {kind} names the Attempt that writes it (' + variables.podName + ')'",
+            )
+        )
+    return _policy(
+        f"{plural}-create.{GROUP}",
+        f"{kind} create: only an attempt Pod of spec.runName, for its own Run.",
+        rules=[_rule(GROUP, [plural], ["CREATE"])],
+        variables=[
+            _variable("podName", POD_NAME),
+            _variable("ownRun", _is_attempt_of("object.spec.runName")),
+        ],
+        validations=validations,
+        match_conditions=_service_accounts_but(operator),
+    )
+
+
+def _side_effect_status(operator: str) -> list[Manifest]:
+    return _policy(
+        f"sideeffects-status.{GROUP}",
+        "SideEffect status: only an attempt Pod of its Run, naming itself; approval and resolvedBy are "
+        "written by the operator or by people, never by a Pod.",
+        rules=[_rule(GROUP, ["sideeffects/status"], ["UPDATE"])],
+        variables=[
+            _variable("podName", POD_NAME),
+            _variable("ownRun", _is_attempt_of("oldObject.spec.runName")),
+        ],
+        validations=[
+            _pod_bound("SideEffect status"),
+            _own_run("oldObject.spec.runName", "its SideEffects"),
+            _validation(
+                "!has(object.status.attempt) || object.status.attempt == variables.podName"
+                f" || {unchanged('object.status', 'oldObject.status', 'attempt')}",
+                "'NotCurrentAttempt: status.attempt names the Attempt that writes it ('"
+                " + variables.podName + ')'",
+            ),
+            _validation(
+                " && ".join(
+                    unchanged("object.status", "oldObject.status", f) for f in PERSON_SIDE_EFFECT_FIELDS
+                ),
+                "'NotWorkerField: approval and resolvedBy are recorded by the operator or by a person, "
+                "never by an attempt Pod'",
+            ),
+        ],
+        match_conditions=_service_accounts_but(operator),
+    )
+
+
+LEASE_SPEC_FIELDS: Final = (
+    "holderIdentity",
+    "leaseDurationSeconds",
+    "acquireTime",
+    "leaseTransitions",
+    "preferredHolder",
+    "strategy",
+)
+METADATA_FIELDS: Final = ("labels", "annotations", "ownerReferences", "finalizers")
+
+
+def _lease(operator: str) -> list[Manifest]:
+    holder = "oldObject.spec.holderIdentity"
+    run = f"oldObject.metadata.labels['{RUN_LABEL}']"
+    return _policy(
+        f"run-lease.{GROUP}",
+        "A Run's Lease: the operator creates and takes over; the Pod named in the stored holderIdentity "
+        "renews it (renewTime only).",
+        rules=[_rule("coordination.k8s.io", ["leases"], ["CREATE", "UPDATE"])],
+        variables=[
+            _variable("podName", POD_NAME),
+            _variable(
+                "ownRun",
+                f"request.operation == 'UPDATE' && has(oldObject.metadata.labels)"
+                f" && '{RUN_LABEL}' in oldObject.metadata.labels && {_is_attempt_of(run)}",
+            ),
+        ],
+        validations=[
+            _validation(
+                "request.operation == 'UPDATE'",
+                "'NotOperator: only the agentrun operator creates the Lease of a Run'",
+            ),
+            _pod_bound("The Lease of a Run"),
+            _validation(
+                "variables.ownRun",
+                "'NotOwnRun: Pod ' + variables.podName + ' is not an Attempt of the Run of Lease '"
+                " + object.metadata.name",
+            ),
+            _validation(
+                f"has({holder}) && {holder} == variables.podName",
+                "'NotCurrentAttempt: Lease ' + object.metadata.name + ' is held by '"
+                f" + (has({holder}) ? {holder} : 'nobody') + ', not by ' + variables.podName",
+            ),
+            _validation(
+                " && ".join(
+                    [
+                        *(unchanged("object.spec", "oldObject.spec", f) for f in LEASE_SPEC_FIELDS),
+                        *(unchanged("object.metadata", "oldObject.metadata", f) for f in METADATA_FIELDS),
+                    ]
+                ),
+                "'NotWorkerField: the holder of the Lease of a Run changes only spec.renewTime'",
+            ),
+        ],
+        match_conditions=_service_accounts_but(operator),
+        object_selector={"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]},
+    )
+
+
+def _attempt_pods(operator: str) -> list[Manifest]:
+    label = f"'{RUN_LABEL}'"
+    return _policy(
+        f"attempt-pods.{GROUP}",
+        f"Pods labelled {RUN_LABEL} (attempt Pods, whose tokens may write a Run) are created only by the "
+        "agentrun operator.",
+        rules=[_rule("", ["pods"], ["CREATE", "UPDATE"])],
+        variables=[],
+        validations=[
+            _validation(
+                "request.operation == 'UPDATE' && has(oldObject.metadata.labels)"
+                f" && {label} in oldObject.metadata.labels",
+                f"'NotOperator: only the agentrun operator creates Pods labelled {RUN_LABEL} ('"
+                " + request.userInfo.username + ' may not)'",
+            ),
+        ],
+        match_conditions=[
+            {"name": "not-the-operator", "expression": f"request.userInfo.username != '{operator}'"}
+        ],
+        object_selector={"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]},
+    )
+
+
+def admission_policies(operator: str) -> list[Manifest]:
+    """Every ValidatingAdmissionPolicy with its binding; `operator` is the operator's user name (for the
+    chart, `system:serviceaccount:<namespace>:<name>`)."""
+    return [
+        *_run_status(operator),
+        *_attempt_status(operator),
+        *_ledger_create("Checkpoint", "checkpoints", operator, "object.spec.attempt"),
+        *_ledger_create("SideEffect", "sideeffects", operator, None),
+        *_side_effect_status(operator),
+        *_lease(operator),
+        *_attempt_pods(operator),
+    ]
+
+
+def service_account_user(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"

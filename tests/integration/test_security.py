@@ -1,0 +1,148 @@
+"""The security model, enforced by the API server: a hostile agent in the same namespace, a token that is
+not bound to a Pod, and Pods that only the operator may create (agentrun.admission)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api import API_VERSION
+from agentrun.examples.manifests import IMAGE
+from devcluster.operator import OperatorProcess
+from support.agentrun import error_message
+from support.kube import Kube, wait_for
+from support.runs import create_run, get_run, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+# What the hostile agent tries, and the cause each refusal must name.
+FORBIDDEN_WRITES = {
+    "victim result": "NotOwnRun",
+    "victim result and leaseEpoch": "NotOwnRun",
+    "victim phase": "NotOwnRun",
+    "victim lease": "NotOwnRun",
+    "victim lease renewal": "NotOwnRun",
+    "victim checkpoint": "NotOwnRun",
+    "victim side effect": "NotOwnRun",
+    "victim attempt status": "NotOwnRun",
+    "own phase": "NotWorkerField",
+    "own leaseEpoch": "NotWorkerField",
+    "own expiresAt": "NotWorkerField",
+    "own attempt phase": "NotWorkerField",
+    "own lease duration": "NotWorkerField",
+    "own checkpoint for another attempt": "NotCurrentAttempt",
+}
+
+
+def support_agent_run(name: str, module: str, input: dict[str, Any]) -> dict[str, Any]:
+    """A Run of `python -m support.<module>` (the tests' own agents)."""
+    env = [{"name": "PYTHONPATH", "value": str(TESTS_DIR)}]
+    agent = {"image": IMAGE, "command": ["python", "-m", f"support.{module}"], "env": env}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {"agent": agent, "input": input},
+    }
+
+
+def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    release = tmp_path / "release-victim"
+    create_run(kube, ns, support_agent_run("victim", "gated_agent", {"releaseFile": str(release)}))
+    running = wait_for(
+        lambda: (run := get_run(kube, ns, "victim")).get("status", {}).get("latestCheckpoint") and run,
+        timeout=60,
+        what="the victim Running with its first checkpoint",
+    )
+    assert running["status"]["phase"] == "Running"
+
+    create_run(
+        kube,
+        ns,
+        support_agent_run("attacker", "hostile_agent", {"victim": "victim", "victimAttempt": "victim-a1"}),
+    )
+    attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=90)
+    assert attacker["status"]["phase"] == "Succeeded", (attacker["status"], operator.log_tail())
+    outcomes = attacker["status"]["result"]["outcomes"]
+    assert set(outcomes) == set(FORBIDDEN_WRITES)
+    wrong = {
+        what: outcome
+        for what, outcome in outcomes.items()
+        if not (outcome.startswith("refused") and f"{FORBIDDEN_WRITES[what]}:" in outcome)
+    }
+    assert wrong == {}, json.dumps(outcomes, indent=1)
+
+    release.write_text("go")
+    done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=60)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert done["status"]["result"] == {"by": "victim-a1"}
+    assert done["status"]["committedBy"]["attempt"] == "victim-a1"
+    lease = kube.coordination.read_namespaced_lease("victim.run.agentrun.dev", ns)
+    assert lease.spec.lease_duration_seconds == running["spec"]["lease"]["durationSeconds"]
+
+
+def _token_not_bound_to_a_pod(kube: Kube, namespace: str) -> str:
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    }
+    answer = kube.core.create_namespaced_service_account_token("default", namespace, request)
+    token: str = answer.status.token
+    return token
+
+
+def test_a_token_of_the_agents_service_account_not_bound_to_a_pod_is_refused(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    release = tmp_path / "release"
+    create_run(kube, ns, support_agent_run("plain", "gated_agent", {"releaseFile": str(release)}))
+    run = wait_for(
+        lambda: (r := get_run(kube, ns, "plain")).get("status", {}).get("latestCheckpoint") and r,
+        timeout=60,
+        what="the Run Running",
+    )
+    as_agent = kube.with_token(_token_not_bound_to_a_pod(kube, ns))
+    patch = {
+        "status": {
+            "result": {"forged": True},
+            "committedBy": {
+                "attempt": "plain-a1",
+                "leaseEpoch": run["status"]["leaseEpoch"],
+                "cancelEpoch": 0,
+            },
+        }
+    }
+    with pytest.raises(ApiException) as refused:
+        as_agent.custom.patch_namespaced_custom_object_status(
+            "agentrun.dev", "v1alpha1", ns, "runs", "plain", patch
+        )
+    assert refused.value.status == 403
+    assert "NotPodBound:" in error_message(refused.value)
+    release.write_text("go")
+    assert wait_phase(kube, ns, "plain", {"Succeeded", "Failed"})["status"]["result"] == {"by": "plain-a1"}
+
+
+def test_only_the_operator_creates_pods_labelled_with_a_run(
+    kube: Kube, namespace: str, operator_kubeconfig: Path
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "victim-a1", "labels": {"agentrun.dev/run": "victim"}},
+        "spec": {"containers": [{"name": "agent", "image": IMAGE, "command": ["python", "-c", "pass"]}]},
+    }
+    with pytest.raises(ApiException) as refused:
+        kube.core.create_namespaced_pod(namespace, pod)  # as the cluster admin: still not the operator
+    assert refused.value.status == 403
+    assert "NotOperator:" in error_message(refused.value)
