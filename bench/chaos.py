@@ -31,6 +31,10 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
   resume                           answer a waiting Run
   resume-duplicate                 the same answer twice (one key), the same key with another value (the
                                    API server must refuse it), then a second key with another value
+  forged-writes                    a hostile agent (tests/support/hostile_agent.py) runs as a Run of the
+                                   same namespace and, with its own Pod's token, forges writes to a running
+                                   victim Run (its result, phase, Lease, Checkpoints, ledger, Attempt) and
+                                   beyond its rights on its own Run; every one must be refused
 Runs left waiting for a few seconds are answered as a person would (not counted as faults).
 
 After the fault window every frozen worker is continued, the ticket service is healed, and the harness
@@ -57,6 +61,8 @@ Invariants (each figure must be 0; any violation makes the exit status 1, with t
   unknown side effects not surfaced as NeedsReconciliation: a SideEffect in Unknown (or left Pending
       with no Attempt running) whose Run is not in NeedsReconciliation, Failed or Cancelled, or whose Run's
       status.sideEffects.unknown does not count it. Checked after the faults and after the resolution.
+  forged writes accepted: a hostile agent's write that the API server accepted (the hostile Runs are
+      left out of every other check: they are the attackers, not Runs under test).
   history lost: Attempts other than exactly 1..status.attempts; an Attempt's resumeFrom or the Run's
       latestCheckpoint that no longer exists; a status.inputs entry whose key is not an Accepted Resume in
       status.controls; an Accepted control record seen during the run that is gone; Accepted resumes and
@@ -99,11 +105,13 @@ from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.examples.manifests import agent_run
 from agentrun.kubeapi import ApiError, call_json
 from agentrun.rbac import attempt_role
+from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
 from support.kube import Kube
+from support.runs import support_agent_run
 
 Json = dict[str, Any]
 NS = "chaos"
@@ -185,7 +193,10 @@ WEIGHTS = {
     "cancel-double-click": 0.5,
     "resume": 1.5,
     "resume-duplicate": 1.5,
+    "forged-writes": 0.4,
 }
+HOSTILE_LABEL = "chaos.agentrun.dev/hostile"
+HOSTILE_SHARE = 0.05  # at most this share of the Runs launched so far has a hostile agent beside it
 CANCEL_SHARE = 0.25  # at most this share of the Runs launched so far is cancelled
 
 INVARIANTS = (
@@ -194,6 +205,7 @@ INVARIANTS = (
     ("stale_lease_commits", "commits accepted with a stale lease epoch"),
     ("stuck_runs", "Runs stuck outside a terminal or waiting phase"),
     ("unknown_not_surfaced", "unknown side effects not surfaced as NeedsReconciliation"),
+    ("forged_writes_accepted", "forged writes accepted"),
     ("history_lost", "history lost"),
     ("results_disagree", "results that disagree with the world (also checked)"),
     ("controls_mishandled", "control requests mishandled (also checked)"),
@@ -342,6 +354,7 @@ class Records:
     retries_requested: int = 0
     operator_starts: int = 0
     apiserver_restarts: list[float] = field(default_factory=list)  # seconds each took
+    hostile: list[str] = field(default_factory=list)  # the hostile agents' Runs
 
 
 # ---- processes ------------------------------------------------------------------------------------------
@@ -429,7 +442,10 @@ class Chaos:
         self.api.call("POST", f"{rbac}/rolebindings", binding)
         self.tickets.start()
         os.environ["AGENTRUN_METRICS_PORT"] = "0"  # other operators on this machine may hold the default
-        self.operator = OperatorProcess(self.cluster.kubeconfig, self.state_dir / "logs" / "operator.log")
+        operator_kubeconfig = security.install(
+            self.cluster.binary("kubectl"), self.cluster.kubeconfig, self.state_dir / "operator.kubeconfig"
+        )
+        self.operator = OperatorProcess(operator_kubeconfig, self.state_dir / "logs" / "operator.log")
         self._start_operator()
 
     def teardown(self) -> None:
@@ -647,6 +663,9 @@ class Chaos:
             "cancel-double-click": fresh,
             "resume": waiting,
             "resume-duplicate": waiting,
+            "forged-writes": [n for n in self.launched if phase_of(self.runs.get(n, {})) == "Running"]
+            if len(self.records.hostile) < max(1.0, HOSTILE_SHARE * len(self.launched))
+            else [],
         }
         return targets
 
@@ -741,6 +760,25 @@ class Chaos:
         self.cluster.restart_component("kube-apiserver", timeout_seconds=120)
         self.records.apiserver_restarts.append(time.monotonic() - began)
         self.last_apiserver_restart = time.monotonic()
+        return True
+
+    def fault_forged_writes(self, victim: str) -> bool:
+        current = (self.runs[victim].get("status") or {}).get("currentAttempt")
+        if not current:
+            return False
+        name = f"hostile-{len(self.records.hostile) + 1:03d}"
+        attacker = support_agent_run(
+            name,
+            "hostile_agent",
+            {"victim": victim, "victimAttempt": f"{victim}-a{current}"},
+            labels={HOSTILE_LABEL: "true"},
+        )
+        try:
+            self.api_().call("POST", custom("runs"), attacker)
+        except AnswerLost:
+            if self.api_().get(custom("runs", name)) is None:
+                return False
+        self.records.hostile.append(name)
         return True
 
     def fault_cancel(self, run: str) -> bool:
@@ -967,15 +1005,24 @@ class Chaos:
         api = self.api_()
         deadline = time.monotonic() + 20
         while True:  # the report of a stopped Run follows its SideEffects (level-based): give it a moment
+            runs = {r["metadata"]["name"]: r for r in api.items(custom("runs"))}
+            hostile = {n: r for n, r in runs.items() if HOSTILE_LABEL in (r["metadata"].get("labels") or {})}
+            ours = {n: r for n, r in runs.items() if n not in hostile}
+
             world = World(
-                runs={r["metadata"]["name"]: r for r in api.items(custom("runs"))},
-                attempts=api.items(custom("attempts")),
-                checkpoints=api.items(custom("checkpoints")),
-                effects=api.items(custom("sideeffects")),
+                runs=ours,
+                attempts=_of_runs(api.items(custom("attempts")), ours),
+                checkpoints=_of_runs(api.items(custom("checkpoints")), ours),
+                effects=_of_runs(api.items(custom("sideeffects")), ours),
+                hostile=hostile,
             )
             if not unknown_not_surfaced(world) or time.monotonic() >= deadline:
                 return world
             time.sleep(1.0)
+
+
+def _of_runs(items: list[Json], runs: dict[str, Json]) -> list[Json]:
+    return [item for item in items if item["spec"]["runName"] in runs]
 
 
 # ---- the checks: pure functions of what was observed ---------------------------------------------------
@@ -987,6 +1034,7 @@ class World:
     attempts: list[Json]
     checkpoints: list[Json]
     effects: list[Json]
+    hostile: dict[str, Json] = field(default_factory=dict)  # the hostile agents' Runs
     _by_run: dict[str, list[Json]] = field(default_factory=dict, repr=False)
 
     def attempts_of(self, run: str) -> list[Json]:
@@ -994,6 +1042,18 @@ class World:
             for attempt in sorted(self.attempts, key=lambda a: a["spec"]["number"]):
                 self._by_run.setdefault(attempt["spec"]["runName"], []).append(attempt)
         return self._by_run.get(run, [])
+
+
+def forged_writes(world: World) -> tuple[int, list[str]]:
+    """(writes the hostile agents attempted, the ones the API server accepted), from their results."""
+    attempted, accepted = 0, []
+    for name, run in sorted(world.hostile.items()):
+        outcomes = ((run.get("status") or {}).get("result") or {}).get("outcomes") or {}
+        attempted += len(outcomes)
+        accepted += [
+            f"{name}: {what} accepted" for what, outcome in sorted(outcomes.items()) if outcome == "accepted"
+        ]
+    return attempted, accepted
 
 
 def tickets_created_twice(audit: list[Json]) -> list[str]:
@@ -1290,6 +1350,7 @@ def build_report(
         "stuck_runs": stuck,
         "unknown_not_surfaced": [f"after the faults: {v}" for v in unknown_not_surfaced(settled)]
         + [f"at the end: {v}" for v in unknown_not_surfaced(final)],
+        "forged_writes_accepted": forged_writes(final)[1],
         "history_lost": history_lost(final, records),
         "results_disagree": results_disagree(final, tickets, chaos.spec_of),
         "controls_mishandled": controls_mishandled(final, records),
@@ -1345,6 +1406,10 @@ def build_report(
                 for r in final.runs.values()
                 if phase_of(r) == "Failed"
             )
+        ),
+        "forged writes attempted by hostile agents / their Runs ended": (
+            f"{forged_writes(final)[0]} / "
+            f"{sum(1 for r in final.hostile.values() if phase_of(r) in TERMINAL)} of {len(records.hostile)}"
         ),
         "operator starts": records.operator_starts,
         "kube-apiserver restarts (seconds each)": [round(s, 1) for s in records.apiserver_restarts],

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
 from agentrun.rbac import attempt_role
+from devcluster import security
 from devcluster.cluster import REPO_ROOT, LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
@@ -271,6 +272,9 @@ class Bench:
     state_dir: Path
     instant: bool
     controller_manager_flags: list[str] = field(default_factory=list)
+    # The admission policies of agentrun.admission, installed as a Helm install has them; off only to
+    # measure what they cost.
+    policies: bool = True
     cluster: LocalCluster = field(init=False)
     kube: Kube = field(init=False)
     operator: OperatorProcess = field(init=False)
@@ -285,9 +289,16 @@ class Bench:
         self.cluster.start()
         self.kube = Kube(self.cluster.kubeconfig, Path(self.cluster.binary("kubectl")))
         install_crds(self.kube)
+        operator_kubeconfig = self.cluster.kubeconfig
+        if self.policies:
+            operator_kubeconfig = security.install(
+                self.cluster.binary("kubectl"),
+                self.cluster.kubeconfig,
+                self.state_dir / "operator.kubeconfig",
+            )
         self.metrics_port = free_port()
         self.operator = OperatorProcess(
-            self.cluster.kubeconfig,
+            operator_kubeconfig,
             self.state_dir / "operator.log",
             env={"AGENTRUN_METRICS_PORT": str(self.metrics_port)},
             verbose=False,

@@ -18,6 +18,7 @@ from pathlib import Path
 from kubernetes import watch
 
 from agentrun.rbac import attempt_role
+from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import install_crds
@@ -38,7 +39,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentrun-bench-") as state:
         cluster = LocalCluster(state_dir=Path(state))
         cluster.start()
-        operator = OperatorProcess(cluster.kubeconfig, Path(state) / "operator.log")
+        operator_kubeconfig = security.install(
+            cluster.binary("kubectl"), cluster.kubeconfig, Path(state) / "operator.kubeconfig"
+        )
+        operator = OperatorProcess(operator_kubeconfig, Path(state) / "operator.log")
         try:
             kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
             install_crds(kube)

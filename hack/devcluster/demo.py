@@ -28,6 +28,7 @@ import yaml
 from agentrun.examples.manifests import agent_run
 from agentrun.rbac import attempt_role
 
+from . import security
 from .cluster import REPO_ROOT, LocalCluster
 from .operator import OperatorProcess
 from .tickets import TicketServiceProcess
@@ -131,7 +132,11 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
         say("Starting the external ticket service (the world outside) and the agentrun operator")
         tickets.start()
         print(f"  ticket service at {tickets.url}")
-        operator = OperatorProcess(cluster.kubeconfig, state_dir / "logs" / "operator.log")
+        say("Running the operator as its own ServiceAccount, with the admission policies that fence Pods")
+        operator_kubeconfig = security.install(
+            cluster.binary("kubectl"), cluster.kubeconfig, state_dir / "operator.kubeconfig"
+        )
+        operator = OperatorProcess(operator_kubeconfig, state_dir / "logs" / "operator.log")
         operator.start()
         operator.wait_ready()
         print(f"  operator running (log: {operator.log_path})")

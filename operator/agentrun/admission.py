@@ -50,10 +50,17 @@ def _json_fields(model: type[ApiModel]) -> list[str]:
     return [field.alias or name for name, field in model.model_fields.items()]
 
 
+def present(path: str) -> str:
+    """CEL: every field along `path` (e.g. oldObject.status.pendingRequest) is set. has() of a field
+    whose parent is missing is an error, not false: a SideEffect's stored status may not exist yet."""
+    parts = path.split(".")
+    return " && ".join(f"has({'.'.join(parts[:i])})" for i in range(2, len(parts) + 1))
+
+
 def unchanged(new: str, old: str, field: str) -> str:
     """CEL: `field` of `new` is exactly what it is in `old` (present in both and equal, or in neither)."""
     a, b = f"{new}.{field}", f"{old}.{field}"
-    return f"(has({a}) == has({b}) && (!has({a}) || {a} == {b}))"
+    return f"(({present(a)}) == ({present(b)}) && (!({present(a)}) || {a} == {b}))"
 
 
 def _changed_fields_message(new: str, old: str, fields: Sequence[str], prefix: str) -> str:
@@ -158,15 +165,15 @@ def _run_status(operator: str) -> list[Manifest]:
             _variable("podName", POD_NAME),
             _variable(
                 "attempt",
-                f"has({stored}.currentAttempt)"
+                f"{present(stored + '.currentAttempt')}"
                 f" ? object.metadata.name + '-a' + string({stored}.currentAttempt) : ''",
             ),
             _variable("ownRun", _is_attempt_of("object.metadata.name")),
             _variable(
                 "observedCancelEpoch",
-                f"has({stored}.observedCancelEpoch) ? {stored}.observedCancelEpoch : 0",
+                f"{present(stored + '.observedCancelEpoch')} ? {stored}.observedCancelEpoch : 0",
             ),
-            _variable("leaseEpoch", f"has({stored}.leaseEpoch) ? {stored}.leaseEpoch : 0"),
+            _variable("leaseEpoch", f"{present(stored + '.leaseEpoch')} ? {stored}.leaseEpoch : 0"),
         ],
         validations=[
             _pod_bound("Run status"),
@@ -183,13 +190,13 @@ def _run_status(operator: str) -> list[Manifest]:
                 " + string(oldObject.spec.cancelEpoch) + '): no worker write is accepted any more'",
             ),
             _validation(
-                f"has({stored}.phase) && {stored}.phase in {_quoted(WORKER_PHASES)}",
+                f"{present(stored + '.phase')} && {stored}.phase in {_quoted(WORKER_PHASES)}",
                 "'StaleWorker: Run ' + object.metadata.name + ' is '"
-                f" + (has({stored}.phase) ? {stored}.phase : 'not started')"
+                f" + ({present(stored + '.phase')} ? {stored}.phase : 'not started')"
                 " + ': its worker writes only while it is Running'",
             ),
             _validation(
-                f"!has({committed}) || {unchanged('object.status', stored, 'committedBy')}"
+                f"!({present(committed)}) || {unchanged('object.status', stored, 'committedBy')}"
                 f" || ({committed}.attempt == variables.podName"
                 f" && {committed}.leaseEpoch == variables.leaseEpoch"
                 f" && {committed}.cancelEpoch == oldObject.spec.cancelEpoch)",
@@ -208,8 +215,8 @@ def _run_status(operator: str) -> list[Manifest]:
                 ),
             ),
             _validation(
-                f"!has({request}) || !has({request}.expiresAt)"
-                f" || (has({old_request}) && has({old_request}.expiresAt)"
+                f"!({present(request + '.expiresAt')})"
+                f" || ({present(old_request + '.expiresAt')}"
                 f" && {request}.expiresAt == {old_request}.expiresAt)",
                 "'NotWorkerField: pendingRequest.expiresAt is derived by the operator on its own clock; "
                 "a worker sets expiresInSeconds'",
@@ -307,7 +314,7 @@ def _side_effect_status(operator: str) -> list[Manifest]:
             _pod_bound("SideEffect status"),
             _own_run("oldObject.spec.runName", "its SideEffects"),
             _validation(
-                "!has(object.status.attempt) || object.status.attempt == variables.podName"
+                f"!({present('object.status.attempt')}) || object.status.attempt == variables.podName"
                 f" || {unchanged('object.status', 'oldObject.status', 'attempt')}",
                 "'NotCurrentAttempt: status.attempt names the Attempt that writes it ('"
                 " + variables.podName + ')'",

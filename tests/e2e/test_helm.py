@@ -30,6 +30,7 @@ from agentrun.deploy import render
 from devcluster.processes import free_port
 from e2e.conftest import Target
 from support.corpus import REPO
+from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, create_run, get_run, wait_phase
 
@@ -39,6 +40,7 @@ CHART = REPO / "charts" / "agentrun"
 RELEASE = "agentrun-e2e"  # contains the chart's name, so the full name (object prefix) is the release's
 OPERATOR_LABELS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 AGENT_SERVICE_ACCOUNT = "agentrun-agent"
+HOSTILE_AGENT = REPO / "tests" / "support" / "hostile_agent.py"
 PEERING = "agentrun"
 LIFETIME_SECONDS = 15
 E2E_COLUMN = "E2E Generation"  # the printer column the upgraded chart's Run CRD adds
@@ -324,6 +326,49 @@ def test_run_succeeds_through_the_installed_operator(release: Release) -> None:
         (operator,) = release.operator_pods()
         lines = [json.loads(line) for line in release.operator_log(operator).splitlines() if line.strip()]
         assert any(e.get("run") == "echo" and "Succeeded" in e["message"] for e in lines)
+
+
+def _inline_agent(name: str, image: str, module: Path, input: dict[str, Any]) -> dict[str, Any]:
+    """A Run of one of the tests' own agents passed as `python -c` (the agent image has agentrun only)."""
+    run = echo_run(name, image, "")
+    run["spec"]["agent"]["command"] = ["python", "-c", module.read_text()]
+    run["spec"]["input"] = input
+    return run
+
+
+def test_a_hostile_agent_is_refused_by_the_installed_policies(release: Release) -> None:
+    """The admission policies the chart installs exempt exactly its operator's ServiceAccount: the Runs
+    it drives work, and a hostile agent of the same namespace is refused every forged write."""
+    kube, ns, image = release.kube, release.namespace, release.target.agent_image
+    scenario = {"steps": 2, "ask": {"atStep": 2, "prompt": "Go on?", "schema": {"type": "object"}}}
+    victim = echo_run("victim", image, "")
+    victim["spec"]["agent"]["command"] = ["python", "-m", "agentrun.examples.scenario"]
+    victim["spec"]["input"] = scenario
+    create_run(kube, ns, victim)
+    waiting = wait_phase(kube, ns, "victim", {"InputRequired", "Failed", "Succeeded"}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", waiting["status"]
+    hostile = _inline_agent(
+        "attacker", image, HOSTILE_AGENT, {"victim": "victim", "victimAttempt": "victim-a1"}
+    )
+    create_run(kube, ns, hostile)
+    attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=120)
+    assert attacker["status"]["phase"] == "Succeeded", attacker["status"]
+    outcomes = attacker["status"]["result"]["outcomes"]
+    assert set(outcomes) == set(EXPECTED_CAUSES)
+    assert refusals_missing(outcomes) == {}, json.dumps(outcomes, indent=1)
+    pending = waiting["status"]["pendingRequest"]
+    resume = {
+        "requestId": pending["requestId"],
+        "checkpointId": pending["checkpointId"],
+        "value": {},
+        "idempotencyKey": "go-on",
+    }
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "runs", "victim", {"spec": {"resume": resume}}
+    )
+    done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert done["status"]["committedBy"]["attempt"] == "victim-a2"
 
 
 def _as_service_account(kube: Kube, namespace: str, name: str) -> client.ApiClient:

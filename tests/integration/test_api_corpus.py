@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import pytest
 
+from agentrun.api.run import MONOTONIC_STATUS_FIELDS
 from support.agentrun import Api, Rule, crd_rules, rule
 from support.corpus import (
     BAD_OBJECTS,
@@ -424,6 +425,24 @@ BAD_INPUT: dict[str, Bad] = {
     "giving an Attempt a resume point after the fact is refused": updated(
         "Attempt", spec(resumeFrom="ckpt-1"), ATTEMPT_SPEC_IMMUTABLE
     ),
+    **{
+        f"lowering status.{counter} is refused because the fences compare epochs with it": updated(
+            "Run",
+            status(**{counter: 1}),
+            rule("Run", ".status", f"oldSelf.{counter}"),
+            setup=(status(**{counter: 2}),),
+        )
+        for counter in MONOTONIC_STATUS_FIELDS
+    },
+    **{
+        f"removing status.{counter} is refused because it would fall back to nothing": updated(
+            "Run",
+            status(**{counter: None}),
+            rule("Run", ".status", f"oldSelf.{counter}"),
+            setup=(status(**{counter: 2}),),
+        )
+        for counter in MONOTONIC_STATUS_FIELDS
+    },
     "rewriting a Succeeded Attempt as Failed is refused": updated(
         "Attempt", status(phase="Failed"), ATTEMPT_PHASE_FINAL, setup=(status(phase="Succeeded"),)
     ),

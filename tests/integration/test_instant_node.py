@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentrun.examples.manifests import agent_run
+from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
@@ -37,10 +38,21 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Overrides the session's: the operator's identity and the admission policies on this module's
+    control plane."""
+    return security.install(
+        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
+    )
+
+
 @pytest.fixture
-def namespaced_operator(kube: Kube, run_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+def namespaced_operator(
+    kube: Kube, run_namespace: str, tmp_path: Path, operator_kubeconfig: Path
+) -> Iterator[OperatorProcess]:
     process = OperatorProcess(
-        kube.kubeconfig,
+        operator_kubeconfig,
         tmp_path / "operator.log",
         env={"AGENTRUN_METRICS_PORT": str(free_port())},
         args=[f"--namespace={run_namespace}"],

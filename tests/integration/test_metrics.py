@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.core.decision import RECHECK_SECONDS
+from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
@@ -43,13 +44,22 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Overrides the session's: the operator's identity and the admission policies on this module's
+    control plane."""
+    return security.install(
+        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
+    )
+
+
 @pytest.fixture
 def namespaced_operator(
-    kube: Kube, run_namespace: str, tmp_path: Path
+    kube: Kube, run_namespace: str, tmp_path: Path, operator_kubeconfig: Path
 ) -> Iterator[tuple[OperatorProcess, int]]:
     port = free_port()
     process = OperatorProcess(
-        kube.kubeconfig,
+        operator_kubeconfig,
         tmp_path / "operator.log",
         env={"AGENTRUN_METRICS_PORT": str(port)},
         args=[f"--namespace={run_namespace}", "--log-format=json"],

@@ -5,51 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.api import API_VERSION
 from agentrun.examples.manifests import IMAGE
 from devcluster.operator import OperatorProcess
 from support.agentrun import error_message
+from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
-from support.runs import create_run, get_run, wait_phase
+from support.runs import create_run, get_run, support_agent_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
-
-# What the hostile agent tries, and the cause each refusal must name.
-FORBIDDEN_WRITES = {
-    "victim result": "NotOwnRun",
-    "victim result and leaseEpoch": "NotOwnRun",
-    "victim phase": "NotOwnRun",
-    "victim lease": "NotOwnRun",
-    "victim lease renewal": "NotOwnRun",
-    "victim checkpoint": "NotOwnRun",
-    "victim side effect": "NotOwnRun",
-    "victim attempt status": "NotOwnRun",
-    "own phase": "NotWorkerField",
-    "own leaseEpoch": "NotWorkerField",
-    "own expiresAt": "NotWorkerField",
-    "own attempt phase": "NotWorkerField",
-    "own lease duration": "NotWorkerField",
-    "own checkpoint for another attempt": "NotCurrentAttempt",
-}
-
-
-def support_agent_run(name: str, module: str, input: dict[str, Any]) -> dict[str, Any]:
-    """A Run of `python -m support.<module>` (the tests' own agents)."""
-    env = [{"name": "PYTHONPATH", "value": str(TESTS_DIR)}]
-    agent = {"image": IMAGE, "command": ["python", "-m", f"support.{module}"], "env": env}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Run",
-        "metadata": {"name": name},
-        "spec": {"agent": agent, "input": input},
-    }
 
 
 def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
@@ -73,13 +40,8 @@ def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
     attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=90)
     assert attacker["status"]["phase"] == "Succeeded", (attacker["status"], operator.log_tail())
     outcomes = attacker["status"]["result"]["outcomes"]
-    assert set(outcomes) == set(FORBIDDEN_WRITES)
-    wrong = {
-        what: outcome
-        for what, outcome in outcomes.items()
-        if not (outcome.startswith("refused") and f"{FORBIDDEN_WRITES[what]}:" in outcome)
-    }
-    assert wrong == {}, json.dumps(outcomes, indent=1)
+    assert set(outcomes) == set(EXPECTED_CAUSES)
+    assert refusals_missing(outcomes) == {}, json.dumps(outcomes, indent=1)
 
     release.write_text("go")
     done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=60)

@@ -19,6 +19,33 @@ from agentrun.kubeapi import ApiError, KubeApi
 
 JsonDict = dict[str, Any]
 
+# Every write the agent tries, and the cause the API server's refusal must name.
+EXPECTED_CAUSES = {
+    "victim result": "NotOwnRun",
+    "victim result and leaseEpoch": "NotOwnRun",
+    "victim phase": "NotOwnRun",
+    "victim lease": "NotOwnRun",
+    "victim lease renewal": "NotOwnRun",
+    "victim checkpoint": "NotOwnRun",
+    "victim side effect": "NotOwnRun",
+    "victim attempt status": "NotOwnRun",
+    "own phase": "NotWorkerField",
+    "own leaseEpoch": "NotWorkerField",
+    "own expiresAt": "NotWorkerField",
+    "own attempt phase": "NotWorkerField",
+    "own lease duration": "NotWorkerField",
+    "own checkpoint for another attempt": "NotCurrentAttempt",
+}
+
+
+def refusals_missing(outcomes: dict[str, str]) -> dict[str, str]:
+    """The writes whose outcome is not a refusal naming the expected cause (empty: all refused)."""
+    return {
+        what: outcome
+        for what, outcome in outcomes.items()
+        if not (outcome.startswith("refused") and f"{EXPECTED_CAUSES.get(what)}:" in outcome)
+    }
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from agentrun.examples.manifests import agent_run
+from agentrun.api import API_VERSION
+from agentrun.examples.manifests import IMAGE, agent_run
 from support.kube import Kube, wait_for
 
 GROUP, VERSION = "agentrun.dev", "v1alpha1"
@@ -26,6 +28,21 @@ PRIORITY: dict[str, Any] = {
 
 def scenario_run(name: str, scenario: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return agent_run(name, "scenario", scenario, **spec)
+
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+def support_agent_run(name: str, module: str, input: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    """A Run of `python -m support.<module>`, one of the tests' own agents (e.g. the hostile agent)."""
+    env = [{"name": "PYTHONPATH", "value": str(TESTS_DIR)}]
+    agent = {"image": IMAGE, "command": ["python", "-m", f"support.{module}"], "env": env}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Run",
+        "metadata": {"name": name, **metadata},
+        "spec": {"agent": agent, "input": input},
+    }
 
 
 def create_run(kube: Kube, namespace: str, body: dict[str, Any]) -> None:

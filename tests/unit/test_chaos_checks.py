@@ -136,3 +136,12 @@ def test_history_that_reads_otherwise_than_it_happened_is_misrecorded(
     spoil(world)
     violations = chaos.attempts_misrecorded(world)
     assert len(violations) == 1 and found in violations[0], violations
+
+
+def test_a_forged_write_the_api_server_accepted_is_a_violation(chaos: ModuleType) -> None:
+    outcomes = {"victim result": "refused 403: NotOwnRun: ...", "victim phase": "refused 403: NotOwnRun: ..."}
+    hostile = {"hostile-001": run("hostile-001", "Succeeded", result={"outcomes": outcomes})}
+    world = chaos.World(runs={}, attempts=[], checkpoints=[], effects=[], hostile=hostile)
+    assert chaos.forged_writes(world) == (2, [])
+    outcomes["victim lease"] = "accepted"
+    assert chaos.forged_writes(world) == (3, ["hostile-001: victim lease accepted"])
