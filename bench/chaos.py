@@ -15,7 +15,8 @@ effect recorded Pending.
 
 A seeded fault injector then picks, at random times, among (counted by kind in the output):
   kill-worker                      SIGKILL a running worker process
-  kill-during-create               SIGKILL a worker whose ticket create is in flight (SideEffect Pending)
+  kill-during-create               SIGKILL a worker whose ticket create is in flight: the service has
+                                   stored the ticket and not answered yet (its /inflight lists the key)
   kill-during-create-lookups-down  the same, and the service's lookups fail for a while (the next Attempt
                                    cannot tell whether the ticket exists: NeedsReconciliation)
   freeze-worker                    SIGSTOP a worker for 0.4 to 2.5 lease durations, then SIGCONT it
@@ -103,6 +104,7 @@ from kubernetes import config
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.examples.manifests import agent_run
+from agentrun.examples.ticket_agent import ticket_key
 from agentrun.kubeapi import ApiError, call_json
 from agentrun.rbac import attempt_role
 from devcluster import security
@@ -302,10 +304,6 @@ def pods_path() -> str:
 
 def phase_of(run: Json) -> str:
     return str((run.get("status") or {}).get("phase") or "New")
-
-
-def ticket_key(run: str) -> str:
-    return f"{NS}.{run}.create-ticket"
 
 
 # ---- what the harness did, for the checks ---------------------------------------------------------------
@@ -626,18 +624,22 @@ class Chaos:
         workers: list[tuple[str, int]] = []
         creating: list[tuple[str, int]] = []
         frozen_pids = {f.pid for f in self.frozen}
-        in_flight = {
+        # A create is in flight when the ledger says Pending for this Attempt (written before the call)
+        # and the service has received it and not answered yet; the ledger alone says nothing about the
+        # service.
+        pending = {
             (e.get("status") or {}).get("attempt")
             for e in self.effects
             if (e.get("status") or {}).get("state") == "Pending"
         }
+        received = self._creates_in_flight() if pending else set()
         for name, pod in self.pods.items():
             pid = worker_pid(pod, self.state_dir)
             if pid is None or pid in frozen_pids:
                 continue
             run = pod["metadata"]["labels"][RUN_LABEL]
             workers.append((run, pid))
-            if name in in_flight:
+            if name in pending and ticket_key(NS, run) in received:
                 creating.append((run, pid))
         cancelled = {c.run for c in self.records.cancels}
         may_cancel = len(cancelled) < CANCEL_SHARE * len(self.launched)
@@ -693,11 +695,18 @@ class Chaos:
             return True
         return False
 
+    def _creates_in_flight(self) -> set[str]:
+        """Keys of the creates the ticket service has stored and not answered yet."""
+        return {entry["idempotencyKey"] for entry in self.tickets.in_flight()}
+
     def fault_kill_during_create(self, target: tuple[str, int]) -> bool:
+        # Asked again right before the kill: the observation may be a while old, the answer sent since.
+        if ticket_key(NS, target[0]) not in self._creates_in_flight():
+            return False
         return self.fault_kill_worker(target)
 
     def fault_kill_during_create_lookups_down(self, target: tuple[str, int]) -> bool:
-        if not self.fault_kill_worker(target):
+        if not self.fault_kill_during_create(target):
             return False
         self.tickets.set_faults(failLookups=True)
         self.later(
@@ -1246,7 +1255,7 @@ def results_disagree(world: World, tickets: list[Json], inputs: dict[str, Json])
         if phase_of(run) != "Succeeded":
             continue
         result = status.get("result") or {}
-        ticket = by_key.get(ticket_key(name))
+        ticket = by_key.get(ticket_key(NS, name))
         if ticket is None or result.get("ticket") != ticket["id"]:
             violations.append(f"{name}: result {result}, the service holds {ticket}")
             continue

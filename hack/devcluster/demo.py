@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from agentrun.examples.manifests import agent_run
+from agentrun.examples.ticket_agent import ticket_key
 from agentrun.rbac import attempt_role
 
 from . import security
@@ -228,40 +229,29 @@ def act_two(demo: Demo) -> None:
 
 def act_three(demo: Demo, tickets: TicketServiceProcess) -> None:
     say("3. Crash between the external call and its confirmation: no second ticket")
-    tickets.set_faults(delayCreateSeconds=3)
+    tickets.set_faults(holdCreates=True)  # the service stores each ticket, then holds its answer
     demo.apply(ticket_run("crash", tickets, askPriority=False))
-    pod = demo.wait("the ticket call in flight", lambda: _pending_effect_pod(demo, "crash"))
+    key = ticket_key(NAMESPACE, "crash")
+    demo.wait(
+        "the ticket call in flight", lambda: any(e["idempotencyKey"] == key for e in tickets.in_flight())
+    )
+    pod = _worker_pod(demo, "crash-a1")
     print(
-        f"  the ledger says Pending, the ticket service has not answered yet: killing {pod[0]} (pid {pod[1]})"
+        "  the ticket service has stored the ticket but not answered yet; the ledger says Pending: "
+        f"killing {pod[0]} (pid {pod[1]})"
     )
     os.killpg(pod[1], signal.SIGKILL)
     tickets.clear_faults()
     demo.wait_phase("crash", "Succeeded", "Failed", "NeedsReconciliation")
     demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=crash")
     demo.sh("kubectl-agentrun", "effects", "crash", "-n", NAMESPACE)
-    created = [e for e in tickets.audit() if e["event"] == "created" and "crash" in e["idempotencyKey"]]
+    created = [e for e in tickets.audit() if e["event"] == "created" and e["idempotencyKey"] == key]
     print(f"  tickets the service created for this Run: {len(created)} (from its own audit log)")
     demo.sh("kubectl-agentrun", "report", "crash", "-n", NAMESPACE)
 
 
-def _pending_effect_pod(demo: Demo, run: str) -> tuple[str, int] | None:
-    effects = json.loads(
-        demo.sh(
-            "kubectl",
-            "get",
-            "sideeffects",
-            "-n",
-            NAMESPACE,
-            "-l",
-            f"agentrun.dev/run={run}",
-            "-o",
-            "json",
-            show=False,
-        )
-    )["items"]
-    if not any((e.get("status") or {}).get("state") == "Pending" for e in effects):
-        return None
-    pod = json.loads(demo.sh("kubectl", "get", "pod", f"{run}-a1", "-n", NAMESPACE, "-o", "json", show=False))
+def _worker_pod(demo: Demo, name: str) -> tuple[str, int]:
+    pod = json.loads(demo.sh("kubectl", "get", "pod", name, "-n", NAMESPACE, "-o", "json", show=False))
     container_id = pod["status"]["containerStatuses"][0]["containerID"]
     return pod["metadata"]["name"], int(container_id.removeprefix("process://"))
 

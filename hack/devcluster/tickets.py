@@ -70,8 +70,15 @@ class TicketServiceProcess:
         tickets: list[dict[str, Any]] = self._request("GET", "/tickets")
         return tickets
 
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The creates the service has received and stored but not answered yet: {seq, idempotencyKey,
+        ticketId, receivedAt}. With holdCreates set, a create stays here until the hold is lifted."""
+        entries: list[dict[str, Any]] = self._request("GET", "/inflight")
+        return entries
+
     def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Merges fault settings: failLookups, failCreates, delayCreateSeconds, dropCreateResponse."""
+        """Merges fault settings: failLookups, failCreates, delayCreateSeconds, holdCreates,
+        dropCreateResponse."""
         current: dict[str, Any] = self._request("POST", "/faults", faults)
         return current
 

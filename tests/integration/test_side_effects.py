@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun.examples.manifests import agent_run
+from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
@@ -29,13 +30,20 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
         service.stop()
 
 
-def ticket_run(name: str, service: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
+# While the service holds a create's answer, the worker waits for it: longer than any test takes, so the
+# worker never gives up on its own (a timeout is an unknown outcome too, but not the one under test).
+PATIENT = {"TICKET_SERVICE_TIMEOUT": "600"}
+
+
+def ticket_run(
+    name: str, service: TicketServiceProcess, env: dict[str, str] | None = None, **scenario: Any
+) -> dict[str, Any]:
     scenario = {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario}
     return agent_run(
         name,
         "ticket_agent",
         scenario,
-        env=service.env(),
+        env={**service.env(), **(env or {})},
         retry={**FAST_RETRY, "maxAttempts": 4, "sameErrorLimit": 5},
     )
 
@@ -47,14 +55,16 @@ def side_effects(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:
     return items
 
 
-def kill_worker_during_create(kube: Kube, namespace: str, run: str) -> None:
-    """Waits until the ledger says Pending (the create is in flight) and SIGKILLs the worker then."""
+def kill_worker_during_create(kube: Kube, tickets: TicketServiceProcess, namespace: str, run: str) -> None:
+    """SIGKILLs the first worker once the ticket service has received and stored its create, and before
+    the worker hears back: the service must hold its answers (holdCreates), until the caller lifts the
+    hold. (The ledger's Pending is written before the call, so it says nothing about the service.)"""
+    assert tickets.set_faults().get("holdCreates"), "the service must hold the create's answer"
+    key = ticket_key(namespace, run)
     wait_for(
-        lambda: any(
-            (e.get("status") or {}).get("state") == "Pending" for e in side_effects(kube, namespace, run)
-        ),
-        timeout=30,
-        what="the side effect recorded Pending",
+        lambda: any(entry["idempotencyKey"] == key for entry in tickets.in_flight()),
+        timeout=60,
+        what=f"the ticket service holding its answer to the create {key}",
     )
     status = kube.core.read_namespaced_pod(f"{run}-a1", namespace).status
     os.killpg(int(status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
@@ -106,10 +116,10 @@ def test_worker_killed_between_the_call_and_its_confirmation_finds_the_ticket_by
     kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
 ) -> None:
     ns = run_namespace
-    tickets.set_faults(delayCreateSeconds=4)
-    create_run(kube, ns, ticket_run("crash", tickets))
-    kill_worker_during_create(kube, ns, "crash")
-    tickets.clear_faults()
+    tickets.set_faults(holdCreates=True)
+    create_run(kube, ns, ticket_run("crash", tickets, env=PATIENT))
+    kill_worker_during_create(kube, tickets, ns, "crash")
+    tickets.clear_faults()  # the held answer goes nowhere; the next Attempt looks the ticket up
     run = wait_phase(kube, ns, "crash", {"Succeeded", "Failed", "NeedsReconciliation"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert len(tickets.creations()) == 1, tickets.audit()
@@ -124,10 +134,12 @@ def test_unknown_outcome_stops_automation_until_reconciled(
     kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
 ) -> None:
     ns = run_namespace
-    tickets.set_faults(delayCreateSeconds=4)
-    create_run(kube, ns, ticket_run("unsure", tickets))
-    kill_worker_during_create(kube, ns, "unsure")
-    tickets.set_faults(failLookups=True)
+    # Lookups fail from the start, so no Attempt after the kill can find the ticket (the first one never
+    # looks it up: it has no record yet, so it executes).
+    tickets.set_faults(holdCreates=True, failLookups=True)
+    create_run(kube, ns, ticket_run("unsure", tickets, env=PATIENT))
+    kill_worker_during_create(kube, tickets, ns, "unsure")
+    tickets.set_faults(holdCreates=False)
     run = wait_phase(kube, ns, "unsure", {"Succeeded", "Failed", "NeedsReconciliation"})
     assert run["status"]["phase"] == "NeedsReconciliation", operator.log_tail()
     assert run["status"]["failure"]["class"] == "unknown_side_effect"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -16,6 +17,8 @@ import pytest
 from agentrun.examples import tickets
 from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -143,11 +146,51 @@ def test_a_create_timeout_is_an_unknown_outcome(
     service: TicketServiceProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     k = key()
-    service.set_faults(delayCreateSeconds=1.5)
+    service.set_faults(holdCreates=True)  # no answer until the hold is lifted, however slow the machine
     monkeypatch.setenv("TICKET_SERVICE_TIMEOUT", "0.3")
     with pytest.raises(tickets.OutcomeUnknown):
         tickets.create(k, "t", "b")
     assert tickets.find_by_key(k) is not None
+    service.clear_faults()
+
+
+def test_a_held_create_is_listed_in_flight_until_the_hold_is_lifted(service: TicketServiceProcess) -> None:
+    k = key()
+    service.set_faults(holdCreates=True)
+    answers: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: answers.append(tickets.create(k, "t", "b")))
+    caller.start()
+    [held] = wait_until(service.in_flight)
+    assert (held["idempotencyKey"], held["ticketId"]) == (k, "T-1")
+    assert len(service.creations()) == 1, "stored before the answer is held"
+    assert answers == [], "no answer while held"
+    service.set_faults(holdCreates=False)
+    caller.join()
+    assert [a["id"] for a in answers] == ["T-1"]
+    assert service.in_flight() == []
+
+
+def test_a_held_answer_to_a_caller_that_is_gone_harms_nothing(service: TicketServiceProcess) -> None:
+    service.set_faults(holdCreates=True)
+    connection = http.client.HTTPConnection(urlsplit(service.url).netloc, timeout=10)
+    connection.request(
+        "POST", "/tickets", json.dumps({"title": "t", "body": "b"}), {"Idempotency-Key": key()}
+    )
+    wait_until(service.in_flight)
+    connection.close()  # the caller dies before the answer
+    service.clear_faults()
+    wait_until(lambda: service.in_flight() == [])
+    assert service.alive() and len(service.tickets()) == 1
+    assert tickets.create(key(), "next", "b")["id"] == "T-2"
+
+
+def wait_until(probe: Callable[[], T]) -> T:
+    """Polls the service until probe is truthy (bounded, so a broken service fails instead of hanging)."""
+    for _ in range(1000):
+        if value := probe():
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"{probe!r} never became true")
 
 
 def test_an_error_answer_to_create_is_a_plain_error(service: TicketServiceProcess) -> None:
@@ -180,7 +223,14 @@ def test_a_404_from_a_wrong_url_is_not_taken_for_absent(
 def test_faults_are_validated_and_cleared(service: TicketServiceProcess) -> None:
     assert service.set_faults(failLookups=True) == {"failLookups": True}
     assert service.set_faults(delayCreateSeconds=0.1) == {"failLookups": True, "delayCreateSeconds": 0.1}
-    for bad in ({"failCreates": True}, {"failCreates": 200}, {"explode": True}, {"failLookups": "yes"}):
+    bad_values: list[dict[str, object]] = [
+        {"failCreates": True},
+        {"failCreates": 200},
+        {"explode": True},
+        {"failLookups": "yes"},
+        {"holdCreates": 1},
+    ]
+    for bad in bad_values:
         assert raw_post(service, "/faults", bad, {})[0] == 400
     service.clear_faults()
     assert service.set_faults() == {}

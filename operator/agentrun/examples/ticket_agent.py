@@ -26,6 +26,11 @@ PRIORITY_SCHEMA = {
 }
 
 
+def ticket_key(namespace: str, run: str) -> str:
+    """The idempotency key of a Run's ticket (one ticket per Run)."""
+    return f"{namespace}.{run}.create-ticket"
+
+
 async def agent(ctx: worker.Context) -> dict[str, Any]:
     spec: dict[str, Any] = ctx.input or {}
     state: dict[str, Any] = dict(ctx.state or {})
@@ -45,7 +50,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     title = f"[{state.get('priority', 'normal')}] {plan['title']}"
     ticket = await ctx.side_effect(
         tool="create_ticket",
-        key=f"{ctx.namespace}.{ctx.run_name}.create-ticket",
+        key=ticket_key(ctx.namespace, ctx.run_name),
         target=tickets.service_url(),
         execute=lambda key: tickets.create(key, title, plan["body"]),
         lookup=tickets.find_by_key,

@@ -6,10 +6,13 @@ POST /tickets (header Idempotency-Key, JSON {title, body}) creates a ticket (201
 and the same content returns the same ticket (200); the same key with other content is refused (422).
 GET /tickets?idempotencyKey=K (200 or 404) · GET /tickets (all) · GET /tickets/{id} · POST /tickets/{id}/close
 GET /audit: every creation, idempotent replay and close, in order (append-only) · GET /healthz
+GET /inflight: the creates received and stored but not answered yet, oldest first ({seq, idempotencyKey,
+  ticketId, receivedAt}): a test that must act while a create is in flight waits for its entry here
 POST /faults JSON merges fault settings, DELETE /faults clears them (kept in memory only):
   failLookups: true          lookups by key or id answer 503
   failCreates: 503           creates answer this status and create nothing
   delayCreateSeconds: 2      a create is stored, then the answer waits this long
+  holdCreates: true          a create is stored, then the answer waits until this is false or cleared
   dropCreateResponse: true   a create is stored, then the connection closes with no answer
 """
 
@@ -41,6 +44,7 @@ def _is_number(value: object) -> bool:
 FAULTS: dict[str, Callable[[Any], bool]] = {
     "failLookups": lambda value: isinstance(value, bool),
     "dropCreateResponse": lambda value: isinstance(value, bool),
+    "holdCreates": lambda value: isinstance(value, bool),
     "failCreates": lambda value: type(value) is int and 400 <= value <= 599,
     "delayCreateSeconds": lambda value: _is_number(value) and value >= 0,
 }
@@ -155,6 +159,40 @@ class TicketServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.store = store
         self.faults: Json = {}
+        # Guards faults and inflight; notified when the faults change (a held create may go on).
+        self.changed = threading.Condition()
+        self.inflight: dict[int, Json] = {}
+        self._received = 0
+
+    def set_faults(self, faults: Json) -> Json:
+        with self.changed:
+            self.faults = faults
+            self.changed.notify_all()
+            return dict(faults)
+
+    def hold_answer(self) -> None:
+        """Waits while the holdCreates fault is set."""
+        with self.changed:
+            self.changed.wait_for(lambda: not self.faults.get("holdCreates"))
+
+    def received(self, ticket: Json) -> int:
+        with self.changed:
+            self._received += 1
+            self.inflight[self._received] = {
+                "seq": self._received,
+                "idempotencyKey": ticket["idempotencyKey"],
+                "ticketId": ticket["id"],
+                "receivedAt": _now(),
+            }
+            return self._received
+
+    def answered(self, seq: int) -> None:
+        with self.changed:
+            self.inflight.pop(seq, None)
+
+    def in_flight(self) -> list[Json]:
+        with self.changed:
+            return [dict(entry) for _, entry in sorted(self.inflight.items())]
 
 
 class Refused(Exception):
@@ -183,6 +221,7 @@ def _check_faults(request: Json) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     server: TicketServer
+    _inflight: int | None = None  # this request's entry in server.inflight (a create being answered)
 
     def do_GET(self) -> None:
         self._answer(self._get)
@@ -201,6 +240,8 @@ class Handler(BaseHTTPRequestHandler):
             return HTTPStatus.OK, store.audit()
         if path == "/faults":
             return HTTPStatus.OK, self.server.faults
+        if path == "/inflight":
+            return HTTPStatus.OK, self.server.in_flight()
         if path == "/tickets" and "idempotencyKey" not in query:
             return HTTPStatus.OK, store.tickets()
         if path == "/tickets":
@@ -219,14 +260,12 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/faults":
             request = self._json_body()
             _check_faults(request)
-            self.server.faults = {**self.server.faults, **request}
-            return HTTPStatus.OK, self.server.faults
+            return HTTPStatus.OK, self.server.set_faults({**self.server.faults, **request})
         raise Refused(HTTPStatus.NOT_FOUND, f"no route for POST {path}")
 
     def _delete(self, path: str, query: Query) -> Reply:
         if path == "/faults":
-            self.server.faults = {}
-            return HTTPStatus.OK, {}
+            return HTTPStatus.OK, self.server.set_faults({})
         raise Refused(HTTPStatus.NOT_FOUND, f"no route for DELETE {path}")
 
     def _create(self) -> Reply:
@@ -244,9 +283,11 @@ class Handler(BaseHTTPRequestHandler):
             ticket, replayed = self.server.store.create(key, title, body)
         except KeyReused as err:
             raise Refused(HTTPStatus.UNPROCESSABLE_ENTITY, str(err), reason="IdempotencyKeyReused") from err
-        # Both faults act after the ticket is stored: the caller cannot tell whether it exists.
+        # These faults act after the ticket is stored: the caller cannot tell whether it exists.
+        self._inflight = self.server.received(ticket)
         time.sleep(faults.get("delayCreateSeconds", 0))
-        if faults.get("dropCreateResponse"):
+        self.server.hold_answer()
+        if self.server.faults.get("dropCreateResponse"):
             return None
         return (HTTPStatus.OK if replayed else HTTPStatus.CREATED), ticket
 
@@ -266,20 +307,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: Callable[[str, Query], Reply]) -> None:
         url = urlsplit(self.path)
+        self._inflight = None
         try:
-            reply = route(url.path, parse_qs(url.query))
-        except Refused as err:
-            reply = err.status, {"error": str(err), "reason": err.reason}
-        if reply is None:
-            self.close_connection = True
-            return
-        status, payload = reply
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            try:
+                reply = route(url.path, parse_qs(url.query))
+            except Refused as err:
+                reply = err.status, {"error": str(err), "reason": err.reason}
+            if reply is None:
+                self.close_connection = True
+                return
+            status, payload = reply
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the caller is gone (a killed worker): nobody to answer
+        finally:
+            if self._inflight is not None:
+                self.server.answered(self._inflight)
 
 
 def main(argv: list[str] | None = None) -> None:
