@@ -34,8 +34,6 @@ WORKER_RUN_FIELDS: Final = ("result", "committedBy", "latestCheckpoint", "pendin
 WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId")
 # The phases in which the current Attempt's worker runs and may write.
 WORKER_PHASES: Final = (RunPhase.RUNNING,)
-# SideEffect status fields only the operator or a person writes.
-PERSON_SIDE_EFFECT_FIELDS: Final = ("approval", "resolvedBy")
 
 POD_NAME: Final = (
     f"'{POD_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{POD_NAME_EXTRA}'][0] : ''"
@@ -303,8 +301,8 @@ def _ledger_create(kind: str, plural: str, operator: str, names_attempt: str | N
 def _side_effect_status(operator: str) -> list[Manifest]:
     return _policy(
         f"sideeffects-status.{GROUP}",
-        "SideEffect status: only an attempt Pod of its Run, naming itself; approval and resolvedBy are "
-        "written by the operator or by people, never by a Pod.",
+        "SideEffect status: only an attempt Pod of its Run, naming itself; approvals are written by the "
+        "operator or by people, never by a Pod; resolvedBy by a Pod only as the lookup it made.",
         rules=[_rule(GROUP, ["sideeffects/status"], ["UPDATE"])],
         variables=[
             _variable("podName", POD_NAME),
@@ -320,11 +318,15 @@ def _side_effect_status(operator: str) -> list[Manifest]:
                 " + variables.podName + ')'",
             ),
             _validation(
-                " && ".join(
-                    unchanged("object.status", "oldObject.status", f) for f in PERSON_SIDE_EFFECT_FIELDS
-                ),
-                "'NotWorkerField: approval and resolvedBy are recorded by the operator or by a person, "
-                "never by an attempt Pod'",
+                unchanged("object.status", "oldObject.status", "approval"),
+                "'NotWorkerField: an approval is recorded by the operator or by a person, never by an "
+                "attempt Pod'",
+            ),
+            _validation(
+                unchanged("object.status", "oldObject.status", "resolvedBy")
+                + " || object.status.resolvedBy == 'lookup by ' + variables.podName",
+                "'NotWorkerField: resolvedBy names a person, or the lookup that resolved the record: an "
+                "attempt Pod may write only \"lookup by ' + variables.podName + '\"'",
             ),
         ],
         match_conditions=_service_accounts_but(operator),

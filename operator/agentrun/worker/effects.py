@@ -133,7 +133,7 @@ class Ledger:
         if decision == Step.REUSE:
             assert record.status is not None
             return self._effect(record, reference_of, executed_now=False)
-        looked_up = False
+        resolved_by = None
         if decision == Step.LOOK_UP:
             found: bool | None
             result: Any = None
@@ -144,7 +144,7 @@ class Ledger:
                 log.warning("lookup of %s failed: %s", key, exc)
                 found = None
             decision = after_lookup(found, lookup is not None)
-            looked_up = True
+            resolved_by = f"lookup by {self.me.attempt}"
             if decision == Step.RECONCILE:
                 await self._set_state(
                     record, SideEffectState.UNKNOWN, message="outcome unknown; lookup could not tell"
@@ -154,9 +154,10 @@ class Ledger:
                 confirmed = await self._set_state(
                     record,
                     SideEffectState.CONFIRMED,
-                    message="found by a lookup by key",
+                    message="found by lookup",
                     result=result,
                     externalReference=self._reference(result, reference_of),
+                    resolvedBy=resolved_by,
                 )
                 return self._effect(confirmed, reference_of, executed_now=False)
         return await self._execute(
@@ -164,7 +165,7 @@ class Ledger:
             key,
             execute,
             reference_of=reference_of,
-            looked_up=looked_up,
+            resolved_by=resolved_by,
             unknown_on=UNKNOWN_OUTCOME + unknown_on,
         )
 
@@ -175,7 +176,7 @@ class Ledger:
         execute: Callable[[str], Any],
         *,
         reference_of: Callable[[Any], str | None] | None,
-        looked_up: bool,
+        resolved_by: str | None,
         unknown_on: tuple[type[BaseException], ...],
     ) -> Effect:
         await self._check_fence()
@@ -191,12 +192,14 @@ class Ledger:
                 raise  # the record stays Pending: a later Attempt looks the action up before trying again
             await self._set_state(record, SideEffectState.FAILED, message=f"failed: {exc}")
             raise
+        extra: dict[str, Any] = {"resolvedBy": resolved_by} if resolved_by else {}
         confirmed = await self._set_state(
             record,
             SideEffectState.CONFIRMED,
-            message="executed after a lookup found nothing" if looked_up else "executed",
+            message="executed",
             result=result,
             externalReference=self._reference(result, reference_of),
+            **extra,
         )
         return self._effect(confirmed, reference_of, executed_now=True)
 
