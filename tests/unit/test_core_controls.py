@@ -194,7 +194,7 @@ def test_control_record() -> None:
         "digest": json_digest(1),
         "outcome": "Rejected",
         "reason": "NotRetryable",
-        "message": "x" * 1024,
+        "message": "x" * 512,
         "time": ts(NOW),
     }
     ControlRecord.model_validate(entry)

@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 
 from agentrun.api import ControlOp, ControlRecord, ResumeRequest, Run, RunPhase, json_digest
+from agentrun.api.run import MAX_CONTROL_MESSAGE_LENGTH
 
 MAX_RECORDS = 50
 WAITING = frozenset({RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED})
@@ -72,7 +73,7 @@ def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: 
         "digest": digest,
         "outcome": "Accepted" if verdict.accepted else "Rejected",
         "reason": verdict.reason,
-        "message": verdict.message[:1024],
+        "message": verdict.message[:MAX_CONTROL_MESSAGE_LENGTH],
         "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
