@@ -27,6 +27,14 @@ from agentrun.api import GROUP, VERSION
 JsonDict = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
+# How an oversize write comes back: 413 from the API server's body limit (3 MiB), or a 500 carrying
+# etcd's "etcdserver: request is too large" or gRPC's "trying to send message larger than max".
+TOO_LARGE_MARKERS: Final = (
+    "request is too large",
+    "entity too large",
+    "larger than max",
+    "object is too large",
+)
 
 
 class ApiError(Exception):
@@ -46,6 +54,13 @@ class ApiError(Exception):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+    @property
+    def too_large(self) -> bool:
+        """The object (or the request) is over a size limit: sending it again cannot help."""
+        if self.status == 413:
+            return True
+        return self.status == 500 and any(marker in self.message.lower() for marker in TOO_LARGE_MARKERS)
 
 
 def unanswered(exc: BaseException) -> bool:

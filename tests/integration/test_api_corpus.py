@@ -91,6 +91,11 @@ LEDGER_TRANSITION = rule("SideEffect", ".status.state")
 LEDGER_RESOLVED_BY = rule("SideEffect", ".status")
 LEDGER_STARTS_PENDING = rule("SideEffect", "", "'Compensated'")
 LEDGER_STATUS_KEPT = rule("SideEffect", "", "|| has(self.status)")
+BOUNDED_LIMIT_KEYS = rule("Run", ".spec.agent.resources.limits")
+BOUNDED_REQUEST_KEYS = rule("Run", ".spec.agent.resources.requests")
+BOUNDED_LABEL_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.labels")
+BOUNDED_ANNOTATION_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.annotations")
+BOUNDED_USAGE_KEYS = rule("Attempt", ".status.usage")
 
 RESUME = {
     "requestId": "req-1",
@@ -103,6 +108,10 @@ PAUSE = {"requestId": "pause-1", "reason": "maintenance"}
 FIELD_REF = {"fieldRef": {"fieldPath": "metadata.name"}}
 SECRET_REF = {"secretKeyRef": {"name": "llm", "key": "token"}}
 DIGEST = "sha256:" + "0" * 64
+
+
+def pod_template(**metadata: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": metadata, "spec": {"containers": [{"name": "agent", "image": "agentrun/agent:dev"}]}}
 
 
 def committed_by(lease_epoch: int, cancel_epoch: int) -> dict[str, Any]:
@@ -194,8 +203,45 @@ BAD_INPUT: dict[str, Bad] = {
     "a retry reason longer than 1024 characters is refused": created(
         "Run", {".spec.retryRequest": {**RETRY, "reason": "x" * 1025}}, "spec.retryRequest.reason: Too long"
     ),
-    "a command of 65 words is told the limit": created(
-        "Run", {".spec.agent.command": ["x"] * 65}, "spec.agent.command: Too many", "at most 64"
+    "a command of 33 words is told the limit": created(
+        "Run", {".spec.agent.command": ["x"] * 33}, "spec.agent.command: Too many", "at most 32"
+    ),
+    # --- byte budgets: every bound that keeps a Run's declared maxima inside etcd's limit -----------------
+    "an env value of 2049 characters is told the 2048 character limit": created(
+        "Run",
+        {".spec.agent.env": [{"name": "BIG", "value": "x" * 2049}]},
+        "spec.agent.env[0].value: Too long",
+    ),
+    "a cancelEpoch past an int32 is refused": created(
+        "Run", {".spec.cancelEpoch": 2**31}, "spec.cancelEpoch", "less than or equal to 2147483647"
+    ),
+    "a result with 257 keys is refused": updated(
+        "Run",
+        status(result={f"k{n}": n for n in range(257)}, committedBy=committed_by(0, 0), leaseEpoch=0),
+        "status.result: Too many",
+    ),
+    "a resource limit named with 318 characters is told the key limit": created(
+        "Run", {".spec.agent.resources": {"limits": {"x" * 318: "1"}}}, BOUNDED_LIMIT_KEYS
+    ),
+    "a resource request named with 318 characters is told the key limit": created(
+        "Run", {".spec.agent.resources": {"requests": {"x" * 318: "1"}}}, BOUNDED_REQUEST_KEYS
+    ),
+    "a Pod label key of 318 characters is told the key limit": created(
+        "Run", {".spec.agent.podTemplate": pod_template(labels={"x" * 318: "v"})}, BOUNDED_LABEL_KEYS
+    ),
+    "a Pod annotation key of 318 characters is told the key limit": created(
+        "Run",
+        {".spec.agent.podTemplate": pod_template(annotations={"x" * 318: "v"})},
+        BOUNDED_ANNOTATION_KEYS,
+    ),
+    "a usage counter named with 129 characters is told the key limit": updated(
+        "Attempt", status(usage={"t" * 129: 1}), BOUNDED_USAGE_KEYS
+    ),
+    "an Attempt leaseEpoch past an int32 is refused": created(
+        "Attempt", {".spec.leaseEpoch": 2**31}, "spec.leaseEpoch", "less than or equal to 2147483647"
+    ),
+    "a Checkpoint sequence past an int32 is refused": created(
+        "Checkpoint", {".spec.sequence": 2**31}, "spec.sequence", "less than or equal to 2147483647"
     ),
     "a Run with a 49 character name is told the 48 character limit and why": created(
         "Run", {}, RUN_NAME_LENGTH, name="r" * 49

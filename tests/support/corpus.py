@@ -105,6 +105,27 @@ BAD_RUNS: list[tuple[str, Any]] = [
     (".spec.deadlineSeconds", 0),
     (".spec.deadlineSeconds", 2592001),
     (".spec.cancelEpoch", -1),
+    (".spec.cancelEpoch", 2**31),
+    (".spec.agent.args", ["x"] * 65),
+    (".spec.agent.args", ["x" * 1025]),
+    (".spec.agent.env", [{"name": "BIG", "value": "x" * 2049}]),
+    (".status.currentAttempt", 2**31),
+    (
+        ".status.pendingRequest",
+        {"requestId": "r", "reason": "paused", "checkpointId": "c", "prompt": "x" * 4097},
+    ),
+    (
+        ".status.conditions",
+        [
+            {
+                "type": "Waiting",
+                "status": "True",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "reason": "Waiting",
+                "message": "x" * 1025,
+            }
+        ],
+    ),
     (".spec.checkpointRetention", 0),
     (".spec.agent.image", "x" * 513),
     (".spec.agent.env", [{"name": "1BAD", "value": "x"}]),
@@ -138,6 +159,10 @@ BAD_OBJECTS: list[tuple[str, str, Any]] = [
     ("Attempt", ".status.rejectedCommit", {"reason": "late"}),
     ("Checkpoint", ".spec.stateRef", {"uri": "s3://b/k", "sha256": "xyz"}),
     ("Checkpoint", ".spec.runName", "Not_A_Name"),
+    ("Checkpoint", ".spec.sequence", 2**31),
+    ("Attempt", ".spec.cancelEpoch", 2**31),
+    ("SideEffect", ".status.leaseEpoch", 2**31),
+    ("SideEffect", ".spec.target", "x" * 513),
     ("SideEffect", ".status.state", "Undone"),
     ("SideEffect", ".spec.idempotencyKey", DELETE),
 ]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import Attempt, Checkpoint, ControlOp, ControlRecord, Run, json_digest
+from agentrun.api.budgets import RESUME_VALUE_BUDGET
 from agentrun.core import controls, retention
 from unit.factories import (
     EARLIER,
@@ -126,6 +127,20 @@ RESUMES: dict[str, tuple[Run, bool, str, str]] = {
         "SchemaMismatch",
         "None is not of type 'object'",
     ),
+    "value-over-its-budget": (  # before the schema: the Attempt that carries it could not be written
+        waiting_run(
+            request={**WAITING, "acceptedSchema": SCHEMA}, spec=resume_spec("x" * RESUME_VALUE_BUDGET)
+        ),
+        False,
+        "ValueTooLarge",
+        f"over its budget of {RESUME_VALUE_BUDGET} bytes: answer with a reference",
+    ),
+    "value-at-its-budget": (
+        waiting_run(spec=resume_spec("x" * (RESUME_VALUE_BUDGET - 2))),
+        True,
+        "Accepted",
+        "accepted",
+    ),
     "schema-itself-invalid": (
         waiting_run(request={**WAITING, "acceptedSchema": {"type": 12}}, spec=resume_spec()),
         False,
@@ -194,7 +209,7 @@ def test_control_record() -> None:
         "digest": json_digest(1),
         "outcome": "Rejected",
         "reason": "NotRetryable",
-        "message": "x" * 1024,
+        "message": "x" * 512,
         "time": ts(NOW),
     }
     ControlRecord.model_validate(entry)

@@ -29,6 +29,7 @@ from agentrun.api import (
     SideEffect,
     json_digest,
 )
+from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET
 from agentrun.core import failures, report
 from agentrun.core.conditions import conditions_for
 from agentrun.core.failures import fingerprint
@@ -3280,3 +3281,37 @@ def test_a_grant_deletes_the_superseded_pod_at_once_before_anything_else() -> No
     first = plan.actions[0]
     assert first == DeletePod("triage-a1", grace_seconds=0)
     assert not [a for a in plan.actions[1:] if isinstance(a, DeletePod)]
+
+
+OVER_BUDGET: dict[str, tuple[dict[str, Any], str, str]] = {
+    "input": ({"input": {"blob": "x" * RUN_INPUT_BUDGET}}, "InputTooLarge", "spec.input is"),
+    "pod-template": (
+        {"agent": {"image": "a", "podTemplate": {"spec": {"blob": "x" * POD_SPEC_BUDGET}}}},
+        "PodTemplateTooLarge",
+        "spec.agent.podTemplate.spec is",
+    ),
+}
+
+
+@pytest.mark.parametrize(("spec", "reason", "says"), OVER_BUDGET.values(), ids=OVER_BUDGET.keys())
+def test_a_run_over_its_spec_budget_fails_before_any_attempt(
+    spec: dict[str, Any], reason: str, says: str
+) -> None:
+    plan = decide(make_world(make_run(run_status("Queued"), spec=spec)))
+
+    [patch] = [p.patch for p in of_type(plan, PatchRunStatus)]
+    assert kinds(plan) == ["PatchRunStatus"]
+    assert (patch["phase"], patch["failure"]["class"], patch["failure"]["reason"]) == (
+        "Failed",
+        "deterministic",
+        reason,
+    )
+    assert patch["failure"]["message"].startswith(says)
+    assert "store large data elsewhere" in patch["failure"]["message"]
+
+
+def test_a_run_at_its_input_budget_starts() -> None:
+    at_budget = {"input": "x" * (RUN_INPUT_BUDGET - 2)}
+    plan = decide(make_world(make_run(run_status("Queued"), spec=at_budget)))
+
+    assert "CreateAttempt" in kinds(plan)

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from agentrun.admission import admission_policies
 from agentrun.deploy import render
 from agentrun.deploy.values import Values
 from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, Rule
@@ -336,10 +337,15 @@ def test_metrics_can_be_turned_off() -> None:
     assert "health.port and metrics.port must differ" in template_error("metrics.port=8080")
 
 
-def test_namespace_scoped_mode_creates_nothing_cluster_scoped_but_crds() -> None:
+def test_namespace_scoped_mode_creates_nothing_cluster_scoped_but_crds_and_admission_policies() -> None:
     docs = template("watchNamespaces={team-a,team-b}")
     cluster_scoped = {doc["kind"] for doc in docs if "namespace" not in doc["metadata"]}
-    assert cluster_scoped == {"CustomResourceDefinition"}
+    # The policies are what keep one attempt Pod from writing another Run's state: in every mode.
+    assert cluster_scoped == {
+        "CustomResourceDefinition",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     assert operator_container(docs)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     expected = grants(render.split_rules(OPERATOR_RULES, cluster=False, peering=False)) | grants(
         render.split_rules(OPERATOR_RULES, cluster=False, peering=True)
@@ -401,3 +407,14 @@ def test_helm_test_hook_checks_the_api_as_the_operator() -> None:
     assert container["command"] == ["python", "-m", "agentrun.deploy.selftest"]
     assert container["args"] == ["--namespace=ops", "--peering=agentrun", "--cluster-peering", "--timeout=60"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_charts_policies_exempt_its_operators_service_account() -> None:
+    docs = template("serviceAccount.name=robot")
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert {p["metadata"]["name"] for p in policies} == {
+        d["metadata"]["name"] for d in admission_policies("x") if d["kind"] == "ValidatingAdmissionPolicy"
+    }
+    for policy in policies:
+        conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
+        assert "'system:serviceaccount:ops:robot'" in conditions

@@ -7,7 +7,7 @@ import urllib3
 
 from agentrun.api import FailureClass
 from agentrun.kubeapi import ApiError
-from agentrun.worker.errors import TransientError
+from agentrun.worker.errors import PermanentError, TransientError
 from agentrun.worker.main import EX_TEMPFAIL, _termination
 
 
@@ -48,3 +48,29 @@ def test_the_same_outage_has_one_fingerprint() -> None:
     first, _ = _termination(refused_connection())
     again, _ = _termination(refused_connection())
     assert first["fingerprint"] == again["fingerprint"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ApiError(500, "InternalError", "etcdserver: request is too large"),
+        ApiError(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728"),
+        ApiError(
+            500, "", "rpc error: code = ResourceExhausted desc = trying to send message larger than max"
+        ),
+    ],
+    ids=["etcd", "api-server-body-limit", "grpc"],
+)
+def test_an_oversize_write_is_deterministic_with_advice_not_an_outage(error: ApiError) -> None:
+    report, code = _termination(error)
+    assert (report["class"], code) == (FailureClass.DETERMINISTIC, 1)
+    assert report["message"].startswith(f"the API server refused a write as too large ({error.status}: ")
+    assert "checkpoint a reference to it (stateRef)" in report["message"]
+
+
+def test_a_budget_refusal_keeps_its_own_message() -> None:
+    report, _ = _termination(PermanentError("the result is 70000 bytes of JSON, over its budget of 65536"))
+    assert (report["class"], report["message"]) == (
+        FailureClass.DETERMINISTIC,
+        "the result is 70000 bytes of JSON, over its budget of 65536",
+    )

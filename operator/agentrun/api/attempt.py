@@ -8,6 +8,7 @@ from typing import ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.budgets import KIB, RESUME_VALUE_BUDGET
 from agentrun.api.common import (
     ApiModel,
     Epoch,
@@ -20,6 +21,7 @@ from agentrun.api.common import (
     ObjectName,
     PrinterColumn,
     RunName,
+    bounded_keys,
     cel,
     cel_list,
     validation_rules,
@@ -103,7 +105,7 @@ class AttemptSpec(ApiModel):
         None,
         description="The resume value, when the Attempt answers a pending request; or, on an automatic "
         "retry, the answer the failed Attempt was given, when it saved no Checkpoint after it (so the "
-        "agent is not asked again).",
+        f"agent is not asked again). At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON.",
     )
 
 
@@ -159,8 +161,9 @@ class AttemptStatus(ApiModel):
     usage: dict[str, float] | None = Field(
         None,
         max_length=MAX_USAGE_COUNTERS,
-        description="What the agent reported it consumed, by counter name, e.g. {inputTokens: 1200, "
-        "outputTokens: 300, costUSD: 0.02}.",
+        description="What the agent reported it consumed, by counter name (at most 128 characters), e.g. "
+        "{inputTokens: 1200, outputTokens: 300, costUSD: 0.02}.",
+        json_schema_extra=bounded_keys(128),
     )
     trace_id: str | None = Field(
         None,

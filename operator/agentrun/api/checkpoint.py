@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, KIB
 from agentrun.api.common import (
     ApiModel,
     AttemptName,
@@ -43,7 +44,7 @@ class CheckpointSpec(ApiModel):
         description="Id of the Checkpoint, referenced by status.latestCheckpoint, pending requests and "
         "Attempt spec.resumeFrom."
     )
-    sequence: int = Field(ge=0, description="Position in the Run's chain of Checkpoints, counting up.")
+    sequence: Epoch = Field(description="Position in the Run's chain of Checkpoints, counting up.")
     parent: Identifier | None = Field(
         None, description="Id of the previous Checkpoint; absent for the first."
     )
@@ -52,8 +53,9 @@ class CheckpointSpec(ApiModel):
     step: str | None = Field(None, max_length=128, description="The agent's step the state was saved at.")
     state: FreeJson = Field(
         None,
-        description="The agent's state as JSON (ctx.state on resume). Keep the object well under 1 MiB; "
-        "put larger state elsewhere and reference it with stateRef.",
+        description="The agent's state as JSON (ctx.state on resume). At most "
+        f"{CHECKPOINT_STATE_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one): put larger state "
+        "elsewhere and reference it with stateRef.",
     )
     state_ref: StateRef | None = Field(None, description="Reference to a state stored outside the object.")
 

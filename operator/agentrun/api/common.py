@@ -39,8 +39,12 @@ MAX_NAME_LENGTH = 253
 MAX_ATTEMPT_NAME_LENGTH = 63
 MAX_IDENTIFIER_LENGTH = 128
 MAX_REASON_LENGTH = 128
-MAX_MESSAGE_LENGTH = 4096  # the size of a container termination message, where failures come from
+MAX_MESSAGE_LENGTH = 1024  # every writer cuts its messages here; longer ones would crowd the byte budgets
 MAX_FINGERPRINT_LENGTH = 128
+# Longest key of a map (a qualified name: a 253-character prefix, '/', a 63-character name).
+MAX_MAP_KEY_LENGTH = 317
+# Epochs and counters fit an int32, like the Lease's leaseTransitions that carries the lease epoch.
+MAX_EPOCH = 2147483647
 
 RunName = Annotated[str, Field(min_length=1, max_length=MAX_RUN_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
 ObjectName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
@@ -52,7 +56,7 @@ Reason = Annotated[str, Field(min_length=1, max_length=MAX_REASON_LENGTH, patter
 Message = Annotated[str, Field(max_length=MAX_MESSAGE_LENGTH)]
 Digest = Annotated[str, Field(max_length=71, pattern=DIGEST_PATTERN)]
 Fingerprint = Annotated[str, Field(min_length=1, max_length=MAX_FINGERPRINT_LENGTH)]
-Epoch = Annotated[int, Field(ge=0)]
+Epoch = Annotated[int, Field(ge=0, le=MAX_EPOCH)]
 
 # Free-form JSON (any value) that the API server stores as sent. Such a field is invisible to CEL
 # rules, but whole-object equality (`self == oldSelf`) still compares it exactly.
@@ -90,6 +94,19 @@ def cel_list(values: Iterable[str]) -> str:
 def validation_rules(*rules: JsonDict) -> JsonDict:
     """The `json_schema_extra` that attaches CEL rules to a model or a field."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+def bounded_keys(max_length: int = MAX_MAP_KEY_LENGTH) -> JsonDict:
+    """The `json_schema_extra` of a map whose keys are at most max_length characters long.
+
+    A CRD schema cannot bound map keys; CEL can, and the byte budgets count on it."""
+    return validation_rules(
+        cel(
+            f"self.all(key, size(key) <= {max_length})",
+            f"a key of this map has at most {max_length} characters",
+            reason="FieldValueInvalid",
+        )
+    )
 
 
 def defaulted_object(factory: Callable[[], BaseModel], description: str) -> Any:
@@ -177,18 +194,18 @@ class Condition(ApiModel):
     )
     reason: str = Field(
         min_length=1,
-        max_length=1024,
+        max_length=MAX_REASON_LENGTH,
         pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
         description="A CamelCase word that tools can match on, explaining the last transition.",
     )
     message: str = Field(
-        "", max_length=32768, description="A human-readable explanation of the last transition."
+        "", max_length=MAX_MESSAGE_LENGTH, description="A human-readable explanation of the last transition."
     )
 
 
 # Conditions are a map keyed on `type`: one entry per aspect, merged per entry by server-side apply.
 CONDITIONS_SCHEMA: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
-MAX_CONDITIONS = 16
+MAX_CONDITIONS = 8
 
 
 class FailureInfo(ApiModel):

@@ -11,10 +11,12 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
 
+from agentrun.api.budgets import KIB, POD_SPEC_BUDGET
 from agentrun.api.common import (
     MAX_NAME_LENGTH,
     ApiModel,
     ObjectName,
+    bounded_keys,
     cel,
     validation_rules,
 )
@@ -108,7 +110,11 @@ class EnvVar(ApiModel):
         pattern=ENV_VAR_NAME_PATTERN,
         description="Name of the variable (letters, digits, '_', '-' and '.'; not starting with a digit).",
     )
-    value: str | None = Field(None, max_length=32768, description="The literal value.")
+    value: str | None = Field(
+        None,
+        max_length=2048,
+        description="The literal value (at most 2048 characters: put larger values in a ConfigMap).",
+    )
     value_from: EnvVarSource | None = Field(
         None, description="Read the value from a ConfigMap, a Secret or the Pod instead of a literal."
     )
@@ -121,11 +127,13 @@ class ResourceRequirements(ApiModel):
         None,
         max_length=16,
         description="The most the container may use per resource name, e.g. {cpu: '2', memory: 4Gi}.",
+        json_schema_extra=bounded_keys(),
     )
     requests: dict[str, Quantity] | None = Field(
         None,
         max_length=16,
         description="What the scheduler reserves per resource name, e.g. {cpu: 500m, memory: 1Gi}.",
+        json_schema_extra=bounded_keys(),
     )
 
 
@@ -133,12 +141,17 @@ class PodTemplateMetadata(ApiModel):
     """Labels and annotations added to every attempt Pod."""
 
     labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        None, max_length=64, description="Labels for the attempt Pods, next to the ones agentrun sets."
-    )
-    annotations: dict[str, Annotated[str, Field(max_length=16384)]] | None = Field(
         None,
-        max_length=64,
-        description="Annotations for the attempt Pods, next to the ones agentrun sets.",
+        max_length=32,
+        description="Labels for the attempt Pods, next to the ones agentrun sets.",
+        json_schema_extra=bounded_keys(),
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=2048)]] | None = Field(
+        None,
+        max_length=32,
+        description="Annotations for the attempt Pods, next to the ones agentrun sets (values of at most "
+        "2048 characters).",
+        json_schema_extra=bounded_keys(),
     )
 
 
@@ -162,5 +175,7 @@ class PodTemplate(ApiModel):
         description="A core/v1 PodSpec. The container named 'agent' (else the first container) runs "
         "the agent; spec.agent's image, command, args, env and resources override its fields, and "
         "agentrun adds its own environment, annotations and restartPolicy Never. Checked by the API "
-        "server when the attempt Pod is created."
+        f"server when the attempt Pod is created. At most {POD_SPEC_BUDGET // KIB} KiB of JSON: the "
+        "operator fails a Run with a larger one.",
+        json_schema_extra={"maxProperties": 64},
     )

@@ -8,9 +8,17 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.budgets import (
+    ACCEPTED_SCHEMA_BUDGET,
+    KIB,
+    RESULT_BUDGET,
+    RESUME_VALUE_BUDGET,
+    RUN_INPUT_BUDGET,
+)
 from agentrun.api.common import (
     CONDITIONS_SCHEMA,
     MAX_CONDITIONS,
+    MAX_EPOCH,
     MAX_RUN_NAME_LENGTH,
     ApiModel,
     AttemptName,
@@ -33,11 +41,13 @@ from agentrun.api.common import (
     validation_rules,
 )
 from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
-from agentrun.api.sideeffect import SideEffectState
+from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, SideEffectState
 
 MAX_RECORDED_CONTROLS = 50  # status keeps the newest entries; Events and Attempts keep the rest
-MAX_REPORTED_EFFECTS = 100
+MAX_REPORTED_EFFECTS = 40
+MAX_CONTROL_MESSAGE_LENGTH = 512  # 50 records of it stay well inside the status budget
 FreeText = Annotated[str, Field(max_length=1024)]
+AgentArgument = Annotated[str, Field(max_length=1024)]
 
 
 class RunPhase(StrEnum):
@@ -116,18 +126,18 @@ class AgentSpec(ApiModel):
         description="Container image of the attempt Pod, e.g. agentrun/agent:dev. The image must contain "
         "the agent and the agentrun worker SDK.",
     )
-    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+    command: list[AgentArgument] | None = Field(
         None,
-        max_length=64,
+        max_length=32,
         description="Command that starts the agent, e.g. [python, -m, my_agent]. Defaults to the "
         "image's entrypoint.",
     )
-    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
-        None, max_length=256, description="Arguments appended to the command."
+    args: list[AgentArgument] | None = Field(
+        None, max_length=64, description="Arguments appended to the command."
     )
     env: list[EnvVar] | None = Field(
         None,
-        max_length=128,
+        max_length=64,
         description="Environment variables of the agent. agentrun adds the variables the SDK needs "
         "next to these.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -261,7 +271,8 @@ class ResumeRequest(ApiModel):
     )
     value: FreeJson = Field(
         description="The answer: any JSON value that validates against "
-        "status.pendingRequest.acceptedSchema. The agent receives it as the return value of its interrupt."
+        "status.pendingRequest.acceptedSchema. The agent receives it as the return value of its interrupt. "
+        f"At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON: a larger answer is Rejected (ValueTooLarge)."
     )
     idempotency_key: Identifier = Field(
         description="Unique per answer (1 to 128 characters). Sending the same resume again is harmless; "
@@ -326,7 +337,10 @@ class RunSpec(ApiModel):
 
     agent: AgentSpec = Field(description="What each Attempt runs.")
     input: FreeJson = Field(
-        None, description="Any JSON value handed to the agent as its input (ctx.input in the worker SDK)."
+        None,
+        description="Any JSON value handed to the agent as its input (ctx.input in the worker SDK). At most "
+        f"{RUN_INPUT_BUDGET // KIB} KiB of JSON: the operator fails a Run with a larger input "
+        "(InputTooLarge); pass a reference to large data instead.",
     )
     lease: LeaseSpec = defaulted_object(
         LeaseSpec, "How long an Attempt may hold the Run without renewing its lease."
@@ -390,9 +404,12 @@ class PendingRequest(ApiModel):
         description="The checkpoint the Run continues from once answered; spec.resume.checkpointId must "
         "match it."
     )
-    prompt: str | None = Field(None, max_length=16384, description="The question, for the person answering.")
+    prompt: str | None = Field(None, max_length=4096, description="The question, for the person answering.")
     accepted_schema: FreeJsonObject | None = Field(
-        None, description="A JSON Schema that spec.resume.value must satisfy."
+        None,
+        description="A JSON Schema that spec.resume.value must satisfy; at most "
+        f"{ACCEPTED_SCHEMA_BUDGET // KIB} KiB of JSON.",
+        json_schema_extra={"maxProperties": 64},
     )
     expires_in_seconds: int | None = Field(
         None,
@@ -432,7 +449,9 @@ class ControlRecord(ApiModel):
     reason: Reason | None = Field(
         None, description="CamelCase reason of the outcome, e.g. RequestIdMismatch or RunTerminal."
     )
-    message: Message | None = Field(None, description="What happened, for people.")
+    message: str | None = Field(
+        None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."
+    )
     time: datetime = Field(description="When the request was processed (RFC 3339).")
 
 
@@ -473,12 +492,14 @@ class ReportedEffect(ApiModel):
 
     name: ObjectName = Field(description="Name of the SideEffect object with the full record.")
     tool: str = Field(max_length=128, description="The tool that caused the effect.")
-    target: str | None = Field(None, max_length=1024, description="What the effect acted on.")
+    target: str | None = Field(None, max_length=MAX_REFERENCE_LENGTH, description="What the effect acted on.")
     state: SideEffectState = Field(
         description="Final state: Confirmed, Compensated, Failed, Unknown or Pending."
     )
     external_reference: str | None = Field(
-        None, max_length=1024, description="The external system's id of the effect, e.g. a ticket number."
+        None,
+        max_length=MAX_REFERENCE_LENGTH,
+        description="The external system's id of the effect, e.g. a ticket number.",
     )
     reversible: bool = Field(description="Whether the effect can be undone by its compensation.")
 
@@ -530,10 +551,13 @@ class RunStatus(ApiModel):
         "Waiting, CancelRequested, LeaseHeld.",
         json_schema_extra=CONDITIONS_SCHEMA,
     )
-    attempts: int | None = Field(None, ge=0, description="How many Attempts the Run has started.")
+    attempts: int | None = Field(
+        None, ge=0, le=MAX_EPOCH, description="How many Attempts the Run has started."
+    )
     current_attempt: int | None = Field(
         None,
         ge=1,
+        le=MAX_EPOCH,
         description="Number of the latest Attempt; its Attempt object is named <run>-a<number>.",
     )
     lease_epoch: Epoch | None = Field(
@@ -573,7 +597,10 @@ class RunStatus(ApiModel):
     result: FreeJsonObject | None = Field(
         None,
         description="The agent's result, a JSON object. The API server only accepts it from the lease "
-        "holder: committedBy must carry the current lease and cancel epochs.",
+        "holder: committedBy must carry the current lease and cancel epochs. At most "
+        f"{RESULT_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one): return a reference to large "
+        "data instead.",
+        json_schema_extra={"maxProperties": 256},
     )
     committed_by: CommitRecord | None = Field(
         None, description="Who committed the result, under which fences."

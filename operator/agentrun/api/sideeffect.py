@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.budgets import KIB, SIDE_EFFECT_RESULT_BUDGET
 from agentrun.api.common import (
     ApiModel,
     AttemptName,
@@ -26,7 +27,7 @@ from agentrun.api.common import (
 
 MAX_HISTORY = 32
 MAX_TOOL_LENGTH = 128
-MAX_REFERENCE_LENGTH = 1024
+MAX_REFERENCE_LENGTH = 512  # the Run's report lists up to 50 of each inside its status budget
 
 
 class SideEffectState(StrEnum):
@@ -153,7 +154,8 @@ class SideEffectStatus(ApiModel):
     result: FreeJson = Field(
         None,
         description="What the action returned (any JSON). A later Attempt reuses it instead of executing "
-        "the action again.",
+        f"the action again. At most {SIDE_EFFECT_RESULT_BUDGET // KIB} KiB of JSON (the SDK refuses a "
+        "larger one).",
     )
     attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
     lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")

@@ -9,9 +9,12 @@ from typing import Any
 import jsonschema
 
 from agentrun.api import ControlOp, ControlRecord, ResumeRequest, Run, RunPhase, json_digest
+from agentrun.api.budgets import RESUME_VALUE_BUDGET, over_budget
+from agentrun.api.run import MAX_CONTROL_MESSAGE_LENGTH
 
 MAX_RECORDS = 50
 WAITING = frozenset({RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED})
+SMALLER_ANSWER = "answer with a reference (a URI and a digest) to large data instead of the data"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ def judge_resume(run: Run, now: datetime) -> Verdict:
         return Verdict(
             False, "RequestExpired", f"request {pending.request_id} expired at {pending.expires_at}"
         )
+    # The new Attempt carries the answer in its spec.input: it must fit that object's budget.
+    if too_large := over_budget("spec.resume.value", resume.value, RESUME_VALUE_BUDGET, SMALLER_ANSWER):
+        return Verdict(False, "ValueTooLarge", too_large)
     if pending.accepted_schema is not None:
         try:
             jsonschema.validate(resume.value, pending.accepted_schema)
@@ -72,7 +78,7 @@ def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: 
         "digest": digest,
         "outcome": "Accepted" if verdict.accepted else "Rejected",
         "reason": verdict.reason,
-        "message": verdict.message[:1024],
+        "message": verdict.message[:MAX_CONTROL_MESSAGE_LENGTH],
         "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

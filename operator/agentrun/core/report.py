@@ -6,8 +6,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from agentrun.api import SideEffect, SideEffectState
+from agentrun.api.run import MAX_REPORTED_EFFECTS
 
-MAX_REPORTED = 100
+MAX_REPORTED = MAX_REPORTED_EFFECTS  # the report's maxItems, inside the Run's status budget
 
 
 def _state(effect: SideEffect) -> SideEffectState:

@@ -22,7 +22,9 @@ from agentrun.api import (
     FailureClass,
     PendingRequest,
     RunPhase,
+    RunSpec,
 )
+from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.core import controls, external, failures, ledger, report, retention, stopping
 from agentrun.core.conditions import TERMINAL_PHASES
 from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World, rfc3339
@@ -103,7 +105,10 @@ def decide(world: World) -> Plan:
         d.plan.wake_in((expires_at - world.now).total_seconds())
 
     if phase == RunPhase.QUEUED:
-        d.grant(1, AttemptReason.INITIAL)
+        if over := spec_over_budget(spec):
+            _fail_before_start(d, *over)
+        else:
+            d.grant(1, AttemptReason.INITIAL)
     elif phase == RunPhase.RETRY_BACKOFF:
         due = status.next_attempt_time
         if attempt is not None and attempt.status.phase not in FINISHED_ATTEMPT:
@@ -124,6 +129,32 @@ def decide(world: World) -> Plan:
         deadline = run.metadata.creation_timestamp + timedelta(seconds=spec.deadline_seconds)
         d.plan.wake_in((deadline - world.now).total_seconds())
     return d.plan
+
+
+def spec_over_budget(spec: RunSpec) -> tuple[str, str] | None:
+    """(reason, message) when a free-form field the operator hands on (to the agent, into the attempt
+    Pod) is over its byte budget (agentrun.api.budgets)."""
+    checks: list[tuple[str, str, Any, int]] = [("InputTooLarge", "spec.input", spec.input, RUN_INPUT_BUDGET)]
+    if spec.agent.pod_template is not None:
+        template = spec.agent.pod_template.spec
+        checks.append(("PodTemplateTooLarge", "spec.agent.podTemplate.spec", template, POD_SPEC_BUDGET))
+    for reason, what, value, budget in checks:
+        if message := over_budget(what, value, budget):
+            return reason, message
+    return None
+
+
+def _fail_before_start(d: Decision, reason: str, message: str) -> None:
+    """A Run that cannot start as written: Failed at once, deterministic (a retry would fail the same)."""
+    cls = FailureClass.DETERMINISTIC
+    failure = {
+        "class": cls.value,
+        "reason": reason,
+        "message": message,
+        "fingerprint": failures.fingerprint(cls, message),
+    }
+    d.set_phase(RunPhase.FAILED, reason, message, failure=failure)
+    d.event("Warning", reason, message)
 
 
 def _reason_after(previous: Attempt | None, world: World) -> str:

@@ -8,6 +8,9 @@ input:
     atStep: 2           # before this step (default 1)
     how: transient      # transient | ratelimited | permanent | error | crash | hang | exit75
     message: "upstream 503"
+  padding:              # optional: characters added to the result or to every checkpoint state,
+    result: 70000       # e.g. to go past their byte budgets
+    state: 300000
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     fail: dict[str, Any] = spec.get("fail") or {}
     failing = not fail.get("attempts") or ctx.attempt_number in fail["attempts"]
     ask: dict[str, Any] = spec.get("ask") or {}
+    padding: dict[str, Any] = spec.get("padding") or {}
     state: dict[str, Any] = dict(ctx.state or {})
+    if padding.get("state"):
+        state["padding"] = "x" * int(padding["state"])
     start = int(state.get("step", 0))
     for step in range(start + 1, steps + 1):
         if ask and step == int(ask.get("atStep", 1)) and "answer" not in state:
@@ -62,6 +68,8 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     result = {"steps": steps, "resumedAt": start, "attempt": ctx.attempt}
     if "answer" in state:
         result["answer"] = state["answer"]
+    if padding.get("result"):
+        result["padding"] = "x" * int(padding["result"])
     return result
 
 

@@ -9,11 +9,12 @@ from typing import Any
 import jsonschema
 
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Run, SideEffectState
+from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
 from agentrun.core import ledger
 from agentrun.core.ledger import side_effect_name
 from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError
-from agentrun.worker.session import Session
+from agentrun.worker.session import Session, refuse_over_budget
 
 _KEEP = object()
 APPROVAL_SCHEMA: dict[str, Any] = {
@@ -21,6 +22,9 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "properties": {"approved": {"type": "boolean"}, "comment": {"type": "string", "maxLength": 1024}},
     "required": ["approved"],
 }
+
+
+SCHEMA_ADVICE = "ask for a smaller answer (a reference to large data), with a simpler schema"
 
 
 class Context:
@@ -84,6 +88,8 @@ class Context:
                         f"the resume value does not match the request's schema: {exc.message}"
                     ) from None
             return value
+        if schema is not None:  # before the checkpoint: the request could not be written after it
+            refuse_over_budget("the interrupt's schema", schema, ACCEPTED_SCHEMA_BUDGET, SCHEMA_ADVICE)
         if state is not _KEEP:
             self.state = state
         await self._raise_interrupt(InterruptReason(reason), prompt, schema, expires_in, None)

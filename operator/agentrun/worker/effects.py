@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import API_VERSION, SideEffect, SideEffectState
+from agentrun.api.budgets import SIDE_EFFECT_RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation
 from agentrun.core.ledger import Step, after_lookup, next_step, request_digest, side_effect_name
 from agentrun.kubeapi import ApiError
@@ -21,6 +22,16 @@ log = logging.getLogger("agentrun.worker")
 
 # What an execute() that raised these cannot tell us: whether the action happened.
 UNKNOWN_OUTCOME: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError, asyncio.TimeoutError)
+
+
+SMALLER = "return a reference (an id, a URI) to large data instead of the data"
+
+
+def _refuse_unrecorded(too_large: str | None) -> None:
+    """An action whose result exceeds its budget is still recorded as Confirmed (it happened), without
+    its result; the Attempt then fails for good, since a later one could not reuse the result."""
+    if too_large:
+        raise PermanentError(f"{too_large} (the action happened and is Confirmed; its result was not kept)")
 
 
 @dataclass(frozen=True)
@@ -151,14 +162,16 @@ class Ledger:
                 )
                 raise UnknownSideEffect(f"{tool} with key {key}: outcome unknown; resolve SideEffect {name}")
             if decision == Step.REUSE:
+                too_large = over_budget(f"the result of {tool}", result, SIDE_EFFECT_RESULT_BUDGET, SMALLER)
                 confirmed = await self._set_state(
                     record,
                     SideEffectState.CONFIRMED,
                     message="found by lookup",
-                    result=result,
+                    result=None if too_large else result,
                     externalReference=self._reference(result, reference_of),
                     resolvedBy=resolved_by,
                 )
+                _refuse_unrecorded(too_large)
                 return self._effect(confirmed, reference_of, executed_now=False)
         return await self._execute(
             record,
@@ -193,14 +206,18 @@ class Ledger:
             await self._set_state(record, SideEffectState.FAILED, message=f"failed: {exc}")
             raise
         extra: dict[str, Any] = {"resolvedBy": resolved_by} if resolved_by else {}
+        too_large = over_budget(
+            f"the result of {record.spec.tool}", result, SIDE_EFFECT_RESULT_BUDGET, SMALLER
+        )
         confirmed = await self._set_state(
             record,
             SideEffectState.CONFIRMED,
             message="executed",
-            result=result,
+            result=None if too_large else result,
             externalReference=self._reference(result, reference_of),
             **extra,
         )
+        _refuse_unrecorded(too_large)
         return self._effect(confirmed, reference_of, executed_now=True)
 
     async def _create(

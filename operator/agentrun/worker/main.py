@@ -15,7 +15,15 @@ from agentrun.api import FailureClass
 from agentrun.core.failures import fingerprint
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.worker.context import Context
-from agentrun.worker.errors import AgentError, Cancelled, FenceRejected, Interrupted, LeaseLost, RateLimited
+from agentrun.worker.errors import (
+    AgentError,
+    Cancelled,
+    FenceRejected,
+    Interrupted,
+    LeaseLost,
+    PermanentError,
+    RateLimited,
+)
 from agentrun.worker.identity import Identity
 from agentrun.worker.session import Session
 
@@ -36,6 +44,11 @@ def _api_server_unavailable(exc: BaseException) -> bool:
 
 def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
     """{class, message, fingerprint} for the termination message, and the exit code."""
+    if isinstance(exc, ApiError) and exc.too_large:
+        exc = PermanentError(
+            f"the API server refused a write as too large ({exc.status}: {exc.message}): store large data "
+            "elsewhere and checkpoint a reference to it (stateRef)"
+        )
     if isinstance(exc, AgentError):
         cls, message = exc.failure_class, str(exc) or type(exc).__name__
     elif isinstance(exc, asyncio.CancelledError):

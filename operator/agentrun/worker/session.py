@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import logging
 import time
 from typing import Any
 
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, Run, lease_name
+from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
@@ -23,12 +23,20 @@ from agentrun.worker.identity import Identity
 log = logging.getLogger("agentrun.worker")
 JsonDict = dict[str, Any]
 MAX_CONFLICTS = 20
-MAX_STATE_BYTES = 256 * 1024
+STATE_ADVICE = "store large data elsewhere and checkpoint a reference to it (stateRef)"
+RESULT_ADVICE = "store large data elsewhere and return a reference to it (a URI and a digest)"
 
 
 def _now(micro: bool = False) -> str:
     fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
     return datetime.datetime.now(datetime.UTC).strftime(fmt)
+
+
+def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
+    """Refuses, before anything is sent, a free-form value over its byte budget (agentrun.api.budgets):
+    the API server would store the object only to have etcd refuse it, as an apparent outage."""
+    if reason := over_budget(what, value, budget, advice):
+        raise PermanentError(reason)
 
 
 class Session:
@@ -126,6 +134,7 @@ class Session:
             log.warning("could not record the rejected commit on %s: %s", self.me.attempt, exc)
 
     async def commit(self, result: JsonDict) -> None:
+        refuse_over_budget("the result", result, RESULT_BUDGET, RESULT_ADVICE)
         committed_by = {
             "attempt": self.me.attempt,
             "leaseEpoch": self.me.lease_epoch,
@@ -143,12 +152,7 @@ class Session:
 
     async def save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
         """Creates the immutable Checkpoint, then moves status.latestCheckpoint to it (fenced)."""
-        size = len(json.dumps(state, separators=(",", ":")))
-        if size > MAX_STATE_BYTES:
-            raise PermanentError(
-                f"checkpoint state is {size} bytes, over {MAX_STATE_BYTES}: keep large data elsewhere and "
-                "checkpoint a reference to it (objects must stay well under the API server's 1 MiB)"
-            )
+        refuse_over_budget("the checkpoint state", state, CHECKPOINT_STATE_BUDGET, STATE_ADVICE)
         sequence = parent.spec.sequence + 1 if parent else 1
         checkpoint_id = f"{self.me.attempt}-s{sequence}"
         body: JsonDict = {
