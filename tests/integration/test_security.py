@@ -4,17 +4,20 @@ not bound to a Pod, and Pods that only the operator may create (agentrun.admissi
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.examples.manifests import IMAGE
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import error_message
 from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
-from support.runs import create_run, get_run, support_agent_run, wait_phase
+from support.runs import FAST_RETRY, attempts, create_run, get_run, support_agent_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -108,3 +111,40 @@ def test_only_the_operator_creates_pods_labelled_with_a_run(
         kube.core.create_namespaced_pod(namespace, pod)  # as the cluster admin: still not the operator
     assert refused.value.status == 403
     assert "NotOperator:" in error_message(refused.value)
+
+
+def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next_attempt(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    release = tmp_path / "release"
+    lease = {"durationSeconds": 5, "renewSeconds": 1}
+    body = support_agent_run("zombie", "gated_agent", {"releaseFile": str(release)})
+    body["spec"] |= {"lease": lease, "retry": FAST_RETRY}
+    create_run(kube, ns, body)
+    wait_for(
+        lambda: get_run(kube, ns, "zombie").get("status", {}).get("latestCheckpoint"),
+        timeout=60,
+        what="Attempt 1 running, past its first checkpoint",
+    )
+    first = kube.core.read_namespaced_pod("zombie-a1", ns)
+    sandbox = local_cluster.state_dir / "node" / "pods" / first.metadata.uid
+    token = (sandbox / "serviceaccount" / "token").read_text()  # what a hostile agent could have kept
+    as_first = kube.with_token(token)
+    assert as_first.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "zombie")
+
+    pid = int(first.status.container_statuses[0].container_id.removeprefix("process://"))
+    os.killpg(pid, signal.SIGSTOP)  # frozen past its lease: the operator takes over
+    wait_for(
+        lambda: [a for a in attempts(kube, ns, "zombie") if a["spec"]["number"] == 2],
+        timeout=60,
+        what="Attempt 2 granted",
+    )
+    assert kube.pod("zombie-a1", ns) is None, "the superseded Pod outlived the grant of its successor"
+    with pytest.raises(ApiException) as refused:
+        as_first.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "zombie")
+    assert refused.value.status == 401
+
+    release.write_text("go")
+    done = wait_phase(kube, ns, "zombie", {"Succeeded", "Failed"}, timeout=60)
+    assert done["status"]["result"] == {"by": "zombie-a2"}
