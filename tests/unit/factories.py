@@ -256,9 +256,9 @@ def ended_pod(
 
 
 def make_lease(
-    holder: str | None, epoch: int, *, resource_version: str = LEASE_RESOURCE_VERSION, duration: int = 60
+    holder: str | None, epoch: int, *, resource_version: str = LEASE_RESOURCE_VERSION
 ) -> LeaseView:
-    return LeaseView(holder=holder, epoch=epoch, duration_seconds=duration, resource_version=resource_version)
+    return LeaseView(holder=holder, epoch=epoch, resource_version=resource_version)
 
 
 def held_by(number: int, epoch: int | None = None) -> LeaseView:

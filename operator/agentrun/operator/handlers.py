@@ -94,7 +94,7 @@ def news_for_decide(kind: str, previous: JsonDict | None, obj: JsonDict) -> bool
 
 def _lease_terms(lease: JsonDict) -> tuple[Any, ...]:
     view = lease_view(lease)
-    return view.holder, view.epoch, view.duration_seconds
+    return view.holder, view.epoch
 
 
 def _owned_event(kind: str) -> Any:

@@ -39,6 +39,9 @@ class Reconciler:
         self.workers = workers
         self.reconciles = 0
         self._lease_checks: dict[Key, asyncio.TimerHandle] = {}
+        # spec.lease.durationSeconds of each Run, as last read: the expiry check between reconciles
+        # reads no Run, and never the Lease's own leaseDurationSeconds (its holder may write that).
+        self._durations: dict[Key, int] = {}
 
     async def run(self) -> None:
         await asyncio.gather(*(self._worker() for _ in range(self.workers)))
@@ -88,6 +91,7 @@ class Reconciler:
         }
         pods = {v.name: v for v in (pod_view(o) for o in self.cache.of("pods", key))}
         lease = self._cached_lease(key)
+        self._durations[key] = run.spec.lease.duration_seconds
         world = World(
             run=run,
             attempts=attempts,
@@ -111,6 +115,7 @@ class Reconciler:
         self.queue.forget(key)
         self.metrics.forget_run(key)
         self._check_lease_in(key, None)
+        self._durations.pop(key, None)
 
     # ---- the Lease's expiry, looked at without reading the Run ---------------------------------------
 
@@ -120,11 +125,12 @@ class Reconciler:
         return lease_view(lease) if lease else None
 
     def _lease_expires_in(self, key: Key, lease: LeaseView | None) -> float | None:
-        if lease is None:
+        duration = self._durations.get(key)
+        if lease is None or duration is None:
             return None
         sighting = self.cache.sighting(key[0], lease_name(key[1]))
         started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
-        return seconds_until_expiry(sighting, lease.duration_seconds, time.monotonic(), started)
+        return seconds_until_expiry(sighting, duration, time.monotonic(), started)
 
     def _check_lease_in(self, key: Key, seconds: float | None) -> None:
         """(Re)arms the one expiry check of this Run; None disarms it."""
