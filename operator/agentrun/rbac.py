@@ -22,7 +22,8 @@ ATTEMPT_POD_RULES: list[Rule] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "patch"]},
 ]
 
-# The operator: drive Runs, own Attempts, Pods and Leases, post Events; kopf needs to list/watch
+# The operator: drive Runs, own Attempts, Pods and Leases, read which ServiceAccounts agents may use,
+# post Events; kopf needs to list/watch
 # namespaces and CRDs, and (with peering) its peering objects, which the operator creates when missing
 # (agentrun.operator.bootstrap).
 OPERATOR_RULES: list[Rule] = [
@@ -36,6 +37,8 @@ OPERATOR_RULES: list[Rule] = [
         "verbs": ["get", "list", "watch", "delete"],
     },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # Attempt Pods run only as ServiceAccounts labelled agentrun.dev/agent=true (agentrun.core.identity).
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],

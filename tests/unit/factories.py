@@ -279,6 +279,7 @@ def make_world(
     expires_in: float | None = None,
     side_effects: Iterable[SideEffect] = (),
     checkpoints: Iterable[Checkpoint] = (),
+    account_refusal: str | None = None,
 ) -> World:
     return World(
         run=run,
@@ -289,6 +290,7 @@ def make_world(
         lease_expires_in=expires_in,
         side_effects=tuple(side_effects),
         checkpoints=tuple(checkpoints),
+        account_refusal=account_refusal,
     )
 
 

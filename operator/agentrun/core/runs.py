@@ -22,7 +22,7 @@ from agentrun.api import (
     FailureClass,
     RunPhase,
 )
-from agentrun.core import controls, external, failures, report, retention, stopping
+from agentrun.core import controls, external, failures, identity, report, retention, stopping
 from agentrun.core.conditions import TERMINAL_PHASES
 from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World
 from agentrun.core.plan import (
@@ -35,7 +35,7 @@ from agentrun.core.plan import (
 )
 from agentrun.core.pods import PodView
 
-__all__ = ["RECHECK_SECONDS", "World", "decide"]
+__all__ = ["RECHECK_SECONDS", "World", "decide", "fail_squatted"]
 
 
 def decide(world: World) -> Plan:
@@ -116,6 +116,33 @@ def decide(world: World) -> Plan:
     if spec.deadline_seconds and run.metadata.creation_timestamp and phase not in TERMINAL_PHASES:
         deadline = run.metadata.creation_timestamp + timedelta(seconds=spec.deadline_seconds)
         d.plan.wake_in((deadline - world.now).total_seconds())
+    return d.plan
+
+
+def fail_squatted(world: World, message: str) -> Plan:
+    """An object this Run needs (its Lease, an Attempt, an Attempt's Pod) exists under its name but is not
+    the Run's: it is never adopted, nor written or deleted. The Run fails and says what to delete; its own
+    Lease, if any, is revoked first, so no Pod, however named, writes for it any more."""
+    d = Decision(world)
+    if world.run.status.phase in TERMINAL_PHASES:
+        return d.plan
+    fields: dict[str, Any] = {}
+    if world.lease is not None:
+        fields["leaseEpoch"] = stopping.revoke_lease(d)
+    d.set_phase(
+        RunPhase.FAILED,
+        identity.NAME_SQUATTED,
+        message,
+        failure={
+            "class": FailureClass.DETERMINISTIC.value,
+            "reason": identity.NAME_SQUATTED,
+            "message": message[:1024],
+            "fingerprint": failures.fingerprint(FailureClass.DETERMINISTIC, message),
+        },
+        nextAttemptTime=None,
+        **fields,
+    )
+    d.event("Warning", identity.NAME_SQUATTED, message)
     return d.plan
 
 
