@@ -187,7 +187,7 @@ def make_side_effect(
     """The ledger record of one external action, named from its key as the SDK names it; state None: the
     record has no status yet (it counts as Pending)."""
     metadata: dict[str, Any] = {
-        "name": side_effect_name(key),
+        "name": side_effect_name(RUN, key),
         "namespace": NAMESPACE,
         "labels": {"agentrun.dev/run": RUN},
     }
