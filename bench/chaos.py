@@ -98,7 +98,7 @@ from kubernetes import config
 from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.examples.manifests import agent_run
 from agentrun.kubeapi import ApiError, call_json
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
@@ -418,6 +418,12 @@ class Chaos:
         self._wait(
             "the default service account",
             lambda: self.api_().items(f"/api/v1/namespaces/{NS}/serviceaccounts"),
+        )
+        self.api.call(
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/serviceaccounts/default",
+            AGENT_ACCOUNT_PATCH,
+            content_type="application/merge-patch+json",
         )
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
         self.api.call("POST", f"{rbac}/roles", attempt_role(NS))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kubernetes import watch
 
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import install_crds
@@ -44,6 +44,7 @@ def main() -> None:
             install_crds(kube)
             kube.core.create_namespace({"metadata": {"name": NS}})
             wait_for(lambda: kube.core.list_namespaced_service_account(NS).items, what="default SA")
+            kube.core.patch_namespaced_service_account("default", NS, AGENT_ACCOUNT_PATCH)
             kube.rbac.create_namespaced_role(NS, attempt_role(NS))
             kube.rbac.create_namespaced_role_binding(
                 NS,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
-from support.agentrun import install_crds
+from support.agentrun import OPERATOR_ACCOUNT_ENV, install_crds
 from support.kube import Kube, wait_for
 
 
@@ -70,8 +70,11 @@ def agentrun_crds(kube: Kube) -> None:
 def operator(
     kube: Kube, agentrun_crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The agentrun operator, running as its own process against the test cluster."""
-    process = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    """The agentrun operator, running as its own process against the test cluster. It runs with the admin
+    kubeconfig, so it is told which ServiceAccount is "its own" (attempt Pods must never run as it)."""
+    process = OperatorProcess(
+        kube.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=OPERATOR_ACCOUNT_ENV
+    )
     process.start()
     process.wait_ready()
     try:
@@ -82,7 +85,9 @@ def operator(
 
 @pytest.fixture
 def run_namespace(kube: Kube, namespace: str) -> str:
-    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac)."""
+    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), and is
+    opted in for attempt Pods (labelled agentrun.dev/agent=true)."""
+    kube.core.patch_namespaced_service_account("default", namespace, AGENT_ACCOUNT_PATCH)
     kube.rbac.create_namespaced_role(namespace, attempt_role(namespace))
     kube.rbac.create_namespaced_role_binding(
         namespace,

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from agentrun.api import AGENT_LABEL
 from agentrun.examples.manifests import agent_run
 from agentrun.rbac import attempt_role
 
@@ -117,6 +118,7 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
             "the default service account",
             lambda: demo.sh("kubectl", "get", "sa", "default", "-n", NAMESPACE, show=False, check=False),
         )
+        demo.sh("kubectl", "label", "serviceaccount", "default", "-n", NAMESPACE, f"{AGENT_LABEL}=true")
         demo.apply(attempt_role(NAMESPACE))
         demo.sh(
             "kubectl",

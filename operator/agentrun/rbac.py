@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.api import GROUP
+from agentrun.api import AGENT_LABEL, GROUP
 
 Rule = dict[str, Any]
 
@@ -66,3 +66,7 @@ def attempt_role(namespace: str, name: str = "agentrun-attempt") -> dict[str, An
         "metadata": {"name": name, "namespace": namespace},
         "rules": ATTEMPT_POD_RULES,
     }
+
+
+# Opts a ServiceAccount in for attempt Pods (a merge patch): an administrator's decision, never a Run's.
+AGENT_ACCOUNT_PATCH: dict[str, Any] = {"metadata": {"labels": {AGENT_LABEL: "true"}}}

@@ -25,6 +25,13 @@ PLURALS: Final = {
 KINDS: Final = tuple(PLURALS)
 CRD_NAMES: Final = tuple(f"{plural}.{GROUP}" for plural in PLURALS.values())
 
+# The ServiceAccount the test operator (tests/conftest.py) takes for its own: it runs with the admin
+# kubeconfig, and attempt Pods must never run as the operator's account (tests/integration/test_identity.py).
+OPERATOR_ACCOUNT_ENV: Final = {
+    "AGENTRUN_SERVICE_ACCOUNT": "agentrun-operator",
+    "AGENTRUN_SERVICE_ACCOUNT_NAMESPACE": "agentrun-operator-home",
+}
+
 
 # --- the CRDs as committed in crds/ -------------------------------------------------------------------
 
