@@ -46,6 +46,7 @@ from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
     DEFAULT_RETRY_ON,
     AgentSpec,
+    CancelRequest,
     CommitRecord,
     ControlOp,
     ControlOutcome,
@@ -68,6 +69,7 @@ from agentrun.api.run import (
     RunSpec,
     RunStatus,
     SideEffectCounts,
+    SpentKey,
 )
 from agentrun.api.sideeffect import (
     SIDE_EFFECT_TRANSITIONS,
@@ -103,6 +105,7 @@ __all__ = [
     "AttemptReason",
     "AttemptSpec",
     "AttemptStatus",
+    "CancelRequest",
     "Checkpoint",
     "CheckpointSpec",
     "CheckpointStatus",
@@ -147,6 +150,7 @@ __all__ = [
     "SideEffectSpec",
     "SideEffectState",
     "SideEffectStatus",
+    "SpentKey",
     "StateRef",
     "attempt_name",
     "is_allowed_transition",
