@@ -169,8 +169,10 @@ def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: 
 
 
 def with_record(run: Run, record: dict[str, Any]) -> list[dict[str, Any]]:
-    """status.controls with `record` appended; only the newest MAX_RECORDS are kept."""
-    kept = [c.to_api() for c in run.status.controls or []]
+    """status.controls with `record` appended (replacing the record of its key: one per key, and the
+    newest says how the last request with that key ended); only the newest MAX_RECORDS are kept."""
+    key = record["idempotencyKey"]
+    kept = [c.to_api() for c in run.status.controls or [] if c.idempotency_key != key]
     return [*kept, record][-MAX_RECORDS:]
 
 

@@ -53,11 +53,12 @@ class Context:
 
     # ---- step boundaries ---------------------------------------------------------------------------
 
-    async def _boundary(self) -> None:
+    async def _boundary(self, fresh: bool = True) -> None:
         """A step boundary (every checkpoint, step, side_effect and interrupt): if someone asked the Run
-        to pause (spec.pause, as the Run watch last delivered it), the agent stops here as if it had
-        called interrupt(reason="paused"), from its latest Checkpoint."""
-        run = self._session.observed or self._session.run
+        to pause (spec.pause), the agent stops here as if it had called interrupt(reason="paused"), from
+        its latest Checkpoint. `fresh` reads the Run first; otherwise the newest Run seen (the watch,
+        the last write) decides: a caller in a hot loop (ctx.step) may prefer that."""
+        run = await self._session.read_run() if fresh else (self._session.observed or self._session.run)
         pause = run.spec.pause if run else None
         if pause and requests.pause_due(pause.request_id, frozenset(self._answered), self._answering):
             await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
@@ -72,7 +73,7 @@ class Context:
         """
         self._latest = await self._session.save_checkpoint(state, step, self._latest)
         self.state = state
-        await self._boundary()
+        await self._boundary(fresh=False)  # its fenced write has just read the Run
         return self._latest.spec.id
 
     async def interrupt(  # noqa: PLR0917 (the public signature, kept positional)
