@@ -37,7 +37,14 @@ def spent(key: str, op: str = "Resume", digest: str = D1) -> dict[str, Any]:
 
 def record(key: str, digest: str, reason: str = "Accepted", op: str = "Resume") -> dict[str, Any]:
     outcome = "Accepted" if reason == "Accepted" else "Rejected"
-    return {"idempotencyKey": key, "op": op, "digest": digest, "outcome": outcome, "reason": reason, "time": ts(EARLIER)}
+    return {
+        "idempotencyKey": key,
+        "op": op,
+        "digest": digest,
+        "outcome": outcome,
+        "reason": reason,
+        "time": ts(EARLIER),
+    }
 
 
 LONG = "k" * 100
@@ -46,22 +53,58 @@ KEY_USES: dict[str, tuple[dict[str, Any], str, str, str, KeyUse]] = {
     "the-same-request-again": ({"spentKeys": [spent("k1")]}, "k1", "Resume", D1, KeyUse.REPEAT),
     "other-parameters": ({"spentKeys": [spent("k1")]}, "k1", "Resume", D2, KeyUse.REUSED),
     "another-op": ({"spentKeys": [spent("k1")]}, "k1", "Retry", D1, KeyUse.REUSED),
-    "spent-long-ago-its-record-dropped": ({"spentKeys": [spent("k1")], "controls": []}, "k1", "Resume", D2, KeyUse.REUSED),
+    "spent-long-ago-its-record-dropped": (
+        {"spentKeys": [spent("k1")], "controls": []},
+        "k1",
+        "Resume",
+        D2,
+        KeyUse.REUSED,
+    ),
     "its-reuse-already-recorded": (
         {"spentKeys": [spent("k1")], "controls": [record("k1", D2, "IdempotencyKeyReused")]},
-        "k1", "Resume", D2, KeyUse.REPEAT,
+        "k1",
+        "Resume",
+        D2,
+        KeyUse.REPEAT,
     ),
     "the-original-after-a-refused-reuse": (
         {"spentKeys": [spent("k1")], "controls": [record("k1", D2, "IdempotencyKeyReused")]},
-        "k1", "Resume", D1, KeyUse.REPEAT,
+        "k1",
+        "Resume",
+        D1,
+        KeyUse.REPEAT,
     ),
-    "recorded-before-spent-keys-existed": ({"controls": [record("k1", D1)]}, "k1", "Resume", D2, KeyUse.REUSED),
+    "recorded-before-spent-keys-existed": (
+        {"controls": [record("k1", D1)]},
+        "k1",
+        "Resume",
+        D2,
+        KeyUse.REUSED,
+    ),
     "a-long-key-remembered-by-digest": ({"spentKeys": [spent(LONG)]}, LONG, "Resume", D2, KeyUse.REUSED),
-    "memory-full": ({"spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)]}, "new", "Resume", D1, KeyUse.FULL),
-    "memory-full-but-known": ({"spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)]}, "k7", "Resume", D1, KeyUse.REPEAT),
+    "memory-full": (
+        {"spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)]},
+        "new",
+        "Resume",
+        D1,
+        KeyUse.FULL,
+    ),
+    "memory-full-but-known": (
+        {"spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)]},
+        "k7",
+        "Resume",
+        D1,
+        KeyUse.REPEAT,
+    ),
     "memory-full-refusal-recorded": (
-        {"spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)], "controls": [record("new", D1, "KeyMemoryFull")]},
-        "new", "Resume", D1, KeyUse.REPEAT,
+        {
+            "spentKeys": [spent(f"k{n}") for n in range(MAX_SPENT_KEYS)],
+            "controls": [record("new", D1, "KeyMemoryFull")],
+        },
+        "new",
+        "Resume",
+        D1,
+        KeyUse.REPEAT,
     ),
 }
 
@@ -77,7 +120,10 @@ def test_a_spent_key_fits_its_bound_and_a_reuse_replaces_its_record() -> None:
     assert len(controls.remembered_key(LONG)) <= 40 and controls.remembered_key("short") == "short"
     refusal = controls.key_refusal(KeyUse.REUSED, "k1")
     entries = controls.with_record(run, controls.control_record(ControlOp.RESUME, "k1", D2, refusal, NOW))
-    assert [(e["idempotencyKey"], e["reason"]) for e in entries] == [("k2", "Accepted"), ("k1", "IdempotencyKeyReused")]
+    assert [(e["idempotencyKey"], e["reason"]) for e in entries] == [
+        ("k2", "Accepted"),
+        ("k1", "IdempotencyKeyReused"),
+    ]
 
 
 def cancel_run(phase: str, epoch: int = 1, observed: int = 1, reason: str | None = "wrong customer") -> Any:
@@ -181,15 +227,39 @@ def pending(held: str | None = None, request_id: str = "req-1") -> dict[str, Any
     return {**value, "heldBy": held, "holdSeconds": 30} if held else value
 
 
-INPUT = {"requestId": "req-1", "checkpointId": "ckpt-2", "digest": json_digest("a"), "idempotencyKey": "k-1", "time": ts(EARLIER)}
+INPUT = {
+    "requestId": "req-1",
+    "checkpointId": "ckpt-2",
+    "digest": json_digest("a"),
+    "idempotencyKey": "k-1",
+    "time": ts(EARLIER),
+}
 RESUME = {"resume": {"requestId": "req-1", "checkpointId": "ckpt-2", "value": "a", "idempotencyKey": "k-1"}}
 HOLDS = {
-    "held": (run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))), requests.HoldState.WAITING),
-    "held-before-the-flip": (run_status("Running", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))), requests.HoldState.WAITING),
-    "released": (run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending()), requests.HoldState.ENDED),
-    "answered": (run_status("Running", current=1, lease_epoch=1, inputs=[INPUT]), requests.HoldState.ANSWERED),
-    "answered-to-a-new-attempt": (run_status("Running", current=2, lease_epoch=2, inputs=[INPUT]), requests.HoldState.ENDED),
-    "expired": (run_status("Failed", current=1, lease_epoch=1, pendingRequest=pending()), requests.HoldState.ENDED),
+    "held": (
+        run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))),
+        requests.HoldState.WAITING,
+    ),
+    "held-before-the-flip": (
+        run_status("Running", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))),
+        requests.HoldState.WAITING,
+    ),
+    "released": (
+        run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending()),
+        requests.HoldState.ENDED,
+    ),
+    "answered": (
+        run_status("Running", current=1, lease_epoch=1, inputs=[INPUT]),
+        requests.HoldState.ANSWERED,
+    ),
+    "answered-to-a-new-attempt": (
+        run_status("Running", current=2, lease_epoch=2, inputs=[INPUT]),
+        requests.HoldState.ENDED,
+    ),
+    "expired": (
+        run_status("Failed", current=1, lease_epoch=1, pendingRequest=pending()),
+        requests.HoldState.ENDED,
+    ),
 }
 
 
@@ -209,8 +279,15 @@ def test_a_held_answer_is_read_only_while_spec_resume_is_the_one_recorded() -> N
 
 
 def holding_world(phase: str, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
-    status = run_status(phase, current=1, lease_epoch=1, latestCheckpoint="ckpt-2", pendingRequest=pending(name_of(1)))
-    defaults: dict[str, Any] = {"attempts": [make_attempt(1)], "pods": [running_pod(1)], "lease": held_by(1), "expires_in": 30.0}
+    status = run_status(
+        phase, current=1, lease_epoch=1, latestCheckpoint="ckpt-2", pendingRequest=pending(name_of(1))
+    )
+    defaults: dict[str, Any] = {
+        "attempts": [make_attempt(1)],
+        "pods": [running_pod(1)],
+        "lease": held_by(1),
+        "expires_in": 30.0,
+    }
     return make_world(make_run(status, spec=spec), **{**defaults, **kw})
 
 
@@ -228,26 +305,54 @@ def test_a_held_request_makes_the_run_wait_while_its_attempt_lives_on() -> None:
 def test_an_answer_accepted_within_the_hold_continues_the_same_attempt() -> None:
     plan = decide(holding_world("InputRequired", spec=RESUME))
     [patch] = run_patches(plan)
-    assert (patch["phase"], patch["pendingRequest"], patch["controls"][-1]["reason"]) == ("Running", None, "AcceptedInHold")
+    assert (patch["phase"], patch["pendingRequest"], patch["controls"][-1]["reason"]) == (
+        "Running",
+        None,
+        "AcceptedInHold",
+    )
     assert patch["inputs"][-1]["requestId"] == "req-1" and patch["spentKeys"][-1]["key"] == "k-1"
     assert "currentAttempt" not in patch or patch["currentAttempt"] == 1
     assert not [a for a in plan.actions if isinstance(a, CreateAttempt)], "no new Attempt"
 
 
 def test_an_answer_after_the_release_waits_for_the_attempt_to_end_then_starts_a_new_one() -> None:
-    status = run_status("InputRequired", current=1, lease_epoch=1, latestCheckpoint="ckpt-2", pendingRequest=pending())
-    leaving = make_world(make_run(status, spec=RESUME), attempts=[make_attempt(1)], pods=[running_pod(1)], lease=held_by(1), expires_in=30.0)
+    status = run_status(
+        "InputRequired", current=1, lease_epoch=1, latestCheckpoint="ckpt-2", pendingRequest=pending()
+    )
+    leaving = make_world(
+        make_run(status, spec=RESUME),
+        attempts=[make_attempt(1)],
+        pods=[running_pod(1)],
+        lease=held_by(1),
+        expires_in=30.0,
+    )
     assert run_patches(decide(leaving)) == [], "not beside a live Attempt"
-    ended = make_world(make_run(status, spec=RESUME), attempts=[make_attempt(1, phase="Interrupted")], pods=[ended_pod(1, 0)], lease=held_by(1), expires_in=30.0)
-    assert [a.body["spec"]["reason"] for a in decide(ended).actions if isinstance(a, CreateAttempt)] == ["resume:req-1"]
+    ended = make_world(
+        make_run(status, spec=RESUME),
+        attempts=[make_attempt(1, phase="Interrupted")],
+        pods=[ended_pod(1, 0)],
+        lease=held_by(1),
+        expires_in=30.0,
+    )
+    assert [a.body["spec"]["reason"] for a in decide(ended).actions if isinstance(a, CreateAttempt)] == [
+        "resume:req-1"
+    ]
 
 
 @pytest.mark.parametrize(
     ("pods", "expires_in", "attempt_phase"),
-    [([ended_pod(1, 0)], 30.0, "Interrupted"), ([ended_pod(1, 1)], 30.0, "Failed"), ([running_pod(1)], -1.0, "LeaseLost")],
+    [
+        ([ended_pod(1, 0)], 30.0, "Interrupted"),
+        ([ended_pod(1, 1)], 30.0, "Failed"),
+        ([running_pod(1)], -1.0, "LeaseLost"),
+    ],
     ids=["exited", "crashed", "lease-expired"],
 )
-def test_a_hold_ends_with_its_attempt_and_the_run_keeps_waiting(pods: Any, expires_in: float, attempt_phase: str) -> None:
+def test_a_hold_ends_with_its_attempt_and_the_run_keeps_waiting(
+    pods: Any, expires_in: float, attempt_phase: str
+) -> None:
     plan = decide(holding_world("InputRequired", pods=pods, expires_in=expires_in))
     assert run_patches(plan) == [{"pendingRequest": {"heldBy": None}}]
-    assert [a.patch["phase"] for a in plan.actions if hasattr(a, "name") and getattr(a, "patch", {}).get("phase")] == [attempt_phase]
+    assert [
+        a.patch["phase"] for a in plan.actions if hasattr(a, "name") and getattr(a, "patch", {}).get("phase")
+    ] == [attempt_phase]
