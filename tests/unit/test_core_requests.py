@@ -1,4 +1,3 @@
-# ruff: noqa: E501 (table rows read best one per line)
 """Issue 15's decisions, table-driven: keys stay spent (core.controls.key_use), cancel recorded
 (judge_cancel), the worker's request bookkeeping and the hold window (core.requests, core.runs)."""
 
