@@ -51,7 +51,10 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     if ctx.resumed:
         # After any resume (an answer, a crash, a retry) what was seen before may be stale: look at the
         # ticket service again instead of trusting the state (someone may have opened the ticket by hand).
-        state["seen"] = tickets.find_by_key(key)
+        try:
+            state["seen"] = tickets.find_by_key(key)
+        except Exception:  # the service cannot tell now: the ledger's own lookup decides below
+            state["seen"] = None
     title = f"[{state.get('priority', 'normal')}] {plan['title']}"
     ticket = await ctx.side_effect(
         tool="create_ticket",
