@@ -99,9 +99,9 @@ class Context:
             self._answering = None  # one answer per resumed Attempt: a later interrupt pauses again
             _check_answer(value, schema)
             return value
-        await self._boundary()  # a pending pause first: the question is asked after it
-        if schema is not None:  # before the checkpoint: the request could not be written after it
+        if schema is not None:  # before anything is sent: the request could not be written after it
             refuse_over_budget("the interrupt's schema", schema, ACCEPTED_SCHEMA_BUDGET, SCHEMA_ADVICE)
+        await self._boundary()  # a pending pause first: the question is asked after it
         if state is not _KEEP:
             self.state = state
         value = await self._raise_interrupt(
