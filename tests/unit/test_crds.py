@@ -69,7 +69,7 @@ NAMES = {
     "SideEffect": ("sideeffects", "sfx"),
 }
 PRINTER_COLUMNS = {
-    "Run": ["Phase", "Attempt", "Lease Epoch", "Cancel Epoch", "Waiting For", "Age"],
+    "Run": ["Phase", "Attempt", "Lease Epoch", "Cancel Epoch", "Waiting For", "Held By", "Age"],
     "Attempt": ["Run", "Number", "Phase", "Reason", "Pod", "Age"],
     "Checkpoint": ["Run", "Sequence", "Step", "Age"],
     "SideEffect": ["Run", "Tool", "State", "External Reference", "Age"],

@@ -47,6 +47,7 @@ from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
     DEFAULT_RETRY_ON,
     AgentSpec,
+    CancelRequest,
     CommitRecord,
     ControlOp,
     ControlOutcome,
@@ -69,6 +70,7 @@ from agentrun.api.run import (
     RunSpec,
     RunStatus,
     SideEffectCounts,
+    SpentKey,
 )
 from agentrun.api.sideeffect import (
     SIDE_EFFECT_TRANSITIONS,
@@ -105,6 +107,7 @@ __all__ = [
     "AttemptReason",
     "AttemptSpec",
     "AttemptStatus",
+    "CancelRequest",
     "Checkpoint",
     "CheckpointSpec",
     "CheckpointStatus",
@@ -149,6 +152,7 @@ __all__ = [
     "SideEffectSpec",
     "SideEffectState",
     "SideEffectStatus",
+    "SpentKey",
     "StateRef",
     "attempt_name",
     "is_allowed_transition",

@@ -56,6 +56,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
                 prompt=ask.get("prompt"),
                 schema=ask.get("schema"),
                 expires_in=ask.get("expiresInSeconds"),
+                hold_seconds=ask.get("holdSeconds"),
             )
         if fail and failing and step == int(fail.get("atStep", 1)):
             how = str(fail.get("how", "error"))
@@ -65,7 +66,13 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         await asyncio.sleep(step_seconds)
         state["step"] = step
         await ctx.checkpoint(dict(state), step=f"step-{step}")
-    result = {"steps": steps, "resumedAt": start, "attempt": ctx.attempt}
+    result = {
+        "steps": steps,
+        "resumedAt": start,
+        "attempt": ctx.attempt,
+        "resumed": ctx.resumed,
+        "resumeReason": ctx.resume_reason,
+    }
     if "answer" in state:
         result["answer"] = state["answer"]
     if padding.get("result"):
