@@ -62,7 +62,7 @@ NAMES = {
 PRINTER_COLUMNS = {
     "Run": ["Phase", "Attempt", "Lease Epoch", "Cancel Epoch", "Waiting For", "Age"],
     "Attempt": ["Run", "Number", "Phase", "Reason", "Pod", "Age"],
-    "Checkpoint": ["Run", "Sequence", "Step", "Age"],
+    "Checkpoint": ["Run", "Sequence", "Step", "Kind", "Age"],
     "SideEffect": ["Run", "Tool", "State", "External Reference", "Age"],
 }
 STRUCTURAL_FORBIDDEN = {"$ref", "$defs", "title", "anyOf", "oneOf", "allOf", "not", "const", "uniqueItems"}

@@ -16,7 +16,14 @@ from agentrun.api.attempt import (
     RejectedCommit,
     RejectedCommitReason,
 )
-from agentrun.api.checkpoint import Checkpoint, CheckpointSpec, CheckpointStatus, StateRef
+from agentrun.api.checkpoint import (
+    Checkpoint,
+    CheckpointKind,
+    CheckpointSpec,
+    CheckpointStatus,
+    StateRef,
+    Thread,
+)
 from agentrun.api.common import (
     API_VERSION,
     GROUP,
@@ -104,6 +111,7 @@ __all__ = [
     "AttemptSpec",
     "AttemptStatus",
     "Checkpoint",
+    "CheckpointKind",
     "CheckpointSpec",
     "CheckpointStatus",
     "CommitRecord",
@@ -148,6 +156,7 @@ __all__ = [
     "SideEffectState",
     "SideEffectStatus",
     "StateRef",
+    "Thread",
     "attempt_name",
     "is_allowed_transition",
     "json_digest",
