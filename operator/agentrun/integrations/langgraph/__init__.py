@@ -10,7 +10,17 @@ Checkpoints, and run_graph, which runs a graph as an agentrun agent.
     worker.main(agent)
 """
 
+from agentrun.integrations.langgraph.runner import combined_schema, current_task_id, run_graph, side_effect
 from agentrun.integrations.langgraph.saver import AgentrunSaver, PauseRequested
 from agentrun.integrations.langgraph.serde import AllowListSerializer, UnsafeCheckpoint
 
-__all__ = ["AgentrunSaver", "AllowListSerializer", "PauseRequested", "UnsafeCheckpoint"]
+__all__ = [
+    "AgentrunSaver",
+    "AllowListSerializer",
+    "PauseRequested",
+    "UnsafeCheckpoint",
+    "combined_schema",
+    "current_task_id",
+    "run_graph",
+    "side_effect",
+]

@@ -1,0 +1,162 @@
+"""LangGraph agents run by the operator on the real API server: interrupts, answers, a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_core import to_jsonable_python
+
+from agentrun.examples.manifests import agent_run
+from agentrun.integrations.langgraph import AgentrunSaver
+from agentrun.kubeapi import KubeApi, load_configuration
+from devcluster.operator import OperatorProcess
+from devcluster.tickets import TicketServiceProcess
+from support.kube import Kube, wait_for
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    patch_spec,
+    support_agent_run,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
+    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def resume(kube: Kube, ns: str, name: str, pending: dict[str, Any], value: Any, key: str) -> None:
+    patch_spec(
+        kube,
+        ns,
+        name,
+        {
+            "resume": {
+                "requestId": pending["requestId"],
+                "checkpointId": pending["checkpointId"],
+                "value": value,
+                "idempotencyKey": key,
+            }
+        },
+    )
+
+
+def control(kube: Kube, ns: str, name: str, key: str) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        found = [
+            c
+            for c in get_run(kube, ns, name).get("status", {}).get("controls") or []
+            if c["idempotencyKey"] == key
+        ]
+        return found[0] if found else None
+
+    return wait_for(probe, timeout=60, interval=0.2, what=f"the outcome of {key}")
+
+
+def test_two_interrupts_pending_at_once_are_answered_with_one_resume(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, support_agent_run("two", "langgraph_questions", {}))
+    waiting = wait_phase(kube, ns, "two", {"InputRequired", "Failed"})
+    pending = waiting["status"]["pendingRequest"]
+    schema = pending["acceptedSchema"]
+    questions = json.loads(pending["prompt"])  # {interrupt id: its value}
+    assert sorted(questions.values()) == ["color?", "size?"]
+    assert sorted(schema["required"]) == sorted(questions) == sorted(schema["properties"])
+    by_question = {value: interrupt_id for interrupt_id, value in questions.items()}
+    answer = {by_question["color?"]: {"color": "blue"}, by_question["size?"]: {"size": 3}}
+
+    resume(kube, ns, "two", pending, {by_question["color?"]: {"color": "blue"}}, "half")  # one is missing
+    assert control(kube, ns, "two", "half")["outcome"] == "Rejected"
+    resume(kube, ns, "two", pending, answer, "both")
+    run = wait_phase(kube, ns, "two", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"] == {"color": "blue", "size": 3}
+    assert len(attempts(kube, ns, "two")) == 2  # asked once, answered once
+
+
+def node_runs(log: Path) -> list[tuple[int, str, str]]:
+    """(attempt number, start|end, node) for every line of the agent's node log."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return [(int(attempt.rsplit("-a", 1)[1]), event, node) for attempt, event, node in lines]
+
+
+def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resumed(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess, tmp_path: Path
+) -> None:
+    ns, name, log = run_namespace, "lg", tmp_path / "nodes.log"
+    spec = {"title": "Printer on fire", "body": "third floor", "holdAfterTicket": [2]}
+    env = {**tickets.env(), "AGENTRUN_NODE_LOG": str(log)}
+    create_run(kube, ns, agent_run(name, "langgraph_agent", spec, env=env, retry=FAST_RETRY))
+
+    pending = wait_phase(kube, ns, name, {"InputRequired", "Failed"})["status"]["pendingRequest"]
+    assert pending["acceptedSchema"]["properties"]["priority"]["enum"] == ["low", "normal", "high"]
+    assert "Printer on fire" in pending["prompt"]
+    resume(kube, ns, name, pending, {"priority": "urgent"}, "wrong")  # refused by the schema
+    assert (control(kube, ns, name, "wrong")["outcome"], get_run(kube, ns, name)["status"]["phase"]) == (
+        "Rejected",
+        "InputRequired",
+    )
+    resume(kube, ns, name, pending, {"priority": "high"}, "answer")
+
+    # Attempt 2 answers, runs the model, opens the ticket through the ledger and holds: kill it there.
+    def confirmed() -> bool:
+        effects = kube.custom.list_namespaced_custom_object(
+            GROUP, VERSION, ns, "sideeffects", label_selector=f"agentrun.dev/run={name}"
+        )["items"]
+        return any((e.get("status") or {}).get("state") == "Confirmed" for e in effects)
+
+    wait_for(confirmed, timeout=90, interval=0.2, what="the ticket confirmed in the ledger")
+    status = kube.core.read_namespaced_pod(f"{name}-a2", ns).status
+    os.killpg(int(status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
+
+    run = wait_phase(kube, ns, name, {"Succeeded", "Failed", "NeedsReconciliation"}, timeout=120)
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    [ticket] = tickets.creations()  # one ticket, though the tool ran again after the kill
+    assert [a["status"]["phase"] for a in attempts(kube, ns, name)][1:] == ["Failed", "Succeeded"]
+
+    runs = node_runs(log)
+    finished = [(n, node) for n, event, node in runs if event == "end"]
+    # Every node that finished ran to its end once; the ones checkpointed before the kill (triage, the
+    # model's tool call) never ran again in Attempt 3, which started again at the tools node.
+    assert finished == [(2, "triage"), (2, "agent"), (3, "tools"), (3, "agent")]
+    assert [(n, node) for n, event, node in runs if event == "start" and n == 3] == [
+        (3, "tools"),
+        (3, "agent"),
+    ]
+    assert (2, "start", "tools") in runs  # the one killed with its ticket confirmed
+
+    # The committed result is the graph's final state, as its last checkpoint holds it.
+    api = KubeApi(load_configuration(str(kube.kubeconfig)))
+    saver = AgentrunSaver(api, ns, name)
+    try:
+        latest = saver.get_tuple({"configurable": {"thread_id": name, "checkpoint_ns": ""}})
+    finally:
+        saver.close()
+        api.close()
+    assert latest is not None
+    result = run["status"]["result"]
+    values = latest.checkpoint["channel_values"]
+    state = {k: values[k] for k in ("title", "body", "priority", "messages")}
+    assert result == to_jsonable_python(state, exclude_none=True)
+    assert result["priority"] == "high"
+    assert result["messages"][-1]["content"] == f"Opened {ticket['ticketId']}."
