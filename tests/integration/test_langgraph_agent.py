@@ -160,3 +160,58 @@ def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resume
     assert result == to_jsonable_python(state, exclude_none=True)
     assert result["priority"] == "high"
     assert result["messages"][-1]["content"] == f"Opened {ticket['ticketId']}."
+
+
+def step_log(log: Path) -> list[tuple[int, str, int]]:
+    """(attempt number, node, the worker's API requests when the node started)."""
+    return [
+        (int(a.rsplit("-a", 1)[1]), node, int(n))
+        for a, node, n in (line.split() for line in log.read_text().splitlines())
+    ]
+
+
+def test_api_requests_per_superstep_with_sync_durability(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns, log = run_namespace, tmp_path / "steps.log"
+    body = support_agent_run("steps", "langgraph_steps", {"steps": 6})
+    body["spec"]["agent"]["env"].append({"name": "AGENTRUN_STEP_LOG", "value": str(log)})
+    create_run(kube, ns, body)
+    run = wait_phase(kube, ns, "steps", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"] == {"done": [f"s{i}" for i in range(1, 7)]}
+    counts = [n for _, _, n in step_log(log)]
+    per_superstep = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+    print(f"\nAPI requests per LangGraph superstep (sync durability, one task): {per_superstep}")
+    # the task's pending writes (1 create), the checkpoint (1 create), the Run's latestCheckpoint
+    # (1 fenced patch on the Run last written; 2 more when something else changed the Run meanwhile)
+    assert min(per_superstep) == 3
+    assert sum(per_superstep) <= 3 * len(per_superstep) + 4
+
+
+def test_a_pause_is_honoured_between_supersteps_and_resume_continues(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns, log, go = run_namespace, tmp_path / "steps.log", tmp_path / "go"
+    body = support_agent_run("pausing", "langgraph_steps", {"steps": 4, "waitAt": 2})
+    body["spec"]["agent"]["env"] += [
+        {"name": "AGENTRUN_STEP_LOG", "value": str(log)},
+        {"name": "AGENTRUN_GO", "value": str(go)},
+    ]
+    create_run(kube, ns, body)
+    wait_for(lambda: log.exists() and "s2" in log.read_text(), timeout=60, what="step s2 running")
+    patch_spec(kube, ns, "pausing", {"pause": {"requestId": "upgrade-1", "reason": "database upgrade"}})
+    wait_for(lambda: get_run(kube, ns, "pausing")["spec"].get("pause"), timeout=10, what="the pause stored")
+    go.touch()  # s2 ends now: its checkpoint is the boundary where the Run pauses
+    paused = wait_phase(kube, ns, "pausing", {"Paused", "Succeeded", "Failed"})
+    assert paused["status"]["phase"] == "Paused", operator.log_tail()
+    pending = paused["status"]["pendingRequest"]
+    assert (pending["requestId"], pending["reason"]) == ("upgrade-1", "paused")
+    assert pending["checkpointId"] == paused["status"]["latestCheckpoint"]
+    assert [node for _, node, _ in step_log(log)] == ["s1", "s2"]
+
+    resume(kube, ns, "pausing", pending, {}, "carry-on")
+    run = wait_phase(kube, ns, "pausing", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"] == {"done": ["s1", "s2", "s3", "s4"]}
+    assert [(n, node) for n, node, _ in step_log(log)] == [(1, "s1"), (1, "s2"), (2, "s3"), (2, "s4")]
