@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -43,7 +44,7 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
         service.stop()
 
 
-def resume(kube: Kube, ns: str, name: str, pending: dict[str, Any], value: Any, key: str) -> None:
+def resume(kube: Kube, ns: str, name: str, pending: dict[str, Any], value: Any, *, key: str) -> None:
     patch_spec(
         kube,
         ns,
@@ -85,9 +86,9 @@ def test_two_interrupts_pending_at_once_are_answered_with_one_resume(
     by_question = {value: interrupt_id for interrupt_id, value in questions.items()}
     answer = {by_question["color?"]: {"color": "blue"}, by_question["size?"]: {"size": 3}}
 
-    resume(kube, ns, "two", pending, {by_question["color?"]: {"color": "blue"}}, "half")  # one is missing
+    resume(kube, ns, "two", pending, {by_question["color?"]: {"color": "blue"}}, key="half")  # one is missing
     assert control(kube, ns, "two", "half")["outcome"] == "Rejected"
-    resume(kube, ns, "two", pending, answer, "both")
+    resume(kube, ns, "two", pending, answer, key="both")
     run = wait_phase(kube, ns, "two", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert run["status"]["result"] == {"color": "blue", "size": 3}
@@ -111,12 +112,12 @@ def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resume
     pending = wait_phase(kube, ns, name, {"InputRequired", "Failed"})["status"]["pendingRequest"]
     assert pending["acceptedSchema"]["properties"]["priority"]["enum"] == ["low", "normal", "high"]
     assert "Printer on fire" in pending["prompt"]
-    resume(kube, ns, name, pending, {"priority": "urgent"}, "wrong")  # refused by the schema
+    resume(kube, ns, name, pending, {"priority": "urgent"}, key="wrong")  # refused by the schema
     assert (control(kube, ns, name, "wrong")["outcome"], get_run(kube, ns, name)["status"]["phase"]) == (
         "Rejected",
         "InputRequired",
     )
-    resume(kube, ns, name, pending, {"priority": "high"}, "answer")
+    resume(kube, ns, name, pending, {"priority": "high"}, key="answer")
 
     # Attempt 2 answers, runs the model, opens the ticket through the ledger and holds: kill it there.
     def confirmed() -> bool:
@@ -181,7 +182,7 @@ def test_api_requests_per_superstep_with_sync_durability(
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert run["status"]["result"] == {"done": [f"s{i}" for i in range(1, 7)]}
     counts = [n for _, _, n in step_log(log)]
-    per_superstep = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+    per_superstep = [b - a for a, b in itertools.pairwise(counts)]
     print(f"\nAPI requests per LangGraph superstep (sync durability, one task): {per_superstep}")
     # the task's pending writes (1 create), the checkpoint (1 create), the Run's latestCheckpoint
     # (1 fenced patch on the Run last written; 2 more when something else changed the Run meanwhile)
@@ -210,7 +211,7 @@ def test_a_pause_is_honoured_between_supersteps_and_resume_continues(
     assert pending["checkpointId"] == paused["status"]["latestCheckpoint"]
     assert [node for _, node, _ in step_log(log)] == ["s1", "s2"]
 
-    resume(kube, ns, "pausing", pending, {}, "carry-on")
+    resume(kube, ns, "pausing", pending, {}, key="carry-on")
     run = wait_phase(kube, ns, "pausing", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert run["status"]["result"] == {"done": ["s1", "s2", "s3", "s4"]}

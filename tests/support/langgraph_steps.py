@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,18 @@ class Steps(TypedDict, total=False):
     done: list[str]
 
 
+def _record(name: str, requests: int, wait: bool) -> None:
+    with open(os.environ["AGENTRUN_STEP_LOG"], "a") as log:
+        log.write(f"{os.environ['AGENTRUN_ATTEMPT']} {name} {requests}\n")
+    go = Path(os.environ.get("AGENTRUN_GO", "/nonexistent"))
+    while wait and not go.exists():
+        time.sleep(0.05)  # the test's go: it asked for a pause meanwhile
+
+
 def build(api: KubeApi, steps: int, wait_at: int | None) -> StateGraph[Steps]:
     def node(name: str, index: int) -> Any:
         async def run(state: Steps) -> dict[str, Any]:
-            with open(os.environ["AGENTRUN_STEP_LOG"], "a") as log:
-                log.write(f"{os.environ['AGENTRUN_ATTEMPT']} {name} {api.requests}\n")
-            go = Path(os.environ.get("AGENTRUN_GO", "/nonexistent"))
-            while index == wait_at and not go.exists():
-                await asyncio.sleep(0.05)  # the test's go: it asked for a pause meanwhile
+            await asyncio.to_thread(_record, name, api.requests, index == wait_at)
             return {"done": [*state.get("done", []), name]}
 
         return run
