@@ -182,6 +182,8 @@ FULL_CHECKPOINT: dict[str, Any] = {
         "attempt": "triage-a1",
         "leaseEpoch": 1,
         "step": "plan",
+        "kind": "State",
+        "thread": {"id": "triage", "ns": ""},
         "state": {"plan": ["a", "b"]},
         "stateRef": {"uri": "s3://bucket/triage/ckpt-2.json", "sha256": "cd" * 32},
     },

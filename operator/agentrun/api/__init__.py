@@ -16,7 +16,14 @@ from agentrun.api.attempt import (
     RejectedCommit,
     RejectedCommitReason,
 )
-from agentrun.api.checkpoint import Checkpoint, CheckpointSpec, CheckpointStatus, StateRef
+from agentrun.api.checkpoint import (
+    Checkpoint,
+    CheckpointKind,
+    CheckpointSpec,
+    CheckpointStatus,
+    StateRef,
+    Thread,
+)
 from agentrun.api.common import (
     API_VERSION,
     GROUP,
@@ -109,6 +116,7 @@ __all__ = [
     "AttemptStatus",
     "CancelRequest",
     "Checkpoint",
+    "CheckpointKind",
     "CheckpointSpec",
     "CheckpointStatus",
     "CommitRecord",
@@ -154,6 +162,7 @@ __all__ = [
     "SideEffectStatus",
     "SpentKey",
     "StateRef",
+    "Thread",
     "attempt_name",
     "is_allowed_transition",
     "json_digest",

@@ -99,10 +99,16 @@ class Session:
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
-    async def fenced_status_write(self, patch: JsonDict, what: str) -> Run:
+    async def fenced_status_write(self, patch: JsonDict, what: str, *, reuse_read: bool = False) -> Run:
+        """reuse_read: check the fence on the Run this worker last read or wrote and write with its
+        resourceVersion, without reading again (one request instead of two): if the Run changed since,
+        the precondition fails and the loop reads and checks it afresh."""
+        cached = self.run if reuse_read else None
         for _ in range(MAX_CONFLICTS):
-            run = await self.read_run()
+            run, from_cache, cached = cached or await self.read_run(), cached is not None, None
             if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
+                if from_cache:
+                    continue  # judged only on a fresh read
                 message = (
                     f"{what} refused: this worker holds lease epoch {self.me.lease_epoch} and cancel epoch "
                     f"{self.me.cancel_epoch}; the Run has {run.status.lease_epoch} and "
