@@ -352,6 +352,13 @@ def _side_effect_status(operator: str) -> list[Manifest]:
                 "'NotWorkerField: an approval is recorded by the operator or by a person, never by an "
                 "attempt Pod'",
             ),
+            *[
+                _validation(
+                    unchanged("object.status", "oldObject.status", field),
+                    f"'NotWorkerField: {field} records a verdict of a person, never of an attempt Pod'",
+                )
+                for field in ("resolution", "resolutionMessage", "resolvedSends")
+            ],
             _validation(
                 unchanged("object.status", "oldObject.status", "resolvedBy")
                 + " || object.status.resolvedBy == 'lookup by ' + variables.podName",

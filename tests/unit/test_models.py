@@ -203,6 +203,9 @@ FULL_SIDE_EFFECT: dict[str, Any] = {
         "requestDigest": DIGEST,
         "compensation": "close_ticket",
         "reversible": True,
+        "resend": "WithSameKey",
+        "maxSends": 3,
+        "sendDeadlineSeconds": 300,
     },
     "status": {
         "state": "Confirmed",
@@ -211,7 +214,28 @@ FULL_SIDE_EFFECT: dict[str, Any] = {
         "attempt": "triage-a1",
         "leaseEpoch": 1,
         "resolvedBy": "alice",
-        "approval": {"requestId": "req-1", "time": T0},
+        "approval": {"requestId": "req-1", "requestDigest": DIGEST, "time": T0},
+        "sends": [
+            {
+                "sendId": "op-1-s1",
+                "attempt": "triage-a1",
+                "time": T0,
+                "outcome": "Unknown",
+                "message": "timeout",
+            },
+            {
+                "sendId": "op-1-s2",
+                "attempt": "triage-a1",
+                "time": T0,
+                "outcome": "Confirmed",
+                "callId": "c-2",
+                "reference": "T-42",
+            },
+        ],
+        "conflict": {"message": "two tickets", "references": ["T-41", "T-42"], "time": T0},
+        "resolution": "Confirmed",
+        "resolutionMessage": "checked by hand",
+        "resolvedSends": 2,
         "history": [
             {"state": "Pending", "time": T0, "attempt": "triage-a1"},
             {"state": "Unknown", "time": T0, "attempt": "triage-a1", "message": "timeout after send"},
@@ -428,6 +452,7 @@ ALLOWED_TRANSITIONS = {
     ("Unknown", "Confirmed"),
     ("Unknown", "Failed"),
     ("Confirmed", "Compensated"),
+    ("Failed", "Pending"),  # only after a resolution Absent (a rule on the status, tested on the API server)
 }
 
 

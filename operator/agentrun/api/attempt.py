@@ -20,6 +20,7 @@ from agentrun.api.common import (
     Message,
     ObjectName,
     PrinterColumn,
+    Reason,
     RunName,
     bounded_keys,
     cel,
@@ -111,6 +112,12 @@ class AttemptSpec(ApiModel):
 
 class AttemptFailure(FailureInfo):
     """Why the Attempt failed."""
+
+    reason: Reason | None = Field(
+        None,
+        description="For unknown_side_effect: why the ledger stopped (MaxSendsReached, LookupUnavailable, "
+        "ConflictingResults, IrreversibleUnknown, ...); the Run's status.failure.reason carries it.",
+    )
 
     exit_code: int | None = Field(None, ge=0, le=255, description="Exit code of the agent's container.")
     retry_after_seconds: int | None = Field(

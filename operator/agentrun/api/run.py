@@ -314,6 +314,16 @@ class RetryRequest(ApiModel):
     )
 
 
+class Approvals(ApiModel):
+    """Which side effects wait for a person's approval before their first send."""
+
+    irreversible: bool = Field(
+        False,
+        description="Every irreversible side effect (reversible: false) waits for approval (the Run goes "
+        "AuthRequired) before it is sent; the approval is bound to the request's digest.",
+    )
+
+
 class PauseRequest(ApiModel):
     """A request from outside to pause the Run at its next step boundary."""
 
@@ -408,6 +418,9 @@ class RunSpec(ApiModel):
     )
     pause: PauseRequest | None = Field(
         None, description="Ask the running agent to pause at its next step boundary."
+    )
+    approvals: Approvals | None = Field(
+        None, description="Side effects that wait for a person's approval before they are sent."
     )
     cancel_request: CancelRequest | None = Field(
         None,
@@ -555,6 +568,9 @@ class SideEffectCounts(ApiModel):
     )
 
 
+MAX_REPORT_NOTE_LENGTH = 256
+
+
 class ReportedEffect(ApiModel):
     """One external side effect of the Run, as the final report states it."""
 
@@ -570,6 +586,12 @@ class ReportedEffect(ApiModel):
         description="The external system's id of the effect, e.g. a ticket number.",
     )
     reversible: bool = Field(description="Whether the effect can be undone by its compensation.")
+    note: str | None = Field(
+        None,
+        max_length=MAX_REPORT_NOTE_LENGTH,
+        description="For an effect whose outcome is not Confirmed: why, e.g. it was in flight when the Run "
+        "was cancelled, or the reason the ledger stopped.",
+    )
 
 
 class RunReport(ApiModel):

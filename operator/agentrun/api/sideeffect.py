@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -26,8 +26,35 @@ from agentrun.api.common import (
 )
 
 MAX_HISTORY = 32
+MAX_SENDS_LIMIT = 10  # spec.maxSends at most: every send is kept in status.sends
+MAX_SENDS_KEPT = 64  # sends across fresh rounds (an Absent resolution); a full list stops the sends
+MAX_SEND_DEADLINE_SECONDS = 86400
 MAX_TOOL_LENGTH = 128
 MAX_REFERENCE_LENGTH = 512  # the Run's report lists up to 50 of each inside its status budget
+
+
+class Resend(StrEnum):
+    """Whether an action whose outcome is unknown may be sent again without a lookup."""
+
+    NEVER = "Never"
+    WITH_SAME_KEY = "WithSameKey"  # the external system deduplicates by key: a re-send is the same action
+
+
+class SendOutcome(StrEnum):
+    """What became of one send."""
+
+    CONFIRMED = "Confirmed"
+    FAILED = "Failed"  # a definite failure (transient ones are sent again within the bounds)
+    UNKNOWN = "Unknown"  # no answer: the action may have happened
+    ABSENT = "Absent"  # no answer, then a lookup (or a person) established it did not happen
+
+
+class Resolution(StrEnum):
+    """A person's verdict on an action whose outcome was unknown."""
+
+    CONFIRMED = "Confirmed"
+    FAILED = "Failed"
+    ABSENT = "Absent"  # it did not happen: state Failed, and a later Attempt may send again, afresh
 
 
 class SideEffectState(StrEnum):
@@ -48,7 +75,9 @@ SIDE_EFFECT_TRANSITIONS: dict[SideEffectState, frozenset[SideEffectState]] = {
     ),
     SideEffectState.UNKNOWN: frozenset({SideEffectState.CONFIRMED, SideEffectState.FAILED}),
     SideEffectState.CONFIRMED: frozenset({SideEffectState.COMPENSATED}),
-    SideEffectState.FAILED: frozenset(),
+    # Only after a person's resolution Absent ("it did not happen"; enforced on SideEffectStatus): the
+    # action is sent again with the same key, with a fresh maxSends.
+    SideEffectState.FAILED: frozenset({SideEffectState.PENDING}),
     SideEffectState.COMPENSATED: frozenset(),
 }
 
@@ -96,7 +125,26 @@ class SideEffectSpec(ApiModel):
     )
     reversible: bool = Field(
         False,
-        description="Whether the compensation really undoes the action; false means it cannot be undone.",
+        description="Whether the compensation really undoes the action; false means it cannot be undone. "
+        "An irreversible action is never sent again automatically after an unknown outcome.",
+    )
+    resend: Resend = Field(
+        Resend.NEVER,
+        description="WithSameKey: the external system deduplicates by idempotencyKey, so an unknown outcome "
+        "may be sent again without a lookup. Never (default): only a lookup that finds it absent allows it.",
+    )
+    max_sends: int = Field(
+        3,
+        ge=1,
+        le=MAX_SENDS_LIMIT,
+        description="The most sends of the action (status.sends) before the Run goes NeedsReconciliation "
+        "(MaxSendsReached); a resolution Absent starts a fresh count.",
+    )
+    send_deadline_seconds: int = Field(
+        300,
+        ge=1,
+        le=MAX_SEND_DEADLINE_SECONDS,
+        description="No send or lookup after this many seconds from the round's first send.",
     )
 
 
@@ -109,12 +157,44 @@ class HistoryEntry(ApiModel):
     message: Message | None = Field(None, description="Why the state was entered.")
 
 
+class Send(ApiModel):
+    """One send of the action to the external system."""
+
+    send_id: Identifier = Field(description="Unique per send: <operationId>-s<number>.")
+    attempt: AttemptName = Field(description="The Attempt that sent it.")
+    time: datetime = Field(description="When it was sent (RFC 3339).")
+    outcome: SendOutcome | None = Field(
+        None, description="What became of it; absent while in flight (the SDK records a send before it)."
+    )
+    call_id: str | None = Field(
+        None, max_length=MAX_REFERENCE_LENGTH, description="The external system's id of the call, if any."
+    )
+    reference: str | None = Field(
+        None,
+        max_length=MAX_REFERENCE_LENGTH,
+        description="The external reference its answer (or the lookup after it) named.",
+    )
+    message: Message | None = Field(None, description="The answer or the error, in short.")
+
+
+class Conflict(ApiModel):
+    """Answers that disagree about the action: a person must decide."""
+
+    message: Message = Field(description="What disagreed.")
+    references: list[Annotated[str, Field(max_length=MAX_REFERENCE_LENGTH)]] | None = Field(
+        None, max_length=8, description="The external references named by the disagreeing answers."
+    )
+    time: datetime = Field(description="When the conflict was seen (RFC 3339).")
+
+
 class Approval(ApiModel):
     """The resume that approved a gated action before it was executed."""
 
     request_id: Identifier = Field(
-        description="The approval request (reason auth_required) that was answered."
+        description="The approval request (reason auth_required) that was answered; it names the "
+        "request's digest, so an approval of one request never approves another."
     )
+    request_digest: Digest | None = Field(None, description="The spec.requestDigest that was approved.")
     time: datetime = Field(description="When the approval was recorded (RFC 3339).")
 
 
@@ -124,12 +204,28 @@ class SideEffectStatus(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=validation_rules(
             cel(
+                "oldSelf.state != 'Failed' || self.state == 'Failed' || "
+                "(has(oldSelf.resolution) && oldSelf.resolution == 'Absent' && "
+                "(has(oldSelf.resolvedSends) ? oldSelf.resolvedSends : 0) == "
+                "(has(oldSelf.sends) ? size(oldSelf.sends) : 0))",
+                "a Failed SideEffect is final, unless a person resolved it Absent (it did not happen): then "
+                "it may be sent again once (Failed -> Pending, before any later send)",
+                reason="FieldValueForbidden",
+                field_path=".state",
+            ),
+            cel(
+                "!has(self.resolution) || has(self.resolvedBy)",
+                "a resolution names who made it: set status.resolvedBy",
+                reason="FieldValueRequired",
+                field_path=".resolvedBy",
+            ),
+            cel(
                 "oldSelf.state != 'Unknown' || self.state == 'Unknown' || has(self.resolvedBy)",
                 "a SideEffect leaves Unknown only by reconciliation: set status.resolvedBy to who or what "
                 "established the outcome",
                 reason="FieldValueRequired",
                 field_path=".resolvedBy",
-            )
+            ),
         )
     )
 
@@ -141,7 +237,8 @@ class SideEffectStatus(ApiModel):
             cel(
                 _transition_rule(),
                 "status.state may only move Pending -> Confirmed, Failed or Unknown; Unknown -> Confirmed "
-                "or Failed; Confirmed -> Compensated. A ledger entry is never rewritten otherwise.",
+                "or Failed; Confirmed -> Compensated; Failed -> Pending after a resolution Absent. A ledger "
+                "entry is never rewritten otherwise.",
                 reason="FieldValueForbidden",
             )
         ),
@@ -167,6 +264,25 @@ class SideEffectStatus(ApiModel):
         "Unknown.",
     )
     approval: Approval | None = Field(None, description="The approval, for an action that required one.")
+    sends: list[Send] | None = Field(
+        None,
+        max_length=MAX_SENDS_KEPT,
+        description="Every send of the action, across all Attempts, oldest first; spec.maxSends counts "
+        "those since the last resolution Absent.",
+    )
+    conflict: Conflict | None = Field(None, description="Answers that disagreed, if any.")
+    resolution: Resolution | None = Field(
+        None,
+        description="A person's verdict (with resolvedBy): Confirmed, Failed, or Absent (it did not "
+        "happen: state Failed, and a later Attempt may send it again with a fresh maxSends).",
+    )
+    resolution_message: Message | None = Field(None, description="Why the person resolved it so.")
+    resolved_sends: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SENDS_KEPT,
+        description="How many of status.sends the resolution covers: maxSends counts the later ones.",
+    )
     history: list[HistoryEntry] | None = Field(
         None, max_length=MAX_HISTORY, description="The state changes, oldest first."
     )
