@@ -20,7 +20,7 @@ from agentrun.api import (
     SideEffect,
     attempt_name,
 )
-from agentrun.core import controls, report
+from agentrun.core import controls, ledger, report
 from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
 from agentrun.core.failures import fingerprint
 from agentrun.core.identity import NOT_ALLOWED
@@ -245,15 +245,17 @@ class Decision:
         name = attempt_name(str(self.run.metadata.name), number)
         self.event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
         if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
-            # Never retried automatically: a retry could repeat an action that may have happened.
+            # Never retried automatically: a retry could repeat an action that may have happened. The
+            # reason is the SDK's (MaxSendsReached, ...), else read from the records (a crash).
+            reason = failure.reason or ledger.unknown_reason(self.w.side_effects).value
             message = f"{failure.message}; resolve the SideEffect, then ask for a retry (spec.retryRequest)"
             self.set_phase(
                 RunPhase.NEEDS_RECONCILIATION,
-                "UnknownSideEffect",
+                reason,
                 message,
                 failure={
                     "class": failure.failure_class.value,
-                    "reason": "UnknownSideEffect",
+                    "reason": reason,
                     "message": (failure.message or "")[:1024],
                     "fingerprint": failure.fingerprint,
                 },
@@ -276,13 +278,14 @@ class Decision:
             self.event("Normal", "RetryScheduled", decision.message)
             self.plan.wake_in((at - self.w.now).total_seconds())
             return
+        stop_reason = failure.reason or decision.reason  # the SDK's (IdempotencyKeyReused) is more precise
         self.set_phase(
             RunPhase.FAILED,
-            decision.reason,
+            stop_reason,
             f"{decision.message}; last failure: {failure.message}",
             failure={
                 "class": failure.failure_class.value,
-                "reason": decision.reason,
+                "reason": stop_reason,
                 "message": (failure.message or "")[:1024],
                 "fingerprint": failure.fingerprint,
             },

@@ -20,6 +20,7 @@ from agentrun.api import AttemptFailure, FailureClass
 EX_TEMPFAIL = 75  # sysexits.h: "temporary failure, try again later"
 _SIGNAL_BASE = 128
 # Numbers, hex literals, long hex ids and UUIDs (whose short groups the other patterns would only half mask).
+_CAMEL = re.compile(r"[A-Z][A-Za-z0-9]*")
 _VOLATILE = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}|0x[0-9a-f]+|\b[0-9a-f]{8,}\b|\d+")
 MAX_RETRY_AFTER_SECONDS = 86400  # AttemptFailure.retryAfterSeconds' bound
 
@@ -71,6 +72,7 @@ def _reported_by_sdk(message: str | None, exit_code: int) -> AttemptFailure | No
         return None
     text = str(reported.get("message") or cls.value)
     retry_after = _retry_after(reported.get("retryAfterSeconds"))
+    reason = reported.get("reason")
     return AttemptFailure.model_validate(
         {
             "class": cls,
@@ -78,6 +80,8 @@ def _reported_by_sdk(message: str | None, exit_code: int) -> AttemptFailure | No
             "fingerprint": str(reported.get("fingerprint") or fingerprint(cls, text))[:64],
             "exitCode": exit_code,
             "retryAfterSeconds": retry_after,
+            # The agent writes it: one that is not a CamelCase reason is dropped, never fatal.
+            "reason": reason if isinstance(reason, str) and _CAMEL.fullmatch(reason[:128]) else None,
         }
     )
 

@@ -9,19 +9,74 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from agentrun.api import Attempt, AttemptReason, SideEffect, SideEffectState
+from agentrun.api import (
+    Attempt,
+    AttemptReason,
+    Resend,
+    Resolution,
+    Send,
+    SendOutcome,
+    SideEffect,
+    SideEffectState,
+)
+from agentrun.api.sideeffect import MAX_SENDS_KEPT
 
 
 class Step(StrEnum):
-    EXECUTE = "execute"  # no trace of the action anywhere: run it
-    REUSE = "reuse"  # it happened and its result is recorded: never run it again
+    EXECUTE = "execute"  # nothing was sent, or what was sent surely did not take effect: send (again)
+    REUSE = "reuse"  # it happened and its result is recorded (or found): never send it again
     LOOK_UP = "look_up"  # it may have happened: ask the external system by idempotency key
-    RECONCILE = "reconcile"  # nobody can tell: stop automation until a person or a lookup resolves it
+    RECONCILE = "reconcile"  # nobody can tell, or a bound is reached: stop until a person resolves it
     REFUSE = "refuse"  # it failed for good earlier, or the record belongs to another request
+
+
+class StopReason(StrEnum):
+    """Why the ledger stopped an action: the Run's status.failure.reason."""
+
+    KEY_REUSED = "IdempotencyKeyReused"  # same key, another request: refused, never sent
+    FAILED = "SideEffectFailed"  # a definite failure recorded earlier
+    MAX_SENDS = "MaxSendsReached"  # spec.maxSends or spec.sendDeadlineSeconds reached
+    LOOKUP_UNAVAILABLE = "LookupUnavailable"  # the lookup kept failing until the deadline
+    CONFLICT = "ConflictingResults"  # answers disagree about the action
+    IRREVERSIBLE = "IrreversibleUnknown"  # never re-sent automatically after an unknown outcome
+    UNKNOWN = "UnknownSideEffect"  # no lookup, and the external system does not deduplicate by key
+
+
+class Answer(StrEnum):
+    """What a send or a lookup told."""
+
+    CONFIRMED = "confirmed"  # send: it happened
+    FAILED = "failed"  # send: a definite failure that another send cannot mend
+    RETRYABLE = "retryable"  # send: a definite transient or rate-limited failure (nothing happened)
+    NO_ANSWER = "no_answer"  # send: timeout, lost connection, cancel: it may have happened
+    FOUND = "found"  # lookup: it happened
+    ABSENT = "absent"  # lookup: it did not happen
+    CANNOT_TELL = "cannot_tell"  # lookup: raised, unavailable
+    CONFLICT = "conflict"  # lookup: found something other than what was asked
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    reason: StopReason | None = None
+    message: str = ""
+
+
+EXECUTE = Decision(Step.EXECUTE)
+REUSE = Decision(Step.REUSE)
+LOOK_UP = Decision(Step.LOOK_UP)
+
+
+def _stop(reason: StopReason, message: str) -> Decision:
+    return Decision(Step.RECONCILE, reason, message)
 
 
 def side_effect_name(run_name: str, idempotency_key: str) -> str:
@@ -44,33 +99,219 @@ def foreign_record(record: Mapping[str, Any], run_name: str, run_uid: str | None
     return None
 
 
+# --- request digests: RFC 8785 (JSON Canonicalization Scheme) -------------------------------------------
+
+
+def _jcs_number(value: float) -> str:
+    """A number as ECMAScript prints it (RFC 8785 3.2.2.3): integers without a fraction, plain notation
+    from 1e-6 up to 1e21, shortest round-trip digits."""
+    if not math.isfinite(value):
+        raise ValueError("a request digest cannot hold NaN or Infinity (not JSON)")
+    if value == 0:
+        return "0"
+    if value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    digits = repr(value)  # shortest round-trip, as ECMAScript's
+    if "e" not in digits:
+        return digits
+    mantissa, exponent = digits.split("e")
+    power = int(exponent)
+    if -7 < power < 21:
+        return format(Decimal(digits), "f")
+    return f"{mantissa.removesuffix('.0')}e{'+' if power > 0 else '-'}{abs(power)}"
+
+
+def canonical_json(value: Any) -> str:
+    """RFC 8785 canonical JSON: keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers,
+    strings with only the mandatory escapes."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _jcs_number(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, Mapping):
+        items = sorted(value.items(), key=lambda item: str(item[0]).encode("utf-16-be"))
+        return "{" + ",".join(f"{canonical_json(str(k))}:{canonical_json(v)}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical_json(v) for v in value) + "]"
+    raise TypeError(f"a request must be JSON, not {type(value).__name__}")
+
+
 def request_digest(tool: str, target: str | None, request: Any = None) -> str:
-    canonical = json.dumps(
-        {"tool": tool, "target": target, "request": request}, sort_keys=True, separators=(",", ":")
-    )
+    """sha256 of the canonical JSON of {tool, target, request}: what the key was first used for."""
+    canonical = canonical_json({"tool": tool, "target": target, "request": request})
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def next_step(record: SideEffect | None, digest: str) -> Step:
+# --- the recovery rule ---------------------------------------------------------------------------------
+# Seed 2: "no success answer only means the result is invisible, not that the action did not happen".
+# Every send is recorded before it goes out, so an in-flight send (no outcome) after a crash means
+# "maybe": it is looked up, never re-sent blindly. The SDK applies these decisions; they do no I/O.
+
+
+def state_of(record: SideEffect) -> SideEffectState:
+    return record.status.state if record.status else SideEffectState.PENDING
+
+
+def all_sends(record: SideEffect) -> list[Send]:
+    return list(record.status.sends or []) if record.status else []
+
+
+def round_sends(record: SideEffect) -> list[Send]:
+    """The sends maxSends counts: those since a person last resolved the record Absent."""
+    sends, status = all_sends(record), record.status
+    if status and status.resolution == Resolution.ABSENT:
+        return sends[status.resolved_sends or 0 :]
+    return sends
+
+
+def references_seen(record: SideEffect) -> set[str]:
+    """External references that earlier answers (sends, lookups) named for this action."""
+    seen = {s.reference for s in all_sends(record) if s.reference}
+    if record.status and record.status.external_reference:
+        seen.add(record.status.external_reference)
+    return seen
+
+
+def deadline_of(record: SideEffect) -> datetime | None:
+    """No send nor lookup after this: sendDeadlineSeconds from the round's first send."""
+    sends = round_sends(record)
+    if not sends:
+        return None
+    return sends[0].time + timedelta(seconds=record.spec.send_deadline_seconds)
+
+
+def send_again(record: SideEffect, now: datetime, wait: float = 0.0) -> Decision:
+    """Whether one more send (after `wait` seconds) stays within maxSends and the deadline."""
+    sent = len(round_sends(record))
+    if sent >= record.spec.max_sends or len(all_sends(record)) >= MAX_SENDS_KEPT:
+        return _stop(StopReason.MAX_SENDS, f"sent {sent} times (maxSends {record.spec.max_sends})")
+    deadline = deadline_of(record)
+    if deadline is not None and now + timedelta(seconds=wait) > deadline:
+        return _stop(
+            StopReason.MAX_SENDS,
+            f"the send deadline ({record.spec.send_deadline_seconds}s after the first send) is reached",
+        )
+    return EXECUTE
+
+
+def next_step(record: SideEffect | None, digest: str, now: datetime | None = None) -> Decision:
+    """What to do about an action, given its record (read before anything is sent)."""
     if record is None:
-        return Step.EXECUTE
+        return EXECUTE
     if record.spec.request_digest and record.spec.request_digest != digest:
-        return Step.REFUSE  # the same key was used for a different action: never conflate them
-    state = record.status.state if record.status else SideEffectState.PENDING
-    match state:
-        case SideEffectState.CONFIRMED | SideEffectState.COMPENSATED:
-            return Step.REUSE
-        case SideEffectState.PENDING | SideEffectState.UNKNOWN:
-            return Step.LOOK_UP
-        case _:
-            return Step.REFUSE
+        return Decision(
+            Step.REFUSE,
+            StopReason.KEY_REUSED,
+            f"key {record.spec.idempotency_key} was used for another request: refused, never sent",
+        )
+    state, status = state_of(record), record.status
+    now = now or datetime.now(UTC)
+    if state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED):
+        return REUSE
+    if state == SideEffectState.FAILED:
+        # A person said "it did not happen" and nothing was sent since: a fresh round of sends.
+        if status and status.resolution == Resolution.ABSENT and len(round_sends(record)) == 0:
+            return send_again(record, now)
+        return Decision(Step.REFUSE, StopReason.FAILED, "it failed for good earlier")
+    if status and status.conflict:
+        return _stop(StopReason.CONFLICT, status.conflict.message)
+    sends = round_sends(record)
+    last = sends[-1] if sends else None
+    if last is None:
+        # Pending: recorded, never sent (a send is recorded before it goes out). Unknown without sends:
+        # marked so from outside (a cancel), or by an older SDK: look it up.
+        return (
+            send_again(record, now) if state == SideEffectState.PENDING else after_unknown(record, True, now)
+        )
+    if last.outcome in (None, SendOutcome.UNKNOWN):
+        return LOOK_UP
+    if last.outcome == SendOutcome.ABSENT:
+        return after_lookup(Answer.ABSENT, record, now)
+    return send_again(record, now)  # a definite transient failure: within the bounds
 
 
-def after_lookup(found: bool | None, can_look_up: bool) -> Step:
-    """found: True (the action happened), False (it did not), None (the lookup could not tell)."""
-    if not can_look_up or found is None:
-        return Step.RECONCILE
-    return Step.REUSE if found else Step.EXECUTE
+def after_unknown(record: SideEffect, can_look_up: bool, now: datetime) -> Decision:
+    """A send got no answer: look it up, or decide without a lookup."""
+    if can_look_up:
+        return LOOK_UP
+    if not record.spec.reversible:
+        return _stop(StopReason.IRREVERSIBLE, "irreversible, outcome unknown, no lookup: a person decides")
+    if record.spec.resend == Resend.WITH_SAME_KEY:
+        return send_again(record, now)  # the external system deduplicates by key
+    return _stop(StopReason.UNKNOWN, "outcome unknown, no lookup and resend Never: a person decides")
+
+
+def after_lookup(answer: Answer, record: SideEffect, now: datetime, reference: str | None = None) -> Decision:
+    """What a lookup by key told, after a send without answer."""
+    if answer == Answer.CONFLICT:
+        return _stop(StopReason.CONFLICT, "the lookup found something other than what was asked")
+    if answer == Answer.FOUND:
+        seen = references_seen(record)
+        if reference and seen and reference not in seen:
+            return _stop(
+                StopReason.CONFLICT,
+                f"the lookup names {reference}, earlier answers named {', '.join(sorted(seen))}",
+            )
+        return REUSE
+    if answer == Answer.ABSENT:
+        if not record.spec.reversible:
+            return _stop(StopReason.IRREVERSIBLE, "irreversible: never re-sent after an unknown outcome")
+        return send_again(record, now)
+    deadline = deadline_of(record)
+    if deadline is None or now >= deadline:
+        return _stop(StopReason.LOOKUP_UNAVAILABLE, "the lookup could not tell until the send deadline")
+    return LOOK_UP  # ask again, after a backoff
+
+
+def after_send(answer: Answer, record: SideEffect, now: datetime, wait: float = 0.0) -> Decision:
+    """What a send's answer means; `record` already holds the send with its outcome."""
+    if answer == Answer.CONFIRMED:
+        return REUSE
+    if answer == Answer.FAILED:
+        return Decision(Step.REFUSE, StopReason.FAILED, "a definite failure")
+    if answer == Answer.RETRYABLE:
+        return send_again(record, now, wait)  # nothing happened: the same key again, within the bounds
+    return after_unknown(record, True, now)  # NO_ANSWER: the caller knows whether it can look up
+
+
+def backoff(tries: int, retry_after: float | None = None, cap: float = 30.0) -> float:
+    """Seconds before the next send or lookup: capped exponential, never sooner than retry_after."""
+    delay: float = min(0.5 * 2.0 ** max(tries - 1, 0), cap)
+    return max(delay, float(retry_after or 0.0))
+
+
+CANCELLED_IN_FLIGHT = "in flight when the Run was cancelled: it may have happened (marked by the operator)"
+
+
+def unknown_after_cancel(
+    records: Iterable[SideEffect], now: str, max_history: int
+) -> list[tuple[str, dict[str, Any], str | None]]:
+    """(name, status patch) marking each Pending record of a Cancelled Run Unknown: its Attempt is gone
+    and nobody recorded what its send did. Preconditioned on the record as read (a late writer wins)."""
+    patches = []
+    for record in records:
+        if state_of(record) != SideEffectState.PENDING:
+            continue
+        history = [h.to_api() for h in (record.status.history or [])] if record.status else []
+        entry = {"state": SideEffectState.UNKNOWN.value, "time": now, "message": CANCELLED_IN_FLIGHT}
+        patch = {"state": SideEffectState.UNKNOWN.value, "history": [*history, entry][-max_history:]}
+        patches.append((str(record.metadata.name), patch, record.metadata.resource_version))
+    return patches
+
+
+def unknown_reason(records: Iterable[SideEffect]) -> StopReason:
+    """The reason a Run whose records are unresolved needs reconciliation, read from the records (for a
+    failure that did not name it: a crash, an older SDK)."""
+    records = list(records)
+    if any(r.status and r.status.conflict for r in records):
+        return StopReason.CONFLICT
+    if any(not r.spec.reversible and state_of(r) == SideEffectState.UNKNOWN for r in records):
+        return StopReason.IRREVERSIBLE
+    return StopReason.UNKNOWN
 
 
 # --- approvals ------------------------------------------------------------------------------------------
@@ -79,9 +320,11 @@ def after_lookup(found: bool | None, can_look_up: bool) -> Step:
 # and the operator, not the worker, records it on the SideEffect: a Pod may never write an approval.
 
 
-def approval_request_id(side_effect: str) -> str:
-    """The id of the interrupt that asks to approve the action recorded as SideEffect `side_effect`."""
-    return f"approve-{side_effect}"
+def approval_request_id(side_effect: str, digest: str | None = None) -> str:
+    """The id of the interrupt that asks to approve the action recorded as SideEffect `side_effect`, for
+    the request of that digest: an approval of one request never approves another under the same key."""
+    suffix = f"-{digest.removeprefix('sha256:')[:16]}" if digest else ""
+    return f"approve-{side_effect}{suffix}"
 
 
 def approval_answer(attempts: Iterable[Attempt], request_id: str) -> Any:
@@ -95,13 +338,33 @@ def approved(answer: Any) -> bool:
     return isinstance(answer, dict) and answer.get("approved") is True
 
 
-def approvals_to_record(side_effects: Iterable[SideEffect], attempts: Iterable[Attempt]) -> list[str]:
-    """SideEffects whose approval was given (an Attempt resumed with an approving answer) but is not yet
-    recorded on them."""
+def approval_holds(record: SideEffect | None, digest: str) -> bool:
+    """Whether the record carries an approval of this very request."""
+    approval = record.status.approval if record and record.status else None
+    return approval is not None and approval.request_id == approval_request_id(
+        str(record.metadata.name) if record else "", digest
+    )
+
+
+def needs_approval(requires_approval: bool, reversible: bool, irreversible_gated: bool) -> bool:
+    """An action waits for a person if the agent asks, or if it is irreversible under
+    spec.approvals.irreversible."""
+    return requires_approval or (irreversible_gated and not reversible)
+
+
+def approvals_to_record(
+    side_effects: Iterable[SideEffect], attempts: Iterable[Attempt], now: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """(SideEffect name, status.approval) for each approval given (an Attempt resumed with an approving
+    answer to the request of the record's digest) but not yet recorded on it."""
     attempts = list(attempts)
-    return [
-        str(effect.metadata.name)
-        for effect in side_effects
-        if not (effect.status and effect.status.approval)
-        and approved(approval_answer(attempts, approval_request_id(str(effect.metadata.name))))
-    ]
+    found = []
+    for effect in side_effects:
+        if effect.status and effect.status.approval:
+            continue
+        name, digest = str(effect.metadata.name), effect.spec.request_digest
+        request_id = approval_request_id(name, digest)
+        if approved(approval_answer(attempts, request_id)):
+            approval = {"requestId": request_id, "time": now}
+            found.append((name, {**approval, "requestDigest": digest} if digest else approval))
+    return found

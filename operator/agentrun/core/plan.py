@@ -45,10 +45,12 @@ class PatchAttemptStatus:
 
 @dataclass(frozen=True)
 class PatchSideEffectStatus:
-    """A merge patch of SideEffect.status by the operator (an approval it records)."""
+    """A merge patch of SideEffect.status by the operator (an approval it records, a cancelled Run's
+    in-flight record it marks Unknown), preconditioned on resource_version when given."""
 
     name: str
     patch: JsonDict
+    resource_version: str | None = None
 
 
 @dataclass(frozen=True)

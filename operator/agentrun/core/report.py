@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agentrun.api import SideEffect, SideEffectState
-from agentrun.api.run import MAX_REPORTED_EFFECTS
+from agentrun.api.run import MAX_REPORT_NOTE_LENGTH, MAX_REPORTED_EFFECTS
 
 MAX_REPORTED = MAX_REPORTED_EFFECTS  # the report's maxItems, inside the Run's status budget
 
@@ -30,6 +30,17 @@ def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
     return counts
 
 
+def _note(effect: SideEffect) -> str | None:
+    """Why an effect is not settled: the ledger's last word on it (the SDK's or the operator's)."""
+    status = effect.status
+    if status is None or status.state not in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
+        return None
+    if status.conflict:
+        return f"conflict: {status.conflict.message}"[:MAX_REPORT_NOTE_LENGTH]
+    last = status.history[-1].message if status.history else None
+    return last[:MAX_REPORT_NOTE_LENGTH] if last else None
+
+
 def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
     ordered = sorted(effects, key=lambda e: (e.metadata.creation_timestamp or 0, e.metadata.name or ""))
     listed = [
@@ -44,6 +55,7 @@ def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
                 else {}
             ),
             "reversible": e.spec.reversible,
+            **({"note": note} if (note := _note(e)) else {}),
         }
         for e in ordered
     ]

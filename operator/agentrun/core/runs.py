@@ -25,6 +25,7 @@ from agentrun.api import (
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
+from agentrun.api.sideeffect import MAX_HISTORY
 from agentrun.core import (
     controls,
     external,
@@ -71,8 +72,9 @@ def decide(world: World) -> Plan:
         return d.plan.wake_in(0)
     if _record_rejections(d):
         return d.plan.wake_in(0)  # decide the rest on the Attempts as recorded
-    for effect in ledger.approvals_to_record(world.side_effects, world.attempts.values()):
-        approval = {"requestId": ledger.approval_request_id(effect), "time": rfc3339(world.now)}
+    for effect, approval in ledger.approvals_to_record(
+        world.side_effects, world.attempts.values(), rfc3339(world.now)
+    ):
         d.plan.add(PatchSideEffectStatus(effect, {"approval": approval}))
     _prune_checkpoints(d)
     current = status.current_attempt
@@ -107,6 +109,12 @@ def decide(world: World) -> Plan:
         return d.plan
     if stopped:
         _abort_leftovers(d)
+        if phase == RunPhase.CANCELLED and not _live_attempts(d):
+            # A cancel never leaves a record Pending: what was in flight may have happened.
+            for effect, patch, version in ledger.unknown_after_cancel(
+                world.side_effects, rfc3339(world.now), MAX_HISTORY
+            ):
+                d.plan.add(PatchSideEffectStatus(effect, patch, version))
         _refresh_report(d)
         return d.plan  # only a manual retry (spec.retryRequest) moves a Failed Run on
 
@@ -496,6 +504,15 @@ def _abort_leftovers(d: Decision) -> None:
         d.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, message))
         if pod is not None and not pod.finished and not pod.deleting:
             d.plan.add(DeletePod(pod.name))
+
+
+def _live_attempts(d: Decision) -> bool:
+    """Whether an Attempt of the Run may still write (not finished, or its Pod not yet gone)."""
+    for attempt in d.w.attempts.values():
+        pod = d.w.pods.get(str(attempt.metadata.name))
+        if attempt.status.phase not in FINISHED_ATTEMPT or (pod is not None and not pod.finished):
+            return True
+    return False
 
 
 def _refresh_report(d: Decision) -> None:

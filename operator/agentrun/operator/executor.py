@@ -90,9 +90,12 @@ class Executor:
                             raise
                     else:
                         self.metrics.attempt_status_written(patch)
-                case p.PatchSideEffectStatus(name=effect, patch=patch):
+                case p.PatchSideEffectStatus(name=effect, patch=patch, resource_version=version):
                     path = self.api.custom_path("sideeffects", ns, effect, "status")
-                    self.cache.put("sideeffects", await self.api.merge_patch(path, {"status": patch}))
+                    guarded: dict[str, Any] = {"status": patch}
+                    if version:
+                        guarded["metadata"] = {"resourceVersion": version}
+                    self.cache.put("sideeffects", await self.api.merge_patch(path, guarded))
                 case p.CreatePod(body=body):
                     await self._create_pod(body, run, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):

@@ -11,12 +11,21 @@ worker.main(agent)
 
 from agentrun.worker.context import Context
 from agentrun.worker.effects import Effect
-from agentrun.worker.errors import PermanentError, RateLimited, TransientError, UnknownSideEffect
+from agentrun.worker.errors import (
+    ConflictingResult,
+    KeyReused,
+    PermanentError,
+    RateLimited,
+    TransientError,
+    UnknownSideEffect,
+)
 from agentrun.worker.main import main
 
 __all__ = [
+    "ConflictingResult",
     "Context",
     "Effect",
+    "KeyReused",
     "PermanentError",
     "RateLimited",
     "TransientError",

@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonschema
 
-from agentrun.api import Attempt, Checkpoint, InterruptReason, Run, SideEffectState
+from agentrun.api import Attempt, Checkpoint, InterruptReason, Resend, Run, SideEffectState
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
 from agentrun.core import ledger, requests
 from agentrun.core.ledger import side_effect_name
@@ -50,6 +50,7 @@ class Context:
         self._answering = requests.answered(run, attempt)  # the request this Attempt brings the answer to
         self.resume_value: Any = attempt.spec.input if self._answering else None
         self._answered = {i.request_id for i in run.status.inputs or []}
+        self._approve_irreversible = bool(run.spec.approvals and run.spec.approvals.irreversible)
 
     # ---- step boundaries ---------------------------------------------------------------------------
 
@@ -190,6 +191,10 @@ class Context:
         reference_of: Callable[[Any], str | None] | None = None,
         unknown_on: tuple[type[BaseException], ...] = (),
         requires_approval: bool = False,
+        request: Any = None,
+        resend: str = "Never",
+        max_sends: int = 3,
+        send_deadline_seconds: int = 300,
     ) -> Effect:
         """Runs an external action at most once per idempotency key, through the SideEffect ledger.
 
@@ -198,13 +203,20 @@ class Context:
         a type in `unknown_on` (or a timeout or lost connection) means nobody knows whether the action
         happened: the record becomes Unknown and the Run waits for reconciliation.
 
-        With `requires_approval`, the Run first waits for a person (an interrupt with reason
-        auth_required, answered with {"approved": true}); the operator records the approval on the
+        `request` is what is asked (its digest is compared on every replay: the same key with another
+        request is refused, IdempotencyKeyReused). Definite transient or rate-limited failures are sent
+        again with the same key within `max_sends` and `send_deadline_seconds`; an unknown outcome is
+        looked up first, or sent again without a lookup only with `resend="WithSameKey"`, and never
+        for an irreversible action. A `lookup` may raise worker.ConflictingResult.
+
+        With `requires_approval` (or an irreversible action under the Run's spec.approvals.irreversible),
+        the Run first waits for a person (an interrupt with reason auth_required, answered with
+        {"approved": true}), bound to the request's digest; the operator records the approval on the
         SideEffect.
         """
         await self._boundary()  # before the send, never between the send and its confirmation
-        if requires_approval:
-            await self._approve(tool, key, target)
+        if ledger.needs_approval(requires_approval, reversible, self._approve_irreversible):
+            await self._approve(tool, key, target, ledger.request_digest(tool, target, request))
         return await self._ledger.perform(
             tool=tool,
             key=key,
@@ -216,20 +228,27 @@ class Context:
             step=step,
             reference_of=reference_of,
             unknown_on=unknown_on,
+            request=request,
+            resend=Resend(resend),
+            max_sends=max_sends,
+            send_deadline_seconds=send_deadline_seconds,
         )
 
-    async def _approve(self, tool: str, key: str, target: str | None) -> None:
+    async def _approve(self, tool: str, key: str, target: str | None, digest: str) -> None:
         """Returns once the gated action is approved (now or before); raises if it was refused.
 
         The approval is an interrupt whose request id names the action's SideEffect. Its answer comes
         back as the input of the Attempt that resumes; the operator records it on the SideEffect (a Pod
         never writes an approval), so a later Attempt finds it there or on that Attempt."""
         record = await self._ledger.record_for(key)
+        if record is not None and record.spec.request_digest not in (None, digest):
+            return  # another request under this key: the ledger refuses it (IdempotencyKeyReused)
         if record is not None and record.status is not None:
             done = record.status.state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED)
-            if done or record.status.approval is not None:
+            if done or ledger.approval_holds(record, digest):
                 return
-        request_id = ledger.approval_request_id(side_effect_name(self.run_name, key))
+        # The request id carries the digest: an approval of one request never approves another.
+        request_id = ledger.approval_request_id(side_effect_name(self.run_name, key), digest)
         if requests.answers_approval(self._answering, request_id):
             answer = self.resume_value
             self._answering = None
@@ -237,7 +256,10 @@ class Context:
             answer = ledger.approval_answer(await self._session.read_attempts(), request_id)
         if answer is None:
             on = f" on {target}" if target else ""
-            prompt = f'Approve {tool}{on} (idempotency key {key})? Answer {{"approved": true}} or false.'
+            prompt = (
+                f"Approve {tool}{on} (idempotency key {key}, request {digest})? "
+                'Answer {"approved": true} or false.'
+            )
             await self._raise_interrupt(
                 InterruptReason.AUTH_REQUIRED, prompt, APPROVAL_SCHEMA, None, request_id
             )

@@ -6,16 +6,42 @@ import asyncio
 import datetime
 import inspect
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import API_VERSION, SideEffect, SideEffectState
+from agentrun.api import API_VERSION, Resend, SendOutcome, SideEffect, SideEffectState
 from agentrun.api.budgets import SIDE_EFFECT_RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation
-from agentrun.core.ledger import Step, after_lookup, next_step, request_digest, side_effect_name
+from agentrun.core.ledger import (
+    REUSE,
+    Answer,
+    Decision,
+    Step,
+    StopReason,
+    after_lookup,
+    after_send,
+    after_unknown,
+    all_sends,
+    backoff,
+    deadline_of,
+    next_step,
+    references_seen,
+    request_digest,
+    side_effect_name,
+    state_of,
+)
 from agentrun.kubeapi import ApiError
-from agentrun.worker.errors import FenceRejected, PermanentError, TransientError, UnknownSideEffect
+from agentrun.worker.errors import (
+    ConflictingResult,
+    FenceRejected,
+    KeyReused,
+    PermanentError,
+    RateLimited,
+    TransientError,
+    UnknownSideEffect,
+)
 from agentrun.worker.session import Session
 
 log = logging.getLogger("agentrun.worker")
@@ -47,6 +73,25 @@ class Effect:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _too_large(record: SideEffect, result: Any) -> str | None:
+    return over_budget(f"the result of {record.spec.tool}", result, SIDE_EFFECT_RESULT_BUDGET, SMALLER)
+
+
+@dataclass(frozen=True)
+class _Action:
+    """What the agent gave ctx.side_effect to send and to look up."""
+
+    key: str
+    execute: Callable[[str], Any]
+    lookup: Callable[[str], Any] | None
+    reference_of: Callable[[Any], str | None] | None
+    unknown_on: tuple[type[BaseException], ...]
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -122,137 +167,238 @@ class Ledger:
         step: str | None,
         reference_of: Callable[[Any], str | None] | None,
         unknown_on: tuple[type[BaseException], ...] = (),
+        request: Any = None,
+        resend: Resend = Resend.NEVER,
+        max_sends: int = 3,
+        send_deadline_seconds: int = 300,
     ) -> Effect:
         name = side_effect_name(self.me.run, key)
-        digest = request_digest(tool, target)
+        digest = request_digest(tool, target, request)
         record = await self._record(name)
-        decision = next_step(record, digest)
         if record is None:
-            record, created = await self._create(
-                name,
-                tool=tool,
-                key=key,
-                target=target,
-                digest=digest,
-                compensation=compensation,
-                reversible=reversible,
-                step=step,
-            )
-            if not created:  # another writer recorded it first: follow what its record says
-                decision = next_step(record, digest)
-        if decision == Step.REFUSE:
-            raise PermanentError(
-                f"side effect {name} ({tool}, key {key}) cannot run: its record says "
-                f"{record.status.state if record.status else 'Pending'} or belongs to another request"
-            )
-        if decision == Step.REUSE:
-            assert record.status is not None
-            return self._effect(record, reference_of, executed_now=False)
-        resolved_by = None
-        if decision == Step.LOOK_UP:
-            found: bool | None
-            result: Any = None
-            try:
-                result = await _call(lookup, key) if lookup else None
-                found = None if lookup is None else result is not None
-            except Exception as exc:  # the external system could not tell
-                log.warning("lookup of %s failed: %s", key, exc)
-                found = None
-            decision = after_lookup(found, lookup is not None)
-            resolved_by = f"lookup by {self.me.attempt}"
-            if decision == Step.RECONCILE:
-                await self._set_state(
-                    record, SideEffectState.UNKNOWN, message="outcome unknown; lookup could not tell"
-                )
-                raise UnknownSideEffect(f"{tool} with key {key}: outcome unknown; resolve SideEffect {name}")
-            if decision == Step.REUSE:
-                too_large = over_budget(f"the result of {tool}", result, SIDE_EFFECT_RESULT_BUDGET, SMALLER)
-                confirmed = await self._set_state(
-                    record,
-                    SideEffectState.CONFIRMED,
-                    message="found by lookup",
-                    result=None if too_large else result,
-                    externalReference=self._reference(result, reference_of),
-                    resolvedBy=resolved_by,
-                )
-                _refuse_unrecorded(too_large)
-                return self._effect(confirmed, reference_of, executed_now=False)
-        return await self._execute(
-            record,
-            key,
-            execute,
-            reference_of=reference_of,
-            resolved_by=resolved_by,
-            unknown_on=UNKNOWN_OUTCOME + unknown_on,
-        )
+            spec = {
+                "tool": tool,
+                "idempotencyKey": key,
+                "requestDigest": digest,
+                "compensation": compensation or "",
+                "reversible": reversible,
+                "resend": Resend(resend).value,
+                "maxSends": max_sends,
+                "sendDeadlineSeconds": send_deadline_seconds,
+                **({"target": target} if target else {}),
+                **({"step": step} if step else {}),
+            }
+            record = await self._create(name, spec)
+        action = _Action(key, execute, lookup, reference_of, UNKNOWN_OUTCOME + unknown_on)
+        return await self._settle(record, digest, action)
 
-    async def _execute(
-        self,
-        record: SideEffect,
-        key: str,
-        execute: Callable[[str], Any],
-        *,
-        reference_of: Callable[[Any], str | None] | None,
-        resolved_by: str | None,
-        unknown_on: tuple[type[BaseException], ...],
-    ) -> Effect:
-        await self._check_fence()
+    async def _settle(self, record: SideEffect, digest: str, action: _Action) -> Effect:
+        """Applies the recovery rule (core.ledger) until the action is confirmed, refused or stopped."""
+        decision = next_step(record, digest, _utcnow())
+        tries = 0  # sends and lookups of this Attempt, for the backoff
+        while True:
+            match decision.step:
+                case Step.REFUSE:
+                    text = f"side effect {record.metadata.name} ({record.spec.tool}, key {action.key}) "
+                    if decision.reason == StopReason.KEY_REUSED:
+                        raise KeyReused(text + decision.message)
+                    raise PermanentError(text + f"cannot run: {decision.message}")
+                case Step.REUSE:
+                    return self._effect(record, action.reference_of, executed_now=False)
+                case Step.RECONCILE:
+                    await self._stop(record, decision)
+                    raise UnknownSideEffect(
+                        f"{decision.reason}: {record.spec.tool} with key {action.key}: {decision.message}; "
+                        f"resolve SideEffect {record.metadata.name}",
+                        decision.reason.value if decision.reason else None,
+                    )
+                case Step.LOOK_UP:
+                    tries += 1
+                    record, decision, found = await self._look_up(record, action, tries)
+                    if found:
+                        return found
+                case Step.EXECUTE:
+                    tries += 1
+                    record, decision, sent = await self._send(record, action, tries)
+                    if sent:
+                        return sent
+
+    async def _look_up(
+        self, record: SideEffect, action: _Action, tries: int
+    ) -> tuple[SideEffect, Decision, Effect | None]:
+        """The outcome is unknown: ask the external system by key (never send blindly)."""
+        if state_of(record) == SideEffectState.PENDING:
+            record = await self._write(record, SideEffectState.UNKNOWN, "outcome unknown: looking it up")
+        if action.lookup is None:
+            return record, after_unknown(record, False, _utcnow()), None
+        result: Any = None
         try:
-            result = await _call(execute, key)
-        except Exception as exc:
-            if isinstance(exc, unknown_on):
-                await self._set_state(record, SideEffectState.UNKNOWN, message=f"outcome unknown: {exc}")
-                raise UnknownSideEffect(
-                    f"{record.spec.tool} with key {key}: outcome unknown ({exc})"
-                ) from exc
-            if isinstance(exc, TransientError):
-                raise  # the record stays Pending: a later Attempt looks the action up before trying again
-            await self._set_state(record, SideEffectState.FAILED, message=f"failed: {exc}")
+            result = await _call(action.lookup, action.key)
+            answer = Answer.ABSENT if result is None else Answer.FOUND
+        except ConflictingResult as exc:
+            log.warning("lookup of %s found a conflicting result: %s", action.key, exc)
+            answer, result = Answer.CONFLICT, str(exc)
+        except Exception as exc:  # the external system could not tell
+            log.warning("lookup of %s failed: %s", action.key, exc)
+            answer = Answer.CANNOT_TELL
+        reference = self._reference(result, action.reference_of) if answer == Answer.FOUND else None
+        decision = after_lookup(answer, record, _utcnow(), reference)
+        if answer == Answer.CONFLICT or (answer == Answer.FOUND and decision.step == Step.RECONCILE):
+            said = decision.message + (f": {result}" if answer == Answer.CONFLICT else "")
+            refs = sorted(references_seen(record) | ({reference} if reference else set()))
+            conflict: dict[str, Any] = {"message": said[:1024], "time": _now()}
+            if refs:
+                conflict["references"] = refs[:8]
+            record = await self._write(
+                record, SideEffectState.UNKNOWN, "conflicting answers", conflict=conflict
+            )
+            return record, decision, None
+        if decision.step == Step.REUSE:
+            too_large = _too_large(record, result)
+            confirmed = await self._write(
+                record,
+                SideEffectState.CONFIRMED,
+                "found by lookup",
+                sends=self._last_send(record, SendOutcome.CONFIRMED, reference),
+                result=None if too_large else result,
+                externalReference=reference,
+                resolvedBy=f"lookup by {self.me.attempt}",
+            )
+            _refuse_unrecorded(too_large)
+            return confirmed, decision, self._effect(confirmed, action.reference_of, executed_now=False)
+        if answer == Answer.ABSENT:
+            record = await self._write(
+                record,
+                state_of(record),
+                "not found by lookup: it did not happen",
+                sends=self._last_send(record, SendOutcome.ABSENT, None),
+            )
+        elif decision.step == Step.LOOK_UP:
+            await asyncio.sleep(self._wait(record, backoff(tries)))
+        return record, decision, None
+
+    async def _send(
+        self, record: SideEffect, action: _Action, tries: int
+    ) -> tuple[SideEffect, Decision, Effect | None]:
+        """One send, recorded before it goes out: after a crash an in-flight send means "maybe"."""
+        await self._check_fence()
+        sends = [s.to_api() for s in all_sends(record)]
+        operation = record.spec.operation_id or str(record.metadata.name)
+        sends.append({"sendId": f"{operation}-s{len(sends) + 1}", "attempt": self.me.attempt, "time": _now()})
+        state = state_of(record)
+        if state == SideEffectState.FAILED:  # resolved Absent by a person: a fresh round
+            state = SideEffectState.PENDING
+        record = await self._write(record, state, f"send {len(sends)}", sends=sends)
+        try:
+            result = await _call(action.execute, action.key)
+        except asyncio.CancelledError:
+            # A cancel during the send: nobody knows whether it took effect. Never leave it Pending.
+            await asyncio.shield(
+                self._write(
+                    record,
+                    SideEffectState.UNKNOWN,
+                    "cancelled during the send: outcome unknown",
+                    sends=self._last_send(record, SendOutcome.UNKNOWN, None, "cancelled"),
+                )
+            )
             raise
-        extra: dict[str, Any] = {"resolvedBy": resolved_by} if resolved_by else {}
-        too_large = over_budget(
-            f"the result of {record.spec.tool}", result, SIDE_EFFECT_RESULT_BUDGET, SMALLER
-        )
-        confirmed = await self._set_state(
+        except Exception as exc:
+            return await self._send_failed(record, action, tries, exc)
+        reference = self._reference(result, action.reference_of)
+        too_large = _too_large(record, result)
+        extra: dict[str, Any] = {}
+        if state_of(record) == SideEffectState.UNKNOWN:  # re-sent after a lookup found it absent
+            extra["resolvedBy"] = f"lookup by {self.me.attempt}"
+        confirmed = await self._write(
             record,
             SideEffectState.CONFIRMED,
-            message="executed",
+            "executed",
+            sends=self._last_send(record, SendOutcome.CONFIRMED, reference),
             result=None if too_large else result,
-            externalReference=self._reference(result, reference_of),
+            externalReference=reference,
             **extra,
         )
         _refuse_unrecorded(too_large)
-        return self._effect(confirmed, reference_of, executed_now=True)
+        return confirmed, REUSE, self._effect(confirmed, action.reference_of, executed_now=True)
 
-    async def _create(
-        self,
-        name: str,
-        *,
-        tool: str,
-        key: str,
-        target: str | None,
-        digest: str,
-        compensation: str | None,
-        reversible: bool,
-        step: str | None,
-    ) -> tuple[SideEffect, bool]:
-        spec: dict[str, Any] = {
-            "runName": self.me.run,
-            "tool": tool,
-            "idempotencyKey": key,
-            "requestDigest": digest,
-            "compensation": compensation or "",
-            "reversible": reversible,
-        }
-        if target:
-            spec["target"] = target
-        if step:
-            spec["step"] = step
+    async def _send_failed(
+        self, record: SideEffect, action: _Action, tries: int, exc: Exception
+    ) -> tuple[SideEffect, Decision, Effect | None]:
+        message = f"{type(exc).__name__}: {exc}"[:1024]
+        if isinstance(exc, action.unknown_on):
+            record = await self._write(
+                record,
+                SideEffectState.UNKNOWN,
+                f"outcome unknown: {message}",
+                sends=self._last_send(record, SendOutcome.UNKNOWN, None, message),
+            )
+            return record, after_send(Answer.NO_ANSWER, record, _utcnow()), None
+        if isinstance(exc, TransientError | RateLimited):
+            # A definite failure: nothing happened, so the same key may go again, within the bounds.
+            # A 429 never marks the record Failed for good.
+            retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+            delay = backoff(tries, retry_after)
+            record = await self._write(
+                record,
+                state_of(record),
+                f"send failed ({exc.failure_class}): {message}",
+                sends=self._last_send(record, SendOutcome.FAILED, None, message),
+            )
+            decision = after_send(Answer.RETRYABLE, record, _utcnow(), delay)
+            if decision.step == Step.EXECUTE:
+                await asyncio.sleep(delay)
+            return record, decision, None
+        await self._write(
+            record,
+            SideEffectState.FAILED,
+            f"failed: {message}",
+            sends=self._last_send(record, SendOutcome.FAILED, None, message),
+        )
+        raise exc
+
+    async def _stop(self, record: SideEffect, decision: Decision) -> None:
+        """Records why the ledger stopped. A record whose sends all failed definitely stays as it is
+        (MaxSendsReached); any other stop means nobody can tell: Unknown."""
+        state = state_of(record)
+        if decision.reason != StopReason.MAX_SENDS and state == SideEffectState.PENDING:
+            state = SideEffectState.UNKNOWN
+        await self._write(record, state, f"{decision.reason}: {decision.message}")
+
+    def _wait(self, record: SideEffect, seconds: float) -> float:
+        """A backoff never sleeps past the send deadline."""
+        deadline = deadline_of(record)
+        if deadline is None:
+            return seconds
+        return max(0.0, min(seconds, (deadline - _utcnow()).total_seconds()))
+
+    @staticmethod
+    def _last_send(
+        record: SideEffect, outcome: SendOutcome, reference: str | None, message: str | None = None
+    ) -> list[dict[str, Any]]:
+        """status.sends with the outcome of the last send set (the one in flight, or the one a lookup
+        settled)."""
+        sends = [s.to_api() for s in all_sends(record)]
+        if sends:
+            sends[-1]["outcome"] = outcome.value
+            if reference:
+                sends[-1]["reference"] = reference
+            if message:
+                sends[-1]["message"] = message[:1024]
+        return sends
+
+    async def _write(
+        self, record: SideEffect, state: SideEffectState, message: str, **fields: Any
+    ) -> SideEffect:
+        return await self._set_state(record, state, message=message[:1024], **fields)
+
+    async def _create(self, name: str, spec: dict[str, Any]) -> SideEffect:
+        """Records the intent (Pending, with the request digest and an operationId) before any send;
+        another writer's record of the same name is followed instead."""
         body = {
             "apiVersion": API_VERSION,
             "kind": "SideEffect",
             "metadata": await self.session.owned_metadata(name),
-            "spec": spec,
+            "spec": {"runName": self.me.run, "operationId": f"op-{uuid.uuid4().hex[:20]}", **spec},
         }
         try:
             created = await self.session.api.create(self._path(), body)
@@ -261,11 +407,9 @@ class Ledger:
                 raise
             existing = await self._record(name)
             assert existing is not None
-            return existing, False
+            return existing
         record = SideEffect.model_validate(created)
-        return await self._set_state(
-            record, SideEffectState.PENDING, message="recorded before executing"
-        ), True
+        return await self._set_state(record, SideEffectState.PENDING, message="recorded before the send")
 
     @staticmethod
     def _reference(result: Any, reference_of: Callable[[Any], str | None] | None) -> str | None:

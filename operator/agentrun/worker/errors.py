@@ -55,9 +55,27 @@ class FenceRejected(AgentError):
 
 
 class UnknownSideEffect(AgentError):
-    """An external action may or may not have happened: automation stops until it is reconciled."""
+    """An external action may or may not have happened, or its sends reached their bounds: automation
+    stops until it is reconciled. `reason` (MaxSendsReached, LookupUnavailable, ConflictingResults,
+    IrreversibleUnknown, UnknownSideEffect) becomes the Run's status.failure.reason."""
 
     failure_class = FailureClass.UNKNOWN_SIDE_EFFECT
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class KeyReused(AgentError):
+    """The idempotency key was used for another request: refused, never sent (IdempotencyKeyReused)."""
+
+    failure_class = FailureClass.DETERMINISTIC
+    reason = "IdempotencyKeyReused"
+
+
+class ConflictingResult(Exception):
+    """Raised by a lookup that found something other than what was asked (e.g. a ticket under the key
+    with other content): the ledger records the conflict and a person decides."""
 
 
 class Interrupted(BaseException):

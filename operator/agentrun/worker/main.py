@@ -68,6 +68,8 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
     }
     if isinstance(exc, RateLimited) and exc.retry_after is not None:
         report["retryAfterSeconds"] = int(exc.retry_after + 0.999)
+    if reason := getattr(exc, "reason", None):
+        report["reason"] = str(reason)  # the ledger's: MaxSendsReached, IdempotencyKeyReused, ...
     return report, EX_TEMPFAIL if cls == FailureClass.TRANSIENT else 1
 
 
