@@ -154,6 +154,44 @@ def test_a_create_timeout_is_an_unknown_outcome(
     service.clear_faults()
 
 
+def test_a_create_dropped_before_it_is_stored_is_an_unknown_outcome_and_nothing_exists(
+    service: TicketServiceProcess,
+) -> None:
+    k = key()
+    service.set_faults(dropCreateRequests=1)
+    with pytest.raises(tickets.OutcomeUnknown):
+        tickets.create(k, "t", "b")
+    assert tickets.find_by_key(k) is None, "dropped before it was stored"
+    assert service.creations() == []
+    assert service.set_faults() == {"dropCreateRequests": 0}, "counted down"
+    assert tickets.create(k, "t", "b")["id"] == "T-1", "the next create with the same key goes through"
+    assert len(service.creations()) == 1
+
+
+def test_rate_limited_creates_answer_429_with_retry_after_and_store_nothing(
+    service: TicketServiceProcess,
+) -> None:
+    k = key()
+    service.set_faults(rateLimitCreates=2, rateLimitRetryAfter=1.5)
+    for _ in range(2):
+        with pytest.raises(tickets.RateLimitedError) as err:
+            tickets.create(k, "t", "b")
+        assert (err.value.status, err.value.retry_after) == (429, 1.5)
+    assert service.creations() == []
+    assert tickets.create(k, "t", "b")["id"] == "T-1"
+
+
+def test_a_ticket_under_the_key_with_other_content_is_found_by_lookup(service: TicketServiceProcess) -> None:
+    """Someone else's ticket under our key: a lookup finds it, with content that is not ours."""
+    k = key()
+    tickets.create(k, "someone else's", "other")
+    service.set_faults(dropCreateRequests=1)
+    with pytest.raises(tickets.OutcomeUnknown):
+        tickets.create(k, "ours", "b")
+    found = tickets.find_by_key(k)
+    assert found is not None and found["title"] == "someone else's"
+
+
 def test_a_held_create_is_listed_in_flight_until_the_hold_is_lifted(service: TicketServiceProcess) -> None:
     k = key()
     service.set_faults(holdCreates=True)
@@ -229,6 +267,9 @@ def test_faults_are_validated_and_cleared(service: TicketServiceProcess) -> None
         {"explode": True},
         {"failLookups": "yes"},
         {"holdCreates": 1},
+        {"dropCreateRequests": True},
+        {"rateLimitCreates": -1},
+        {"rateLimitRetryAfter": "soon"},
     ]
     for bad in bad_values:
         assert raw_post(service, "/faults", bad, {})[0] == 400

@@ -140,8 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="the SideEffect's name (see: kubectl agentrun effects RUN)")
     verdict = p.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--confirmed", action="store_true", help="it happened (needs --reference)")
-    verdict.add_argument("--failed", action="store_true", help="it did not happen")
+    verdict.add_argument("--failed", action="store_true", help="it failed for good: never sent again")
+    verdict.add_argument(
+        "--absent",
+        action="store_true",
+        help="it did not happen: state Failed, and a later Attempt may send it again with the same key",
+    )
     p.add_argument("--reference", metavar="REF", help="the external system's id of what was done")
+    p.add_argument("--reason", metavar="TEXT", help="why you resolve it so (recorded as resolutionMessage)")
+    p.add_argument(
+        "--retry",
+        action="store_true",
+        help="then retry the Run, once no outcome of it is unknown any more (as `kubectl agentrun retry`)",
+    )
+    _timeout(p, 30, "with --retry: how long to wait for the operator's verdict")
     p.add_argument("--result", metavar="JSON", help="what the action returned, as JSON")
     p.add_argument("--by", metavar="WHO", help="who established the outcome (default: your user name)")
 

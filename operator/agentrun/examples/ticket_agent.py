@@ -7,6 +7,10 @@
       requireApproval: false         # a person approves the ticket before it is opened (auth_required)
       failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
                                      # the ticket exists, so the next ones must not open another
+      reversible: true               # false: an unknown outcome is never re-sent (IrreversibleUnknown)
+      maxSends: 3                    # the ledger's bounds on sends of the create (same key)
+      sendDeadlineSeconds: 300
+      resend: Never                  # WithSameKey: re-send an unknown outcome without a lookup
       ticketKey: create-ticket       # the ledger's idempotency key (default <namespace>.<run>.create-ticket).
                                      # The ledger is the Run's, the ticket service's keys are global: a
                                      # key given here reaches the service prefixed with the Run
@@ -61,17 +65,39 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     title = f"[{state.get('priority', 'normal')}] {plan['title']}"
     key = str(spec.get("ticketKey") or ticket_key(ctx.namespace, ctx.run_name))
     scope = f"{ctx.namespace}.{ctx.run_name}." if spec.get("ticketKey") else ""
+
+    def create(key: str) -> Any:
+        try:
+            return tickets.create(scope + key, title, plan["body"])
+        except tickets.RateLimitedError as err:  # nothing was created: the ledger sends again, same key
+            raise worker.RateLimited(str(err), retry_after=err.retry_after) from err
+        except tickets.TicketServiceError as err:
+            if err.status is None or err.status >= 500:  # unreachable or unavailable: nothing was created
+                raise worker.TransientError(str(err)) from err
+            raise
+
+    def find(key: str) -> Any:
+        found = tickets.find_by_key(scope + key)
+        if found is not None and (found.get("title"), found.get("body")) != (title, plan["body"]):
+            # A ticket under our key that we did not ask for: never take it for ours.
+            raise worker.ConflictingResult(f"ticket {found.get('id')} under key {key} has other content")
+        return found
+
     ticket = await ctx.side_effect(
         tool="create_ticket",
         key=key,
         target=tickets.service_url(),
-        execute=lambda key: tickets.create(scope + key, title, plan["body"]),
-        lookup=lambda key: tickets.find_by_key(scope + key),
+        request={"title": title, "body": plan["body"]},
+        execute=create,
+        lookup=find,
         compensation="close_ticket",
-        reversible=True,
+        reversible=bool(spec.get("reversible", True)),
         step="create-ticket",
         unknown_on=(tickets.OutcomeUnknown,),
         requires_approval=bool(spec.get("requireApproval", False)),
+        resend=str(spec.get("resend", "Never")),
+        max_sends=int(spec.get("maxSends", 3)),
+        send_deadline_seconds=int(spec.get("sendDeadlineSeconds", 300)),
     )
     if ctx.attempt_number in spec.get("failAfterTicket", []):
         raise worker.TransientError(

@@ -24,6 +24,14 @@ class TicketServiceError(Exception):
         self.status = status
 
 
+class RateLimitedError(TicketServiceError):
+    """The service answered 429: nothing was created; try again after retry_after seconds."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message, 429)
+        self.retry_after = retry_after
+
+
 class TicketNotFound(TicketServiceError):
     """The service answered that no such ticket exists."""
 
@@ -96,17 +104,27 @@ def _call(
             connection.request(method, url.path + path, json.dumps(payload or {}), headers)
             response = connection.getresponse()
             status, data = response.status, response.read()
+            retry_after = response.getheader("Retry-After")
         except (OSError, http.client.HTTPException) as err:
             raise no_answer(f"{where}: sent, but no answer ({type(err).__name__}: {err})") from err
     finally:
         connection.close()
     if status >= 400:
         message = f"{where}: HTTP {status}: {data.decode(errors='replace')}"
+        if status == 429:
+            raise RateLimitedError(message, _seconds(retry_after))
         # Only the service's own "no such ticket" means absent; any other 404 (a wrong URL) cannot tell.
         absent = status == 404 and _reason(data) == "TicketNotFound"
         raise (TicketNotFound if absent else TicketServiceError)(message, status)
     result: Json = json.loads(data)
     return result
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(float(value), 0.0) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the caller's backoff decides
 
 
 def _reason(data: bytes) -> object:

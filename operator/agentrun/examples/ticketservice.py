@@ -14,6 +14,12 @@ POST /faults JSON merges fault settings, DELETE /faults clears them (kept in mem
   delayCreateSeconds: 2      a create is stored, then the answer waits this long
   holdCreates: true          a create is stored, then the answer waits until this is false or cleared
   dropCreateResponse: true   a create is stored, then the connection closes with no answer
+  dropCreateRequests: 1      the next N creates close the connection with no answer BEFORE the ticket is
+                             stored: the caller cannot tell that nothing happened
+  rateLimitCreates: 1        the next N creates answer 429 (Retry-After: rateLimitRetryAfter, default 0)
+                             and store nothing
+  (a create answered after the client's timeout: holdCreates or delayCreateSeconds with a short client
+  timeout; a ticket under a key with other content: POST /tickets with that key first, as someone else)
 """
 
 from __future__ import annotations
@@ -47,7 +53,11 @@ FAULTS: dict[str, Callable[[Any], bool]] = {
     "holdCreates": lambda value: isinstance(value, bool),
     "failCreates": lambda value: type(value) is int and 400 <= value <= 599,
     "delayCreateSeconds": lambda value: _is_number(value) and value >= 0,
+    "dropCreateRequests": lambda value: type(value) is int and value >= 0,
+    "rateLimitCreates": lambda value: type(value) is int and value >= 0,
+    "rateLimitRetryAfter": lambda value: _is_number(value) and value >= 0,
 }
+COUNTED = ("dropCreateRequests", "rateLimitCreates")  # faults that act on that many creates, then stop
 
 
 class KeyReused(Exception):
@@ -170,6 +180,16 @@ class TicketServer(ThreadingHTTPServer):
             self.changed.notify_all()
             return dict(faults)
 
+    def take(self, fault: str) -> bool:
+        """Whether a counted fault acts on this create (and counts it down)."""
+        with self.changed:
+            left = self.faults.get(fault, 0)
+            if not left:
+                return False
+            self.faults = {**self.faults, fault: left - 1}
+            self.changed.notify_all()
+            return True
+
     def hold_answer(self) -> None:
         """Waits while the holdCreates fault is set."""
         with self.changed:
@@ -222,6 +242,7 @@ def _check_faults(request: Json) -> None:
 class Handler(BaseHTTPRequestHandler):
     server: TicketServer
     _inflight: int | None = None  # this request's entry in server.inflight (a create being answered)
+    _retry_after: str | None = None  # the Retry-After header of a 429
 
     def do_GET(self) -> None:
         self._answer(self._get)
@@ -279,6 +300,11 @@ class Handler(BaseHTTPRequestHandler):
             raise Refused(HTTPStatus.BAD_REQUEST, "expected {title: non-empty string, body: string}")
         if faults.get("failCreates"):
             raise Refused(faults["failCreates"], "creates fail (injected fault)", reason="InjectedFault")
+        if self.server.take("rateLimitCreates"):
+            self._retry_after = str(faults.get("rateLimitRetryAfter", 0))
+            raise Refused(HTTPStatus.TOO_MANY_REQUESTS, "slow down (injected fault)", reason="RateLimited")
+        if self.server.take("dropCreateRequests"):
+            return None  # lost before it was stored: nothing happened, and the caller cannot tell
         try:
             ticket, replayed = self.server.store.create(key, title, body)
         except KeyReused as err:
@@ -308,6 +334,7 @@ class Handler(BaseHTTPRequestHandler):
     def _answer(self, route: Callable[[str, Query], Reply]) -> None:
         url = urlsplit(self.path)
         self._inflight = None
+        self._retry_after = None
         try:
             try:
                 reply = route(url.path, parse_qs(url.query))
@@ -321,6 +348,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self._retry_after is not None:
+                self.send_header("Retry-After", self._retry_after)
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()

@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from agentrun.api import Run, RunPhase, SideEffect, SideEffectState
+from agentrun.api import Resolution, Run, RunPhase, SideEffect, SideEffectState
 from agentrun.cli import render
+from agentrun.cli.commands import retry
 from agentrun.cli.config import context_user
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, EXIT_USAGE, CliError, describe_api_error
@@ -34,17 +35,39 @@ async def effects(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+VERDICTS = {
+    Resolution.CONFIRMED: SideEffectState.CONFIRMED,
+    Resolution.FAILED: SideEffectState.FAILED,
+    Resolution.ABSENT: SideEffectState.FAILED,  # it did not happen; a later Attempt may send it afresh
+}
+
+
 def resolution(
-    effect: SideEffect, target: SideEffectState, *, who: str, reference: str | None, result: Any, now: str
+    effect: SideEffect,
+    target: SideEffectState,
+    *,
+    who: str,
+    reference: str | None,
+    result: Any,
+    now: str,
+    verdict: Resolution | None = None,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """The status patch that records a person's (or a lookup's) verdict on an effect's outcome."""
+    """The status patch that records a person's verdict on an effect's outcome: who, what and why."""
     history = [h.to_api() for h in (effect.status.history or [])] if effect.status else []
-    entry = {"state": target.value, "time": now, "message": f"resolved by {who} (kubectl agentrun)"}
+    said = f"resolved {verdict.value if verdict else target.value} by {who} (kubectl agentrun)"
+    entry = {"state": target.value, "time": now, "message": (said + (f": {reason}" if reason else ""))[:1024]}
     status: dict[str, Any] = {
         "state": target.value,
         "resolvedBy": who,
         "history": [*history, entry][-MAX_HISTORY:],
     }
+    if verdict is not None:
+        status["resolution"] = verdict.value
+        # maxSends counts the sends after an Absent verdict: the ones it covers are spent.
+        status["resolvedSends"] = len(effect.status.sends or []) if effect.status else 0
+    if reason:
+        status["resolutionMessage"] = reason[:1024]
     if reference is not None:
         status["externalReference"] = reference
     if result is not None:
@@ -53,7 +76,14 @@ def resolution(
 
 
 async def _write_resolution(
-    ctx: Context, name: str, target: SideEffectState, *, who: str, reference: str | None, result: Any
+    ctx: Context,
+    name: str,
+    verdict: Resolution,
+    *,
+    who: str,
+    reference: str | None,
+    result: Any,
+    reason: str | None,
 ) -> tuple[SideEffectState, SideEffect, dict[str, Any]]:
     """Reads the effect, checks it may be resolved, writes the verdict guarded by its resourceVersion."""
     for attempt in range(1, ATTEMPTS + 1):
@@ -64,7 +94,16 @@ async def _write_resolution(
                 f"side effect {name} is {state.value}: only an Unknown (or Pending) outcome can be resolved"
             )
         now = render.rfc3339(ctx.now())
-        patch = resolution(effect, target, who=who, reference=reference, result=result, now=now)
+        patch = resolution(
+            effect,
+            VERDICTS[verdict],
+            who=who,
+            reference=reference,
+            result=result,
+            now=now,
+            verdict=verdict,
+            reason=reason,
+        )
         try:
             return state, effect, await ctx.cluster.patch_side_effect_status(name, patch)
         except ApiError as exc:
@@ -75,7 +114,10 @@ async def _write_resolution(
 
 
 async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
-    target = SideEffectState.CONFIRMED if args.confirmed else SideEffectState.FAILED
+    verdict = (
+        Resolution.CONFIRMED if args.confirmed else Resolution.ABSENT if args.absent else Resolution.FAILED
+    )
+    target = VERDICTS[verdict]
     if args.confirmed and not args.reference:
         raise CliError(
             "--confirmed needs --reference REF: the external system's id of what was done", EXIT_USAGE
@@ -88,16 +130,33 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
             raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
     who = args.by or await ctx.cluster.whoami() or context_user(ctx.kubeconfig) or "kubectl-agentrun"
     before, effect, written = await _write_resolution(
-        ctx, args.name, target, who=who, reference=args.reference, result=result
+        ctx, args.name, verdict, who=who, reference=args.reference, result=result, reason=args.reason
     )
     if ctx.out.raw:
         ctx.out.obj(written)
     reference = f" ({args.reference})" if args.reference else ""
-    ctx.out.text(f"side effect {args.name}: {before.value} -> {target.value}{reference}, resolved by {who}")
-    run_body = await ctx.cluster.find_run(effect.spec.run_name)
-    if run_body is not None and Run.model_validate(run_body).status.phase == RunPhase.NEEDS_RECONCILIATION:
-        ctx.out.note(
-            f"run {effect.spec.run_name} needs reconciliation; once no outcome is unknown, retry it: "
-            f"kubectl agentrun retry {effect.spec.run_name}"
-        )
-    return EXIT_OK
+    ctx.out.text(
+        f"side effect {args.name}: {before.value} -> {target.value}{reference} ({verdict.value}), "
+        f"resolved by {who}"
+    )
+    run_name = effect.spec.run_name
+    run_body = await ctx.cluster.find_run(run_name)
+    if run_body is None or Run.model_validate(run_body).status.phase != RunPhase.NEEDS_RECONCILIATION:
+        return EXIT_OK
+    left = [
+        e
+        for e in (SideEffect.model_validate(i) for i in await ctx.cluster.owned("sideeffects", run_name))
+        if render.effect_state(e) == SideEffectState.UNKNOWN
+    ]
+    if left:
+        names = ", ".join(sorted(str(e.metadata.name) for e in left))
+        ctx.out.note(f"run {run_name} still has outcomes nobody knows ({names}): resolve them, then retry")
+        return EXIT_OK
+    if not args.retry:
+        ctx.out.note(f"run {run_name} needs reconciliation; retry it: kubectl agentrun retry {run_name}")
+        return EXIT_OK
+    why = f"resolved {args.name} {verdict.value}" + (f": {args.reason}" if args.reason else "")
+    retry_args = argparse.Namespace(
+        run=run_name, from_checkpoint=None, reason=why[:1024], key=None, wait=False, timeout=args.timeout
+    )
+    return await retry.retry(ctx, retry_args)
