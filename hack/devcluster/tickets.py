@@ -78,9 +78,20 @@ class TicketServiceProcess:
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
         """Merges fault settings: failLookups, failCreates, delayCreateSeconds, holdCreates,
-        dropCreateResponse."""
+        dropCreateResponse, dropCreateRequests, rateLimitCreates, rateLimitRetryAfter."""
         current: dict[str, Any] = self._request("POST", "/faults", faults)
         return current
+
+    def create(self, key: str, title: str, body: str = "") -> dict[str, Any]:
+        """Creates a ticket under `key` as someone else would (not through the ledger)."""
+        request = urllib.request.Request(
+            self.url + "/tickets", data=json.dumps({"title": title, "body": body}).encode(), method="POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Idempotency-Key", key)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            ticket: dict[str, Any] = json.load(response)
+            return ticket
 
     def clear_faults(self) -> None:
         self._request("DELETE", "/faults")

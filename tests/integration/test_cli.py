@@ -275,8 +275,8 @@ def test_effects_report_and_resolving_an_unknown_effect(
 
     rows = [line.split() for line in ok(cli(kube, ns, "effects", "ledger")).splitlines()]
     assert rows == [
-        ["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT"],
-        ["sfx-ticket", "create_ticket", "Unknown", "-", "no", "ledger-a1"],
+        ["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT", "SENDS"],
+        ["sfx-ticket", "create_ticket", "Unknown", "-", "no", "ledger-a1", "0/3"],
     ]
     report = ok(cli(kube, ns, "report", "ledger"))
     assert (

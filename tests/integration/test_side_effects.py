@@ -142,13 +142,15 @@ def test_unknown_outcome_stops_automation_until_reconciled(
     ns = run_namespace
     # Lookups fail from the start, so no Attempt after the kill can find the ticket (the first one never
     # looks it up: it has no record yet, so it executes).
+    # The lookup is retried with backoff until the send deadline (a short one here), then gives up.
     tickets.set_faults(holdCreates=True, failLookups=True)
-    create_run(kube, ns, ticket_run("unsure", tickets, env=PATIENT))
+    create_run(kube, ns, ticket_run("unsure", tickets, env=PATIENT, sendDeadlineSeconds=3))
     kill_worker_during_create(kube, tickets, ns, "unsure")
     tickets.set_faults(holdCreates=False)
     run = wait_phase(kube, ns, "unsure", {"Succeeded", "Failed", "NeedsReconciliation"})
     assert run["status"]["phase"] == "NeedsReconciliation", operator.log_tail()
     assert run["status"]["failure"]["class"] == "unknown_side_effect"
+    assert run["status"]["failure"]["reason"] == "LookupUnavailable"
     [effect] = side_effects(kube, ns, "unsure")
     assert effect["status"]["state"] == "Unknown"
     assert run["status"]["sideEffects"]["unknown"] == 1

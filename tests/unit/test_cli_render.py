@@ -531,8 +531,8 @@ def test_effects_table() -> None:
         [side_effect("sfx-1", "Confirmed", externalReference="T-1", attempt="ask-a2")]
     )
     assert [line.split() for line in text.splitlines()] == [
-        ["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT"],
-        ["sfx-1", "create_ticket", "Confirmed", "T-1", "no", "ask-a2"],
+        ["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT", "SENDS"],
+        ["sfx-1", "create_ticket", "Confirmed", "T-1", "no", "ask-a2", "0/3"],
     ]
 
 

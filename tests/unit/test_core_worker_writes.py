@@ -164,3 +164,51 @@ def test_the_operator_records_an_approval_from_the_attempt_that_brought_it(
             name, {"approval": {"requestId": ledger.approval_request_id(name), "time": ts(NOW)}}
         )
     ]
+
+
+def test_an_approval_is_recorded_only_for_the_request_it_approved() -> None:
+    """The approval request names the request's digest: an answer to one request never approves a record
+    of another request under the same key."""
+    one, other = (
+        ledger.request_digest("t", None, {"title": "a"}),
+        ledger.request_digest("t", None, {"title": "b"}),
+    )
+    effect = make_side_effect("k1", "Pending", digest=other)
+    name = str(effect.metadata.name)
+    approved_one = make_attempt(
+        2, reason=f"resume:{ledger.approval_request_id(name, one)}", input_value={"approved": True}
+    )
+    run = make_run(run_status("Running", current=2, lease_epoch=2))
+    world = make_world(
+        run, attempts=[make_attempt(1, phase="Interrupted"), approved_one], side_effects=[effect]
+    )
+    assert of_type(decide(world), PatchSideEffectStatus) == []
+
+    approved_other = make_attempt(
+        2, reason=f"resume:{ledger.approval_request_id(name, other)}", input_value={"approved": True}
+    )
+    world = make_world(
+        run, attempts=[make_attempt(1, phase="Interrupted"), approved_other], side_effects=[effect]
+    )
+    [write] = of_type(decide(world), PatchSideEffectStatus)
+    assert write.patch["approval"]["requestDigest"] == other
+
+
+@pytest.mark.parametrize(
+    ("attempt_phase", "marked"),
+    [("Aborted", True), ("Running", False)],
+    ids=["attempt gone", "still running"],
+)
+def test_a_cancelled_run_marks_its_in_flight_records_unknown(attempt_phase: str, marked: bool) -> None:
+    pending, confirmed = make_side_effect("k1", "Pending"), make_side_effect("k2", "Confirmed")
+    run = make_run(run_status("Cancelled", current=1, lease_epoch=1))
+    world = make_world(
+        run, attempts=[make_attempt(1, phase=attempt_phase)], side_effects=[pending, confirmed]
+    )
+    writes = [w for w in of_type(decide(world), PatchSideEffectStatus) if w.patch.get("state")]
+    if not marked:
+        assert writes == [], "never while an Attempt may still write its own outcome"
+        return
+    [write] = writes
+    assert (write.name, write.patch["state"]) == (pending.metadata.name, "Unknown")
+    assert "cancelled" in write.patch["history"][-1]["message"]

@@ -124,10 +124,11 @@ def effects_table(effects: Sequence[SideEffect]) -> str:
             e.status.external_reference if e.status else None,
             "yes" if e.spec.reversible else "no",
             e.status.attempt if e.status else None,
+            f"{len(e.status.sends or []) if e.status else 0}/{e.spec.max_sends}",
         ]
         for e in effects
     ]
-    return table(["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT"], rows)
+    return table(["NAME", "TOOL", "STATE", "REFERENCE", "REVERSIBLE", "ATTEMPT", "SENDS"], rows)
 
 
 def reported_effects(effects: Sequence[SideEffect]) -> list[ReportedEffect]:

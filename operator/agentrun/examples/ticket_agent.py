@@ -7,6 +7,8 @@
       requireApproval: false         # a person approves the ticket before it is opened (auth_required)
       failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
                                      # the ticket exists, so the next ones must not open another
+      planFromInput: false           # take title and body from the input on every Attempt (not the
+                                     # checkpoint): a changed input is another request under the same key
       reversible: true               # false: an unknown outcome is never re-sent (IrreversibleUnknown)
       maxSends: 3                    # the ledger's bounds on sends of the create (same key)
       sendDeadlineSeconds: 300
@@ -41,7 +43,9 @@ def ticket_key(namespace: str, run: str) -> str:
 async def agent(ctx: worker.Context) -> dict[str, Any]:
     spec: dict[str, Any] = ctx.input or {}
     state: dict[str, Any] = dict(ctx.state or {})
-    if "plan" not in state:
+    if spec.get("planFromInput"):
+        state["plan"] = {"title": str(spec.get("title", "untitled")), "body": str(spec.get("body", ""))}
+    elif "plan" not in state:
         state["plan"] = {"title": str(spec.get("title", "untitled")), "body": str(spec.get("body", ""))}
         await ctx.checkpoint(state, step="plan")
     if spec.get("askPriority", True) and "priority" not in state:

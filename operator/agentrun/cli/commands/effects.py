@@ -135,9 +135,9 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.raw:
         ctx.out.obj(written)
     reference = f" ({args.reference})" if args.reference else ""
+    absent = " (Absent: it did not happen; a later Attempt may send it again)" if args.absent else ""
     ctx.out.text(
-        f"side effect {args.name}: {before.value} -> {target.value}{reference} ({verdict.value}), "
-        f"resolved by {who}"
+        f"side effect {args.name}: {before.value} -> {target.value}{reference}{absent}, resolved by {who}"
     )
     run_name = effect.spec.run_name
     run_body = await ctx.cluster.find_run(run_name)
