@@ -14,7 +14,7 @@ from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from integration.test_cli import cli
-from integration.test_side_effects import PATIENT, side_effects, ticket_run
+from integration.test_side_effects import PATIENT, kill_worker_during_create, side_effects, ticket_run
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
 
@@ -237,3 +237,57 @@ def answer(kube: Kube, ns: str, run: str, pending: dict[str, Any], key: str) -> 
         "idempotencyKey": key,
     }
     kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", run, {"spec": {"resume": resume}})
+
+
+def test_the_same_key_with_another_request_is_refused_and_never_sent(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    tickets.set_faults(holdCreates=True)
+    body = ticket_run("reuse", tickets, env=PATIENT, planFromInput=True, title="first", failAfterTicket=[1])
+    create_run(kube, ns, body)
+    key = ticket_key(ns, "reuse")
+    wait_for(
+        lambda: any(e["idempotencyKey"] == key for e in tickets.in_flight()), timeout=60, what="the create"
+    )
+    # While the first request is in flight, the input changes: the next Attempt asks another request.
+    scenario = {**body["spec"]["input"], "title": "second"}
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "runs", "reuse", {"spec": {"input": scenario}}
+    )
+    tickets.clear_faults()
+    run = stopped(kube, ns, "reuse", operator, "Failed")
+    assert run["status"]["failure"]["reason"] == "IdempotencyKeyReused"
+    assert [c["title"] for c in tickets.creations()] == ["[normal] first"], (
+        "the second request was never sent"
+    )
+    assert outcomes(the_effect(kube, ns, "reuse")) == ["Confirmed"]
+
+
+def test_a_cancelled_run_whose_worker_died_mid_send_has_its_record_marked_unknown_by_the_operator(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
+) -> None:
+    ns = run_namespace
+    tickets.set_faults(holdCreates=True)
+    body = ticket_run("gone", tickets, env=PATIENT)
+    body["spec"]["retry"]["backoff"] = {"initialSeconds": 600, "factor": 1.0, "maxSeconds": 600}  # no retry
+    create_run(kube, ns, body)
+    kill_worker_during_create(kube, tickets, ns, "gone")  # SIGKILL: the SDK writes nothing more
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "runs", "gone", {"spec": {"cancelEpoch": 1}}
+    )
+    stopped(kube, ns, "gone", operator, "Cancelled")
+    effect = wait_for(
+        lambda: (e := the_effect(kube, ns, "gone"))["status"]["state"] == "Unknown" and e,
+        timeout=30,
+        what="the operator marking the in-flight record Unknown",
+    )
+    tickets.clear_faults()
+    assert outcomes(effect) == [None], "the send stays in flight: nobody heard its answer"
+    last = effect["status"]["history"][-1]
+    assert "in flight when the Run was cancelled" in last["message"] and "attempt" not in last
+    report = wait_for(
+        lambda: get_run(kube, ns, "gone")["status"].get("report", {}).get("effects"), what="the report"
+    )
+    assert [e["state"] for e in report] == ["Unknown"] and "cancelled" in report[0]["note"]
+    assert get_run(kube, ns, "gone")["status"]["sideEffects"]["unknown"] == 1

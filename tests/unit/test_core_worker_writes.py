@@ -11,7 +11,7 @@ import pytest
 
 from agentrun.admission import admission_policies
 from agentrun.api import Attempt, RejectedCommitReason
-from agentrun.core import ledger
+from agentrun.core import ledger, report
 from agentrun.core.fence import REFUSAL_CAUSES, refusal_cause
 from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, PatchSideEffectStatus
 from agentrun.core.runs import decide
@@ -212,3 +212,18 @@ def test_a_cancelled_run_marks_its_in_flight_records_unknown(attempt_phase: str,
     [write] = writes
     assert (write.name, write.patch["state"]) == (pending.metadata.name, "Unknown")
     assert "cancelled" in write.patch["history"][-1]["message"]
+
+
+def test_a_stopped_runs_report_follows_a_record_that_changed_without_changing_the_counts() -> None:
+    pending = make_side_effect("k1", "Pending")
+    counts = report.side_effect_counts([pending])
+    run = make_run(
+        run_status(
+            "Cancelled", current=1, lease_epoch=1, sideEffects=counts, report=report.run_report([pending])
+        )
+    )
+    marked = pending.model_validate(pending.to_api() | {"status": {"state": "Unknown"}})
+    world = make_world(run, attempts=[make_attempt(1, phase="Aborted")], side_effects=[marked])
+    [patch] = of_type(decide(world), PatchRunStatus)
+    assert patch.patch["report"]["effects"][0]["state"] == "Unknown"
+    assert patch.patch["sideEffects"] == counts, "Pending and Unknown both count as unknown"

@@ -22,6 +22,7 @@ from agentrun.api import (
     FailureClass,
     PendingRequest,
     RunPhase,
+    RunReport,
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
@@ -519,8 +520,12 @@ def _refresh_report(d: Decision) -> None:
     """A stopped Run keeps its report in step with its SideEffects (e.g. one resolved by a person)."""
     counts = report.side_effect_counts(d.w.side_effects)
     current = d.status.side_effects.to_api() if d.status.side_effects else None
-    if current != counts:
-        d.plan.add(PatchRunStatus({"sideEffects": counts, "report": report.run_report(d.w.side_effects)}))
+    listed = report.run_report(d.w.side_effects)
+    # Compared as stored (normalised by the model): a Pending record marked Unknown changes no count.
+    stored = d.status.report
+    stale = stored is not None and stored.to_api() != RunReport.model_validate(listed).to_api()
+    if current != counts or stale:
+        d.plan.add(PatchRunStatus({"sideEffects": counts, "report": listed}))
 
 
 def _prune_checkpoints(d: Decision) -> None:
