@@ -379,12 +379,59 @@ def test_the_side_effect_ledger_enforces_the_transition_table(
         if old == SideEffectState.UNKNOWN
         else {"state": new}
     )
-    if is_allowed_transition(old, new):
+    if (old, new) == (SideEffectState.FAILED, SideEffectState.PENDING):
+        # The table allows it only after a person's resolution Absent (the rule on the status says so);
+        # its own cases follow below.
+        message = api.refusal(lambda: api.patch_status("SideEffect", name, status))
+        assert rule("SideEffect", ".status", "resolvedSends").message in message
+        assert api.get("SideEffect", name) == before
+    elif is_allowed_transition(old, new):
         assert api.patch_status("SideEffect", name, status)["status"]["state"] == new
     else:
         message = api.refusal(lambda: api.patch_status("SideEffect", name, status))
         assert rule("SideEffect", ".status.state").message in message
         assert api.get("SideEffect", name) == before
+
+
+SEND = {"sendId": "op-1-s1", "attempt": "echo-a1", "time": "2026-01-01T00:00:00Z", "outcome": "Unknown"}
+
+
+@pytest.mark.parametrize(
+    ("resolution", "sends_after", "accepted"),
+    [
+        ({"resolution": "Absent", "resolvedBy": "alice", "resolvedSends": 1}, 0, True),
+        ({"resolution": "Absent", "resolvedBy": "alice", "resolvedSends": 1}, 1, False),
+        ({"resolution": "Absent", "resolvedBy": "alice"}, 0, False),
+        ({"resolution": "Failed", "resolvedBy": "alice", "resolvedSends": 1}, 0, False),
+    ],
+    ids=["absent: sent afresh", "absent, sent since", "absent without its count", "failed for good"],
+)
+def test_a_failed_side_effect_is_sent_again_only_after_a_resolution_absent(
+    api: Api, resolution: dict[str, Any], sends_after: int, accepted: bool
+) -> None:
+    name = unique("sfx")
+    api.create(valid_object("SideEffect", name))
+    api.patch_status("SideEffect", name, {"state": "Pending", "sends": [SEND]})
+    api.patch_status("SideEffect", name, {"state": "Unknown"})
+    api.patch_status("SideEffect", name, {"state": "Failed", **resolution})
+    if sends_after:
+        api.patch_status("SideEffect", name, {"sends": [SEND, {**SEND, "sendId": "op-1-s2"}]})
+    again = {"state": "Pending"}
+    if accepted:
+        assert api.patch_status("SideEffect", name, again)["status"]["state"] == "Pending"
+    else:
+        message = api.refusal(lambda: api.patch_status("SideEffect", name, again))
+        assert rule("SideEffect", ".status", "resolvedSends").message in message
+
+
+def test_a_resolution_names_who_made_it(api: Api) -> None:
+    name = unique("sfx")
+    api.create(valid_object("SideEffect", name))
+    api.patch_status("SideEffect", name, {"state": "Pending"})
+    message = api.refusal(
+        lambda: api.patch_status("SideEffect", name, {"state": "Failed", "resolution": "Absent"})
+    )
+    assert rule("SideEffect", ".status", "has(self.resolution)").message in message
 
 
 def test_a_side_effect_goes_unknown_then_resolved_then_compensated(api: Api) -> None:

@@ -30,6 +30,8 @@ EXPECTED_CAUSES = {
     "victim side effect": "NotOwnRun",
     "victim attempt status": "NotOwnRun",
     "own phase": "NotWorkerField",
+    "own side effect resolutionMessage": "NotWorkerField",
+    "own side effect resolvedSends": "NotWorkerField",
     "own leaseEpoch": "NotWorkerField",
     "own expiresAt": "NotWorkerField",
     "own attempt phase": "NotWorkerField",
@@ -114,7 +116,16 @@ async def attacks(api: KubeApi, ctx: worker.Context, victim: str, victim_attempt
             "sequence": 1,
         },
     }
+    # Its own record, written through the ledger: a person's verdict on it is never the Pod's to write.
+    own_effect = await ctx.side_effect(tool="noop", key="hostile-own", execute=lambda key: {"id": "own-1"})
+    own_effect_status = api.custom_path("sideeffects", ns, own_effect.name, "status")
     writes: dict[str, Callable[[], Awaitable[Any]]] = {
+        "own side effect resolutionMessage": lambda: api.merge_patch(
+            own_effect_status, {"status": {"resolutionMessage": "forged"}}
+        ),
+        "own side effect resolvedSends": lambda: api.merge_patch(
+            own_effect_status, {"status": {"resolvedSends": 0}}
+        ),
         "victim result": lambda: api.merge_patch(
             victim_status, {"status": {"result": {"forged": True}, "committedBy": forged}}
         ),
