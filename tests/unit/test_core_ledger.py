@@ -130,11 +130,14 @@ def rec(
     references: tuple[str | None, ...] = (),
     external_reference: str | None = None,
     first_sent: datetime = SENT,
+    operation: str | None = "op-1",
 ) -> SideEffect:
     """A record with sends of these outcomes (None: in flight), the first sent at `first_sent`."""
     record = make_side_effect("k", state, digest=digest, reversible=reversible, reference=external_reference)
     body = record.to_api()
     body["spec"].update({"resend": resend, "maxSends": max_sends, "sendDeadlineSeconds": deadline})
+    if operation:
+        body["spec"]["operationId"] = operation
     if state is None:
         return SideEffect.model_validate(body)
     sends = []
@@ -164,6 +167,7 @@ NEXT_STEPS: dict[str, tuple[SideEffect | None, Step, StopReason | None]] = {
     "no record: record Pending, then send": (None, E, None),
     "no status (counts as Pending), nothing sent": (rec(None), E, None),
     "pending, nothing sent yet": (rec("Pending"), E, None),
+    "pending, no operationId (an older SDK: no sends recorded)": (rec("Pending", operation=None), L, None),
     "pending, a send in flight (crash)": (rec("Pending", None), L, None),
     "pending, last send unknown": (rec("Pending", "Unknown"), L, None),
     "pending, last send failed definitely (transient)": (rec("Pending", "Failed"), E, None),

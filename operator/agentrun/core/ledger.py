@@ -222,11 +222,12 @@ def next_step(record: SideEffect | None, digest: str, now: datetime | None = Non
     sends = round_sends(record)
     last = sends[-1] if sends else None
     if last is None:
-        # Pending: recorded, never sent (a send is recorded before it goes out). Unknown without sends:
-        # marked so from outside (a cancel), or by an older SDK: look it up.
-        return (
-            send_again(record, now) if state == SideEffectState.PENDING else after_unknown(record, True, now)
-        )
+        # Pending with an operationId: recorded by this SDK, which records every send before it goes
+        # out, so nothing was sent. Without one (an older SDK, which recorded no sends), or Unknown
+        # (marked so from outside): it may have been sent, look it up.
+        if state == SideEffectState.PENDING and record.spec.operation_id:
+            return send_again(record, now)
+        return LOOK_UP
     if last.outcome in (None, SendOutcome.UNKNOWN):
         return LOOK_UP
     if last.outcome == SendOutcome.ABSENT:

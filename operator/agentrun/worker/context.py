@@ -201,7 +201,8 @@ class Context:
         `execute(key)` performs it and returns its result; `lookup(key)` returns that result if the
         action happened, None if it did not, and raises if it cannot tell. An exception from execute of
         a type in `unknown_on` (or a timeout or lost connection) means nobody knows whether the action
-        happened: the record becomes Unknown and the Run waits for reconciliation.
+        happened: the record becomes Unknown and is looked up by key before anything else; when nobody
+        can tell, the Run waits for reconciliation (NeedsReconciliation, with the reason).
 
         `request` is what is asked (its digest is compared on every replay: the same key with another
         request is refused, IdempotencyKeyReused). Definite transient or rate-limited failures are sent
