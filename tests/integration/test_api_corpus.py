@@ -90,7 +90,9 @@ ATTEMPT_PHASE_KEPT = rule("Attempt", "", "has(self.status.phase)")
 CHECKPOINT_IMMUTABLE = rule("Checkpoint", ".spec")
 SIDE_EFFECT_SPEC_IMMUTABLE = rule("SideEffect", ".spec")
 LEDGER_TRANSITION = rule("SideEffect", ".status.state")
-LEDGER_RESOLVED_BY = rule("SideEffect", ".status")
+LEDGER_RESOLVED_BY = rule("SideEffect", ".status", "oldSelf.state != 'Unknown'")
+LEDGER_AGAIN_AFTER_ABSENT = rule("SideEffect", ".status", "resolvedSends")
+LEDGER_RESOLUTION_BY = rule("SideEffect", ".status", "has(self.resolution)")
 LEDGER_STARTS_PENDING = rule("SideEffect", "", "'Compensated'")
 LEDGER_STATUS_KEPT = rule("SideEffect", "", "|| has(self.status)")
 BOUNDED_LIMIT_KEYS = rule("Run", ".spec.agent.resources.limits")
@@ -568,6 +570,12 @@ BAD_INPUT: dict[str, Bad] = {
     ),
     "a Failed SideEffect turning Confirmed is refused": updated(
         "SideEffect", status(state="Confirmed"), LEDGER_TRANSITION, setup=(status(state="Failed"),)
+    ),
+    "a Failed SideEffect sent again without a person's resolution Absent is refused": updated(
+        "SideEffect", status(state="Pending"), LEDGER_AGAIN_AFTER_ABSENT, setup=(status(state="Failed"),)
+    ),
+    "a resolution without resolvedBy is told to name who made it": updated(
+        "SideEffect", status(state="Failed", resolution="Absent"), LEDGER_RESOLUTION_BY
     ),
     "a Compensated SideEffect turning Confirmed again is refused": updated(
         "SideEffect",
