@@ -25,8 +25,8 @@ from agentrun.core.ledger import (
     request_digest,
     round_sends,
     send_again,
+    settle_after_cancel,
     side_effect_name,
-    unknown_after_cancel,
     unknown_reason,
 )
 from unit.factories import make_side_effect, ts
@@ -364,11 +364,20 @@ def test_backoff_is_capped_and_honours_retry_after() -> None:
     assert backoff(1, retry_after=7) == 7
 
 
-def test_a_cancelled_runs_pending_records_become_unknown() -> None:
-    records = [rec("Pending", None), rec("Confirmed", "Confirmed"), rec("Unknown", "Unknown")]
-    [(name, patch, _version)] = unknown_after_cancel(records, ts(NOW), 20)
-    assert name == records[0].metadata.name
-    assert patch["state"] == "Unknown"
+CANCELLED = {
+    "a send in flight: maybe": (rec("Pending", None), "Unknown"),
+    "the last send unknown": (rec("Pending", "Unknown"), "Unknown"),
+    "an older SDK's record, no sends recorded": (rec("Pending", operation=None), "Unknown"),
+    "never sent": (rec("Pending"), "Failed"),
+    "every send failed definitely (MaxSendsReached)": (rec("Pending", "Failed", "Failed"), "Failed"),
+}
+
+
+@pytest.mark.parametrize(("record", "state"), CANCELLED.values(), ids=CANCELLED.keys())
+def test_a_cancelled_runs_pending_records_never_stay_pending(record: SideEffect, state: str) -> None:
+    others = [rec("Confirmed", "Confirmed"), rec("Unknown", "Unknown")]
+    [(name, patch, _version)] = settle_after_cancel([record, *others], ts(NOW), 20)
+    assert (name, patch["state"]) == (record.metadata.name, state)
     assert "cancelled" in patch["history"][-1]["message"]
 
 

@@ -286,20 +286,37 @@ def backoff(tries: int, retry_after: float | None = None, cap: float = 30.0) -> 
 
 
 CANCELLED_IN_FLIGHT = "in flight when the Run was cancelled: it may have happened (marked by the operator)"
+CANCELLED_UNSENT = "the Run was cancelled with nothing in flight: it did not happen (marked by the operator)"
 
 
-def unknown_after_cancel(
+def surely_unsent(record: SideEffect) -> bool:
+    """Recorded by this SDK (operationId) and nothing in flight: never sent, or every send answered a
+    definite failure (or was looked up absent). Anything else may have happened."""
+    if not record.spec.operation_id:
+        return False
+    sends = all_sends(record)
+    return not sends or sends[-1].outcome in (SendOutcome.FAILED, SendOutcome.ABSENT)
+
+
+def settle_after_cancel(
     records: Iterable[SideEffect], now: str, max_history: int
 ) -> list[tuple[str, dict[str, Any], str | None]]:
-    """(name, status patch) marking each Pending record of a Cancelled Run Unknown: its Attempt is gone
-    and nobody recorded what its send did. Preconditioned on the record as read (a late writer wins)."""
+    """(name, status patch, resourceVersion) for each Pending record of a Cancelled Run, whose Attempt is
+    gone: Unknown when a send may have taken effect, Failed when surely nothing did. A cancel never leaves
+    a record Pending. Preconditioned on the record as read."""
     patches = []
     for record in records:
         if state_of(record) != SideEffectState.PENDING:
             continue
+        unsent = surely_unsent(record)
+        state = SideEffectState.FAILED if unsent else SideEffectState.UNKNOWN
         history = [h.to_api() for h in (record.status.history or [])] if record.status else []
-        entry = {"state": SideEffectState.UNKNOWN.value, "time": now, "message": CANCELLED_IN_FLIGHT}
-        patch = {"state": SideEffectState.UNKNOWN.value, "history": [*history, entry][-max_history:]}
+        entry = {
+            "state": state.value,
+            "time": now,
+            "message": CANCELLED_UNSENT if unsent else CANCELLED_IN_FLIGHT,
+        }
+        patch = {"state": state.value, "history": [*history, entry][-max_history:]}
         patches.append((str(record.metadata.name), patch, record.metadata.resource_version))
     return patches
 

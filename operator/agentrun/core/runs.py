@@ -112,7 +112,7 @@ def decide(world: World) -> Plan:
         _abort_leftovers(d)
         if phase == RunPhase.CANCELLED and not _live_attempts(d):
             # A cancel never leaves a record Pending: what was in flight may have happened.
-            for effect, patch, version in ledger.unknown_after_cancel(
+            for effect, patch, version in ledger.settle_after_cancel(
                 world.side_effects, rfc3339(world.now), MAX_HISTORY
             ):
                 d.plan.add(PatchSideEffectStatus(effect, patch, version))
