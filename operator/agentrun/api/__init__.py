@@ -16,7 +16,7 @@ from agentrun.api.attempt import (
     RejectedCommit,
     RejectedCommitReason,
 )
-from agentrun.api.checkpoint import Checkpoint, CheckpointSpec, CheckpointStatus, StateRef
+from agentrun.api.checkpoint import Checkpoint, CheckpointKind, CheckpointSpec, CheckpointStatus, StateRef
 from agentrun.api.common import (
     API_VERSION,
     GROUP,
@@ -79,6 +79,7 @@ from agentrun.api.sideeffect import (
     SideEffectStatus,
     is_allowed_transition,
 )
+from agentrun.api.usage import Usage
 
 __all__ = [
     "API_VERSION",
@@ -104,6 +105,7 @@ __all__ = [
     "AttemptSpec",
     "AttemptStatus",
     "Checkpoint",
+    "CheckpointKind",
     "CheckpointSpec",
     "CheckpointStatus",
     "CommitRecord",
@@ -148,6 +150,7 @@ __all__ = [
     "SideEffectState",
     "SideEffectStatus",
     "StateRef",
+    "Usage",
     "attempt_name",
     "is_allowed_transition",
     "json_digest",

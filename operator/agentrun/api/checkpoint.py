@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -36,6 +37,15 @@ class StateRef(ApiModel):
     )
 
 
+class CheckpointKind(StrEnum):
+    """What a Checkpoint holds. Only State checkpoints are pointed at by latestCheckpoint and count toward
+    retention; the others are one immutable entry each, pruned with the State checkpoint in `parent`."""
+
+    STATE = "State"  # the agent's state at a step boundary
+    WRITES = "Writes"  # a framework's pending writes for the checkpoint in `parent`
+    JOURNAL = "Journal"  # a recorded step result (ctx.step(journal=True)), replayed after a crash
+
+
 class CheckpointSpec(ApiModel):
     """The saved state of a Run at a step boundary."""
 
@@ -51,6 +61,13 @@ class CheckpointSpec(ApiModel):
     attempt: AttemptName = Field(description="Name of the Attempt that saved the Checkpoint.")
     lease_epoch: Epoch = Field(description="The lease epoch that Attempt held when it saved.")
     step: str | None = Field(None, max_length=128, description="The agent's step the state was saved at.")
+    kind: CheckpointKind = Field(
+        CheckpointKind.STATE,
+        description="State (default): the agent's state, which latestCheckpoint may point at; Writes: a "
+        "framework's pending writes for the checkpoint in parent; Journal: a recorded step result, keyed "
+        "by the checkpoint in parent, the step and its call index. Writes and Journal entries are pruned "
+        "with their parent.",
+    )
     state: FreeJson = Field(
         None,
         description="The agent's state as JSON (ctx.state on resume). At most "

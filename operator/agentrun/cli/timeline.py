@@ -51,8 +51,8 @@ def _attempt_entries(a: Attempt) -> list[Entry]:
             parts.append(f"{s.failure.failure_class.value}: {s.failure.message or ''}".rstrip(": "))
             if s.failure.exit_code is not None:
                 parts.append(f"exit code {s.failure.exit_code}")
-        if s.usage:
-            parts.append(", ".join(f"{k} {v:g}" for k, v in sorted(s.usage.items())))
+        if s.usage and not s.usage.empty:
+            parts.append(render.usage_line(s.usage))
         out.append(Entry(s.completion_time, n, 9, f"attempt {n} {s.phase.value}", "; ".join(parts)))
     rejected = s.rejected_commit
     if rejected and rejected.time:
@@ -211,6 +211,8 @@ def describe(
             f"{render.clock(e.time, with_date)}  {e.what.ljust(width)}  {e.detail}".rstrip() for e in history
         )
         lines += _section("Timeline (UTC)", body)
+    if run.status.usage or any(a.status.usage for a in attempts):
+        lines += _section("Usage", render.usage_table(run, attempts))
     if effects:
         lines += _section("Side effects", render.effects_table(effects))
     if s.conditions:
