@@ -7,10 +7,20 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import Attempt, Checkpoint, Run
-from agentrun.core import retention, steps, traces
+from agentrun.api import Attempt, Checkpoint, FailureClass, Run, Usage
+from agentrun.core import failures, retention, steps, traces
+from agentrun.core.plan import PatchRunStatus
+from agentrun.core.runs import decide
 from agentrun.core.steps import StepRetry
-from factories import make_attempt, make_checkpoint, make_run, pending_request, run_status
+from unit.factories import (
+    make_attempt,
+    make_checkpoint,
+    make_run,
+    make_world,
+    of_type,
+    pending_request,
+    run_status,
+)
 
 # ---- backoff ---------------------------------------------------------------------------------------------
 
@@ -191,3 +201,48 @@ def test_journal_and_writes_entries_are_pruned_with_their_parent(
     run: Run, checkpoints: list[Checkpoint], attempts: list[Attempt], pruned: list[str]
 ) -> None:
     assert retention.prunable(run, checkpoints, attempts) == pruned
+
+
+# ---- Run.status.usage: the sum of its Attempts' -----------------------------------------------------------
+
+
+def with_usage(attempt: Attempt, **usage: int) -> Attempt:
+    return attempt.model_copy(
+        update={"status": attempt.status.model_copy(update={"usage": Usage.model_validate(usage)})}
+    )
+
+
+FAILED = make_attempt(1, phase="Failed", failure=failures.failure(FailureClass.TRANSIENT, "503"))
+SUCCEEDED = make_attempt(2, phase="Succeeded")
+SUMS: dict[str, tuple[list[Attempt], dict[str, int] | None, dict[str, int] | None]] = {
+    # (attempts, Run.status.usage now) -> the usage the plan writes (None: no write)
+    "failed-and-succeeded-attempts-summed": (
+        [
+            with_usage(FAILED, inputTokens=100, costMicroUSD=7, stepRetries=2),
+            with_usage(SUCCEEDED, inputTokens=50, outputTokens=5, modelCalls=1),
+        ],
+        None,
+        {"inputTokens": 150, "outputTokens": 5, "costMicroUSD": 7, "modelCalls": 1, "stepRetries": 2},
+    ),
+    "already-summed": (
+        [with_usage(FAILED, inputTokens=100)],
+        {"inputTokens": 100},
+        None,
+    ),
+    "no-usage-reported": ([FAILED, SUCCEEDED], None, None),
+    "a-later-flush-grows-it": (
+        [with_usage(FAILED, modelCalls=3)],
+        {"modelCalls": 2},
+        {"inputTokens": 0, "outputTokens": 0, "costMicroUSD": 0, "modelCalls": 3, "stepRetries": 0},
+    ),
+}
+
+
+@pytest.mark.parametrize(("attempts", "current", "written"), SUMS.values(), ids=SUMS.keys())
+def test_run_usage_sums_every_attempt(
+    attempts: list[Attempt], current: dict[str, int] | None, written: dict[str, int] | None
+) -> None:
+    status = run_status("Succeeded", current=2, lease_epoch=2, **({"usage": current} if current else {}))
+    plan = decide(make_world(make_run(status), attempts=attempts))
+    usage = [a.patch["usage"] for a in of_type(plan, PatchRunStatus) if "usage" in a.patch]
+    assert usage == ([written] if written else [])

@@ -42,7 +42,9 @@ class StepRetry:
 NO_RETRY: Final = StepRetry(max_attempts=1, initial_seconds=0.0, max_seconds=0.0)
 
 
-def step_delay(policy: StepRetry, failed_calls: int, retry_after: float | None, jitter: float) -> float | None:
+def step_delay(
+    policy: StepRetry, failed_calls: int, retry_after: float | None, jitter: float
+) -> float | None:
     """Seconds to wait after the `failed_calls`-th failed call (1 for the first), or None when the step
     is out of tries. jitter in [0, 1): the wait is between half and all of the capped backoff (so that
     many workers told to retry at once do not come back at once), never less than retry_after."""
