@@ -442,9 +442,7 @@ def test_describe_tells_the_story_in_order() -> None:
     assert "SchemaMismatch: value at priority" in story[4]
     assert "1200 input + 310 output tokens, 3 model calls, $0.004210, 0 step retries" in story[-2]
     usage = text.split("Usage:\n")[1].split("\n\n")[0].splitlines()
-    assert usage[0].split() == [
-        "ATTEMPT", "PHASE", "INPUT", "OUTPUT", "MODEL-CALLS", "COST", "STEP-RETRIES"
-    ]
+    assert usage[0].split() == ["ATTEMPT", "PHASE", "INPUT", "OUTPUT", "MODEL-CALLS", "COST", "STEP-RETRIES"]
     assert usage[1].split() == ["ask-a1", "Interrupted", "0", "0", "0", "$0.000000", "0"]
     assert usage[2].split() == ["ask-a2", "Succeeded", "1200", "310", "3", "$0.004210", "0"]
     # the operator has not summed them yet (no Run.status.usage): the Attempts' sum stands in

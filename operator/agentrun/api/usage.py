@@ -14,7 +14,7 @@ MICRO: Final = 1_000_000  # costMicroUSD per USD
 
 
 def _counter(description: str, alias: str | None = None) -> int:
-    return Field(0, ge=0, le=MAX_COUNTER, description=description, alias=alias)  # type: ignore[no-any-return]
+    return Field(0, ge=0, le=MAX_COUNTER, description=description, alias=alias)
 
 
 class Usage(ApiModel):

@@ -17,8 +17,8 @@ from agentrun.api import (
     SideEffectState,
     Usage,
 )
-from agentrun.api.usage import MICRO, usage_sum
 from agentrun.api.run import ReportedEffect
+from agentrun.api.usage import MICRO, usage_sum
 
 NONE = "-"
 TERMINAL = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})

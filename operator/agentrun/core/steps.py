@@ -51,8 +51,8 @@ def step_delay(
     if failed_calls >= policy.max_attempts:
         return None
     capped = min(policy.max_seconds, policy.initial_seconds * 2 ** (failed_calls - 1))
-    wait = capped * (0.5 + jitter / 2)
-    return max(wait, retry_after or 0.0)
+    wait: float = capped * (0.5 + jitter / 2)
+    return max(wait, float(retry_after or 0.0))
 
 
 def journal_replays(attempt_reason: str) -> bool:
