@@ -16,7 +16,9 @@ from agentrun.operator import logs
 from agentrun.operator.cache import Key, OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
+from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import WorkQueue
+from agentrun.tracing import Tracing, now
 
 log = logging.getLogger("agentrun.operator")
 ERROR_BACKOFF_SECONDS = 2.0
@@ -28,13 +30,20 @@ def _fields(key: Key) -> dict[str, str]:
 
 class Reconciler:
     def __init__(
-        self, api: KubeApi, cache: OwnedObjects, workers: int = 8, metrics: OperatorMetrics | None = None
+        self,
+        api: KubeApi,
+        cache: OwnedObjects,
+        workers: int = 8,
+        metrics: OperatorMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
         self.queue: WorkQueue[Key] = WorkQueue()
         self.metrics = metrics or OperatorMetrics(registry=None)
-        self.executor = Executor(api, cache, self.metrics)
+        self.executor = Executor(
+            api, cache, self.metrics, RunSpans(tracing or Tracing("agentrun-operator", {}))
+        )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -99,7 +108,14 @@ class Reconciler:
             checkpoints=[Checkpoint.model_validate(o) for o in self.cache.of("checkpoints", key)],
         )
         plan = decide(world)
-        await self.executor.execute(plan, run)
+        started, error = now(), None
+        try:
+            await self.executor.execute(plan, run)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.executor.spans.decided(run, plan, started, error)
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
