@@ -106,7 +106,7 @@ from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from agentrun.kubeapi import ApiError, call_json
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -430,6 +430,12 @@ class Chaos:
             "the default service account",
             lambda: self.api_().items(f"/api/v1/namespaces/{NS}/serviceaccounts"),
         )
+        self.api.call(
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/serviceaccounts/default",
+            AGENT_ACCOUNT_PATCH,
+            content_type="application/merge-patch+json",
+        )
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
         self.api.call("POST", f"{rbac}/roles", attempt_role(NS))
         binding = {
@@ -443,7 +449,9 @@ class Chaos:
         operator_kubeconfig = security.install(
             self.cluster.binary("kubectl"), self.cluster.kubeconfig, self.state_dir / "operator.kubeconfig"
         )
-        self.operator = OperatorProcess(operator_kubeconfig, self.state_dir / "logs" / "operator.log")
+        self.operator = OperatorProcess(
+            operator_kubeconfig, self.state_dir / "logs" / "operator.log", env=security.OPERATOR_ENV
+        )
         self._start_operator()
 
     def teardown(self) -> None:

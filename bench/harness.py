@@ -24,7 +24,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import REPO_ROOT, LocalCluster
 from devcluster.operator import OperatorProcess
@@ -300,7 +300,7 @@ class Bench:
         self.operator = OperatorProcess(
             operator_kubeconfig,
             self.state_dir / "operator.log",
-            env={"AGENTRUN_METRICS_PORT": str(self.metrics_port)},
+            env={"AGENTRUN_METRICS_PORT": str(self.metrics_port), **security.OPERATOR_ENV},
             verbose=False,
         )
         self.operator.start()
@@ -336,6 +336,7 @@ class Bench:
             timeout=30,
             what=f"default service account in {name}",
         )
+        self.kube.core.patch_namespaced_service_account("default", name, AGENT_ACCOUNT_PATCH)
         self.kube.rbac.create_namespaced_role(name, attempt_role(name))
         self.kube.rbac.create_namespaced_role_binding(
             name,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kubernetes import watch
 
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -42,12 +42,15 @@ def main() -> None:
         operator_kubeconfig = security.install(
             cluster.binary("kubectl"), cluster.kubeconfig, Path(state) / "operator.kubeconfig"
         )
-        operator = OperatorProcess(operator_kubeconfig, Path(state) / "operator.log")
+        operator = OperatorProcess(
+            operator_kubeconfig, Path(state) / "operator.log", env=security.OPERATOR_ENV
+        )
         try:
             kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
             install_crds(kube)
             kube.core.create_namespace({"metadata": {"name": NS}})
             wait_for(lambda: kube.core.list_namespaced_service_account(NS).items, what="default SA")
+            kube.core.patch_namespaced_service_account("default", NS, AGENT_ACCOUNT_PATCH)
             kube.rbac.create_namespaced_role(NS, attempt_role(NS))
             kube.rbac.create_namespaced_role_binding(
                 NS,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -80,8 +80,11 @@ def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) ->
 def operator(
     kube: Kube, agentrun_crds: None, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The agentrun operator, running as its own process and ServiceAccount against the test cluster."""
-    process = OperatorProcess(operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    """The agentrun operator, running as its own process and ServiceAccount against the test cluster (not
+    in a Pod, so it is told its account, as the chart's Deployment tells it through the downward API)."""
+    process = OperatorProcess(
+        operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=security.OPERATOR_ENV
+    )
     process.start()
     process.wait_ready()
     try:
@@ -92,7 +95,9 @@ def operator(
 
 @pytest.fixture
 def run_namespace(kube: Kube, namespace: str) -> str:
-    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac)."""
+    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), and is
+    opted in for attempt Pods (labelled agentrun.dev/agent=true)."""
+    kube.core.patch_namespaced_service_account("default", namespace, AGENT_ACCOUNT_PATCH)
     kube.rbac.create_namespaced_role(namespace, attempt_role(namespace))
     kube.rbac.create_namespaced_role_binding(
         namespace,

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from agentrun.api import AGENT_LABEL
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from agentrun.rbac import attempt_role
@@ -119,6 +120,7 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
             "the default service account",
             lambda: demo.sh("kubectl", "get", "sa", "default", "-n", NAMESPACE, show=False, check=False),
         )
+        demo.sh("kubectl", "label", "serviceaccount", "default", "-n", NAMESPACE, f"{AGENT_LABEL}=true")
         demo.apply(attempt_role(NAMESPACE))
         demo.sh(
             "kubectl",
@@ -137,7 +139,9 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
         operator_kubeconfig = security.install(
             cluster.binary("kubectl"), cluster.kubeconfig, state_dir / "operator.kubeconfig"
         )
-        operator = OperatorProcess(operator_kubeconfig, state_dir / "logs" / "operator.log")
+        operator = OperatorProcess(
+            operator_kubeconfig, state_dir / "logs" / "operator.log", env=security.OPERATOR_ENV
+        )
         operator.start()
         operator.wait_ready()
         print(f"  operator running (log: {operator.log_path})")

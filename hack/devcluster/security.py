@@ -22,6 +22,12 @@ from .kubeconfig import write_kubeconfig
 OPERATOR_NAMESPACE: Final = "agentrun-system"
 OPERATOR_SERVICE_ACCOUNT: Final = "agentrun-operator"
 OPERATOR_USER: Final = service_account_user(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT)
+# The operator's own account, which attempt Pods must never run as: the chart's Deployment passes it from
+# the downward API; an operator started as a process here is told.
+OPERATOR_ENV: Final = {
+    "AGENTRUN_SERVICE_ACCOUNT": OPERATOR_SERVICE_ACCOUNT,
+    "AGENTRUN_SERVICE_ACCOUNT_NAMESPACE": OPERATOR_NAMESPACE,
+}
 TOKEN_DURATION: Final = "48h"  # longer than any test session or benchmark
 
 

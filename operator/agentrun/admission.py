@@ -414,6 +414,31 @@ def _attempt_pods(operator: str) -> list[Manifest]:
     )
 
 
+def _operator_scope(operator: str) -> list[Manifest]:
+    """The operator's own least privilege: in cluster mode RBAC lets it write every Pod and Lease of the
+    cluster; this confines those writes to the objects agentrun creates (labelled with their Run)."""
+    label = f"'{RUN_LABEL}'"
+    return _policy(
+        f"operator-scope.{GROUP}",
+        f"The agentrun operator creates, changes and deletes only Pods and Leases labelled {RUN_LABEL}.",
+        rules=[
+            _rule("", ["pods"], ["CREATE", "UPDATE", "DELETE"]),
+            _rule("coordination.k8s.io", ["leases"], ["CREATE", "UPDATE", "DELETE"]),
+        ],
+        variables=[_variable("subject", "request.operation == 'DELETE' ? oldObject : object")],
+        validations=[
+            _validation(
+                f"has(variables.subject.metadata.labels) && {label} in variables.subject.metadata.labels",
+                f"'NotOwnRun: the agentrun operator writes only Pods and Leases labelled {RUN_LABEL}; '"
+                " + request.resource.resource + ' ' + request.name + ' is not one'",
+            )
+        ],
+        match_conditions=[
+            {"name": "the-operator", "expression": f"request.userInfo.username == '{operator}'"}
+        ],
+    )
+
+
 def admission_policies(operator: str) -> list[Manifest]:
     """Every ValidatingAdmissionPolicy with its binding; `operator` is the operator's user name (for the
     chart, `system:serviceaccount:<namespace>:<name>`)."""
@@ -425,6 +450,7 @@ def admission_policies(operator: str) -> list[Manifest]:
         *_side_effect_status(operator),
         *_lease(operator),
         *_attempt_pods(operator),
+        *_operator_scope(operator),
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.api import GROUP
+from agentrun.api import AGENT_LABEL, GROUP
 
 Rule = dict[str, Any]
 
@@ -22,7 +22,8 @@ ATTEMPT_POD_RULES: list[Rule] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "patch"]},
 ]
 
-# The operator: drive Runs, own Attempts, Pods and Leases, post Events; kopf needs to list/watch
+# The operator: drive Runs, own Attempts, Pods and Leases, read which ServiceAccounts agents may use,
+# post Events; kopf needs to list/watch
 # namespaces and CRDs, and (with peering) its peering objects, which the operator creates when missing
 # (agentrun.operator.bootstrap).
 OPERATOR_RULES: list[Rule] = [
@@ -37,6 +38,8 @@ OPERATOR_RULES: list[Rule] = [
     },
     {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # Attempt Pods run only as ServiceAccounts labelled agentrun.dev/agent=true (agentrun.core.identity).
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
@@ -64,3 +67,7 @@ def attempt_role(namespace: str, name: str = "agentrun-attempt") -> dict[str, An
         "metadata": {"name": name, "namespace": namespace},
         "rules": ATTEMPT_POD_RULES,
     }
+
+
+# Opts a ServiceAccount in for attempt Pods (a merge patch): an administrator's decision, never a Run's.
+AGENT_ACCOUNT_PATCH: dict[str, Any] = {"metadata": {"labels": {AGENT_LABEL: "true"}}}

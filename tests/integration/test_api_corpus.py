@@ -15,8 +15,10 @@ from agentrun.api.run import MONOTONIC_STATUS_FIELDS
 from support.agentrun import Api, Rule, crd_rules, rule
 from support.corpus import (
     BAD_OBJECTS,
+    BAD_POD_TEMPLATES,
     BAD_RUNS,
     DELETE,
+    GOOD_POD_TEMPLATES,
     VALID_OBJECTS,
     bad_input_id,
     valid_object,
@@ -96,6 +98,14 @@ BOUNDED_REQUEST_KEYS = rule("Run", ".spec.agent.resources.requests")
 BOUNDED_LABEL_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.labels")
 BOUNDED_ANNOTATION_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.annotations")
 BOUNDED_USAGE_KEYS = rule("Attempt", ".status.usage")
+
+POD_SPEC = ".spec.agent.podTemplate.spec"
+POD_TEMPLATE_RULES = {
+    **{f: rule("Run", POD_SPEC, f"self.{f}") for f in ("serviceAccountName", "nodeName", "hostNetwork")},
+    **{f: rule("Run", POD_SPEC, f"self.{f}") for f in ("hostPID", "hostIPC", "volumes")},
+    "serviceAccount": rule("Run", POD_SPEC, "!has(self.serviceAccount)"),
+    **{f: rule("Run", f"{POD_SPEC}.{f}[*]") for f in ("containers", "initContainers", "ephemeralContainers")},
+}
 
 RESUME = {
     "requestId": "req-1",
@@ -246,6 +256,16 @@ BAD_INPUT: dict[str, Bad] = {
     "a Run with a 49 character name is told the 48 character limit and why": created(
         "Run", {}, RUN_NAME_LENGTH, name="r" * 49
     ),
+    # --- Run: a podTemplate that would borrow an identity or the node ---------------------------------
+    **{
+        f"a podTemplate setting {field} is refused and told what to do instead": created(
+            "Run",
+            {".spec.agent": {"podTemplate": {"spec": pod_spec}}},
+            POD_TEMPLATE_RULES[field],
+            f"spec.agent.podTemplate.spec.{field}",
+        )
+        for field, pod_spec in BAD_POD_TEMPLATES.items()
+    },
     # --- Run: formats and closed enums ----------------------------------------------------------------
     "a Run name with capitals and underscores is refused as not a DNS name": created(
         "Run", {}, "metadata.name", "RFC 1123", name="Echo_Run"
@@ -629,3 +649,10 @@ def test_the_server_refuses_what_the_unit_tests_refuse(api: Api, kind: str, path
         message = api.refusal(lambda: api.create(bad))
         assert api.get(kind, name) is None
     assert path.strip(".") in message  # the message names the field to fix
+
+
+@pytest.mark.parametrize("pod_spec", GOOD_POD_TEMPLATES.values(), ids=GOOD_POD_TEMPLATES.keys())
+def test_a_harmless_pod_template_is_accepted(api: Api, pod_spec: dict[str, Any]) -> None:
+    name = f"pod-{uuid.uuid4().hex[:8]}"
+    api.create(valid_object("Run", name, {".spec.agent": {"podTemplate": {"spec": pod_spec}}}))
+    assert api.get("Run", name) is not None

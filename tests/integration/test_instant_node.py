@@ -54,7 +54,7 @@ def namespaced_operator(
     process = OperatorProcess(
         operator_kubeconfig,
         tmp_path / "operator.log",
-        env={"AGENTRUN_METRICS_PORT": str(free_port())},
+        env={"AGENTRUN_METRICS_PORT": str(free_port()), **security.OPERATOR_ENV},
         args=[f"--namespace={run_namespace}"],
     )
     process.start()

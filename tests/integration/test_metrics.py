@@ -61,7 +61,7 @@ def namespaced_operator(
     process = OperatorProcess(
         operator_kubeconfig,
         tmp_path / "operator.log",
-        env={"AGENTRUN_METRICS_PORT": str(port)},
+        env={"AGENTRUN_METRICS_PORT": str(port), **security.OPERATOR_ENV},
         args=[f"--namespace={run_namespace}", "--log-format=json"],
     )
     process.start()

@@ -4,19 +4,23 @@ not bound to a Pod, and Pods that only the operator may create (agentrun.admissi
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.examples.manifests import IMAGE
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import error_message
 from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
-from support.runs import create_run, get_run, support_agent_run, wait_phase
+from support.runs import FAST_RETRY, attempts, create_run, get_run, support_agent_run, wait_phase
 
 pytestmark = pytest.mark.cluster
+TOKEN_CACHE_SECONDS = 10
 
 
 def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
@@ -108,3 +112,73 @@ def test_only_the_operator_creates_pods_labelled_with_a_run(
         kube.core.create_namespaced_pod(namespace, pod)  # as the cluster admin: still not the operator
     assert refused.value.status == 403
     assert "NotOperator:" in error_message(refused.value)
+
+
+def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next_attempt(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    release = tmp_path / "release"
+    lease = {"durationSeconds": 5, "renewSeconds": 1}
+    body = support_agent_run("zombie", "gated_agent", {"releaseFile": str(release)})
+    body["spec"] |= {"lease": lease, "retry": FAST_RETRY}
+    create_run(kube, ns, body)
+    wait_for(
+        lambda: get_run(kube, ns, "zombie").get("status", {}).get("latestCheckpoint"),
+        timeout=60,
+        what="Attempt 1 running, past its first checkpoint",
+    )
+    first = kube.core.read_namespaced_pod("zombie-a1", ns)
+    sandbox = local_cluster.state_dir / "node" / "pods" / first.metadata.uid
+    token = (sandbox / "serviceaccount" / "token").read_text()  # what a hostile agent could have kept
+    as_first = kube.with_token(token)
+    assert as_first.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "zombie")
+
+    pid = int(first.status.container_statuses[0].container_id.removeprefix("process://"))
+    os.killpg(pid, signal.SIGSTOP)  # frozen past its lease: the operator takes over
+    wait_for(
+        lambda: [a for a in attempts(kube, ns, "zombie") if a["spec"]["number"] == 2],
+        timeout=60,
+        what="Attempt 2 granted",
+    )
+    assert kube.pod("zombie-a1", ns) is None, "the superseded Pod outlived the grant of its successor"
+
+    def refused() -> int | None:
+        try:
+            as_first.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "zombie")
+        except ApiException as error:
+            return error.status
+        return None
+
+    # The API server keeps a token it has accepted in its authentication cache for 10 s
+    # (TokenSuccessCacheTTL, not configurable); a token whose Pod is gone is refused once that expires.
+    assert wait_for(refused, timeout=TOKEN_CACHE_SECONDS + 10, what="the superseded token refused") == 401
+
+    release.write_text("go")
+    done = wait_phase(kube, ns, "zombie", {"Succeeded", "Failed"}, timeout=60)
+    assert done["status"]["result"] == {"by": "zombie-a2"}
+
+
+def test_the_operator_itself_writes_only_pods_and_leases_labelled_with_a_run(
+    kube: Kube, namespace: str, operator_kubeconfig: Path
+) -> None:
+    as_operator = Kube(operator_kubeconfig, kube.kubectl_path)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-an-attempt"},
+        "spec": {"containers": [{"name": "c", "image": IMAGE, "command": ["python", "-c", "pass"]}]},
+    }
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "someone-elses"}}
+    for create in (
+        lambda: as_operator.core.create_namespaced_pod(namespace, pod),
+        lambda: as_operator.coordination.create_namespaced_lease(namespace, lease),
+    ):
+        with pytest.raises(ApiException) as refused:
+            create()
+        assert refused.value.status == 403
+        assert "NotOwnRun: the agentrun operator writes only" in error_message(refused.value)
+    kube.coordination.create_namespaced_lease(namespace, lease)  # someone else's, made by the admin
+    with pytest.raises(ApiException) as refused:
+        as_operator.coordination.delete_namespaced_lease("someone-elses", namespace)
+    assert refused.value.status == 403

@@ -170,3 +170,41 @@ BAD_OBJECTS: list[tuple[str, str, Any]] = [
 
 def bad_input_id(kind: str, path: str, value: Any) -> str:
     return f"{kind}{path}={value!r:.20}"
+
+
+# What a podTemplate may not ask for (CEL rules of the Run: no borrowed identity, no node access), each
+# with the spec it sends; tests/integration/test_api_corpus.py proves the API server refuses them.
+AGENT_CONTAINER: Final = {"name": "agent", "image": "agentrun/agent:dev"}
+PRIVILEGED: Final = {"securityContext": {"privileged": True}}
+BAD_POD_TEMPLATES: dict[str, dict[str, Any]] = {
+    "serviceAccountName": {"serviceAccountName": "agentrun", "containers": [AGENT_CONTAINER]},
+    "serviceAccount": {"serviceAccount": "agentrun", "containers": [AGENT_CONTAINER]},
+    "nodeName": {"nodeName": "node-1", "containers": [AGENT_CONTAINER]},
+    "hostNetwork": {"hostNetwork": True, "containers": [AGENT_CONTAINER]},
+    "hostPID": {"hostPID": True, "containers": [AGENT_CONTAINER]},
+    "hostIPC": {"hostIPC": True, "containers": [AGENT_CONTAINER]},
+    "containers": {"containers": [{**AGENT_CONTAINER, **PRIVILEGED}]},
+    "initContainers": {"containers": [AGENT_CONTAINER], "initContainers": [{"name": "init", **PRIVILEGED}]},
+    "ephemeralContainers": {
+        "containers": [AGENT_CONTAINER],
+        "ephemeralContainers": [{"name": "debug", **PRIVILEGED}],
+    },
+    "volumes": {
+        "containers": [AGENT_CONTAINER],
+        "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "root", "hostPath": {"path": "/"}}],
+    },
+}
+# Allowed: what the rules must not refuse by accident.
+GOOD_POD_TEMPLATES: dict[str, dict[str, Any]] = {
+    "host namespaces off": {
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "containers": [AGENT_CONTAINER],
+    },
+    "unprivileged": {
+        "containers": [{**AGENT_CONTAINER, "securityContext": {"privileged": False, "runAsUser": 1000}}]
+    },
+    "volumes without hostPath": {"containers": [AGENT_CONTAINER], "volumes": [{"name": "s", "emptyDir": {}}]},
+    "scheduling by selector": {"nodeSelector": {"disk": "ssd"}, "containers": [AGENT_CONTAINER]},
+}

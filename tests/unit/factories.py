@@ -191,7 +191,7 @@ def make_side_effect(
     """The ledger record of one external action, named from its key as the SDK names it; state None: the
     record has no status yet (it counts as Pending)."""
     metadata: dict[str, Any] = {
-        "name": side_effect_name(key),
+        "name": side_effect_name(RUN, key),
         "namespace": NAMESPACE,
         "labels": {"agentrun.dev/run": RUN},
     }
@@ -260,9 +260,9 @@ def ended_pod(
 
 
 def make_lease(
-    holder: str | None, epoch: int, *, resource_version: str = LEASE_RESOURCE_VERSION, duration: int = 60
+    holder: str | None, epoch: int, *, resource_version: str = LEASE_RESOURCE_VERSION
 ) -> LeaseView:
-    return LeaseView(holder=holder, epoch=epoch, duration_seconds=duration, resource_version=resource_version)
+    return LeaseView(holder=holder, epoch=epoch, resource_version=resource_version)
 
 
 def held_by(number: int, epoch: int | None = None) -> LeaseView:
@@ -283,6 +283,7 @@ def make_world(
     expires_in: float | None = None,
     side_effects: Iterable[SideEffect] = (),
     checkpoints: Iterable[Checkpoint] = (),
+    account_refusal: str | None = None,
 ) -> World:
     return World(
         run=run,
@@ -293,6 +294,7 @@ def make_world(
         lease_expires_in=expires_in,
         side_effects=tuple(side_effects),
         checkpoints=tuple(checkpoints),
+        account_refusal=account_refusal,
     )
 
 

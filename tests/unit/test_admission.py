@@ -57,6 +57,9 @@ def test_the_operator_is_the_one_exempt_identity() -> None:
     for name, policy in POLICIES.items():
         conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
         assert f"'{OPERATOR}'" in conditions, name
+    # ... and the one confined to what agentrun creates, in every mode.
+    scope = POLICIES["operator-scope.agentrun.dev"]["spec"]["matchConditions"]
+    assert scope == [{"name": "the-operator", "expression": f"request.userInfo.username == '{OPERATOR}'"}]
     # Pods that carry a Run's label hold a token that can write it: nobody else creates them, not even
     # a cluster administrator (the condition does not stop at ServiceAccounts).
     pods = POLICIES["attempt-pods.agentrun.dev"]["spec"]["matchConditions"]

@@ -1,166 +1,192 @@
-"""The operator's side of the identity fence, without a cluster: refusals classified from their message,
-Rejected derived from a worker's rejectedCommit, expiresAt on the operator's clock, approvals recorded by
-the operator from the Attempt that brought them."""
+"""No borrowed identity, no adoption: which ServiceAccount attempt Pods may run as, and which objects are
+a Run's own (agentrun.core.identity), and what decide does when the account is refused."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
-
-from agentrun.admission import admission_policies
-from agentrun.api import Attempt, RejectedCommitReason
-from agentrun.core import ledger
-from agentrun.core.fence import REFUSAL_CAUSES, refusal_cause
-from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, PatchSideEffectStatus
-from agentrun.core.runs import decide
-from unit.factories import (
-    NOW,
-    ended_pod,
+from factories import (
+    NAMESPACE,
+    RUN_UID,
+    events,
     make_attempt,
     make_run,
-    make_side_effect,
     make_world,
     of_type,
-    pending_request,
+    run_patch,
     run_status,
-    ts,
 )
 
-POLICY_PREFIX = (
-    "admission webhook denied: ValidatingAdmissionPolicy 'run-status.agentrun.dev' denied request: "
+from agentrun.core.identity import (
+    Account,
+    account_refusal,
+    agent_account,
+    may_start_pods,
+    owned_by,
 )
+from agentrun.core.plan import CreateAttempt, CreatePod, WriteLease
+from agentrun.core.runs import decide
+
+OPERATOR = Account("agentrun-system", "agentrun")
+LABELLED = {"agentrun.dev/agent": "true"}
+
+# (account, its labels or None when it does not exist, the operator's account) -> refused, and what the
+# message must say.
+ACCOUNTS: dict[str, tuple[Account, dict[str, str] | None, Account | None, tuple[str, ...]]] = {
+    "labelled": (Account("team-a", "agents"), LABELLED, OPERATOR, ()),
+    "labelled, the operator has no account": (Account("team-a", "agents"), LABELLED, None, ()),
+    "labelled default": (Account("team-a", "default"), LABELLED, OPERATOR, ()),
+    "unlabelled": (
+        Account("team-a", "agents"),
+        {},
+        OPERATOR,
+        ("team-a/agents", "kubectl label serviceaccount agents -n team-a agentrun.dev/agent=true"),
+    ),
+    "unlabelled default": (
+        Account("team-a", "default"),
+        {"app": "x"},
+        OPERATOR,
+        ("kubectl label serviceaccount default -n team-a agentrun.dev/agent=true",),
+    ),
+    "labelled false": (
+        Account("team-a", "agents"),
+        {"agentrun.dev/agent": "false"},
+        OPERATOR,
+        ("not labelled",),
+    ),
+    "missing": (Account("team-a", "agents"), None, OPERATOR, ("does not exist", "kubectl label")),
+    "the operator's own, unlabelled": (OPERATOR, {}, OPERATOR, ("operator's own",)),
+    "the operator's own, even labelled": (
+        OPERATOR,
+        LABELLED,
+        OPERATOR,
+        ("operator's own", "even when labelled"),
+    ),
+    "same name as the operator's, other namespace": (Account("team-a", "agentrun"), LABELLED, OPERATOR, ()),
+}
 
 
-@pytest.mark.parametrize(
-    ("message", "expected"),
-    [
-        (
-            POLICY_PREFIX + "StaleAfterCancel: Run x has a cancel pending",
-            ("StaleAfterCancel", "stale_after_cancel"),
-        ),
-        (POLICY_PREFIX + "StaleWorker: Run x is Failed", ("StaleWorker", "stale_worker")),
-        (
-            POLICY_PREFIX + "NotCurrentAttempt: its current Attempt is x-a2",
-            ("NotCurrentAttempt", "stale_worker"),
-        ),
-        (POLICY_PREFIX + "NotOwnRun: Pod y-a1 is not an Attempt of Run x", ("NotOwnRun", None)),
-        (POLICY_PREFIX + "NotPodBound: token not bound", ("NotPodBound", None)),
-        (POLICY_PREFIX + "NotWorkerField: changes phase", ("NotWorkerField", None)),
-        ("the object has been modified; please apply your changes", None),
-        ("StaleWorkers are not a cause without the colon", None),
-    ],
-)
-def test_a_refusal_is_classified_from_its_message_alone(
-    message: str, expected: tuple[str, Any] | None
+@pytest.mark.parametrize(("account", "labels", "operator", "says"), ACCOUNTS.values(), ids=ACCOUNTS.keys())
+def test_account_refusal(
+    account: Account, labels: dict[str, str] | None, operator: Account | None, says: tuple[str, ...]
 ) -> None:
-    found = refusal_cause(message)
-    if expected is None:
-        assert found is None
+    refusal = account_refusal(account, labels, operator)
+    if not says:
+        assert refusal is None
     else:
-        cause, reason = expected
-        assert found == (cause, None if reason is None else RejectedCommitReason(reason))
+        assert refusal is not None
+        for fragment in says:
+            assert fragment in refusal
 
 
-def test_every_cause_the_policies_name_is_classified() -> None:
-    messages = " ".join(
-        v["messageExpression"]
-        for doc in admission_policies("system:serviceaccount:ns:op")
-        if doc["kind"] == "ValidatingAdmissionPolicy"
-        for v in doc["spec"]["validations"]
-    )
-    named = {cause for cause in REFUSAL_CAUSES if f"'{cause}:" in messages}
-    assert named == set(REFUSAL_CAUSES)
+def test_the_agent_account_defaults_to_the_namespace_default() -> None:
+    assert agent_account(make_run()) == Account(NAMESPACE, "default")
+    named = make_run(spec={"agent": {"image": "i", "serviceAccountName": "agents"}})
+    assert agent_account(named) == Account(NAMESPACE, "agents")
 
 
-def _rejected(attempt: Attempt) -> Attempt:
-    status = attempt.status.to_api() | {"rejectedCommit": {"reason": "stale_worker", "message": "late"}}
-    return Attempt.model_validate(attempt.to_api() | {"status": status})
+RETRY = {"retryRequest": {"idempotencyKey": "retry-1", "reason": "labelled now"}}
+SPENT = {"idempotencyKey": "retry-1", "op": "Retry", "digest": "sha256:" + "0" * 64, "outcome": "Accepted"}
+STARTS: dict[str, tuple[dict[str, Any] | None, dict[str, Any], bool]] = {
+    "new": (None, {}, True),
+    "queued": (run_status("Queued"), {}, True),
+    "running": (run_status("Running", current=1, lease_epoch=1), {}, True),
+    "waiting for input": (run_status("InputRequired", current=1, lease_epoch=1), {}, True),
+    "succeeded": (run_status("Succeeded", current=1), {}, False),
+    "failed": (run_status("Failed", current=1), {}, False),
+    "needs reconciliation": (run_status("NeedsReconciliation", current=1), {}, False),
+    "failed, a retry asked for": (run_status("Failed", current=1), RETRY, True),
+    "failed, the retry judged": (
+        run_status("Failed", current=1, controls=[{**SPENT, "time": "2026-03-01T12:00:00Z"}]),
+        RETRY,
+        False,
+    ),
+}
 
 
-@pytest.mark.parametrize(
-    ("phase", "marked"),
-    [
-        ("Running", True),
-        ("Failed", True),
-        ("LeaseLost", True),
-        ("Interrupted", True),
-        ("Rejected", False),
-        ("Succeeded", False),
-    ],
-)
-def test_the_operator_marks_an_attempt_rejected_from_the_workers_record(phase: str, marked: bool) -> None:
-    run = make_run(run_status("Running", current=2, lease_epoch=2))
-    world = make_world(run, attempts=[_rejected(make_attempt(1, phase=phase)), make_attempt(2)])
-    patches = [a for a in of_type(decide(world), PatchAttemptStatus) if a.patch.get("phase") == "Rejected"]
-    assert bool(patches) == marked
-    if marked:
-        [patch] = patches
-        assert patch.name == "triage-a1"
-        assert patch.expected_resource_version == "201"
+@pytest.mark.parametrize(("status", "spec", "expected"), STARTS.values(), ids=STARTS.keys())
+def test_may_start_pods(status: dict[str, Any] | None, spec: dict[str, Any], expected: bool) -> None:
+    assert may_start_pods(make_run(status, spec=spec)) is expected
 
 
-def _interrupted(request: dict[str, Any]) -> dict[str, Any]:
-    run = make_run(run_status("Running", current=1, lease_epoch=1, pendingRequest=request))
-    world = make_world(run, attempts=[make_attempt(1)], pods=[ended_pod(1, 0)])
-    [patch] = [a.patch for a in of_type(decide(world), PatchRunStatus) if "phase" in a.patch]
-    return patch
+def ref(uid: str = RUN_UID, kind: str = "Run", controller: bool | None = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": "agentrun.dev/v1alpha1", "kind": kind, "name": "triage", "uid": uid}
+    if controller is not None:
+        out["controller"] = controller
+    return out
 
 
-def test_expiry_is_derived_on_the_operators_clock_from_expires_in_seconds() -> None:
-    patch = _interrupted(pending_request() | {"expiresInSeconds": 3600})
-    assert patch["phase"] == "InputRequired"
-    assert patch["pendingRequest"] == {"expiresAt": ts(NOW + timedelta(seconds=3600))}
+OWNERS: dict[str, tuple[list[dict[str, Any]] | None, bool, bool]] = {
+    # ownerReferences -> (owned as controller, owned at all)
+    "controlled by the Run": ([ref()], True, True),
+    "owned, not controlled (an SDK record)": ([ref(controller=None)], False, True),
+    "owned, controller false": ([ref(controller=False)], False, True),
+    "another Run of the same name (recreated)": ([ref(uid="other")], False, False),
+    "no owner (squatted)": (None, False, False),
+    "the uid under another kind": ([ref(kind="Attempt")], False, False),
+    "controlled by the Run among others": (
+        [ref(uid="x", kind="Attempt", controller=False), ref()],
+        True,
+        True,
+    ),
+}
 
 
-@pytest.mark.parametrize(
-    "request_fields", [{}, {"expiresInSeconds": 60, "expiresAt": ts(NOW + timedelta(seconds=5))}]
-)
-def test_a_request_without_lifetime_or_with_its_expiry_already_set_keeps_it(
-    request_fields: dict[str, Any],
+@pytest.mark.parametrize(("refs", "controlled", "owned"), OWNERS.values(), ids=OWNERS.keys())
+def test_owned_by(refs: list[dict[str, Any]] | None, controlled: bool, owned: bool) -> None:
+    obj = {"metadata": {"name": "triage-a1", **({"ownerReferences": refs} if refs is not None else {})}}
+    assert owned_by(obj, RUN_UID, controller=True) is controlled
+    assert owned_by(obj, RUN_UID, controller=False) is owned
+    assert owned_by(obj, None, controller=False) is False
+
+
+REFUSED = "ServiceAccount team-a/default is not labelled agentrun.dev/agent=true: ..."
+# Each a state in which decide would otherwise grant a Lease or create an Attempt or Pod.
+BEFORE_A_POD: dict[str, tuple[dict[str, Any], dict[str, Any], list[Any]]] = {
+    "queued": (run_status("Queued"), {}, []),
+    "retry due": (
+        run_status("RetryBackoff", current=1, lease_epoch=1, nextAttemptTime="2026-03-01T12:05:00Z"),
+        {},
+        [make_attempt(1, phase="Failed")],
+    ),
+    "a grant interrupted before its Attempt": (run_status("Running", current=1, lease_epoch=1), {}, []),
+    "an Attempt without its Pod": (
+        run_status("Running", current=1, lease_epoch=1),
+        {},
+        [make_attempt(1, phase=None, started=False)],
+    ),
+    "a manual retry": (
+        run_status("Failed", current=1, lease_epoch=1),
+        RETRY,
+        [make_attempt(1, phase="Failed")],
+    ),
+}
+
+
+@pytest.mark.parametrize(("status", "spec", "attempts"), BEFORE_A_POD.values(), ids=BEFORE_A_POD.keys())
+def test_a_refused_account_fails_the_run_before_any_lease_attempt_or_pod(
+    status: dict[str, Any], spec: dict[str, Any], attempts: list[Any]
 ) -> None:
-    patch = _interrupted(pending_request() | request_fields)
-    assert "pendingRequest" not in patch
-
-
-def _approval_world(answer: Any, *, approval: dict[str, Any] | None = None) -> Any:
-    effect = make_side_effect("k1", "Pending")
-    name = str(effect.metadata.name)
-    if approval is not None:
-        effect = type(effect).model_validate(
-            effect.to_api()
-            | {"status": (effect.status.to_api() if effect.status else {}) | {"approval": approval}}
-        )
-    resumed = make_attempt(
-        2, reason=f"resume:{ledger.approval_request_id(name)}", input_value=answer, resume_from="ckpt-2"
+    world = make_world(make_run(status, spec=spec), attempts=attempts, account_refusal=REFUSED)
+    plan = decide(world)
+    assert of_type(plan, WriteLease) == []
+    assert of_type(plan, CreatePod) == []
+    patch = run_patch(plan)
+    assert (patch["phase"], patch["failure"]["class"], patch["failure"]["reason"]) == (
+        "Failed",
+        "deterministic",
+        "ServiceAccountNotAllowed",
     )
-    run = make_run(run_status("Running", current=2, lease_epoch=2))
-    return name, make_world(
-        run, attempts=[make_attempt(1, phase="Interrupted"), resumed], side_effects=[effect]
-    )
+    assert patch["message"] == REFUSED
+    assert ("Warning", "ServiceAccountNotAllowed") in events(plan)
+    if not attempts and status["phase"] == "Running":
+        # the Attempt the grant promised is still created (status.attempts counts it), never its Pod
+        assert len(of_type(plan, CreateAttempt)) == 1
+    else:
+        assert of_type(plan, CreateAttempt) == []
 
 
-@pytest.mark.parametrize(
-    ("answer", "approval", "recorded"),
-    [
-        ({"approved": True}, None, True),
-        ({"approved": True, "comment": "ok"}, None, True),
-        ({"approved": False}, None, False),
-        ({"approved": "yes"}, None, False),
-        ({"approved": True}, {"requestId": "approve-x", "time": ts(NOW)}, False),
-    ],
-)
-def test_the_operator_records_an_approval_from_the_attempt_that_brought_it(
-    answer: Any, approval: dict[str, Any] | None, recorded: bool
-) -> None:
-    name, world = _approval_world(answer, approval=approval)
-    writes = of_type(decide(world), PatchSideEffectStatus)
-    if not recorded:
-        assert writes == []
-        return
-    assert writes == [
-        PatchSideEffectStatus(
-            name, {"approval": {"requestId": ledger.approval_request_id(name), "time": ts(NOW)}}
-        )
-    ]
+def test_an_allowed_account_grants_as_before() -> None:
+    plan = decide(make_world(make_run(run_status("Queued"))))
+    assert len(of_type(plan, WriteLease)) == len(of_type(plan, CreatePod)) == 1

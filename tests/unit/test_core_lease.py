@@ -37,18 +37,18 @@ LEASE_OBJECTS = {
             "leaseDurationSeconds": 60,
             "renewTime": "2026-03-01T12:00:00.123456Z",
         },
-        LeaseView(holder="triage-a2", epoch=2, duration_seconds=60, resource_version="77"),
+        LeaseView(holder="triage-a2", epoch=2, resource_version="77"),
     ),
     "revoked": (
         {"holderIdentity": None, "leaseTransitions": 3, "leaseDurationSeconds": 30},
-        LeaseView(holder=None, epoch=3, duration_seconds=30, resource_version="77"),
+        LeaseView(holder=None, epoch=3, resource_version="77"),
     ),
     "empty-holder": (
         {"holderIdentity": "", "leaseTransitions": 1, "leaseDurationSeconds": 30},
-        LeaseView(holder=None, epoch=1, duration_seconds=30, resource_version="77"),
+        LeaseView(holder=None, epoch=1, resource_version="77"),
     ),
-    "no-spec": (None, LeaseView(holder=None, epoch=0, duration_seconds=0, resource_version="77")),
-    "empty-spec": ({}, LeaseView(holder=None, epoch=0, duration_seconds=0, resource_version="77")),
+    "no-spec": (None, LeaseView(holder=None, epoch=0, resource_version="77")),
+    "empty-spec": ({}, LeaseView(holder=None, epoch=0, resource_version="77")),
 }
 
 

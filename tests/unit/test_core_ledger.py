@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from agentrun.api import SideEffect, SideEffectSpec
-from agentrun.core.ledger import Step, after_lookup, next_step, request_digest, side_effect_name
+from agentrun.core.ledger import (
+    Step,
+    after_lookup,
+    foreign_record,
+    next_step,
+    request_digest,
+    side_effect_name,
+)
 from unit.factories import make_side_effect
 
 DIGEST = request_digest("create_ticket", "project-7")
@@ -19,15 +26,46 @@ OTHER_DIGEST = request_digest("create_ticket", "project-8")
 
 @pytest.mark.parametrize("key", ["run-1/ticket", "a", "x" * 128, "Ticket:ÄÖ/1"])
 def test_side_effect_name_is_a_valid_object_name(key: str) -> None:
-    name = side_effect_name(key)
+    name = side_effect_name("triage", key)
 
     assert re.fullmatch(r"sfx-[0-9a-f]{32}", name)
-    assert name == side_effect_name(key), "one record per key, whoever computes it"
+    assert name == side_effect_name("triage", key), "one record per key, whoever computes it"
 
 
 def test_side_effect_names_differ_by_key() -> None:
     keys = [f"run-1/ticket-{n}" for n in range(500)] + ["run-1/Ticket-1", "run-1/ticket-1 "]
-    assert len({side_effect_name(k) for k in keys}) == len(keys)
+    assert len({side_effect_name("triage", k) for k in keys}) == len(keys)
+
+
+def test_side_effect_names_differ_by_run() -> None:
+    # The ledger is the Run's: the same key in two Runs names two records, and no split of one text into
+    # run and key names the record of another.
+    pairs = [("a", "create-ticket"), ("b", "create-ticket"), ("a-b", "c"), ("a", "b-c"), ("ab", "c")]
+    assert len({side_effect_name(run, key) for run, key in pairs}) == len(pairs)
+
+
+def record(run_name: str = "triage", uid: str | None = "uid-1", kind: str = "Run") -> dict[str, object]:
+    owners = [] if uid is None else [{"kind": kind, "name": run_name, "uid": uid}]
+    return {
+        "kind": "SideEffect",
+        "metadata": {"name": "sfx-1", "ownerReferences": owners},
+        "spec": {"runName": run_name},
+    }
+
+
+FOREIGN = {
+    "its own": (record(), None),
+    "another Run's": (record("other"), "belongs to Run 'other'"),
+    "its name, no owner": (record(uid=None), "not owned by it"),
+    "its name, a Run of that name deleted since": (record(uid="uid-0"), "not owned by it"),
+    "its name, the uid under another kind": (record(kind="Attempt"), "not owned by it"),
+}
+
+
+@pytest.mark.parametrize(("found", "says"), FOREIGN.values(), ids=FOREIGN.keys())
+def test_foreign_record(found: dict[str, object], says: str | None) -> None:
+    reason = foreign_record(found, "triage", "uid-1")
+    assert reason is None if says is None else says in str(reason)
 
 
 DIGESTS = {

@@ -2780,16 +2780,15 @@ class Cluster:
 
     def world(self) -> World:
         lease = expires_in = None
+        run = make_run(self.status, spec=self.spec)
         if self.lease is not None:
-            lease = LeaseView(
-                self.lease["holder"], self.lease["epoch"], self.lease["duration"], self.lease["rv"]
-            )
+            lease = LeaseView(self.lease["holder"], self.lease["epoch"], self.lease["rv"])
             self.sighting = sight(self.sighting, lease.resource_version, self.clock)
-            expires_in = seconds_until_expiry(self.sighting, lease.duration_seconds, self.clock)
+            expires_in = seconds_until_expiry(self.sighting, run.spec.lease.duration_seconds, self.clock)
         parsed = (Attempt.model_validate(body) for body in self.attempts.values())
         views = (pod_view(body) for body in self.pods.values())
         return World(
-            run=make_run(self.status, spec=self.spec),
+            run=run,
             attempts={a.spec.number: a for a in parsed},
             pods={v.name: v for v in views},
             lease=lease,

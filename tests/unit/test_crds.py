@@ -40,12 +40,21 @@ MODELS: dict[str, type[KubernetesObject]] = {
 }
 KINDS = sorted(CRDS)
 
-# The free-form JSON fields, and the PodSpec stored as sent (see agentrun.api.kube.PodSpecJson).
+# The free-form JSON fields, and the PodSpec stored as sent (see agentrun.api.kube.PodSpecJson) with the
+# parts its admission rules read.
+POD_SPEC = ".spec.agent.podTemplate.spec"
 PRESERVE_UNKNOWN_FIELDS = {
     "Run": {
         ".spec.input",
         ".spec.resume.value",
-        ".spec.agent.podTemplate.spec",
+        POD_SPEC,
+        *(f"{POD_SPEC}.{c}[*]" for c in ("containers", "initContainers", "ephemeralContainers")),
+        *(
+            f"{POD_SPEC}.{c}[*].securityContext"
+            for c in ("containers", "initContainers", "ephemeralContainers")
+        ),
+        f"{POD_SPEC}.volumes[*]",
+        f"{POD_SPEC}.volumes[*].hostPath",
         ".status.result",
         ".status.pendingRequest.acceptedSchema",
     },

@@ -40,6 +40,7 @@ NAMESPACED_RESOURCES = {
     ("agentrun.dev", "checkpoints"),
     ("agentrun.dev", "sideeffects"),
     ("", "pods"),
+    ("", "serviceaccounts"),
     ("", "events"),
     ("events.k8s.io", "events"),
     ("coordination.k8s.io", "leases"),

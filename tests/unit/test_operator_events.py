@@ -34,8 +34,9 @@ def test_a_renewal_is_no_news_a_new_holder_or_epoch_is() -> None:
     assert not news_for_decide("leases", held, renewed)
     assert news_for_decide("leases", held, lease(None, 2, "12"))  # revoked: a new epoch, no holder
     assert news_for_decide("leases", held, lease("r-a2", 2, "12"))
-    assert news_for_decide(
-        "leases", held, lease("r-a1", 1, "12") | {"spec": held["spec"] | {"leaseDurationSeconds": 5}}
+    # The duration is the Run's (spec.lease): a holder rewriting the Lease's own changes nothing.
+    assert not news_for_decide(
+        "leases", held, lease("r-a1", 1, "12") | {"spec": held["spec"] | {"leaseDurationSeconds": 3600}}
     )
     assert news_for_decide("leases", None, held)  # first sight
 

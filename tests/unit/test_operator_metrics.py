@@ -22,6 +22,7 @@ from agentrun.core.plan import (
     RecordEvent,
     WriteLease,
 )
+from agentrun.core.pods import owner_reference
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator import logs, metrics
 from agentrun.operator.cache import OwnedObjects
@@ -311,7 +312,12 @@ def test_executor_counts_attempts_once_and_lease_takeovers(
     body = {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "Attempt",
-        "metadata": {"name": f"{RUN}-a2", "namespace": NAMESPACE, "labels": {"agentrun.dev/run": RUN}},
+        "metadata": {
+            "name": f"{RUN}-a2",
+            "namespace": NAMESPACE,
+            "labels": {"agentrun.dev/run": RUN},
+            "ownerReferences": [owner_reference(run, controller=True)],
+        },
         "spec": {"runName": RUN, "number": 2, "reason": "retry:rate_limited"},
     }
     attempt_path = KubeApi.custom_path("attempts", NAMESPACE, f"{RUN}-a2")

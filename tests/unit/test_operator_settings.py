@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+
 import kopf
 import pytest
 
-from agentrun.operator.settings import OperatorSettings, apply_settings
+from agentrun.operator.settings import OperatorSettings, apply_settings, own_account
 
 
 def test_defaults_reach_kopf() -> None:
@@ -27,3 +31,31 @@ def test_list_chunk_size_from_the_environment(
     apply_settings(settings, OperatorSettings.from_env())
 
     assert settings.watching.chunk_size == chunk_size
+
+
+def _token(claims: dict[str, object]) -> str:
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln"
+
+
+OWN_ACCOUNTS = {
+    "env": (
+        {"AGENTRUN_SERVICE_ACCOUNT": "op", "AGENTRUN_SERVICE_ACCOUNT_NAMESPACE": "sys"},
+        {},
+        ("sys", "op"),
+    ),
+    "env name, token namespace": ({"AGENTRUN_SERVICE_ACCOUNT": "op"}, {"namespace": "sys\n"}, ("sys", "op")),
+    "token subject": ({}, {"token": _token({"sub": "system:serviceaccount:sys:op"})}, ("sys", "op")),
+    "a user's token": ({}, {"token": _token({"sub": "alice"})}, None),
+    "no token (a kubeconfig)": ({}, {}, None),
+}
+
+
+@pytest.mark.parametrize(("env", "files", "expected"), OWN_ACCOUNTS.values(), ids=OWN_ACCOUNTS.keys())
+def test_own_account(
+    tmp_path: Path, env: dict[str, str], files: dict[str, str], expected: tuple[str, str] | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    account = own_account(env, tmp_path)
+    assert (None if account is None else (account.namespace, account.name)) == expected

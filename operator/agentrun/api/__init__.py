@@ -34,6 +34,7 @@ from agentrun.api.common import (
 )
 from agentrun.api.kube import EnvVar, EnvVarSource, KeySelector, PodTemplate, ResourceRequirements
 from agentrun.api.names import (
+    AGENT_LABEL,
     ATTEMPT_ANNOTATION,
     CANCEL_EPOCH_ANNOTATION,
     LEASE_EPOCH_ANNOTATION,
@@ -82,6 +83,7 @@ from agentrun.api.sideeffect import (
 from agentrun.api.usage import Usage
 
 __all__ = [
+    "AGENT_LABEL",
     "API_VERSION",
     "ATTEMPT_ANNOTATION",
     "CANCEL_EPOCH_ANNOTATION",

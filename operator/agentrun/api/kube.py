@@ -7,7 +7,7 @@ applied, not minutes later when its first Attempt starts.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, JsonValue, WithJsonSchema
 
@@ -159,10 +159,125 @@ class PodTemplateMetadata(ApiModel):
 # that drift with every Kubernetes release, so it is stored as sent and the API server validates
 # it when the operator creates the attempt Pod from it. It is not an embedded resource
 # (x-kubernetes-embedded-resource): a PodSpec carries no apiVersion, kind or metadata.
-PodSpecJson = Annotated[
-    dict[str, JsonValue],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+#
+# What would let an attempt Pod borrow an identity or the node is refused at admission, though: CEL sees
+# only declared fields of a preserve-unknown-fields object, so those few are declared (the rest of the
+# PodSpec stays as sent) and the rules below read them.
+MAX_POD_CONTAINERS = 64
+MAX_POD_VOLUMES = 256
+
+
+def _preserved(description: str, **properties: Any) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    node["description"] = description
+    if properties:
+        node["properties"] = properties
+    return node
+
+
+def _flag(description: str) -> dict[str, Any]:
+    return {"type": "boolean", "description": description}
+
+
+def _containers(field: str) -> dict[str, Any]:
+    privileged = _flag("A privileged container: refused for attempt Pods.")
+    security = _preserved("The container's security context.", privileged=privileged)
+    container = _preserved(f"A core/v1 {field[:-1]} as in a PodSpec.", securityContext=security)
+    container["x-kubernetes-validations"] = [
+        cel(
+            "!has(self.securityContext) || !has(self.securityContext.privileged)"
+            " || !self.securityContext.privileged",
+            f"an attempt Pod's {field} cannot be privileged: remove securityContext.privileged (or set "
+            "it false); grant the capabilities the agent needs instead",
+            reason="FieldValueForbidden",
+        )
+    ]
+    return {
+        "type": "array",
+        "maxItems": MAX_POD_CONTAINERS,
+        "description": f"The Pod's {field}, as in a PodSpec.",
+        "items": container,
+    }
+
+
+def _host_namespace(field: str, what: str) -> dict[str, Any]:
+    return cel(
+        f"!has(self.{field}) || !self.{field}",
+        f"podTemplate.spec.{field} is not allowed: an attempt Pod never shares the node's {what}; "
+        f"remove {field} (or set it false)",
+        reason="FieldValueForbidden",
+        field_path=f".{field}",
+    )
+
+
+_ACCOUNT_FIXES = "set spec.agent.serviceAccountName to a ServiceAccount labelled agentrun.dev/agent=true"
+POD_SPEC_SCHEMA: dict[str, Any] = _preserved(
+    "A core/v1 PodSpec, stored as sent (the API server checks it when the attempt Pod is created), but "
+    "for what would let the Pod borrow an identity or the node: serviceAccountName, nodeName, host "
+    "namespaces, privileged containers and hostPath volumes are refused.",
+    serviceAccountName={
+        "type": "string",
+        "maxLength": MAX_NAME_LENGTH,
+        "description": "Refused here: the ServiceAccount is spec.agent.serviceAccountName.",
+    },
+    serviceAccount={
+        "type": "string",
+        "maxLength": MAX_NAME_LENGTH,
+        "description": "The deprecated alias of serviceAccountName: refused here too.",
+    },
+    nodeName={
+        "type": "string",
+        "maxLength": MAX_NAME_LENGTH,
+        "description": "Refused: attempt Pods are placed by the scheduler (use nodeSelector or affinity).",
+    },
+    hostNetwork=_flag("Refused when true: attempt Pods never use the node's network namespace."),
+    hostPID=_flag("Refused when true: attempt Pods never use the node's PID namespace."),
+    hostIPC=_flag("Refused when true: attempt Pods never use the node's IPC namespace."),
+    containers=_containers("containers"),
+    initContainers=_containers("initContainers"),
+    ephemeralContainers=_containers("ephemeralContainers"),
+    volumes={
+        "type": "array",
+        "maxItems": MAX_POD_VOLUMES,
+        "description": "The Pod's volumes, as in a PodSpec; hostPath volumes are refused.",
+        "items": _preserved(
+            "A core/v1 Volume as in a PodSpec.",
+            hostPath=_preserved("A directory of the node: refused for attempt Pods."),
+        ),
+    },
+)
+POD_SPEC_SCHEMA["x-kubernetes-validations"] = [
+    cel(
+        "!has(self.serviceAccountName)",
+        f"podTemplate.spec.serviceAccountName is not allowed: {_ACCOUNT_FIXES}",
+        reason="FieldValueForbidden",
+        field_path=".serviceAccountName",
+    ),
+    cel(
+        "!has(self.serviceAccount)",
+        f"podTemplate.spec.serviceAccount is not allowed: {_ACCOUNT_FIXES}",
+        reason="FieldValueForbidden",
+        field_path=".serviceAccount",
+    ),
+    cel(
+        "!has(self.nodeName)",
+        "podTemplate.spec.nodeName is not allowed: attempt Pods are placed by the scheduler; remove "
+        "nodeName and use nodeSelector or affinity",
+        reason="FieldValueForbidden",
+        field_path=".nodeName",
+    ),
+    _host_namespace("hostNetwork", "network"),
+    _host_namespace("hostPID", "process IDs"),
+    _host_namespace("hostIPC", "IPC"),
+    cel(
+        "!has(self.volumes) || self.volumes.all(v, !has(v.hostPath))",
+        "podTemplate.spec.volumes cannot mount a hostPath (a directory of the node): use an emptyDir, a "
+        "configMap, a secret or a persistentVolumeClaim",
+        reason="FieldValueForbidden",
+        field_path=".volumes",
+    ),
 ]
+PodSpecJson = Annotated[dict[str, JsonValue], WithJsonSchema(POD_SPEC_SCHEMA)]
 
 
 class PodTemplate(ApiModel):

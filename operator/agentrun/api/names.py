@@ -8,6 +8,8 @@ from agentrun.api.common import GROUP
 
 # On every object agentrun creates for a Run: Attempts, Pods, Checkpoints, SideEffects, the Lease.
 RUN_LABEL: Final = f"{GROUP}/run"
+# On a ServiceAccount an administrator lets attempt Pods run as (value "true").
+AGENT_LABEL: Final = f"{GROUP}/agent"
 
 # On every attempt Pod; the worker SDK reads them through the downward API.
 ATTEMPT_ANNOTATION: Final = f"{GROUP}/attempt"

@@ -22,6 +22,8 @@ from agentrun.api import (
 )
 from agentrun.core import controls, report
 from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
+from agentrun.core.failures import fingerprint
+from agentrun.core.identity import NOT_ALLOWED
 from agentrun.core.lease import LeaseView, epoch_for_grant
 from agentrun.core.plan import (
     CreateAttempt,
@@ -65,6 +67,9 @@ class World:
     lease_expires_in: float | None = None
     side_effects: Sequence[SideEffect] = ()
     checkpoints: Sequence[Checkpoint] = ()
+    # Why attempt Pods may not run as the Run's ServiceAccount (core.identity.account_refusal); None: they
+    # may. The I/O layer looks it up whenever core.identity.may_start_pods says a Pod may be started.
+    account_refusal: str | None = None
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
@@ -137,8 +142,33 @@ class Decision:
 
     # ---- transitions ---------------------------------------------------------------------------------
 
+    def refuse_account(self, **fields: Any) -> bool:
+        """Fails the Run when its Pods may not run as its ServiceAccount; checked before any Lease grant,
+        Attempt or Pod exists for it. True when it did."""
+        message = self.w.account_refusal
+        if message is None:
+            return False
+        self.set_phase(
+            RunPhase.FAILED,
+            NOT_ALLOWED,
+            message,
+            failure={
+                "class": FailureClass.DETERMINISTIC.value,
+                "reason": NOT_ALLOWED,
+                "message": message[:1024],
+                "fingerprint": fingerprint(FailureClass.DETERMINISTIC, message),
+            },
+            nextAttemptTime=None,
+            **fields,
+        )
+        self.event("Warning", NOT_ALLOWED, message)
+        return True
+
     def grant(self, number: int, reason: str, input_value: Any = None, **status_fields: Any) -> None:
         """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod."""
+        # A control request that asked for this grant stays recorded; the failure replaces any cleared one.
+        if self.refuse_account(**{k: v for k, v in status_fields.items() if k != "failure"}):
+            return
         run = self.run
         name = attempt_name(str(run.metadata.name), number)
         self.delete_superseded_pods(name)
@@ -200,6 +230,8 @@ class Decision:
     def ensure_pod(self, attempt: Attempt) -> None:
         # The Pod is owned by the Attempt too; an Attempt about to be created has no uid yet, so the
         # I/O layer fills in the uid the create returned (it is the same object either way).
+        if self.refuse_account():  # e.g. the label was taken off since the grant: its Attempt is aborted
+            return
         self.plan.add(CreatePod(attempt_pod(self.run, attempt)))
         if attempt.status.phase is None:
             self.plan.add(

@@ -16,8 +16,9 @@ from typing import Any
 class LeaseView:
     holder: str | None
     epoch: int  # spec.leaseTransitions
-    duration_seconds: int
     resource_version: str
+    # No leaseDurationSeconds: the holder may write the Lease, so how long it lasts is taken from the
+    # Run's spec.lease, which only its user writes.
 
 
 def lease_view(lease: dict[str, Any]) -> LeaseView:
@@ -25,7 +26,6 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
     return LeaseView(
         holder=spec.get("holderIdentity") or None,
         epoch=int(spec.get("leaseTransitions") or 0),
-        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
         resource_version=str(lease["metadata"]["resourceVersion"]),
     )
 

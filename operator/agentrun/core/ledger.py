@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -24,9 +24,24 @@ class Step(StrEnum):
     REFUSE = "refuse"  # it failed for good earlier, or the record belongs to another request
 
 
-def side_effect_name(idempotency_key: str) -> str:
-    """SideEffect objects are named from a hash of the key: one record per external action."""
-    return "sfx-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+def side_effect_name(run_name: str, idempotency_key: str) -> str:
+    """SideEffect objects are named from a hash of the Run's name and the key: one record per external
+    action of a Run. The ledger is the Run's: the same key in two Runs names two records (a NUL cannot
+    occur in a Run's name, so no other pair hashes the same text)."""
+    return "sfx-" + hashlib.sha256(f"{run_name}\0{idempotency_key}".encode()).hexdigest()[:32]
+
+
+def foreign_record(record: Mapping[str, Any], run_name: str, run_uid: str | None) -> str | None:
+    """Why an existing Checkpoint or SideEffect is not this Run's (None: it is): its spec.runName and its
+    owner (the Run's UID) must both be the Run's, or it was put there by someone else."""
+    metadata, spec = record.get("metadata") or {}, record.get("spec") or {}
+    kind, name = record.get("kind") or "record", metadata.get("name")
+    if spec.get("runName") != run_name:
+        return f"{kind} {name} belongs to Run {spec.get('runName')!r}, not {run_name!r}: it is never used"
+    owners = [ref.get("uid") for ref in metadata.get("ownerReferences") or [] if ref.get("kind") == "Run"]
+    if not run_uid or run_uid not in owners:
+        return f"{kind} {name} names Run {run_name} but is not owned by it (uid {run_uid}): it is never used"
+    return None
 
 
 def request_digest(tool: str, target: str | None, request: Any = None) -> str:

@@ -141,7 +141,16 @@ def pod_essentials(pod: dict[str, Any]) -> dict[str, Any]:
     status = pod.get("status") or {}
     kept_metadata = {
         k: metadata[k]
-        for k in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+        # ownerReferences: only a Pod the Run controls is its attempt Pod (core.identity.owned_by)
+        for k in (
+            "name",
+            "namespace",
+            "uid",
+            "resourceVersion",
+            "labels",
+            "deletionTimestamp",
+            "ownerReferences",
+        )
         if k in metadata
     }
     kept_status = {k: status[k] for k in ("phase", "reason", "message") if k in status}

@@ -26,7 +26,7 @@ from agentrun.api import (
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.api.usage import Usage, usage_sum
-from agentrun.core import controls, external, failures, ledger, report, retention, stopping
+from agentrun.core import controls, external, failures, identity, ledger, report, retention, stopping
 from agentrun.core.conditions import TERMINAL_PHASES
 from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World, rfc3339
 from agentrun.core.plan import (
@@ -40,7 +40,7 @@ from agentrun.core.plan import (
 )
 from agentrun.core.pods import PodView
 
-__all__ = ["RECHECK_SECONDS", "World", "decide"]
+__all__ = ["RECHECK_SECONDS", "World", "decide", "fail_squatted"]
 
 
 def decide(world: World) -> Plan:
@@ -115,7 +115,7 @@ def decide(world: World) -> Plan:
         due = status.next_attempt_time
         if attempt is not None and attempt.status.phase not in FINISHED_ATTEMPT:
             # Only a lease takeover writes the backoff before ending its Attempt: it was interrupted.
-            lost = failures.lease_lost(world.lease.duration_seconds if world.lease else 0)
+            lost = failures.lease_lost(spec.lease.duration_seconds)
             _finish_lost(d, attempt, pod, lost)
             d.plan.wake_in(0 if due is None else (due - world.now).total_seconds())
         elif due is None or world.now >= due:
@@ -159,6 +159,33 @@ def _fail_before_start(d: Decision, reason: str, message: str) -> None:
     d.event("Warning", reason, message)
 
 
+def fail_squatted(world: World, message: str) -> Plan:
+    """An object this Run needs (its Lease, an Attempt, an Attempt's Pod) exists under its name but is not
+    the Run's: it is never adopted, nor written or deleted. The Run fails and says what to delete; its own
+    Lease, if any, is revoked first, so no Pod, however named, writes for it any more."""
+    d = Decision(world)
+    if world.run.status.phase in TERMINAL_PHASES:
+        return d.plan
+    fields: dict[str, Any] = {}
+    if world.lease is not None:
+        fields["leaseEpoch"] = stopping.revoke_lease(d)
+    d.set_phase(
+        RunPhase.FAILED,
+        identity.NAME_SQUATTED,
+        message,
+        failure={
+            "class": FailureClass.DETERMINISTIC.value,
+            "reason": identity.NAME_SQUATTED,
+            "message": message[:1024],
+            "fingerprint": failures.fingerprint(FailureClass.DETERMINISTIC, message),
+        },
+        nextAttemptTime=None,
+        **fields,
+    )
+    d.event("Warning", identity.NAME_SQUATTED, message)
+    return d.plan
+
+
 def _reason_after(previous: Attempt | None, world: World) -> str:
     """Why the next Attempt starts, from how the previous one ended."""
     if previous is None:
@@ -180,7 +207,7 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
     if attempt.status.phase in FINISHED_ATTEMPT:
         if attempt.status.phase == AttemptPhase.LEASE_LOST and w.lease is not None:
             # The loss was recorded and the operator stopped before the takeover: finish it first.
-            failure = attempt.status.failure or failures.lease_lost(w.lease.duration_seconds)
+            failure = attempt.status.failure or failures.lease_lost(w.run.spec.lease.duration_seconds)
             _take_over(d, attempt, pod, failure)
             return
         _after_attempt(d, attempt, attempt.status.failure)
@@ -212,14 +239,14 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
     lease = w.lease
     if lease is not None and lease.holder is None and lease.epoch > attempt.spec.lease_epoch:
         # Revoked, and the operator stopped before writing the Run: finish the takeover.
-        _take_over(d, attempt, pod, failures.lease_lost(lease.duration_seconds))
+        _take_over(d, attempt, pod, failures.lease_lost(w.run.spec.lease.duration_seconds))
         return
     holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
     if not holds_lease or w.lease_expires_in is None or not pod.running_since:
         # The lease is judged once the agent runs: image pulls and scheduling do not count against it.
         d.plan.wake_in(RECHECK_SECONDS)
     elif w.lease_expires_in <= 0:
-        _take_over(d, attempt, pod, failures.lease_lost(lease.duration_seconds if lease else 0))
+        _take_over(d, attempt, pod, failures.lease_lost(w.run.spec.lease.duration_seconds))
     else:
         d.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
@@ -390,7 +417,7 @@ def _abort_leftovers(d: Decision) -> None:
             and attempt.spec.number == d.status.current_attempt
         ):
             # The takeover that failed the Run was interrupted before it ended its Attempt.
-            _finish_lost(d, attempt, pod, failures.lease_lost(d.w.lease.duration_seconds if d.w.lease else 0))
+            _finish_lost(d, attempt, pod, failures.lease_lost(d.run.spec.lease.duration_seconds))
             continue
         message = f"the Run was {phase} before this Attempt finished"
         d.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, message))

@@ -106,7 +106,8 @@ class ServiceAccount(_Values):
 
 class AgentServiceAccount(_Values):
     create: bool = True
-    """Create the agents' ServiceAccount in every agent namespace."""
+    """Create the agents' ServiceAccount in every agent namespace, labelled agentrun.dev/agent=true (the
+    operator runs attempt Pods only as ServiceAccounts so labelled; label one you bring yourself)."""
     name: str = Field("agentrun-agent", pattern=NAME_PATTERN, max_length=253)
     """The ServiceAccount attempt Pods run as: set spec.agent.serviceAccountName of your Runs to it. It
     is bound to the attempt role (its Run's status, Leases, Checkpoints, SideEffects; nothing else)."""

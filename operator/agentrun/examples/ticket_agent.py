@@ -7,6 +7,9 @@
       requireApproval: false         # a person approves the ticket before it is opened (auth_required)
       failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
                                      # the ticket exists, so the next ones must not open another
+      ticketKey: create-ticket       # the ledger's idempotency key (default <namespace>.<run>.create-ticket).
+                                     # The ledger is the Run's, the ticket service's keys are global: a
+                                     # key given here reaches the service prefixed with the Run
 
 Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice.
 """
@@ -48,12 +51,14 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         await ctx.checkpoint(state, step="priority")
     plan = state["plan"]
     title = f"[{state.get('priority', 'normal')}] {plan['title']}"
+    key = str(spec.get("ticketKey") or ticket_key(ctx.namespace, ctx.run_name))
+    scope = f"{ctx.namespace}.{ctx.run_name}." if spec.get("ticketKey") else ""
     ticket = await ctx.side_effect(
         tool="create_ticket",
-        key=ticket_key(ctx.namespace, ctx.run_name),
+        key=key,
         target=tickets.service_url(),
-        execute=lambda key: tickets.create(key, title, plan["body"]),
-        lookup=tickets.find_by_key,
+        execute=lambda key: tickets.create(scope + key, title, plan["body"]),
+        lookup=lambda key: tickets.find_by_key(scope + key),
         compensation="close_ticket",
         reversible=True,
         step="create-ticket",

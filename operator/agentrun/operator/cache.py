@@ -120,3 +120,26 @@ class OwnedObjects:
 
     def size(self) -> dict[str, int]:
         return {kind: sum(len(v) for v in runs.values()) for kind, runs in self._by_run.items()}
+
+
+class AgentAccounts:
+    """The labels of the ServiceAccounts opted in for attempt Pods (agentrun.dev/agent=true), fed by a
+    label-selected watch: an account that loses the label leaves the selection and is dropped. A miss
+    is no verdict (the watch may lag a fresh label): the reconciler reads the account then."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[str, str], dict[str, str]] = {}
+
+    def put(self, account: JsonDict) -> None:
+        metadata = account.get("metadata") or {}
+        self._labels[(metadata["namespace"], metadata["name"])] = dict(metadata.get("labels") or {})
+
+    def remove(self, account: JsonDict) -> None:
+        metadata = account.get("metadata") or {}
+        self._labels.pop((str(metadata.get("namespace")), str(metadata.get("name"))), None)
+
+    def labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self._labels.get((namespace, name))
+
+    def __len__(self) -> int:
+        return len(self._labels)

@@ -9,6 +9,7 @@ from typing import Any
 from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
 from agentrun.core import plan as p
 from agentrun.core.failures import failure
+from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.metrics import OperatorMetrics
@@ -22,6 +23,21 @@ COMPONENT = "agentrun-operator"
 
 class Superseded(Exception):
     """A preconditioned write found the world changed since the decision: decide again."""
+
+
+class NameSquatted(Exception):
+    """A create found an object of that name that the Run does not own: it is not adopted."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.message = squatted(kind, name)
+        super().__init__(self.message)
+
+
+def _ours(existing: JsonDict, run: Run, kind: str) -> JsonDict:
+    """The object a create found under its name, if the Run controls it; else NameSquatted."""
+    if not owned_by(existing, str(run.metadata.uid), controller=True):
+        raise NameSquatted(kind, existing["metadata"]["name"])
+    return existing
 
 
 def _now_micro() -> str:
@@ -62,7 +78,9 @@ class Executor:
                     self.cache.put("leases", await self._write_lease(action, run))
                     self.metrics.lease_written(previous, action)
                 case p.CreateAttempt(body=body):
-                    created, new = await self._create_or_get(self.api.custom_path("attempts", ns), body)
+                    created, new = await self._create_or_get(
+                        self.api.custom_path("attempts", ns), body, run, "Attempt"
+                    )
                     attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
                     self.cache.put("attempts", created)
                     if new:
@@ -90,7 +108,7 @@ class Executor:
                     path = self.api.custom_path("sideeffects", ns, effect, "status")
                     self.cache.put("sideeffects", await self.api.merge_patch(path, {"status": patch}))
                 case p.CreatePod(body=body):
-                    await self._create_pod(body, ns, attempt_uids)
+                    await self._create_pod(body, run, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):
                     if not await self.api.delete(self.api.core_path("pods", ns, pod), grace):
                         self._forget("pods", (ns, name), pod)
@@ -108,8 +126,11 @@ class Executor:
             raise
         return result
 
-    async def _create_or_get(self, collection: str, body: JsonDict) -> tuple[JsonDict, bool]:
-        """Creates are idempotent: names are deterministic, so AlreadyExists means done before.
+    async def _create_or_get(
+        self, collection: str, body: JsonDict, run: Run, kind: str
+    ) -> tuple[JsonDict, bool]:
+        """Creates are idempotent: names are deterministic, so AlreadyExists means done before, if what
+        exists is the Run's own (anyone may create an object of that name first).
         Returns the object and whether this call created it."""
         try:
             return await self.api.create(collection, body), True
@@ -119,7 +140,7 @@ class Executor:
         existing = await self.api.get(f"{collection}/{body['metadata']['name']}")
         if existing is None:
             raise Superseded(f"{body['metadata']['name']} exists and vanished: decide again")
-        return existing, False
+        return _ours(existing, run, kind), False
 
     def _forget(self, kind: str, key: tuple[str, str], name: str) -> None:
         """An object the cache holds but the API server does not (deleted while nobody watched, e.g.
@@ -166,12 +187,21 @@ class Executor:
                 },
                 "spec": spec,
             }
-            return await self._conditional(self.api.create(self.api.lease_path(ns), body))
+            try:
+                created: JsonDict = await self.api.create(self.api.lease_path(ns), body)
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+                # Created before (the cache lags) or by someone else: only our own is decided on.
+                if existing := await self.api.get(self.api.lease_path(ns, name)):
+                    self.cache.put("leases", _ours(existing, run, "Lease"))
+                raise Superseded(f"Lease {name} exists: decide again") from None
+            return created
         patch = {"metadata": {"resourceVersion": action.expected_resource_version}, "spec": spec}
         return await self._conditional(self.api.merge_patch(self.api.lease_path(ns, name), patch))
 
-    async def _create_pod(self, body: JsonDict, ns: str, attempt_uids: dict[str, str]) -> None:
-        attempt = body["metadata"]["name"]
+    async def _create_pod(self, body: JsonDict, run: Run, attempt_uids: dict[str, str]) -> None:
+        ns, attempt = str(run.metadata.namespace), body["metadata"]["name"]
         for ref in body["metadata"]["ownerReferences"]:
             if ref["kind"] == "Attempt" and not ref.get("uid"):
                 uid = attempt_uids.get(attempt)
@@ -185,6 +215,9 @@ class Executor:
             self.cache.put("pods", await self.api.create(self.api.core_path("pods", ns), body))
         except ApiError as exc:
             if exc.conflict:
+                existing = await self.api.get(self.api.core_path("pods", ns, attempt))
+                if existing is not None:
+                    self.cache.put("pods", _ours(existing, run, "Pod"))
                 return
             if exc.status in (400, 422):
                 # The Pod the Run describes cannot exist (e.g. a bad podTemplate): retrying cannot help.

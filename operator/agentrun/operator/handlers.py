@@ -10,14 +10,14 @@ from wsgiref.simple_server import WSGIServer
 
 import kopf
 
-from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.api import AGENT_LABEL, GROUP, RUN_LABEL, VERSION
 from agentrun.core.lease import lease_view
 from agentrun.core.pods import pod_view
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics, sync
-from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.reconciler import Reconciler
-from agentrun.operator.settings import OperatorSettings, apply_settings
+from agentrun.operator.settings import OperatorSettings, apply_settings, own_account
 from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
@@ -34,6 +34,7 @@ class _State:
 
 state = _State()
 cache = OwnedObjects(on_put=metrics.METRICS.cached)
+accounts = AgentAccounts()
 
 
 def _reconciler() -> Reconciler:
@@ -48,14 +49,20 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     api = KubeApi()
     state.tracing = Tracing("agentrun-operator")  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
     state.reconciler = Reconciler(
-        api, cache, workers=config.workers, metrics=metrics.METRICS, tracing=state.tracing
+        api,
+        cache,
+        workers=config.workers,
+        metrics=metrics.METRICS,
+        accounts=accounts,
+        operator_account=own_account(),
+        tracing=state.tracing,
     )
     started = time.monotonic()
-    counts = await sync.fill(api, cache, state.namespaces)
+    counts = await sync.fill(api, cache, state.namespaces, accounts)
     log.info("cache filled in %.1fs: %s", time.monotonic() - started, counts)
     state.task = asyncio.create_task(state.reconciler.run(), name="reconciler")
     state.metrics_server = metrics.serve(config.metrics_port)
-    log.info("agentrun operator started: %s", config)
+    log.info("agentrun operator started: %s; its own ServiceAccount: %s", config, own_account())
 
 
 @kopf.on.cleanup()
@@ -101,7 +108,7 @@ def news_for_decide(kind: str, previous: JsonDict | None, obj: JsonDict) -> bool
 
 def _lease_terms(lease: JsonDict) -> tuple[Any, ...]:
     view = lease_view(lease)
-    return view.holder, view.epoch, view.duration_seconds
+    return view.holder, view.epoch
 
 
 def _owned_event(kind: str) -> Any:
@@ -125,3 +132,12 @@ for _kind, (_group, _version, _plural) in sync.OWNED.items():
     kopf.on.event(_group, _version, _plural, labels={RUN_LABEL: kopf.PRESENT}, id=f"{_kind}-event")(
         _owned_event(_kind)
     )
+
+
+@kopf.on.event(*sync.AGENT_ACCOUNTS, labels={AGENT_LABEL: "true"}, id="serviceaccounts-event")
+async def agent_account_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    # An account that loses the label leaves the selection: the watch reports it DELETED.
+    if event["type"] == "DELETED":
+        accounts.remove(dict(body))
+    else:
+        accounts.put(dict(body))

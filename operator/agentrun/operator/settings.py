@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import kopf
+
+from agentrun.core.identity import Account
 
 
 @dataclass(frozen=True)
@@ -82,3 +88,42 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorSettings) ->
         settings.peering.priority = config.priority
         settings.peering.lifetime = config.peering_lifetime
         settings.peering.mandatory = True
+
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def own_account(
+    env: Mapping[str, str] | None = None, token_dir: Path = SERVICE_ACCOUNT_DIR
+) -> Account | None:
+    """The operator's own ServiceAccount, which attempt Pods must never run as: AGENTRUN_SERVICE_ACCOUNT
+    (the chart sets it from the downward API) in AGENTRUN_SERVICE_ACCOUNT_NAMESPACE or the token's
+    namespace; else the subject of the mounted token; None when the operator runs with another identity
+    (a user's kubeconfig, as in the tests)."""
+    env = os.environ if env is None else env
+    name, namespace = env.get("AGENTRUN_SERVICE_ACCOUNT"), env.get("AGENTRUN_SERVICE_ACCOUNT_NAMESPACE")
+    if name:
+        namespace = namespace or _read(token_dir / "namespace")
+        if not namespace:
+            raise ValueError("AGENTRUN_SERVICE_ACCOUNT is set but its namespace is not known")
+        return Account(namespace, name)
+    token = _read(token_dir / "token")
+    if not token or token.count(".") != 2:
+        return None
+    # The claims are only read here (the API server verified the token); sub names the account.
+    payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except ValueError:
+        return None
+    parts = str(claims.get("sub", "")).split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return Account(parts[2], parts[3])
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 from urllib.parse import quote
 
-from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.api import AGENT_LABEL, GROUP, RUN_LABEL, VERSION
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.cache import AgentAccounts, OwnedObjects
 
 log = logging.getLogger("agentrun.operator")
 
@@ -30,6 +30,9 @@ OWNED: Final = {
     "pods": ("", "v1", "pods"),
     "leases": ("coordination.k8s.io", "v1", "leases"),
 }
+# The ServiceAccounts attempt Pods may run as (agentrun.core.identity), listed and watched by label.
+AGENT_ACCOUNTS: Final = ("", "v1", "serviceaccounts")
+AGENT_ACCOUNT_SELECTOR: Final = f"{AGENT_LABEL}=true"
 RETRY_SECONDS: Final = 1.0
 LOG_EVERY_SECONDS: Final = 10.0
 
@@ -42,15 +45,32 @@ def collection_paths(group: str, version: str, plural: str, namespaces: Sequence
     return [f"{base}/namespaces/{quote(namespace)}/{plural}" for namespace in namespaces]
 
 
-async def fill(api: KubeApi, cache: OwnedObjects, namespaces: Sequence[str]) -> dict[str, int]:
-    """Lists every object a Run owns (labelled with its Run) into the cache; returns the count by kind.
-    Retries until the API server answers (it may be restarting along with the operator)."""
+async def fill(
+    api: KubeApi, cache: OwnedObjects, namespaces: Sequence[str], accounts: AgentAccounts | None = None
+) -> dict[str, int]:
+    """Lists every object a Run owns (labelled with its Run) into the cache, and the opted-in
+    ServiceAccounts into `accounts`; returns the count by kind. Retries until the API server answers (it
+    may be restarting along with the operator)."""
     counts = dict.fromkeys(OWNED, 0)
     for kind, (group, version, plural) in OWNED.items():
         for collection in collection_paths(group, version, plural, namespaces):
             listing = functools.partial(_list_into, api, cache, collection, kind)
             counts[kind] += await _patiently(listing, collection)
+    if accounts is not None:
+        counts["serviceaccounts"] = 0
+        for collection in collection_paths(*AGENT_ACCOUNTS, namespaces):
+            listing = functools.partial(_list_accounts, api, accounts, collection)
+            counts["serviceaccounts"] += await _patiently(listing, collection)
     return counts
+
+
+async def _list_accounts(api: KubeApi, accounts: AgentAccounts, collection: str) -> int:
+    listed = 0
+    async for page in api.list_pages(collection, AGENT_ACCOUNT_SELECTOR):
+        for obj in page:
+            accounts.put(obj)
+        listed += len(page)
+    return listed
 
 
 async def _list_into(api: KubeApi, cache: OwnedObjects, collection: str, kind: str) -> int:

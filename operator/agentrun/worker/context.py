@@ -227,7 +227,7 @@ class Context:
             done = record.status.state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED)
             if done or record.status.approval is not None:
                 return
-        request_id = ledger.approval_request_id(side_effect_name(key))
+        request_id = ledger.approval_request_id(side_effect_name(self.run_name, key))
         if self._answering == request_id:
             answer = self.resume_value
             self._answering = None

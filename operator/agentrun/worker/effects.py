@@ -69,11 +69,15 @@ class Ledger:
         )
 
     async def record_for(self, key: str) -> SideEffect | None:
-        return await self._record(side_effect_name(key))
+        return await self._record(side_effect_name(self.me.run, key))
 
     async def _record(self, name: str) -> SideEffect | None:
+        """The Run's record of that name; one that is not the Run's is refused, never followed."""
         body = await self.session.api.get(self._path(name))
-        return SideEffect.model_validate(body) if body else None
+        if body is None:
+            return None
+        await self.session.check_own(body)
+        return SideEffect.model_validate(body)
 
     async def _set_state(
         self, record: SideEffect, state: SideEffectState, *, message: str, **fields: Any
@@ -119,7 +123,7 @@ class Ledger:
         reference_of: Callable[[Any], str | None] | None,
         unknown_on: tuple[type[BaseException], ...] = (),
     ) -> Effect:
-        name = side_effect_name(key)
+        name = side_effect_name(self.me.run, key)
         digest = request_digest(tool, target)
         record = await self._record(name)
         decision = next_step(record, digest)

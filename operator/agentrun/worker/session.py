@@ -16,6 +16,7 @@ from typing import Any
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, CheckpointKind, Run, Usage, lease_name
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation, refusal_cause
+from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.tracing import Tracing
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
@@ -84,6 +85,13 @@ class Session:
             "labels": {RUN_LABEL: self.me.run},
             "ownerReferences": [{**owner, "blockOwnerDeletion": True}],
         }
+
+    async def check_own(self, record: JsonDict) -> None:
+        """A Checkpoint or SideEffect found by name must be this Run's (spec.runName and owner UID):
+        anyone with create rights may have made one first; it is refused, never adopted."""
+        run = self.run or await self.read_run()
+        if reason := foreign_record(record, self.me.run, run.metadata.uid):
+            raise PermanentError(f"{reason}; delete it, then retry the Run")
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
@@ -199,6 +207,7 @@ class Session:
         body = await self.api.get(self.api.custom_path("checkpoints", self.me.namespace, checkpoint_id))
         if body is None:
             raise LeaseLost(f"checkpoint {checkpoint_id} to resume from does not exist")
+        await self.check_own(body)
         return Checkpoint.model_validate(body)
 
     async def save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
@@ -236,6 +245,7 @@ class Session:
                 self.api.custom_path("checkpoints", self.me.namespace, checkpoint_id)
             )
             assert existing is not None
+            await self.check_own(existing)  # our own earlier create (a lost answer), or a squatter
             created = existing
         await self.fenced_status_write({"latestCheckpoint": checkpoint_id}, f"checkpoint {checkpoint_id}")
         return Checkpoint.model_validate(created)
