@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.core.traces import TRACEPARENT_ANNOTATION, run_trace
-from agentrun.rbac import attempt_role
+from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -139,6 +139,9 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
 
 @pytest.fixture(scope="module")
 def ns(kube: Kube, module_namespace: str) -> str:
+    """As the session's run_namespace, for the module: the default account opted in, with the attempt
+    role."""
+    kube.core.patch_namespaced_service_account("default", module_namespace, AGENT_ACCOUNT_PATCH)
     kube.rbac.create_namespaced_role(module_namespace, attempt_role(module_namespace))
     kube.rbac.create_namespaced_role_binding(
         module_namespace,
