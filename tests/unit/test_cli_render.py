@@ -144,6 +144,14 @@ def checkpoint(sequence: int, attempt_number: int, at: int) -> Checkpoint:
     )
 
 
+def test_a_journaled_step_reads_as_such_in_the_timeline() -> None:
+    entry = checkpoint(0, 1, 2).model_dump(by_alias=True, exclude_none=True, mode="json")
+    entry["metadata"]["name"] = entry["spec"]["id"] = "ask-j0123"
+    entry["spec"] |= {"kind": "Journal", "step": "plan", "parent": "ask-a1-s1"}
+    story = timeline.entries(make_run(FINISHED), [], [Checkpoint.model_validate(entry)], [])
+    assert [(e.what, e.detail) for e in story if e.rank == 2] == [("journal plan", "ask-j0123 by ask-a1")]
+
+
 def side_effect(name: str, state: str | None, reversible: bool = False, **status: Any) -> SideEffect:
     body: dict[str, Any] = {
         "metadata": {"name": name, "creationTimestamp": ts(6), "resourceVersion": "42"},

@@ -10,6 +10,7 @@ from datetime import datetime
 from agentrun.api import (
     Attempt,
     Checkpoint,
+    CheckpointKind,
     ConditionStatus,
     ControlOp,
     ControlOutcome,
@@ -66,6 +67,9 @@ def _checkpoint_entry(c: Checkpoint, run: str) -> list[Entry]:
         return []
     detail = c.spec.id + (f" at {c.spec.step}" if c.spec.step else "") + f" by {c.spec.attempt}"
     n = _number(c.spec.attempt, run)
+    if c.spec.kind != CheckpointKind.STATE:  # a journaled step result, a framework's pending writes
+        what = f"{c.spec.kind.value.lower()} {c.spec.step or ''}".rstrip()
+        return [Entry(c.metadata.creation_timestamp, n, 2, what, f"{c.spec.id} by {c.spec.attempt}")]
     return [Entry(c.metadata.creation_timestamp, n, 2, f"checkpoint {c.spec.sequence}", detail)]
 
 
