@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from agentrun.api import GROUP, RUN_LABEL, AttemptStatus, RunPhase, RunStatus
+from agentrun.api import GROUP, RUN_LABEL, AttemptStatus, PendingRequest, RunPhase, RunStatus
 from agentrun.api.common import ApiModel
 
 Manifest = dict[str, Any]
@@ -34,6 +34,9 @@ WORKER_RUN_FIELDS: Final = ("result", "committedBy", "latestCheckpoint", "pendin
 WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId")
 # The phases in which the current Attempt's worker runs and may write.
 WORKER_PHASES: Final = (RunPhase.RUNNING,)
+# The phases in which a Run waits for an answer: the Attempt that holds the request (hold_seconds,
+# pendingRequest.heldBy) may write then, only to release it (clear heldBy).
+HOLD_PHASES: Final = (RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED)
 
 POD_NAME: Final = (
     f"'{POD_NAME_EXTRA}' in request.userInfo.extra ? request.userInfo.extra['{POD_NAME_EXTRA}'][0] : ''"
@@ -148,6 +151,13 @@ def _service_accounts_but(operator: str) -> list[dict[str, str]]:
     ]
 
 
+HOLD_KEPT_FIELDS: Final = tuple(f for f in WORKER_RUN_FIELDS if f != "pendingRequest")
+
+
+def _held_request_fields() -> list[str]:
+    return [f for f in _json_fields(PendingRequest) if f != "heldBy"]
+
+
 def _run_status(operator: str) -> list[Manifest]:
     stored = "oldObject.status"
     operator_fields = [f for f in _json_fields(RunStatus) if f not in WORKER_RUN_FIELDS]
@@ -172,6 +182,11 @@ def _run_status(operator: str) -> list[Manifest]:
                 f"{present(stored + '.observedCancelEpoch')} ? {stored}.observedCancelEpoch : 0",
             ),
             _variable("leaseEpoch", f"{present(stored + '.leaseEpoch')} ? {stored}.leaseEpoch : 0"),
+            _variable("phase", f"{present(stored + '.phase')} ? {stored}.phase : ''"),
+            _variable(
+                "holds",
+                f"{present(old_request + '.heldBy')} && {old_request}.heldBy == variables.podName",
+            ),
         ],
         validations=[
             _pod_bound("Run status"),
@@ -188,10 +203,25 @@ def _run_status(operator: str) -> list[Manifest]:
                 " + string(oldObject.spec.cancelEpoch) + '): no worker write is accepted any more'",
             ),
             _validation(
-                f"{present(stored + '.phase')} && {stored}.phase in {_quoted(WORKER_PHASES)}",
+                f"variables.phase in {_quoted(WORKER_PHASES)}"
+                f" || (variables.phase in {_quoted(HOLD_PHASES)} && variables.holds)",
                 "'StaleWorker: Run ' + object.metadata.name + ' is '"
-                f" + ({present(stored + '.phase')} ? {stored}.phase : 'not started')"
-                " + ': its worker writes only while it is Running'",
+                " + (variables.phase == '' ? 'not started' : variables.phase)"
+                " + ': its worker writes only while it is Running (or holds the pending request)'",
+            ),
+            _validation(
+                f"!(variables.phase in {_quoted(HOLD_PHASES)})"
+                f" || ({' && '.join(unchanged('object.status', stored, f) for f in HOLD_KEPT_FIELDS)}"
+                f" && {present(request)} && !has({request}.heldBy)"
+                f" && {' && '.join(unchanged(request, old_request, f) for f in _held_request_fields())})",
+                "'NotWorkerField: while the Run waits, the Attempt holding its request only releases it "
+                "(clears pendingRequest.heldBy)'",
+            ),
+            _validation(
+                f"!({present(request + '.heldBy')}) || {request}.heldBy == variables.podName"
+                f" || {unchanged(request, old_request, 'heldBy')}",
+                "'NotCurrentAttempt: pendingRequest.heldBy names the Attempt that holds it ('"
+                " + variables.podName + ')'",
             ),
             _validation(
                 f"!({present(committed)}) || {unchanged('object.status', stored, 'committedBy')}"

@@ -218,8 +218,11 @@ class KubeApi:
             return False
         return True
 
-    async def watch(self, collection: str, name: str, timeout_seconds: int = 60) -> AsyncIterator[JsonDict]:
-        """Watch events ({type, object}) of one object until the server ends the stream."""
+    async def watch(
+        self, collection: str, name: str, timeout_seconds: int = 60, resource_version: str | None = None
+    ) -> AsyncIterator[JsonDict]:
+        """Watch events ({type, object}) of one object until the server ends the stream; from
+        `resource_version` on (every change after it, none skipped), else from its current state."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[JsonDict | BaseException | None] = asyncio.Queue()
         query = [
@@ -227,6 +230,8 @@ class KubeApi:
             ("fieldSelector", f"metadata.name={name}"),
             ("timeoutSeconds", str(timeout_seconds)),
         ]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
 
         responses: list[Any] = []
 

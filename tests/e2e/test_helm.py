@@ -328,10 +328,22 @@ def test_run_succeeds_through_the_installed_operator(release: Release) -> None:
         assert any(e.get("run") == "echo" and "Succeeded" in e["message"] for e in lines)
 
 
-def _inline_agent(name: str, image: str, module: Path, input: dict[str, Any]) -> dict[str, Any]:
-    """A Run of one of the tests' own agents passed as `python -c` (the agent image has agentrun only)."""
+def _shipped_agent(
+    kube: Kube, ns: str, name: str, image: str, module: Path, *, input: dict[str, Any]
+) -> dict[str, Any]:
+    """A Run of one of the tests' own agents, its source shipped in a ConfigMap (the agent image has
+    agentrun only, and a command argument is bounded): `python -c` executes it from the environment."""
+    source = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-source"},
+        "data": {"agent.py": module.read_text()},
+    }
+    kube.core.create_namespaced_config_map(ns, source)
     run = echo_run(name, image, "")
-    run["spec"]["agent"]["command"] = ["python", "-c", module.read_text()]
+    ref = {"configMapKeyRef": {"name": f"{name}-source", "key": "agent.py"}}
+    run["spec"]["agent"]["env"] = [{"name": "AGENT_SOURCE", "valueFrom": ref}]
+    run["spec"]["agent"]["command"] = ["python", "-c", "import os; exec(os.environ['AGENT_SOURCE'])"]
     run["spec"]["input"] = input
     return run
 
@@ -347,8 +359,8 @@ def test_a_hostile_agent_is_refused_by_the_installed_policies(release: Release) 
     create_run(kube, ns, victim)
     waiting = wait_phase(kube, ns, "victim", {"InputRequired", "Failed", "Succeeded"}, timeout=120)
     assert waiting["status"]["phase"] == "InputRequired", waiting["status"]
-    hostile = _inline_agent(
-        "attacker", image, HOSTILE_AGENT, {"victim": "victim", "victimAttempt": "victim-a1"}
+    hostile = _shipped_agent(
+        kube, ns, "attacker", image, HOSTILE_AGENT, input={"victim": "victim", "victimAttempt": "victim-a1"}
     )
     create_run(kube, ns, hostile)
     attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=120)

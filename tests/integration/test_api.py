@@ -253,6 +253,7 @@ SHOWN: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, str]]] =
             "LEASE EPOCH": "3",
             "CANCEL EPOCH": "0",
             "WAITING FOR": "req-approve-plan",
+            "HELD BY": "",
         },
     ),
     "Attempt": (
@@ -268,7 +269,7 @@ SHOWN: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, str]]] =
     "Checkpoint": ({".spec.step": "plan"}, None, {"RUN": "echo", "SEQUENCE": "1", "STEP": "plan"}),
 }
 COLUMNS = {
-    "Run": ["NAME", "PHASE", "ATTEMPT", "LEASE EPOCH", "CANCEL EPOCH", "WAITING FOR", "AGE"],
+    "Run": ["NAME", "PHASE", "ATTEMPT", "LEASE EPOCH", "CANCEL EPOCH", "WAITING FOR", "HELD BY", "AGE"],
     "Attempt": ["NAME", "RUN", "NUMBER", "PHASE", "REASON", "POD", "AGE"],
     "SideEffect": ["NAME", "RUN", "TOOL", "STATE", "EXTERNAL REFERENCE", "AGE"],
     "Checkpoint": ["NAME", "RUN", "SEQUENCE", "STEP", "AGE"],

@@ -113,6 +113,7 @@ RESUME = {
     "idempotencyKey": "k-1",
 }
 RETRY = {"idempotencyKey": "retry-1", "reason": "the API is back"}
+CANCEL = {"idempotencyKey": "cancel-1", "reason": "not needed any more"}
 PAUSE = {"requestId": "pause-1", "reason": "maintenance"}
 FIELD_REF = {"fieldRef": {"fieldPath": "metadata.name"}}
 SECRET_REF = {"secretKeyRef": {"name": "llm", "key": "token"}}
@@ -392,6 +393,12 @@ BAD_INPUT: dict[str, Bad] = {
     ),
     "reusing a resume idempotencyKey for another checkpoint is refused": updated(
         "Run", spec(resume={"checkpointId": "ckpt-3"}), RESUME_KEY_REUSED, base={".spec.resume": RESUME}
+    ),
+    "reusing a cancelRequest idempotencyKey with another reason is refused": updated(
+        "Run",
+        spec(cancelRequest={"reason": "changed my mind"}),
+        rule("Run", ".spec.cancelRequest"),
+        base={".spec.cancelRequest": CANCEL},
     ),
     "reusing a retryRequest idempotencyKey from another checkpoint is refused": updated(
         "Run",

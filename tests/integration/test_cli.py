@@ -86,7 +86,8 @@ def test_get_describe_effects_report_and_watch_of_a_finished_run(
     )
 
     header, row = ok(cli(kube, ns, "get")).splitlines()
-    assert header.split() == ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "AGE"]
+    headers = ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "HELD-BY", "AGE"]
+    assert header.split() == headers
     assert row.split()[:6] == ["done", "Succeeded", "1", "1", "0", "-"]
     assert ok(cli(kube, ns, "get", "done")).splitlines()[1].split()[:2] == ["done", "Succeeded"]
     listed = json.loads(ok(cli(kube, ns, "get", "-o", "json")))

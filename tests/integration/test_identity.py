@@ -197,6 +197,12 @@ def test_a_squatted_pod_is_not_adopted(kube: Kube, run_namespace: str, operator:
             "containers": [{"name": "agent", "image": "agentrun/none", "command": ["python", "-c", "pass"]}],
         },
     }
+    # With the Run's label only the operator may create it (the attempt-pods admission policy) ...
+    with pytest.raises(ApiException) as refused:
+        kube.core.create_namespaced_pod(ns, pod)
+    assert refused.value.status == 403
+    # ... without it, anyone with Pod rights can take the name first: the operator must not adopt it.
+    del pod["metadata"]["labels"]
     squatter = kube.core.create_namespaced_pod(ns, pod)
     create_run(kube, ns, scenario_run("podded", {"steps": 1}))
     run = failed_with(kube, ns, "podded", "NameSquatted")

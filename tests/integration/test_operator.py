@@ -21,7 +21,7 @@ def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, opera
     create_run(kube, ns, scenario_run("ok", {"steps": 2}))
     run = wait_phase(kube, ns, "ok", {"Succeeded", "Failed"}, timeout=60)
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
-    assert run["status"]["result"] == {"steps": 2, "resumedAt": 0, "attempt": "ok-a1"}
+    assert run["status"]["result"] == {"steps": 2, "resumedAt": 0, "attempt": "ok-a1", "resumed": False}
     assert run["status"]["committedBy"] == {"attempt": "ok-a1", "leaseEpoch": 1, "cancelEpoch": 0}
     assert run["status"]["latestCheckpoint"] == "ok-a1-s2"
     [attempt] = attempts(kube, ns, "ok")

@@ -89,7 +89,13 @@ def test_ticket_agent_asks_then_opens_one_ticket(
     run = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     [created] = tickets.creations()
-    assert run["status"]["result"] == {"ticket": created["ticketId"], "priority": "high", "executedNow": True}
+    assert run["status"]["result"] == {
+        "ticket": created["ticketId"],
+        "priority": "high",
+        "executedNow": True,
+        "reobserved": True,  # the resumed Attempt looked at the ticket service again
+        "ticketSeenOnResume": False,
+    }
     assert created["title"] == "[high] ticket of ask"
     [effect] = side_effects(kube, ns, "ask")
     assert (effect["status"]["state"], effect["status"]["externalReference"]) == (

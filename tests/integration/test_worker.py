@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from support.runs import (
     get_run,
     patch_spec,
     scenario_run,
+    support_agent_run,
     wait_phase,
 )
 
@@ -166,3 +168,26 @@ def test_a_superseded_worker_cannot_commit(kube: Kube, run_namespace: str, opera
     assert after["status"]["result"] == run["status"]["result"], "the late result is not visible"
     assert after["status"]["committedBy"]["attempt"] == "zombie-a2"
     assert attempts(kube, ns, "zombie")[0]["status"]["rejectedCommit"]["reason"] == "stale_worker"
+
+
+@pytest.mark.parametrize("skew", [-3600, 3600], ids=["an hour behind", "an hour ahead"])
+def test_a_request_expires_on_the_operators_clock_whatever_the_workers_clock_says(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, skew: int
+) -> None:
+    ns, name = run_namespace, f"skew{'-behind' if skew < 0 else '-ahead'}"
+    scenario = {"steps": 2, "ask": {"atStep": 2, "schema": PRIORITY, "expiresInSeconds": 600}}
+    body = support_agent_run(name, "skewed_clock_agent", scenario)
+    body["spec"]["agent"]["env"].append({"name": "AGENT_CLOCK_SKEW_SECONDS", "value": str(skew)})
+    create_run(kube, ns, body)
+    waiting = wait_phase(kube, ns, name, {"InputRequired", "Failed", "Succeeded"})
+    assert waiting["status"]["phase"] == "InputRequired", waiting["status"]
+    pending = waiting["status"]["pendingRequest"]
+    assert pending["expiresInSeconds"] == 600
+    expires_at = datetime.datetime.fromisoformat(pending["expiresAt"].replace("Z", "+00:00"))
+    left = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+    assert 500 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
+    patch_spec(
+        kube, ns, name, resume(pending["requestId"], pending["checkpointId"], {"priority": "low"}, "k1")
+    )
+    done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", done["status"]

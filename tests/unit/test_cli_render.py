@@ -396,8 +396,15 @@ def test_ages_read_like_kubectls(seconds: int, shown: str) -> None:
 def test_get_shows_the_printer_columns() -> None:
     text = render.runs_table([make_run(WAITING)], T0 + timedelta(seconds=90))
     header, row = text.splitlines()
-    assert header.split() == ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "AGE"]
-    assert row.split() == ["ask", "InputRequired", "1", "1", "0", "ask-r1", "90s"]
+    headers = ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "HELD-BY", "AGE"]
+    assert header.split() == headers
+    assert row.split() == ["ask", "InputRequired", "1", "1", "0", "ask-r1", "-", "90s"]
+
+
+def test_get_shows_the_attempt_that_holds_the_request() -> None:
+    held = {**WAITING, "pendingRequest": {**WAITING["pendingRequest"], "heldBy": "ask-a1", "holdSeconds": 30}}
+    _, row = render.runs_table([make_run(held)], T0 + timedelta(seconds=90)).splitlines()
+    assert row.split() == ["ask", "InputRequired", "1", "1", "0", "ask-r1", "ask-a1", "90s"]
 
 
 def test_describe_tells_the_story_in_order() -> None:

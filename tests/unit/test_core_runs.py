@@ -30,7 +30,7 @@ from agentrun.api import (
     json_digest,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET
-from agentrun.core import failures, report
+from agentrun.core import controls, failures, report
 from agentrun.core.conditions import conditions_for
 from agentrun.core.failures import fingerprint
 from agentrun.core.lease import LeaseView, Sighting, seconds_until_expiry, sight
@@ -817,12 +817,26 @@ SCHEMA = {"type": "object", "required": ["choice"], "properties": {"choice": {"e
 PAUSED = pending_request("paused", "pause-1")
 
 
+def request_digest(key: str, op: str) -> str:
+    """The digest of the request that spec builders below send with `key` (resume, retry_spec, ...)."""
+    spec = {
+        "Resume": lambda: resume(key=key),
+        "Retry": lambda: retry_spec(key),
+        "Pause": lambda: pause_spec(key),
+    }
+    run = make_run(run_status("Running"), spec=spec[op]())
+    if op == "Resume":
+        assert run.spec.resume is not None
+        return controls.resume_digest(run.spec.resume)
+    return controls.retry_digest(run) if op == "Retry" else controls.pause_digest(run)
+
+
 def record(key: str, op: str, outcome: str = "Accepted", reason: str = "Accepted") -> dict[str, Any]:
-    """An entry of status.controls."""
+    """An entry of status.controls, for the request the spec builders below send with `key`."""
     return {
         "idempotencyKey": key,
         "op": op,
-        "digest": json_digest(key),
+        "digest": request_digest(key, op),
         "outcome": outcome,
         "reason": reason,
         "time": ts(EARLIER),
@@ -902,7 +916,7 @@ CHAIN = tuple(make_checkpoint(f"ckpt-{n}", n) for n in range(1, 6))  # ckpt-1 ..
 UNKNOWN_EFFECT = make_side_effect("ticket-1", "Unknown")
 COMMITTED: dict[str, Any] = {"committedBy": committed_by(1, 1), "result": {"ticket": "T-1"}}
 # A control request recorded (refused, or a pause noted): its record and observedGeneration, nothing else.
-CONTROLS = RECORD = frozenset({"controls", "observedGeneration"})
+CONTROLS = RECORD = frozenset({"controls", "observedGeneration", "spentKeys"})
 
 
 TRANSITIONS.update(
@@ -2191,7 +2205,11 @@ def test_resume_accepted() -> None:
             "digest": json_digest({"choice": "b"}),
             "idempotencyKey": "answer-1",
             "time": ts(NOW),
+            "reason": "input_required",
         }
+    ]
+    assert patch["spentKeys"] == [
+        {"key": "answer-1", "op": "Resume", "digest": controls.short_digest(patch["controls"][0]["digest"])}
     ]
     assert create == {
         "runName": RUN,
@@ -2276,7 +2294,7 @@ def test_resume_refused(world: World, reason: str, says: str) -> None:
 
     assert [type(a) for a in plan.actions] == [PatchRunStatus, RecordEvent]
     patch = run_patch(plan)
-    assert set(patch) == {"controls", "observedGeneration"}
+    assert set(patch) == {"controls", "observedGeneration", "spentKeys"}
     assert patch["observedGeneration"] == GENERATION
     (entry,) = [c for c in patch["controls"] if c["idempotencyKey"] == "answer-1"]
     assert (entry["op"], entry["outcome"], entry["reason"]) == ("Resume", "Rejected", reason)

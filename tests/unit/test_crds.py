@@ -7,6 +7,7 @@ schemas is checked with jsonschema, which is what the API server applies before 
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,9 @@ NAMES = {
     "SideEffect": ("sideeffects", "sfx"),
 }
 PRINTER_COLUMNS = {
-    "Run": ["Phase", "Attempt", "Lease Epoch", "Cancel Epoch", "Waiting For", "Age"],
+    "Run": ["Phase", "Attempt", "Lease Epoch", "Cancel Epoch", "Waiting For", "Held By", "Age"],
     "Attempt": ["Run", "Number", "Phase", "Reason", "Pod", "Age"],
-    "Checkpoint": ["Run", "Sequence", "Step", "Age"],
+    "Checkpoint": ["Run", "Sequence", "Step", "Kind", "Age"],
     "SideEffect": ["Run", "Tool", "State", "External Reference", "Age"],
 }
 STRUCTURAL_FORBIDDEN = {"$ref", "$defs", "title", "anyOf", "oneOf", "allOf", "not", "const", "uniqueItems"}
@@ -351,14 +352,22 @@ def test_there_is_an_example_per_control_operation() -> None:
         "retry.patch.yaml",
         "pause.patch.yaml",
     }
-    assert {path.name for path in RUN_EXAMPLES} == {"run-minimal.yaml", "run-with-retry-and-lease.yaml"}
+    assert {path.name for path in RUN_EXAMPLES} == {
+        "run-minimal.yaml",
+        "run-with-retry-and-lease.yaml",
+        "run-langgraph-agent.yaml",
+    }
 
 
 @pytest.mark.parametrize("example", RUN_EXAMPLES, ids=lambda path: path.name)
 def test_run_example_is_valid(example: Path) -> None:
     run = load_yaml(example)
     assert schema_errors("Run", run) == []
-    assert Run.model_validate(run).spec.agent.command == ["python", "-m", "agentrun.examples.echo"]
+    command = Run.model_validate(run).spec.agent.command
+    assert command is not None
+    assert command[:2] == ["python", "-m"]
+    assert command[2].startswith("agentrun.examples.")
+    assert importlib.util.find_spec(command[2]) is not None  # an example agent that exists
 
 
 @pytest.mark.parametrize("patch", PATCH_EXAMPLES, ids=lambda path: path.name)

@@ -189,6 +189,7 @@ FULL_CHECKPOINT: dict[str, Any] = {
         "leaseEpoch": 1,
         "step": "plan",
         "kind": "State",
+        "thread": {"id": "triage", "ns": ""},
         "state": {"plan": ["a", "b"]},
         "stateRef": {"uri": "s3://bucket/triage/ckpt-2.json", "sha256": "cd" * 32},
     },

@@ -16,7 +16,14 @@ from agentrun.api.attempt import (
     RejectedCommit,
     RejectedCommitReason,
 )
-from agentrun.api.checkpoint import Checkpoint, CheckpointKind, CheckpointSpec, CheckpointStatus, StateRef
+from agentrun.api.checkpoint import (
+    Checkpoint,
+    CheckpointKind,
+    CheckpointSpec,
+    CheckpointStatus,
+    StateRef,
+    Thread,
+)
 from agentrun.api.common import (
     API_VERSION,
     GROUP,
@@ -47,6 +54,7 @@ from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
     DEFAULT_RETRY_ON,
     AgentSpec,
+    CancelRequest,
     CommitRecord,
     ControlOp,
     ControlOutcome,
@@ -69,6 +77,7 @@ from agentrun.api.run import (
     RunSpec,
     RunStatus,
     SideEffectCounts,
+    SpentKey,
 )
 from agentrun.api.sideeffect import (
     SIDE_EFFECT_TRANSITIONS,
@@ -106,6 +115,7 @@ __all__ = [
     "AttemptReason",
     "AttemptSpec",
     "AttemptStatus",
+    "CancelRequest",
     "Checkpoint",
     "CheckpointKind",
     "CheckpointSpec",
@@ -151,7 +161,9 @@ __all__ = [
     "SideEffectSpec",
     "SideEffectState",
     "SideEffectStatus",
+    "SpentKey",
     "StateRef",
+    "Thread",
     "Usage",
     "attempt_name",
     "is_allowed_transition",

@@ -38,12 +38,23 @@ class StateRef(ApiModel):
 
 
 class CheckpointKind(StrEnum):
-    """What a Checkpoint holds. Only State checkpoints are pointed at by latestCheckpoint and count toward
-    retention; the others are one immutable entry each, pruned with the State checkpoint in `parent`."""
+    """What a Checkpoint holds. Only State checkpoints are resume points (status.latestCheckpoint) and
+    count toward retention; the others belong to the State checkpoint named in their parent and are
+    pruned with it."""
 
-    STATE = "State"  # the agent's state at a step boundary
-    WRITES = "Writes"  # a framework's pending writes for the checkpoint in `parent`
-    JOURNAL = "Journal"  # a recorded step result (ctx.step(journal=True)), replayed after a crash
+    STATE = "State"
+    WRITES = "Writes"  # a framework's pending writes of one task, for the checkpoint in parent
+    JOURNAL = "Journal"  # a recorded step result
+
+
+class Thread(ApiModel):
+    """A framework's own thread, for adapters whose threads are not the Run (LangGraph: the thread id
+    and the checkpoint namespace of a subgraph)."""
+
+    id: str = Field(min_length=1, max_length=256, description="The framework's thread id.")
+    ns: str = Field(
+        "", max_length=1024, description="The checkpoint namespace within the thread; empty for the root."
+    )
 
 
 class CheckpointSpec(ApiModel):
@@ -63,10 +74,12 @@ class CheckpointSpec(ApiModel):
     step: str | None = Field(None, max_length=128, description="The agent's step the state was saved at.")
     kind: CheckpointKind = Field(
         CheckpointKind.STATE,
-        description="State (default): the agent's state, which latestCheckpoint may point at; Writes: a "
-        "framework's pending writes for the checkpoint in parent; Journal: a recorded step result, keyed "
-        "by the checkpoint in parent, the step and its call index. Writes and Journal entries are pruned "
-        "with their parent.",
+        description="State (a resume point, the default), Writes (pending writes for the checkpoint in "
+        "parent) or Journal (a recorded step result). Only State checkpoints are pointed at by "
+        "status.latestCheckpoint and count toward retention; the others are pruned with their parent.",
+    )
+    thread: Thread | None = Field(
+        None, description="The framework thread this checkpoint belongs to, when it is not the Run's own."
     )
     state: FreeJson = Field(
         None,
@@ -91,6 +104,7 @@ class Checkpoint(KubernetesObject):
         PrinterColumn("Run", ".spec.runName", "string", "The Run this Checkpoint belongs to."),
         PrinterColumn("Sequence", ".spec.sequence", "integer", "Position in the Run's chain."),
         PrinterColumn("Step", ".spec.step", "string", "The step the state was saved at."),
+        PrinterColumn("Kind", ".spec.kind", "string", "State, Writes or Journal."),
     )
 
     kind: Literal["Checkpoint"] = Field("Checkpoint", description="Checkpoint.")

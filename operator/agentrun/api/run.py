@@ -44,9 +44,16 @@ from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
 from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, SideEffectState
 from agentrun.api.usage import Usage
 
-MAX_RECORDED_CONTROLS = 50  # status keeps the newest entries; Events and Attempts keep the rest
-MAX_REPORTED_EFFECTS = 40
-MAX_CONTROL_MESSAGE_LENGTH = 512  # 50 records of it stay well inside the status budget
+# status keeps the newest entries; Events and Attempts keep the rest, spentKeys every key. The bounds
+# below keep the declared worst case of the status inside its budget (tests/unit/test_budgets.py).
+MAX_RECORDED_CONTROLS = 30
+MAX_REPORTED_EFFECTS = 30
+MAX_CONTROL_MESSAGE_LENGTH = 256
+MAX_SPENT_KEYS = 500
+# A spent key is remembered as written when it is this short, else by its digest (KEY_DIGEST_LENGTH).
+MAX_REMEMBERED_KEY_LENGTH = 40
+SHORT_DIGEST_PATTERN = r"^sha256:[0-9a-f]{32}$"
+ShortDigest = Annotated[str, Field(max_length=39, pattern=SHORT_DIGEST_PATTERN)]
 FreeText = Annotated[str, Field(max_length=1024)]
 AgentArgument = Annotated[str, Field(max_length=1024)]
 
@@ -333,6 +340,30 @@ class PauseRequest(ApiModel):
     )
 
 
+class CancelRequest(ApiModel):
+    """Who cancels and why, sent beside the spec.cancelEpoch bump it explains; recorded with op Cancel."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.idempotencyKey != oldSelf.idempotencyKey || self == oldSelf",
+                "this spec.cancelRequest.idempotencyKey was already used with a different reason: use a "
+                "new idempotencyKey for a new cancel",
+                reason="FieldValueForbidden",
+                field_path=".idempotencyKey",
+            )
+        )
+    )
+
+    idempotency_key: Identifier = Field(
+        description="Unique per cancel (1 to 128 characters). Its digest covers the target "
+        "spec.cancelEpoch and the reason: sending the same request again changes nothing."
+    )
+    reason: FreeText | None = Field(
+        None, description="Why the Run is cancelled; recorded in status.controls."
+    )
+
+
 class RunSpec(ApiModel):
     """The desired state of a Run, owned by its user."""
 
@@ -379,6 +410,11 @@ class RunSpec(ApiModel):
     pause: PauseRequest | None = Field(
         None, description="Ask the running agent to pause at its next step boundary."
     )
+    cancel_request: CancelRequest | None = Field(
+        None,
+        description="Explains a cancel: set it with the spec.cancelEpoch bump; the operator records it in "
+        "status.controls with op Cancel.",
+    )
     checkpoint_retention: int = Field(
         20,
         ge=1,
@@ -424,6 +460,19 @@ class PendingRequest(ApiModel):
         description="After this time (RFC 3339) an answer is refused and the Run fails with class "
         "input_expired. Set by the operator from expiresInSeconds (never by a worker: clocks differ).",
     )
+    hold_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=3600,
+        description="How long the asking Attempt keeps its lease and waits for the answer (its hold "
+        "window): an answer accepted within it continues the same Attempt, without a new Pod.",
+    )
+    held_by: AttemptName | None = Field(
+        None,
+        description="The Attempt that holds this request and waits for its answer. Its worker clears it "
+        "when the hold ends (a preconditioned write); an answer accepted before that continues it, one "
+        "accepted after starts a new Attempt.",
+    )
 
 
 class RecordedInput(ApiModel):
@@ -433,7 +482,26 @@ class RecordedInput(ApiModel):
     checkpoint_id: Identifier = Field(description="The checkpoint the Run continued from.")
     digest: Digest = Field(description="sha256 of the canonical JSON of the answer (sha256:<hex>).")
     idempotency_key: Identifier = Field(description="The idempotencyKey of the resume.")
+    reason: InterruptReason | None = Field(
+        None,
+        description="The reason of the request it answered (input_required, auth_required, paused): an "
+        "answer to a pause never answers the agent's own question.",
+    )
     time: datetime = Field(description="When the input was accepted (RFC 3339).")
+
+
+class SpentKey(ApiModel):
+    """An idempotency key the operator has processed: never processed again with other parameters."""
+
+    key: Annotated[str, Field(min_length=1, max_length=MAX_REMEMBERED_KEY_LENGTH)] = Field(
+        description=f"The key as written when it has at most {MAX_REMEMBERED_KEY_LENGTH} characters, else "
+        "sha256:<first 32 hex digits> of it."
+    )
+    op: ControlOp = Field(description="The operation it was spent on: Resume, Retry, Pause or Cancel.")
+    digest: ShortDigest = Field(
+        description="sha256:<first 32 hex digits> of the request's canonical JSON: a request with the same "
+        "key and another digest is Rejected (IdempotencyKeyReused)."
+    )
 
 
 class ControlRecord(ApiModel):
@@ -595,6 +663,14 @@ class RunStatus(ApiModel):
             "x-kubernetes-list-map-keys": ["idempotencyKey"],
         },
     )
+    spent_keys: list[SpentKey] | None = Field(
+        None,
+        max_length=MAX_SPENT_KEYS,
+        description=f"Every idempotency key processed so far (up to {MAX_SPENT_KEYS}), whatever came "
+        "between: a key is never processed again with other parameters (IdempotencyKeyReused); past the "
+        "bound a new key is Rejected (KeyMemoryFull), nothing is forgotten silently.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["key"]},
+    )
     result: FreeJsonObject | None = Field(
         None,
         description="The agent's result, a JSON object. The API server only accepts it from the lease "
@@ -635,6 +711,9 @@ class Run(KubernetesObject):
         PrinterColumn("Lease Epoch", ".status.leaseEpoch", "integer", "Epoch of the current lease."),
         PrinterColumn("Cancel Epoch", ".spec.cancelEpoch", "integer", "Raised to cancel the Run."),
         PrinterColumn("Waiting For", ".status.pendingRequest.requestId", "string", "The request to answer."),
+        PrinterColumn(
+            "Held By", ".status.pendingRequest.heldBy", "string", "The Attempt that holds the request."
+        ),
         PrinterColumn("Message", ".status.message", "string", "Summary of the phase.", priority=1),
     )
     model_config = ConfigDict(

@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "cancel", cancel.cancel, "cancel a Run (compare-and-swap on spec.cancelEpoch)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--wait", action="store_true", help="wait until the Run is Cancelled")
+    p.add_argument("--reason", metavar="TEXT", help="why: recorded in status.controls (op Cancel)")
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the cancel's spec.cancelRequest key (default: derived from the Run, the epoch and the reason)",
+    )
     _timeout(p, 60, "how long --wait waits")
 
     p = _add(sub, "resume", resume.resume, "answer the Run's pending request")

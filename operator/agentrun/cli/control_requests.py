@@ -82,18 +82,29 @@ def pause_patch(request_id: str, reason: str | None) -> dict[str, Any]:
     return {"spec": {"pause": {"requestId": request_id, "reason": reason}}}
 
 
-def cancel_operations(observed: int | None, resource_version: str | None) -> list[dict[str, Any]]:
-    """The compare-and-swap on spec.cancelEpoch: it only applies while the epoch is still `observed`.
+def cancel_key(run: Run, epoch: int, reason: str | None) -> str:
+    """The default key of a cancel: one per target epoch and reason, so a repeat sends the same request."""
+    return f"cli-cancel-{_short_hash(run.metadata.uid, epoch, reason or '')}"
+
+
+def cancel_operations(
+    observed: int | None, resource_version: str | None, request: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The compare-and-swap on spec.cancelEpoch: it only applies while the epoch is still `observed`;
+    `request` (spec.cancelRequest: idempotencyKey, reason) goes in the same write.
 
     A Run stored without the field (it has a default, so only an old object) is guarded by its
     resourceVersion instead.
     """
+    explained = [{"op": "add", "path": "/spec/cancelRequest", "value": request}] if request else []
     if observed is None:
         return [
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/spec/cancelEpoch", "value": 1},
+            *explained,
         ]
     return [
         {"op": "test", "path": "/spec/cancelEpoch", "value": observed},
         {"op": "replace", "path": "/spec/cancelEpoch", "value": observed + 1},
+        *explained,
     ]

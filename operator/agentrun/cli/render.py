@@ -117,7 +117,7 @@ def elapsed(delta: timedelta) -> str:
 
 
 def runs_table(runs: Sequence[Run], now: datetime, with_namespace: bool = False) -> str:
-    headers = ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "AGE"]
+    headers = ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "HELD-BY", "AGE"]
     rows = []
     for run in runs:
         s = run.status
@@ -128,6 +128,7 @@ def runs_table(runs: Sequence[Run], now: datetime, with_namespace: bool = False)
             s.lease_epoch,
             run.spec.cancel_epoch,
             s.pending_request.request_id if s.pending_request else None,
+            s.pending_request.held_by if s.pending_request else None,  # the Attempt waiting in its hold
             age(run.metadata.creation_timestamp, now),
         ]
         rows.append([run.metadata.namespace, *row] if with_namespace else row)

@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import jsonschema
 
-from agentrun.api import ControlOp, ControlRecord, ResumeRequest, Run, RunPhase, json_digest
+from agentrun.api import (
+    ControlOp,
+    ControlRecord,
+    InterruptReason,
+    ResumeRequest,
+    Run,
+    RunPhase,
+    SpentKey,
+    json_digest,
+)
 from agentrun.api.budgets import RESUME_VALUE_BUDGET, over_budget
-from agentrun.api.run import MAX_CONTROL_MESSAGE_LENGTH
+from agentrun.api.run import (
+    MAX_CONTROL_MESSAGE_LENGTH,
+    MAX_RECORDED_CONTROLS,
+    MAX_REMEMBERED_KEY_LENGTH,
+    MAX_SPENT_KEYS,
+)
 
-MAX_RECORDS = 50
+MAX_RECORDS = MAX_RECORDED_CONTROLS
 WAITING = frozenset({RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED})
+# The reason of a resume accepted while its Attempt held the request: it continued, no Attempt started.
+ACCEPTED_IN_HOLD = "AcceptedInHold"
 SMALLER_ANSWER = "answer with a reference (a URI and a digest) to large data instead of the data"
 
 
@@ -32,6 +50,73 @@ def resume_digest(resume: ResumeRequest) -> str:
 
 def processed(run: Run, key: str) -> ControlRecord | None:
     return next((c for c in run.status.controls or [] if c.idempotency_key == key), None)
+
+
+# ---- keys stay spent ---------------------------------------------------------------------------------
+# status.controls keeps only the newest records; status.spentKeys remembers every processed key (up to
+# MAX_SPENT_KEYS), so a key is never processed twice with other parameters, however old it is.
+
+
+class KeyUse(StrEnum):
+    NEW = "new"  # judge it, record it, spend the key
+    REPEAT = "repeat"  # processed already with these parameters: nothing changes
+    REUSED = "reused"  # spent with other parameters: Rejected IdempotencyKeyReused
+    FULL = "full"  # a new key, but the memory is full: Rejected KeyMemoryFull
+
+
+def remembered_key(key: str) -> str:
+    """How status.spentKeys writes `key`: as it is when short, else by a digest (the list's budget)."""
+    if len(key) <= MAX_REMEMBERED_KEY_LENGTH:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def short_digest(digest: str) -> str:
+    """The first 128 bits of a sha256:<hex> digest, as spentKeys stores it."""
+    return digest[: len("sha256:") + 32]
+
+
+def _spent(run: Run, key: str) -> SpentKey | None:
+    remembered = remembered_key(key)
+    return next((k for k in run.status.spent_keys or [] if k.key == remembered), None)
+
+
+def key_use(run: Run, key: str, op: ControlOp, digest: str) -> KeyUse:
+    """What the request (key, op, digest) is to the operator's key memory."""
+    record = processed(run, key)
+    if record is not None and (record.op, record.digest) == (op, digest):
+        return KeyUse.REPEAT  # whatever its outcome was (a refusal of a reuse, too), it was recorded
+    spent = _spent(run, key)
+    if spent is not None:
+        same = (spent.op, spent.digest) == (op, short_digest(digest))
+        return KeyUse.REPEAT if same else KeyUse.REUSED
+    if record is not None:
+        return KeyUse.REUSED  # recorded before spentKeys existed
+    if len(run.status.spent_keys or []) >= MAX_SPENT_KEYS:
+        return KeyUse.FULL
+    return KeyUse.NEW
+
+
+def key_refusal(use: KeyUse, key: str) -> Verdict:
+    assert use in (KeyUse.REUSED, KeyUse.FULL)
+    if use == KeyUse.REUSED:
+        return Verdict(
+            False,
+            "IdempotencyKeyReused",
+            f"idempotency key {key} was already processed with other parameters: use a new key",
+        )
+    return Verdict(
+        False,
+        "KeyMemoryFull",
+        f"the Run remembers {MAX_SPENT_KEYS} processed idempotency keys, its bound: it takes no new key "
+        "(create a new Run for more control requests)",
+    )
+
+
+def with_spent(run: Run, key: str, op: ControlOp, digest: str) -> list[dict[str, Any]]:
+    """status.spentKeys with `key` spent on (op, digest); the caller checked key_use() is NEW."""
+    kept = [k.to_api() for k in run.status.spent_keys or []]
+    return [*kept, {"key": remembered_key(key), "op": op.value, "digest": short_digest(digest)}]
 
 
 def judge_resume(run: Run, now: datetime) -> Verdict:
@@ -84,12 +169,16 @@ def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: 
 
 
 def with_record(run: Run, record: dict[str, Any]) -> list[dict[str, Any]]:
-    """status.controls with `record` appended; only the newest MAX_RECORDS are kept."""
-    kept = [c.to_api() for c in run.status.controls or []]
+    """status.controls with `record` appended (replacing the record of its key: one per key, and the
+    newest says how the last request with that key ended); only the newest MAX_RECORDS are kept."""
+    key = record["idempotencyKey"]
+    kept = [c.to_api() for c in run.status.controls or [] if c.idempotency_key != key]
     return [*kept, record][-MAX_RECORDS:]
 
 
-def with_input(run: Run, resume: ResumeRequest, now: datetime) -> list[dict[str, Any]]:
+def with_input(
+    run: Run, resume: ResumeRequest, now: datetime, reason: InterruptReason | None = None
+) -> list[dict[str, Any]]:
     entry = {
         "requestId": resume.request_id,
         "checkpointId": resume.checkpoint_id,
@@ -97,6 +186,8 @@ def with_input(run: Run, resume: ResumeRequest, now: datetime) -> list[dict[str,
         "idempotencyKey": resume.idempotency_key,
         "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    if reason is not None:
+        entry["reason"] = reason.value
     kept = [i.to_api() for i in run.status.inputs or [] if i.request_id != resume.request_id]
     return [*kept, entry][-MAX_RECORDS:]
 
@@ -148,3 +239,27 @@ def judge_pause(run: Run) -> Verdict | None:
     if status.phase in (RunPhase.RUNNING, RunPhase.QUEUED, RunPhase.RETRY_BACKOFF):
         return None
     return Verdict(False, "NotRunning", f"the Run is {status.phase}: only a running Run can pause")
+
+
+def cancel_digest(run: Run) -> str:
+    """A cancel request's digest covers the epoch it raises the Run to and its reason."""
+    request = run.spec.cancel_request
+    assert request is not None
+    return json_digest({"cancelEpoch": run.spec.cancel_epoch, "reason": request.reason})
+
+
+def judge_cancel(run: Run) -> Verdict | None:
+    """How the cancel that spec.cancelRequest explains ended, or None while it is still on its way."""
+    status, target = run.status, run.spec.cancel_epoch
+    if target == 0:
+        return Verdict(
+            False, "NoCancelEpoch", "spec.cancelRequest explains a cancel: raise spec.cancelEpoch with it"
+        )
+    if status.phase == RunPhase.SUCCEEDED:
+        return Verdict(False, "CancelTooLate", "the result was committed before the cancel arrived")
+    if (status.observed_cancel_epoch or 0) < target:
+        return None
+    if status.phase in (RunPhase.CANCEL_REQUESTED, RunPhase.CANCELLED):
+        reason = run.spec.cancel_request.reason if run.spec.cancel_request else None
+        return Verdict(True, "Accepted", f"cancel epoch {target}" + (f": {reason}" if reason else ""))
+    return Verdict(False, "NotCancelled", f"the Run is {status.phase}, not cancelled")

@@ -111,12 +111,15 @@ class Decision:
             patch["report"] = report.run_report(self.w.side_effects)
         self.plan.add(PatchRunStatus(patch))
 
-    def record_control(self, record: dict[str, Any]) -> None:
-        """A refused (or merely noted) control request: recorded, and nothing else changes."""
-        patch = {
+    def record_control(self, record: dict[str, Any], spent: list[dict[str, Any]] | None = None) -> None:
+        """A refused (or merely noted) control request: recorded (its key spent, when `spent` is the new
+        status.spentKeys), and nothing else changes."""
+        patch: dict[str, Any] = {
             "controls": controls.with_record(self.run, record),
             "observedGeneration": self.run.metadata.generation,
         }
+        if spent is not None:
+            patch["spentKeys"] = spent
         self.plan.add(PatchRunStatus(patch))
 
     def event(self, type_: str, reason: str, message: str, attempt: str | None = None) -> None:

@@ -26,7 +26,17 @@ from agentrun.api import (
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.api.usage import Usage, usage_sum
-from agentrun.core import controls, external, failures, identity, ledger, report, retention, stopping
+from agentrun.core import (
+    controls,
+    external,
+    failures,
+    identity,
+    ledger,
+    report,
+    requests,
+    retention,
+    stopping,
+)
 from agentrun.core.conditions import TERMINAL_PHASES
 from agentrun.core.decision import FINISHED_ATTEMPT, RECHECK_SECONDS, Decision, World, rfc3339
 from agentrun.core.plan import (
@@ -91,6 +101,9 @@ def decide(world: World) -> Plan:
     stopped = phase in TERMINAL_PHASES or phase == RunPhase.NEEDS_RECONCILIATION
     if not stopped and stopping.deadline_passed(world):
         stopping.stop_for_deadline(d, _or_promised(d, attempt), pod)
+        return d.plan
+    live = attempt is not None and attempt.status.phase not in FINISHED_ATTEMPT
+    if phase in controls.WAITING and attempt is not None and live and _supervise_hold(d, attempt, pod):
         return d.plan
     if external.judge_requests(d, current or 0):
         return d.plan
@@ -236,6 +249,13 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
                 attempt.metadata.resource_version,
             )
         )
+    pending = d.status.pending_request
+    if pending is not None and pending.held_by == name:
+        # The worker saved its request and holds it (hold_seconds): the Run waits, the Attempt lives on.
+        message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
+        d.set_phase(_waiting_phase(pending), _waiting_phase(pending).value, message, **_expiry(d, pending))
+        d.event("Normal", "Holding", message, name)
+        return
     lease = w.lease
     if lease is not None and lease.holder is None and lease.epoch > attempt.spec.lease_epoch:
         # Revoked, and the operator stopped before writing the Run: finish the takeover.
@@ -295,7 +315,11 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
     grant was an automatic retry, whose reason follows from how the previous Attempt ended.
     """
     status, resume = world.run.status, world.run.spec.resume
-    accepted = [c.op for c in status.controls or [] if c.outcome == ControlOutcome.ACCEPTED]
+    accepted = [
+        c.op
+        for c in status.controls or []
+        if c.outcome == ControlOutcome.ACCEPTED and c.reason != controls.ACCEPTED_IN_HOLD
+    ]
     reasons = [a.spec.reason for a in world.attempts.values()]
     if accepted.count(ControlOp.RETRY) > reasons.count(AttemptReason.MANUAL_RETRY):
         return AttemptReason.MANUAL_RETRY, None
@@ -315,10 +339,22 @@ def _automatic_retry(world: World, number: int) -> tuple[str, Any]:
     that was already answered (and accepted). Once a newer Checkpoint exists, the state carries it on.
     """
     previous = world.attempts.get(number - 1)
+    latest = world.run.status.latest_checkpoint
     carried = None
-    if previous is not None and previous.spec.resume_from == world.run.status.latest_checkpoint:
+    if previous is not None and previous.spec.resume_from == latest:
         carried = previous.spec.input
+    elif previous is not None and latest:
+        # An answer accepted while the Attempt held its request, before it saved a newer Checkpoint.
+        held = [i for i in world.run.status.inputs or [] if i.checkpoint_id == latest]
+        if held and _created_by(latest, previous):
+            found, value = requests.recorded_value(world.run, held[-1])
+            carried = value if found else None
     return _reason_after(previous, world), carried
+
+
+def _created_by(checkpoint_id: str, attempt: Attempt) -> bool:
+    """Checkpoint ids are <attempt>-s<sequence> (worker.session.save_checkpoint)."""
+    return checkpoint_id.startswith(f"{attempt.metadata.name}-s")
 
 
 def _conclude(d: Decision, attempt: Attempt, pod: PodView) -> None:
@@ -359,11 +395,7 @@ def _after_attempt(
     elif phase == AttemptPhase.INTERRUPTED:
         request = d.status.pending_request
         assert request is not None
-        waiting = {
-            "input_required": RunPhase.INPUT_REQUIRED,
-            "auth_required": RunPhase.AUTH_REQUIRED,
-            "paused": RunPhase.PAUSED,
-        }[request.reason.value]
+        waiting = _waiting_phase(request)
         message = f"waiting for request {request.request_id} ({request.reason.value})"
         d.set_phase(waiting, waiting.value, message, **_expiry(d, request))
         d.event("Normal", "Interrupted", message, name)
@@ -373,6 +405,14 @@ def _after_attempt(
         d.after_failure(attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
 
 
+def _waiting_phase(request: PendingRequest) -> RunPhase:
+    return {
+        "input_required": RunPhase.INPUT_REQUIRED,
+        "auth_required": RunPhase.AUTH_REQUIRED,
+        "paused": RunPhase.PAUSED,
+    }[request.reason.value]
+
+
 def _expiry(d: Decision, request: PendingRequest) -> dict[str, Any]:
     """The request's expiresAt, on the operator's clock, from the expiresInSeconds its worker asked for
     (a worker's clock may be off by any amount; DESIGN: expiry is judged on the operator's own clock)."""
@@ -380,6 +420,46 @@ def _expiry(d: Decision, request: PendingRequest) -> dict[str, Any]:
         return {}
     expires_at = d.w.now + timedelta(seconds=request.expires_in_seconds)
     return {"pendingRequest": {"expiresAt": rfc3339(expires_at)}}
+
+
+def _supervise_hold(d: Decision, attempt: Attempt, pod: PodView | None) -> bool:
+    """The Run waits while its current Attempt is still alive: it holds the request, or released it and
+    is on its way out. True when the Attempt ended (recorded now) or is still leaving: the requests
+    wait for that, so an answer never starts a second Attempt beside a live one."""
+    name, pending, w = str(attempt.metadata.name), d.status.pending_request, d.w
+    held = pending is not None and pending.held_by == name
+    lease = w.lease
+    expired = (
+        lease is not None
+        and lease.holder == name
+        and w.lease_expires_in is not None
+        and w.lease_expires_in <= 0
+    )
+    if pod is None or pod.finished or expired:
+        if held:  # the hold ends with its Attempt: an answer now starts a new one
+            d.plan.add(PatchRunStatus({"pendingRequest": {"heldBy": None}}))
+        if expired:
+            if pod is not None and not pod.finished:
+                d.plan.add(DeletePod(pod.name, grace_seconds=0))
+            lost = failures.lease_lost(w.run.spec.lease.duration_seconds)
+            d.finish_attempt(attempt, AttemptPhase.LEASE_LOST, lost)
+        elif pod is None:
+            d.finish_attempt(attempt, AttemptPhase.FAILED, failures.pod_lost())
+        else:
+            end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
+            failure = failures.classify_exit(end)
+            # The request stands either way: the Run keeps waiting for its answer.
+            phase = AttemptPhase.INTERRUPTED if failure is None else AttemptPhase.FAILED
+            d.finish_attempt(attempt, phase, failure)
+        return True
+    if held:
+        if w.lease_expires_in is not None:
+            d.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+        else:
+            d.plan.wake_in(RECHECK_SECONDS)
+        return False
+    d.plan.wake_in(RECHECK_SECONDS)  # released: its Pod's end wakes us sooner
+    return True
 
 
 def _record_rejections(d: Decision) -> bool:

@@ -112,6 +112,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
                 prompt=ask.get("prompt"),
                 schema=ask.get("schema"),
                 expires_in=ask.get("expiresInSeconds"),
+                hold_seconds=ask.get("holdSeconds"),
             )
         if fail and failing and step == int(fail.get("atStep", 1)):
             how = str(fail.get("how", "error"))
@@ -121,7 +122,13 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         await asyncio.sleep(step_seconds)
         state["step"] = step
         await ctx.checkpoint(dict(state), step=f"step-{step}")
-    result: dict[str, Any] = {"steps": steps, "resumedAt": start, "attempt": ctx.attempt}
+    result: dict[str, Any] = {
+        "steps": steps,
+        "resumedAt": start,
+        "attempt": ctx.attempt,
+        "resumed": ctx.resumed,
+        "resumeReason": ctx.resume_reason,
+    }
     if step_results:
         result["stepResults"] = step_results
     if spec.get("reportRequests"):

@@ -50,6 +50,14 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         state["priority"] = answer["priority"]
         await ctx.checkpoint(state, step="priority")
     plan = state["plan"]
+    key = ticket_key(ctx.namespace, ctx.run_name)
+    if ctx.resumed:
+        # After any resume (an answer, a crash, a retry) what was seen before may be stale: look at the
+        # ticket service again instead of trusting the state (someone may have opened the ticket by hand).
+        try:
+            state["seen"] = tickets.find_by_key(key)
+        except Exception:  # the service cannot tell now: the ledger's own lookup decides below
+            state["seen"] = None
     title = f"[{state.get('priority', 'normal')}] {plan['title']}"
     key = str(spec.get("ticketKey") or ticket_key(ctx.namespace, ctx.run_name))
     scope = f"{ctx.namespace}.{ctx.run_name}." if spec.get("ticketKey") else ""
@@ -69,7 +77,13 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         raise worker.TransientError(
             f"flaky step after ticket {ticket.reference} (attempt {ctx.attempt_number})"
         )
-    return {"ticket": ticket.reference, "priority": state.get("priority"), "executedNow": ticket.executed_now}
+    return {
+        "ticket": ticket.reference,
+        "priority": state.get("priority"),
+        "executedNow": ticket.executed_now,
+        "reobserved": ctx.resumed,
+        "ticketSeenOnResume": state.get("seen") is not None,
+    }
 
 
 if __name__ == "__main__":

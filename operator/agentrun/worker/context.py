@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
@@ -10,11 +11,11 @@ import jsonschema
 
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Run, SideEffectState
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
-from agentrun.core import ledger
+from agentrun.core import ledger, requests
 from agentrun.core.ledger import side_effect_name
 from agentrun.core.steps import StepRetry, journal_replays
 from agentrun.worker.effects import Effect, Ledger
-from agentrun.worker.errors import Interrupted, PermanentError
+from agentrun.worker.errors import Interrupted, PermanentError, TransientError
 from agentrun.worker.session import Session, refuse_over_budget
 from agentrun.worker.steps import Journal, run_step
 from agentrun.worker.usage import UsageMeter
@@ -44,16 +45,30 @@ class Context:
         self.cancel_epoch = me.cancel_epoch
         self.input: Any = run.spec.input
         self.state: Any = resumed_from.spec.state if resumed_from else None
-        # True when this Attempt continues after a pause: observations made before it are stale, and
-        # the agent must look at its world again.
-        self._answering = answered_request(run, attempt)
-        self.resumed = self._answering is not None
-        self.resume_value: Any = attempt.spec.input if self.resumed else None
+        # True on every Attempt that continues from a Checkpoint (an answer, a crash, a lease takeover,
+        # a retry), and once an answer arrives within a hold: what the agent observed before is stale,
+        # it must look at its world again. resume_reason says why (the Attempt's reason).
+        self.resumed = resumed_from is not None
+        self.resume_reason: str | None = requests.resume_reason(attempt)
+        self._answering = requests.answered(run, attempt)  # the request this Attempt brings the answer to
+        self.resume_value: Any = attempt.spec.input if self._answering else None
         self._answered = {i.request_id for i in run.status.inputs or []}
         self._usage = UsageMeter(session.write_usage)
         self._journal = Journal(
             session, journal_replays(attempt.spec.reason), resumed_from, answered_request(run, attempt)
         )
+
+    # ---- step boundaries ---------------------------------------------------------------------------
+
+    async def _boundary(self, fresh: bool = True) -> None:
+        """A step boundary (every checkpoint, step, side_effect and interrupt): if someone asked the Run
+        to pause (spec.pause), the agent stops here as if it had called interrupt(reason="paused"), from
+        its latest Checkpoint. `fresh` reads the Run first; otherwise the newest Run seen (the watch,
+        the last write) decides: a caller in a hot loop (ctx.step) may prefer that."""
+        run = await self._session.read_run() if fresh else (self._session.observed or self._session.run)
+        pause = run.spec.pause if run else None
+        if pause and requests.pause_due(pause.request_id, frozenset(self._answered), self._answering):
+            await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
 
     # ---- checkpoints and interrupts ----------------------------------------------------------------
 
@@ -65,50 +80,54 @@ class Context:
         """
         self._latest = await self._session.save_checkpoint(state, step, self._latest)
         self.state = state
-        pause = self._session.run.spec.pause if self._session.run else None
-        if pause and pause.request_id not in self._answered and pause.request_id != self._answering:
-            await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
+        await self._boundary(fresh=False)  # its fenced write has just read the Run
         return self._latest.spec.id
 
-    async def interrupt(
+    async def interrupt(  # noqa: PLR0917 (the public signature, kept positional)
         self,
         reason: str = InterruptReason.INPUT_REQUIRED,
         prompt: str | None = None,
         schema: dict[str, Any] | None = None,
         expires_in: float | None = None,
         state: Any = _KEEP,
+        hold_seconds: float | None = None,
     ) -> Any:
-        """Pauses the Run here until someone answers; returns the answer in the Attempt that resumes.
+        """Pauses the Run here until someone answers; returns the answer.
 
-        Saves a Checkpoint (of `state`, or the latest state) and the typed request, then ends this
-        Attempt and releases the worker. The Attempt that resumes runs the agent again from that
-        Checkpoint, and this same call returns the accepted value instead of pausing again.
+        Saves a Checkpoint (of `state`, or the latest state) and the typed request. Without a hold it
+        then ends this Attempt and releases the worker: the Attempt that resumes runs the agent again
+        from that Checkpoint, and this same call returns the accepted value instead of pausing again.
+        With `hold_seconds`, this Attempt keeps its lease and waits that long: an answer accepted in time
+        is returned here, by the same Attempt (ctx.resumed becomes True); after that the hold is
+        released and the answer goes to a new Attempt as without one.
         """
-        if self._answering is not None:
+        if requests.answers_question(self._answering):
             value = self.resume_value
             self._answering = None  # one answer per resumed Attempt: a later interrupt pauses again
-            if schema is not None:
-                try:
-                    jsonschema.validate(value, schema)
-                except jsonschema.ValidationError as exc:
-                    raise PermanentError(
-                        f"the resume value does not match the request's schema: {exc.message}"
-                    ) from None
+            _check_answer(value, schema)
             return value
-        if schema is not None:  # before the checkpoint: the request could not be written after it
+        if schema is not None:  # before anything is sent: the request could not be written after it
             refuse_over_budget("the interrupt's schema", schema, ACCEPTED_SCHEMA_BUDGET, SCHEMA_ADVICE)
+        await self._boundary()  # a pending pause first: the question is asked after it
         if state is not _KEEP:
             self.state = state
-        await self._raise_interrupt(InterruptReason(reason), prompt, schema, expires_in, None)
+        value = await self._raise_interrupt(
+            InterruptReason(reason), prompt, schema, expires_in, None, hold_seconds=hold_seconds
+        )
+        _check_answer(value, schema)
+        return value
 
-    async def _raise_interrupt(
+    async def _raise_interrupt(  # noqa: PLR0917 (the request's fields, in their order)
         self,
         reason: InterruptReason,
         prompt: str | None,
         schema: dict[str, Any] | None,
         expires_in: float | None,
         request_id: str | None,
-    ) -> None:
+        hold_seconds: float | None = None,
+    ) -> Any:
+        """Saves the Checkpoint and the request; raises Interrupted (the Attempt ends), or returns the
+        answer accepted within the hold."""
         if self._latest is None or self._latest.spec.state != self.state:
             self._latest = await self._session.save_checkpoint(
                 self.state, f"interrupt:{reason}", self._latest
@@ -126,8 +145,41 @@ class Context:
         if expires_in:
             # The operator derives expiresAt on its own clock: this machine's clock may be off.
             pending["expiresInSeconds"] = max(1, math.ceil(expires_in))
+        if hold_seconds:
+            pending["holdSeconds"] = max(1, math.ceil(hold_seconds))
+            pending["heldBy"] = self.attempt
         await self._session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
+        if hold_seconds:
+            answered, value = await self._hold(request_id, hold_seconds)
+            if answered:
+                self._answered.add(request_id)
+                self._answering = None
+                self.resumed, self.resume_reason = True, f"resume:{request_id}"
+                return value
         raise Interrupted(request_id)
+
+    async def _hold(self, request_id: str, seconds: float) -> tuple[bool, Any]:
+        """Waits (on the Run watch, never polling) until the operator accepts an answer or the hold ends;
+        then releases it with a write preconditioned on the newest Run seen. Exactly one of the two
+        writes lands: a release that conflicts looks again at what the operator wrote."""
+        session, loop = self._session, asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            session.changed.clear()  # before looking: a change after this wakes the wait below
+            run = session.observed or await session.read_run()
+            state = requests.hold_state(run, self.attempt, request_id)
+            if state == requests.HoldState.ANSWERED:
+                found, value = requests.held_answer(run, request_id)
+                if not found:  # spec.resume was replaced right after the acceptance: a retry carries it
+                    raise TransientError(f"the answer to {request_id} was accepted but is no longer readable")
+                return True, value
+            if state == requests.HoldState.ENDED:
+                return False, None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                await session.release_hold(request_id)
+                continue  # released, or the Run changed first: decide on what is stored now
+            await session.next_change(remaining)
 
     # ---- side effects ------------------------------------------------------------------------------
 
@@ -157,6 +209,7 @@ class Context:
         auth_required, answered with {"approved": true}); the operator records the approval on the
         SideEffect.
         """
+        await self._boundary()  # before the send, never between the send and its confirmation
         if requires_approval:
             await self._approve(tool, key, target)
         with self._session.tracing.span("side effect", {"agentrun.tool": tool, "agentrun.key": key}):
@@ -213,9 +266,6 @@ class Context:
         """Adds to this Attempt's usage (in memory: written every few seconds at most, and at the end)."""
         self._usage.add(input_tokens, output_tokens, cost_usd, model_calls)
 
-    async def _boundary(self) -> None:
-        """A step boundary (before every step): where a requested pause is to be honoured."""
-
     async def _approve(self, tool: str, key: str, target: str | None) -> None:
         """Returns once the gated action is approved (now or before); raises if it was refused.
 
@@ -228,7 +278,7 @@ class Context:
             if done or record.status.approval is not None:
                 return
         request_id = ledger.approval_request_id(side_effect_name(self.run_name, key))
-        if self._answering == request_id:
+        if requests.answers_approval(self._answering, request_id):
             answer = self.resume_value
             self._answering = None
         else:
@@ -243,15 +293,16 @@ class Context:
             raise PermanentError(f"{tool} (key {key}) was not approved")
 
 
+def _check_answer(value: Any, schema: dict[str, Any] | None) -> None:
+    if schema is None:
+        return
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as exc:
+        raise PermanentError(f"the resume value does not match the request's schema: {exc.message}") from None
+
+
 def answered_request(run: Run, attempt: Attempt) -> str | None:
-    """The request this Attempt brings the answer to: named by a resume's reason; for an automatic retry
-    that carries the answer on (spec.input, same Checkpoint), the newest input accepted for that
-    Checkpoint."""
-    if attempt.spec.reason.startswith("resume:"):
-        return attempt.spec.reason.removeprefix("resume:")
-    if attempt.spec.input is None or not attempt.spec.resume_from:
-        return None
-    for recorded in reversed(run.status.inputs or []):
-        if recorded.checkpoint_id == attempt.spec.resume_from:
-            return recorded.request_id
-    return None
+    """The id of the request this Attempt brings the answer to (core.requests.answered)."""
+    answer = requests.answered(run, attempt)
+    return answer.request_id if answer else None

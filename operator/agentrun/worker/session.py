@@ -8,6 +8,7 @@ two requests; a 409 means someone wrote in between, so read and check again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
@@ -52,12 +53,17 @@ class Session:
         self.cancelled = asyncio.Event()  # spec.cancelEpoch grew past ours
         self._lease_rv: str | None = None
         self.tracing = Tracing("agentrun-worker", env={})  # off; worker.main turns it on from the env
+        # The newest Run the watch delivered (the step boundaries read spec.pause from it, the hold
+        # waits on it), and an event set at every change.
+        self.observed: Run | None = None
+        self.changed = asyncio.Event()
 
     async def read_run(self) -> Run:
         body = await self.api.get(self.run_path)
         if body is None:
             raise LeaseLost(f"Run {self.me.run} no longer exists")
         self.run = Run.model_validate(body)
+        self.observe(self.run)
         return self.run
 
     async def read_attempt(self) -> Attempt:
@@ -95,10 +101,16 @@ class Session:
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
-    async def fenced_status_write(self, patch: JsonDict, what: str) -> Run:
+    async def fenced_status_write(self, patch: JsonDict, what: str, *, reuse_read: bool = False) -> Run:
+        """reuse_read: check the fence on the Run this worker last read or wrote and write with its
+        resourceVersion, without reading again (one request instead of two): if the Run changed since,
+        the precondition fails and the loop reads and checks it afresh."""
+        cached = self.run if reuse_read else None
         for _ in range(MAX_CONFLICTS):
-            run = await self.read_run()
+            run, from_cache, cached = cached or await self.read_run(), cached is not None, None
             if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
+                if from_cache:
+                    continue  # judged only on a fresh read
                 message = (
                     f"{what} refused: this worker holds lease epoch {self.me.lease_epoch} and cancel epoch "
                     f"{self.me.cancel_epoch}; the Run has {run.status.lease_epoch} and "
@@ -119,6 +131,7 @@ class Session:
                 await self.raise_refusal(exc, what)
                 raise
             self.run = Run.model_validate(written)
+            self.observe(self.run)
             return self.run
         raise ApiError(409, "Conflict", f"{what}: gave up after {MAX_CONFLICTS} conflicting writes")
 
@@ -304,15 +317,67 @@ class Session:
                     return
 
     async def watch_cancel(self) -> None:
-        """Sets `cancelled` as soon as the Run's spec.cancelEpoch grows past this worker's."""
+        """Watches the Run: keeps `observed` current, sets `changed` at every change, and sets
+        `cancelled` as soon as spec.cancelEpoch grows past this worker's. A reconnect continues from the
+        last resourceVersion seen, so no change is skipped (unless the server expired it: 410)."""
         collection = self.api.custom_path("runs", self.me.namespace)
+        resource_version: str | None = None
         while not self.cancelled.is_set():
             try:
-                async for event in self.api.watch(collection, self.me.run):
-                    spec = (event.get("object") or {}).get("spec") or {}
-                    if int(spec.get("cancelEpoch", 0)) > self.me.cancel_epoch:
-                        self.cancelled.set()
+                async for event in self.api.watch(collection, self.me.run, resource_version=resource_version):
+                    body = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        resource_version = None  # too old (410): start again from the current state
+                        break
+                    resource_version = (body.get("metadata") or {}).get("resourceVersion", resource_version)
+                    self.observe(Run.model_validate(body))
+                    if self.cancelled.is_set():
                         return
             except Exception as exc:
-                log.debug("cancel watch interrupted: %s", exc)
+                log.debug("run watch interrupted: %s", exc)
                 await asyncio.sleep(1.0)
+
+    def observe(self, run: Run) -> None:
+        """A newer Run than the one observed so far (by the watch or a read)."""
+        if self.observed is not None and _rv(run) < _rv(self.observed):
+            return
+        self.observed = run
+        if run.spec.cancel_epoch > self.me.cancel_epoch:
+            self.cancelled.set()
+        self.changed.set()
+
+    async def next_change(self, seconds: float) -> None:
+        """Waits (at most `seconds`) for a change of the Run since `changed` was last cleared."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), seconds)
+
+    async def release_hold(self, request_id: str) -> Run | None:
+        """Ends this worker's hold of `request_id`: clears pendingRequest.heldBy, preconditioned on the
+        newest Run seen. Returns the Run written, or None when the Run changed first (the operator may
+        have accepted an answer: the caller looks again)."""
+        run = self.observed if self.observed is not None else await self.read_run()
+        pending = run.status.pending_request
+        if pending is None or pending.request_id != request_id or pending.held_by != self.me.attempt:
+            return run  # not held by us any more: nothing to release
+        body = {
+            "metadata": {"resourceVersion": run.metadata.resource_version},
+            "status": {"pendingRequest": {"heldBy": None}},
+        }
+        try:
+            written = await self.api.merge_patch(f"{self.run_path}/status", body)
+        except ApiError as exc:
+            if exc.conflict:
+                self.observe(await self.read_run())
+                return None
+            await self.raise_refusal(exc, f"release of request {request_id}")
+            raise
+        self.run = Run.model_validate(written)
+        self.observe(self.run)
+        return self.run
+
+
+def _rv(run: Run) -> int:
+    try:
+        return int(run.metadata.resource_version or 0)
+    except ValueError:
+        return 0

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from agentrun.api import Run, RunPhase
 from agentrun.cli import render
 from agentrun.cli.cluster import Cluster, wait_for_run
 from agentrun.cli.commands.common import read_run
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import cancel_operations
+from agentrun.cli.control_requests import cancel_key, cancel_operations
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
@@ -24,11 +25,16 @@ class Swap:
 
 
 async def compare_and_swap(
-    cluster: Cluster, name: str, observed: int | None, resource_version: str | None
+    cluster: Cluster,
+    name: str,
+    observed: int | None,
+    resource_version: str | None,
+    request: dict[str, Any] | None = None,
 ) -> Swap:
-    """Raises the cancel epoch from `observed` to observed + 1, unless someone else moved it first."""
+    """Raises the cancel epoch from `observed` to observed + 1, unless someone else moved it first;
+    `request` is the spec.cancelRequest sent with it."""
     try:
-        written = await cluster.json_patch_run(name, cancel_operations(observed, resource_version))
+        written = await cluster.json_patch_run(name, cancel_operations(observed, resource_version, request))
     except ApiError as exc:
         if exc.status not in (409, 422):
             raise
@@ -57,8 +63,14 @@ async def cancel(ctx: Context, args: argparse.Namespace) -> int:
         )
     else:
         observed = body.get("spec", {}).get("cancelEpoch")
+        target = (observed or 0) + 1
+        request: dict[str, Any] = {
+            "idempotencyKey": args.idempotency_key or cancel_key(run, target, args.reason)
+        }
+        if args.reason:
+            request["reason"] = args.reason
         swap = await compare_and_swap(
-            ctx.cluster, args.run, observed, body["metadata"].get("resourceVersion")
+            ctx.cluster, args.run, observed, body["metadata"].get("resourceVersion"), request
         )
         if swap.ours:
             ctx.out.text(f"run {args.run}: cancel requested (cancel epoch {observed or 0} -> {swap.epoch})")

@@ -1,0 +1,1 @@
+"""Adapters that make agent frameworks durable on agentrun (optional extras: agentrun[langgraph])."""

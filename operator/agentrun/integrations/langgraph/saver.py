@@ -1,0 +1,587 @@
+"""AgentrunSaver: a LangGraph checkpointer whose checkpoints are the Run's Checkpoint objects.
+
+One LangGraph checkpoint is one immutable Checkpoint (kind State, `thread` = LangGraph's thread id and
+checkpoint namespace); the pending writes of one task are one immutable Checkpoint of kind Writes whose
+parent is that State checkpoint. Both carry the Run's label and owner, the writing Attempt and its
+lease epoch. Values are serialized by AllowListSerializer (msgpack, base64 in the object's JSON), so
+a stored checkpoint cannot name a class outside the allow-list and have it run.
+
+Two ways to build one:
+- `AgentrunSaver.for_attempt(ctx)` inside an attempt Pod: every checkpoint of the Run's own thread
+  (thread id = the Run, root namespace) moves status.latestCheckpoint with the fences of
+  ctx.checkpoint (lease epoch, cancel epoch), and "the latest checkpoint" of that thread is the one the
+  Run points at, never merely the newest object (a stale worker may have created one the fence then
+  refused). Deleting is refused: only the operator deletes Checkpoints.
+- `AgentrunSaver(api, namespace, run)` anywhere else (tools, tests, LangGraph's conformance suite):
+  the objects of a Run that exists, written as an identity RBAC lets write them, no fences.
+
+Sizes: each object's JSON must fit the Checkpoint state budget (256 KiB); past it, a PermanentError.
+A LangGraph checkpoint holds every channel's full value, so a long thread (a growing message list)
+should use LangGraph's DeltaChannel, which stores only each step's delta (and a periodic snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import hashlib
+import re
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+)
+from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
+
+from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
+from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
+from agentrun.integrations.langgraph.serde import AllowListSerializer, TypeKey, type_key
+from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.worker.errors import PermanentError
+
+if TYPE_CHECKING:
+    from agentrun.worker.context import Context
+    from agentrun.worker.session import Session
+
+JsonDict = dict[str, Any]
+T = TypeVar("T")
+
+THREAD_LABEL: Final = "agentrun.dev/thread"  # hash of the thread id: delete_thread, list
+NAMESPACE_LABEL: Final = "agentrun.dev/thread-ns"  # hash of (thread id, checkpoint ns): get_tuple, list
+PARENT_LABEL: Final = "agentrun.dev/parent"  # Writes: hash of the State checkpoint they belong to
+KIND_LABEL: Final = "agentrun.dev/checkpoint-kind"
+OUTSIDE_ATTEMPT: Final = "a0"  # spec.attempt suffix of objects written outside any Attempt
+SIZE_ADVICE: Final = (
+    "keep large data out of the graph state (store it elsewhere and keep a reference), and use "
+    "LangGraph's DeltaChannel for channels that grow with the thread (message lists): each checkpoint "
+    "then stores only that step's delta"
+)
+_UUID_LIKE = re.compile(r"^[0-9a-f][0-9a-f-]{0,62}[0-9a-f]$")
+
+
+class PauseRequested(Exception):
+    """Raised after a checkpoint of the Run's thread is saved while spec.pause asks the Run to pause:
+    run_graph stops the graph there, between supersteps."""
+
+    def __init__(self, request_id: str, reason: str | None) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id
+        self.reason = reason
+
+
+def _digest(*parts: str, size: int = 10) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:size]
+
+
+def _encode(typed: tuple[str, bytes]) -> list[str]:
+    return [typed[0], base64.b64encode(typed[1]).decode()]
+
+
+def _decode(stored: Any) -> tuple[str, bytes]:
+    encoding, data = stored
+    return str(encoding), base64.b64decode(data)
+
+
+@dataclass
+class _Shared:
+    """What a saver and its clones (LangGraph derives one per graph with its allow-list) share."""
+
+    run_uid: str | None = None
+    pointer: str | None = None  # in an Attempt: the Run's latestCheckpoint (a name)
+    paused: set[str] = field(default_factory=set)  # pause requests that do not stop this Attempt
+    sequences: dict[str, int] = field(default_factory=dict)  # State name -> its sequence
+    writes: dict[str, int] = field(default_factory=dict)  # State name -> last Writes sequence known
+    loop: asyncio.AbstractEventLoop | None = None
+    loop_lock: threading.Lock = field(default_factory=threading.Lock)
+    clones: dict[frozenset[TypeKey], AgentrunSaver] = field(default_factory=dict)
+
+
+class AgentrunSaver(BaseCheckpointSaver[int]):
+    """LangGraph checkpoints and pending writes as the Run's Checkpoints (sync and async)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        run: str,
+        *,
+        allowed_types: Iterable[TypeKey | type] = (),
+        attempt: str | None = None,
+        lease_epoch: int = 0,
+    ) -> None:
+        """The Checkpoints of Run `run` in `namespace`, written as whoever `api` authenticates as.
+
+        allowed_types: classes (or (module, name)) a checkpoint may contain beyond LangGraph's safe
+        types (messages, Send, Interrupt, datetime, ...); a compiled graph adds its state schema's own.
+        """
+        super().__init__(serde=AllowListSerializer(allowed_types))
+        self.api = api
+        self.namespace = namespace
+        self.run = run
+        self.attempt = attempt or f"{run}-{OUTSIDE_ATTEMPT}"
+        self.lease_epoch = lease_epoch
+        self.collection = api.custom_path("checkpoints", namespace)
+        self._session: Session | None = None
+        self._shared = _Shared()
+
+    @classmethod
+    def for_attempt(cls, ctx: Context, *, allowed_types: Iterable[TypeKey | type] = ()) -> AgentrunSaver:
+        """The saver of this attempt Pod's Run: fenced, continuing from the Attempt's resume point."""
+        session: Session = ctx._session  # the SDK's own fenced writer (agentrun internals)
+        saver = cls(
+            session.api,
+            ctx.namespace,
+            ctx.run_name,
+            allowed_types=allowed_types,
+            attempt=ctx.attempt,
+            lease_epoch=ctx.lease_epoch,
+        )
+        saver._session = session
+        saver._shared.pointer = session.me.resume_from
+        if session.run is not None:
+            saver._shared.run_uid = session.run.metadata.uid
+        return saver
+
+    def ignore_pause(self, request_id: str) -> None:
+        """A pause request this Attempt does not stop for (the one it continues after, or answered)."""
+        self._shared.paused.add(request_id)
+
+    @property
+    def session(self) -> Session | None:
+        """The attempt Pod's session (for_attempt), or None outside an Attempt."""
+        return self._session
+
+    @property
+    def latest(self) -> str | None:
+        """In an Attempt: the name of the Checkpoint the Run points at (its latestCheckpoint)."""
+        return self._shared.pointer
+
+    def with_allowlist(self, extra_allowlist: Any) -> AgentrunSaver:
+        """LangGraph passes the types of the graph's own state schema: read them too (a clone that
+        shares this saver's state)."""
+        assert isinstance(self.serde, AllowListSerializer)
+        key = frozenset(type_key(e) for e in extra_allowlist)
+        if key <= self.serde.allowed:
+            return self
+        if (clone := self._shared.clones.get(key)) is None:
+            clone = copy.copy(self)
+            clone.serde = self.serde.with_types(key)
+            self._shared.clones[key] = clone
+        return clone
+
+    # ---- names ---------------------------------------------------------------------------------------
+
+    def state_name(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
+        """The object name (and spec.id) of a LangGraph checkpoint: the Run, its thread, its id."""
+        tail = checkpoint_id if _UUID_LIKE.match(checkpoint_id) else _digest(checkpoint_id, size=32)
+        return f"{self.run}-{_digest(thread_id, ns)}-{tail}"
+
+    def _is_runs_thread(self, thread_id: str, ns: str) -> bool:
+        return self._session is not None and thread_id == self.run and ns == ""
+
+    async def _owned_metadata(self, name: str, labels: dict[str, str]) -> JsonDict:
+        if self._shared.run_uid is None:
+            run = await self.api.get(self.api.custom_path("runs", self.namespace, self.run))
+            if run is None:
+                raise PermanentError(
+                    f"Run {self.run} does not exist in {self.namespace}: its checkpoints cannot"
+                )
+            self._shared.run_uid = run["metadata"]["uid"]
+        owner = {"apiVersion": API_VERSION, "kind": "Run", "name": self.run, "uid": self._shared.run_uid}
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {RUN_LABEL: self.run, **labels},
+            "ownerReferences": [{**owner, "blockOwnerDeletion": True}],
+        }
+
+    async def _create(self, body: JsonDict, what: str) -> None:
+        """Creates an immutable object; one that already exists under that name is the same one (a
+        repeated call)."""
+        if reason := over_budget(what, body["spec"]["state"], CHECKPOINT_STATE_BUDGET, SIZE_ADVICE):
+            raise PermanentError(reason)
+        try:
+            await self.api.create(self.collection, body)
+        except ApiError as exc:
+            if exc.conflict:
+                return
+            if exc.too_large:
+                raise PermanentError(
+                    f"{what} was refused as too large ({exc.message}): {SIZE_ADVICE}"
+                ) from None
+            if self._session is not None:
+                await self._session.raise_refusal(exc, what)
+            raise
+
+    # ---- reading -------------------------------------------------------------------------------------
+
+    async def _select(self, selector: str) -> list[JsonDict]:
+        items: list[JsonDict] = []
+        async for page in self.api.list_pages(
+            self.collection, label_selector=f"{RUN_LABEL}={self.run},{selector}"
+        ):
+            items.extend(page)
+        return items
+
+    async def _pending_writes(
+        self, states: list[JsonDict], writes: list[JsonDict]
+    ) -> dict[str, list[PendingWrite]]:
+        """Each State's pending writes, merged as LangGraph's savers do: per (task, index), the first
+        write of a regular channel counts and the last of a special one (error, interrupt, resume)."""
+        epochs = {s["spec"]["id"]: s["spec"]["leaseEpoch"] for s in states}
+        by_parent: dict[str, list[JsonDict]] = {}
+        for entry in writes:
+            parent = entry["spec"].get("parent")
+            # Readers ignore records written under an older lease epoch than the checkpoint they name.
+            if parent in epochs and entry["spec"]["leaseEpoch"] >= epochs[parent]:
+                by_parent.setdefault(parent, []).append(entry)
+        merged: dict[str, list[PendingWrite]] = {}
+        for parent, entries in by_parent.items():
+            entries.sort(key=lambda e: (e["spec"]["sequence"], e["metadata"]["name"]))
+            self._shared.writes[parent] = max(
+                self._shared.writes.get(parent, 0), entries[-1]["spec"]["sequence"]
+            )
+            found: dict[tuple[str, int], tuple[str, str, str, Any]] = {}
+            for entry in entries:
+                state = entry["spec"]["state"]
+                task_id, task_path = state["taskId"], state.get("taskPath", "")
+                for idx, channel, value in state["writes"]:
+                    key = (task_id, int(idx))
+                    if key in found and channel not in WRITES_IDX_MAP:
+                        continue
+                    found[key] = (task_path, task_id, channel, value)
+            ordered = sorted(found.items(), key=lambda item: (item[1][0], item[0][0], item[0][1]))
+            merged[parent] = [
+                (task_id, channel, self.serde.loads_typed(_decode(value)))
+                for (_, (_, task_id, channel, value)) in ordered
+            ]
+        return merged
+
+    def _tuple(self, state: JsonDict, pending: list[PendingWrite]) -> CheckpointTuple:
+        spec = state["spec"]
+        stored = spec["state"]
+        thread = spec["thread"]
+        self._shared.sequences[spec["id"]] = spec["sequence"]
+        self._shared.writes.setdefault(spec["id"], 0)
+        checkpoint: LangGraphCheckpoint = self.serde.loads_typed(_decode(stored["checkpoint"]))
+        metadata: CheckpointMetadata = self.serde.loads_typed(_decode(stored["metadata"]))
+        configurable = {"thread_id": thread["id"], "checkpoint_ns": thread["ns"]}
+        parent_id = stored.get("parentCheckpointId")
+        return CheckpointTuple(
+            config={"configurable": {**configurable, "checkpoint_id": stored["checkpointId"]}},
+            checkpoint=checkpoint,
+            metadata=metadata,
+            parent_config={"configurable": {**configurable, "checkpoint_id": parent_id}}
+            if parent_id
+            else None,
+            pending_writes=pending,
+        )
+
+    def _is_langgraph(self, body: JsonDict | None, thread_id: str | None = None, ns: str = "") -> bool:
+        """A State checkpoint this saver wrote (of that thread and namespace, when given)."""
+        spec = (body or {}).get("spec") or {}
+        thread = spec.get("thread")
+        return (
+            spec.get("kind", "State") == CheckpointKind.STATE
+            and spec.get("runName") == self.run
+            and isinstance(thread, dict)
+            and (thread_id is None or thread == {"id": thread_id, "ns": ns})
+            and isinstance(spec.get("state"), dict)
+            and "checkpoint" in spec["state"]
+        )
+
+    async def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        configurable = config.get("configurable") or {}
+        thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            name: str | None = self.state_name(thread_id, ns, checkpoint_id)
+        elif self._is_runs_thread(thread_id, ns):
+            name = self._shared.pointer  # where the Run continues from, not the newest object
+        else:
+            states = await self._select(f"{KIND_LABEL}=State,{NAMESPACE_LABEL}={_digest(thread_id, ns)}")
+            states = [s for s in states if self._is_langgraph(s, thread_id, ns)]
+            if not states:
+                return None
+            name = max(states, key=lambda s: str(s["spec"]["state"]["checkpointId"]))["metadata"]["name"]
+        if name is None:
+            return None
+        state = await self.api.get(self.api.custom_path("checkpoints", self.namespace, name))
+        if not self._is_langgraph(state, thread_id, ns):
+            return None  # absent, or not a LangGraph checkpoint of this thread (ctx.checkpoint's own)
+        assert state is not None
+        if checkpoint_id and state["spec"]["state"]["checkpointId"] != checkpoint_id:
+            return None
+        writes = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(name)}")
+        return self._tuple(state, (await self._pending_writes([state], writes)).get(name, []))
+
+    async def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        configurable = (config or {}).get("configurable") or {}
+        thread_id, ns = str(configurable.get("thread_id", "")), str(configurable.get("checkpoint_ns", ""))
+        if "thread_id" not in configurable:
+            selector = ""
+        elif "checkpoint_ns" in configurable:
+            selector = f",{NAMESPACE_LABEL}={_digest(thread_id, ns)}"
+        else:
+            selector = f",{THREAD_LABEL}={_digest(thread_id)}"
+        states = [s for s in await self._select(f"{KIND_LABEL}=State{selector}") if self._is_langgraph(s)]
+        if "thread_id" in configurable:
+            states = [s for s in states if s["spec"]["thread"]["id"] == str(configurable["thread_id"])]
+        if "checkpoint_ns" in configurable:
+            states = [s for s in states if s["spec"]["thread"]["ns"] == str(configurable["checkpoint_ns"])]
+        if wanted := get_checkpoint_id(config) if config else None:
+            states = [s for s in states if s["spec"]["state"]["checkpointId"] == wanted]
+        if before and (cursor := get_checkpoint_id(before)):
+            states = [s for s in states if s["spec"]["state"]["checkpointId"] < cursor]
+        states.sort(key=lambda s: str(s["spec"]["state"]["checkpointId"]), reverse=True)
+        if not states:
+            return
+        writes = await self._select(f"{KIND_LABEL}=Writes{selector}")
+        pending = await self._pending_writes(states, writes)
+        count = 0
+        for state in states:
+            found = self._tuple(state, pending.get(state["spec"]["id"], []))
+            if filter and not all(found.metadata.get(k) == v for k, v in filter.items()):
+                continue
+            yield found
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+    # ---- writing -------------------------------------------------------------------------------------
+
+    async def _sequence_of(self, name: str | None) -> int:
+        if name is None:
+            return 0
+        if name not in self._shared.sequences:
+            parent = await self.api.get(self.api.custom_path("checkpoints", self.namespace, name))
+            self._shared.sequences[name] = int(((parent or {}).get("spec") or {}).get("sequence", 0))
+        return self._shared.sequences[name]
+
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: LangGraphCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        configurable = config.get("configurable") or {}
+        thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
+        parent_id = configurable.get("checkpoint_id")
+        name = self.state_name(thread_id, ns, checkpoint["id"])
+        parent = self.state_name(thread_id, ns, parent_id) if parent_id else None
+        sequence = await self._sequence_of(parent) + 1
+        merged_metadata = {**metadata}
+        stored: JsonDict = {
+            "checkpointId": checkpoint["id"],
+            "checkpoint": _encode(self.serde.dumps_typed(checkpoint)),
+            "metadata": _encode(self.serde.dumps_typed(merged_metadata)),
+        }
+        if parent_id:
+            stored["parentCheckpointId"] = parent_id
+        spec: JsonDict = {
+            "runName": self.run,
+            "id": name,
+            "sequence": sequence,
+            "attempt": self.attempt,
+            "leaseEpoch": self.lease_epoch,
+            "step": f"langgraph:{metadata.get('source', '')}:{metadata.get('step', '')}"[:128],
+            "kind": CheckpointKind.STATE.value,
+            "thread": {"id": thread_id, "ns": ns},
+            "state": stored,
+        }
+        if parent:
+            spec["parent"] = parent
+        labels = {
+            KIND_LABEL: "State",
+            THREAD_LABEL: _digest(thread_id),
+            NAMESPACE_LABEL: _digest(thread_id, ns),
+        }
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Checkpoint",
+            "metadata": await self._owned_metadata(name, labels),
+            "spec": spec,
+        }
+        await self._create(body, f"the LangGraph checkpoint {checkpoint['id']} (Checkpoint {name})")
+        self._shared.sequences[name] = sequence
+        self._shared.writes.setdefault(name, 0)
+        if self._session is not None and self._is_runs_thread(thread_id, ns):
+            # The Run continues from here: moved with the fences of ctx.checkpoint. The Run this worker
+            # wrote last is checked and written with its resourceVersion (no read when nothing changed).
+            run = await self._session.fenced_status_write(
+                {"latestCheckpoint": name}, f"checkpoint {name}", reuse_read=True
+            )
+            self._shared.pointer = name
+            pause = run.spec.pause
+            if pause and pause.request_id not in self._shared.paused:
+                answered = {i.request_id for i in run.status.inputs or []}
+                if pause.request_id not in answered:
+                    raise PauseRequested(pause.request_id, pause.reason)
+        return {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
+        }
+
+    async def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        configurable = config.get("configurable") or {}
+        thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
+        checkpoint_id = str(configurable["checkpoint_id"])
+        parent = self.state_name(thread_id, ns, checkpoint_id)
+        if (
+            parent not in self._shared.writes
+        ):  # a checkpoint this saver neither wrote nor read: learn its writes
+            found = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(parent)}")
+            self._shared.writes[parent] = max((int(w["spec"]["sequence"]) for w in found), default=0)
+        sequence = self._shared.writes[parent] + 1
+        self._shared.writes[parent] = sequence
+        name = f"{parent}-w{sequence}-{_digest(task_id, task_path, self.attempt)}"
+        entries = [
+            [WRITES_IDX_MAP.get(channel, idx), channel, _encode(self.serde.dumps_typed(value))]
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        labels = {
+            KIND_LABEL: "Writes",
+            THREAD_LABEL: _digest(thread_id),
+            NAMESPACE_LABEL: _digest(thread_id, ns),
+            PARENT_LABEL: _digest(parent),
+        }
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Checkpoint",
+            "metadata": await self._owned_metadata(name, labels),
+            "spec": {
+                "runName": self.run,
+                "id": name,
+                "sequence": sequence,
+                "parent": parent,
+                "attempt": self.attempt,
+                "leaseEpoch": self.lease_epoch,
+                "step": f"langgraph:writes:{task_path or task_id}"[:128],
+                "kind": CheckpointKind.WRITES.value,
+                "thread": {"id": thread_id, "ns": ns},
+                "state": {
+                    "checkpointId": checkpoint_id,
+                    "taskId": task_id,
+                    "taskPath": task_path,
+                    "writes": entries,
+                },
+            },
+        }
+        await self._create(body, f"the pending writes of task {task_id} (Checkpoint {name})")
+
+    async def _delete_thread(self, thread_id: str) -> None:
+        if self._session is not None:
+            raise PermanentError(
+                "an attempt Pod never deletes Checkpoints: only the operator does (retention)"
+            )
+        selector = f"{RUN_LABEL}={self.run},{THREAD_LABEL}={_digest(thread_id)}"
+        await self.api.request("DELETE", self.collection, query={"labelSelector": selector})
+        self._shared.sequences.clear()
+        self._shared.writes.clear()
+
+    # ---- the async API -------------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._get_tuple(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        async for found in self._list(config, filter=filter, before=before, limit=limit):
+            yield found
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: LangGraphCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await self._put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._delete_thread(thread_id)
+
+    # ---- the sync API: the same coroutines, on this saver's own event loop ----------------------------
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        with self._shared.loop_lock:
+            if self._shared.loop is None:
+                self._shared.loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._shared.loop.run_forever, name="agentrun-saver", daemon=True
+                ).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._shared.loop).result()
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._call(self._get_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self._list(config, filter=filter, before=before, limit=limit)]
+
+        return iter(self._call(collect()))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: LangGraphCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._call(self._put(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        self._call(self._put_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._call(self._delete_thread(thread_id))
+
+    def close(self) -> None:
+        """Stops the sync API's event loop (the KubeApi stays the caller's)."""
+        if self._shared.loop is not None:
+            self._shared.loop.call_soon_threadsafe(self._shared.loop.stop)
+            self._shared.loop = None

@@ -1,0 +1,36 @@
+"""core.retention with framework checkpoints: only State checkpoints count, entries go with their parent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from factories import make_checkpoint, make_run, run_status
+
+from agentrun.api import Checkpoint, CheckpointKind
+from agentrun.core import retention
+
+
+def entry(name: str, parent: str | None, kind: CheckpointKind = CheckpointKind.WRITES) -> Checkpoint:
+    base = make_checkpoint(name, 1)
+    return base.model_copy(update={"spec": base.spec.model_copy(update={"kind": kind, "parent": parent})})
+
+
+def kept(retention_count: int, latest: str) -> Any:
+    return make_run(
+        run_status("Running", current=1, latestCheckpoint=latest),
+        spec={"checkpointRetention": retention_count},
+    )
+
+
+def test_writes_do_not_count_and_go_with_their_parent() -> None:
+    states = [make_checkpoint(f"c-{n}", n) for n in range(1, 5)]  # c-1 .. c-4
+    writes = [entry(f"w-{n}", f"c-{n}") for n in range(1, 5)]
+    journal = entry("j-1", None, CheckpointKind.JOURNAL)
+    pruned = retention.prunable(kept(2, "c-4"), [*writes, journal, *states], [])
+    # Four Writes would be beyond a count of 2 if they counted; they go only with c-1 and c-2.
+    assert pruned == ["c-2", "c-1", "w-1", "w-2"]
+
+
+def test_an_entry_whose_parent_is_gone_is_pruned() -> None:
+    states = [make_checkpoint("c-1", 1)]
+    assert retention.prunable(kept(5, "c-1"), [*states, entry("w-9", "c-9")], []) == ["w-9"]
