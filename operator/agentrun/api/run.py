@@ -42,6 +42,7 @@ from agentrun.api.common import (
 )
 from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
 from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, SideEffectState
+from agentrun.api.usage import Usage
 
 # status keeps the newest entries; Events and Attempts keep the rest, spentKeys every key. The bounds
 # below keep the declared worst case of the status inside its budget (tests/unit/test_budgets.py).
@@ -687,6 +688,10 @@ class RunStatus(ApiModel):
     )
     report: RunReport | None = Field(
         None, description="Once the Run has ended: the list of its external side effects and their fate."
+    )
+    usage: Usage | None = Field(
+        None,
+        description="The sum of its Attempts' usage (failed Attempts included), written by the operator.",
     )
 
 

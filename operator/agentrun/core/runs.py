@@ -25,6 +25,7 @@ from agentrun.api import (
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
+from agentrun.api.usage import Usage, usage_sum
 from agentrun.core import (
     controls,
     external,
@@ -75,6 +76,7 @@ def decide(world: World) -> Plan:
         approval = {"requestId": ledger.approval_request_id(effect), "time": rfc3339(world.now)}
         d.plan.add(PatchSideEffectStatus(effect, {"approval": approval}))
     _prune_checkpoints(d)
+    _sum_usage(d)
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
@@ -238,7 +240,12 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
         d.plan.add(
             PatchAttemptStatus(
                 name,
-                {"phase": "Running", "startTime": pod.running_since, "podName": pod.name},
+                {
+                    "phase": "Running",
+                    "startTime": pod.running_since,
+                    "podName": pod.name,
+                    "traceId": d.trace_id,
+                },
                 attempt.metadata.resource_version,
             )
         )
@@ -504,6 +511,14 @@ def _refresh_report(d: Decision) -> None:
     current = d.status.side_effects.to_api() if d.status.side_effects else None
     if current != counts:
         d.plan.add(PatchRunStatus({"sideEffects": counts, "report": report.run_report(d.w.side_effects)}))
+
+
+def _sum_usage(d: Decision) -> None:
+    """Run.status.usage is the sum of its Attempts' (failed ones included), written when it changed: an
+    Attempt's Pod writes its usage every few seconds at most, so this is no write per model call."""
+    total = usage_sum([a.status.usage for a in d.w.attempts.values()])
+    if total != (d.status.usage or Usage()):
+        d.plan.add(PatchRunStatus({"usage": total.to_status()}))
 
 
 def _prune_checkpoints(d: Decision) -> None:

@@ -9,6 +9,7 @@ async def agent(ctx: worker.Context) -> dict:
 worker.main(agent)
 """
 
+from agentrun.core.steps import StepRetry
 from agentrun.worker.context import Context
 from agentrun.worker.effects import Effect
 from agentrun.worker.errors import PermanentError, RateLimited, TransientError, UnknownSideEffect
@@ -19,6 +20,7 @@ __all__ = [
     "Effect",
     "PermanentError",
     "RateLimited",
+    "StepRetry",
     "TransientError",
     "UnknownSideEffect",
     "main",
