@@ -26,6 +26,7 @@ import cost
 import latency
 import processes
 import report
+import sdk_cost
 import throughput
 from harness import Bench, cpu_seconds, load1, log, machine, versions
 
@@ -166,6 +167,8 @@ def process_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
             results["replacement"] = processes.replacement(
                 bench, bench.namespace("replace"), args.process_workers
             )
+        with section(results, "SDK requests"):
+            results["sdk_requests"] = sdk_cost.measure(bench, state / "processes")
     finally:
         bench.stop()
 
