@@ -516,7 +516,7 @@ class ControlRecord(ApiModel):
     )
     outcome: ControlOutcome = Field(description="Accepted or Rejected.")
     reason: Reason | None = Field(
-        None, description="CamelCase reason of the outcome, e.g. RequestIdMismatch or RunTerminal."
+        None, description="CamelCase reason of the outcome, e.g. Accepted, UnknownRequest, SchemaMismatch or IdempotencyKeyReused."
     )
     message: str | None = Field(
         None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."
@@ -539,7 +539,7 @@ class RunFailure(FailureInfo):
 
     reason: Reason | None = Field(
         None,
-        description="CamelCase reason, e.g. RetriesExhausted, RepeatedFailure or DeadlineExceeded.",
+        description="CamelCase reason, e.g. RetryBudgetExhausted, RepeatedFailure or DeadlineExceeded.",
     )
 
 
