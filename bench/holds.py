@@ -96,7 +96,7 @@ def main() -> None:
             results["hold"].append(one(bench, ns, f"hold-{n}", 120))
             results["release"].append(one(bench, ns, f"release-{n}", 1))
         summary = {
-            path: {"p50_ms": percentile(v, 50) * 1000, "p99_ms": percentile(v, 99) * 1000, "n": len(v)}
+            path: {"p50_ms": percentile(v, 0.5) * 1000, "p99_ms": percentile(v, 0.99) * 1000, "n": len(v)}
             for path, v in results.items()
         }
         log(f"answer accepted -> agent continues: {json.dumps(summary)}")
