@@ -330,6 +330,27 @@ def render(r: dict[str, Any], findings: str) -> str:
             ],
         )
     )
+    if hold := r.get("holds"):
+        out += [
+            "",
+            "### Answer accepted → agent continues (real processes)",
+            "",
+            _table(
+                ["path", "p50", "p99", "n"],
+                [
+                    [
+                        label,
+                        f"{hold['summary'][key]['p50_ms']:.0f} ms",
+                        f"{hold['summary'][key]['p99_ms']:.0f} ms",
+                        str(hold["summary"][key]["n"]),
+                    ]
+                    for key, label in (
+                        ("hold", "inside the hold (same Attempt)"),
+                        ("release", "a new Attempt"),
+                    )
+                ],
+            ),
+        ]
     if sdk := r.get("sdk_requests"):
         by_calls = sdk["requests_by_usage_calls"]
         out += [
