@@ -134,6 +134,14 @@ def test_an_approval_granted_opens_one_ticket(
     [ticket] = tickets.creations()
     assert run["status"]["result"] == {"output": f"Opened {ticket['ticketId']}."}
     assert len(attempts(kube, ns, name)) == 2  # asked once, answered once
+    [effect] = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, ns, "sideeffects", label_selector=f"agentrun.dev/run={name}"
+    )["items"]
+    assert effect["spec"]["idempotencyKey"].endswith(".approved")  # the call as approved, in the ledger
+    assert (effect["status"]["state"], ticket["idempotencyKey"]) == (
+        "Confirmed",
+        effect["spec"]["idempotencyKey"],
+    )
 
 
 def get_checkpoint_state(kube: Kube, ns: str, name: str) -> dict[str, Any]:

@@ -131,7 +131,10 @@ async def _tool_call(
     run_context = next((c for c in cache_key if isinstance(c, RunContext)), None)
     if run_context is None or not run_context.tool_call_id:
         raise PermanentError(f"tool {tool!r} was called without a tool call id: no ledger key")
-    key = ledger_key(ctx.run_name, tool, run_context.tool_call_id)
+    # A tool that raised ApprovalRequired itself is called again with the same id once approved: its
+    # first call is recorded Failed (not performed), so the approved one is another ledger line.
+    call = run_context.tool_call_id + (".approved" if run_context.tool_call_approved else "")
+    key = ledger_key(ctx.run_name, tool, call)
 
     async def send(key: str) -> object:
         token = _TOOL_KEY.set(key)
