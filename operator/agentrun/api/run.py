@@ -516,7 +516,9 @@ class ControlRecord(ApiModel):
     )
     outcome: ControlOutcome = Field(description="Accepted or Rejected.")
     reason: Reason | None = Field(
-        None, description="CamelCase reason of the outcome, e.g. Accepted, UnknownRequest, SchemaMismatch or IdempotencyKeyReused."
+        None,
+        description="CamelCase reason of the outcome, e.g. Accepted, UnknownRequest, SchemaMismatch or "
+        "IdempotencyKeyReused.",
     )
     message: str | None = Field(
         None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."

@@ -311,8 +311,9 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
 
     The grant of a resume or a manual retry writes its Accepted control record in the same status write,
     so one Accepted record more than the Attempts started for that op names the missing Attempt (exact
-    while status.controls holds the whole history: it drops its oldest records beyond MAX_RECORDED_CONTROLS). Otherwise the
-    grant was an automatic retry, whose reason follows from how the previous Attempt ended.
+    while status.controls holds the whole history: it drops its oldest records beyond
+    MAX_RECORDED_CONTROLS). Otherwise the grant was an automatic retry, whose reason follows from how the
+    previous Attempt ended.
     """
     status, resume = world.run.status, world.run.spec.resume
     accepted = [
