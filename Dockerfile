@@ -9,7 +9,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-RUN python -m venv /opt/agentrun && /opt/agentrun/bin/pip install .
+RUN python -m venv /opt/agentrun && /opt/agentrun/bin/pip install '.[otel]'
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/agentrun /opt/agentrun

@@ -22,8 +22,9 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## create .venv with agentrun and the test tools
 
 .PHONY: binaries
-binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm, otelcol
 	bash hack/build-control-plane.sh all
+	bash hack/build-otelcol.sh
 
 .PHONY: crds
 crds: venv ## regenerate crds/ from the pydantic models (then `make manifests` for the chart's copy)

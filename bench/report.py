@@ -330,6 +330,47 @@ def render(r: dict[str, Any], findings: str) -> str:
             ],
         )
     )
+    if hold := r.get("holds"):
+        out += [
+            "",
+            "### Answer accepted → agent continues (real processes)",
+            "",
+            _table(
+                ["path", "p50", "p99", "n"],
+                [
+                    [
+                        label,
+                        f"{hold['summary'][key]['p50_ms']:.0f} ms",
+                        f"{hold['summary'][key]['p99_ms']:.0f} ms",
+                        str(hold["summary"][key]["n"]),
+                    ]
+                    for key, label in (
+                        ("hold", "inside the hold (same Attempt)"),
+                        ("release", "a new Attempt"),
+                    )
+                ],
+            ),
+        ]
+    if sdk := r.get("sdk_requests"):
+        by_calls = sdk["requests_by_usage_calls"]
+        out += [
+            "",
+            "### SDK requests (real processes)",
+            "",
+            _table(
+                ["", ""],
+                [
+                    [
+                        "requests of one Attempt until its result, by `ctx.add_usage` calls",
+                        ", ".join(f"{calls} calls: {n}" for calls, n in by_calls.items()),
+                    ],
+                    [
+                        "LangGraph, requests per superstep (sync durability, one task)",
+                        ", ".join(str(n) for n in sdk["langgraph_requests_per_superstep"]),
+                    ],
+                ],
+            ),
+        ]
     out += ["", "## Ceiling: the API server alone", ""]
     ceil = r["ceiling"]
     rows = [

@@ -23,9 +23,11 @@ from typing import Any
 
 import ceiling
 import cost
+import holds
 import latency
 import processes
 import report
+import sdk_cost
 import throughput
 from harness import Bench, cpu_seconds, load1, log, machine, versions
 
@@ -166,6 +168,10 @@ def process_suite(args: argparse.Namespace, state: Path, results: dict[str, Any]
             results["replacement"] = processes.replacement(
                 bench, bench.namespace("replace"), args.process_workers
             )
+        with section(results, "hold window"):
+            results["holds"] = holds.measure(bench, args.hold_runs)
+        with section(results, "SDK requests"):
+            results["sdk_requests"] = sdk_cost.measure(bench, state / "processes")
     finally:
         bench.stop()
 
@@ -183,12 +189,13 @@ def main() -> None:
     parser.add_argument("--ceiling-objects", type=int, default=3000)
     parser.add_argument("--process-runs", type=int, default=15)
     parser.add_argument("--process-workers", type=int, default=8, help="killed and as many frozen")
+    parser.add_argument("--hold-runs", type=int, default=20, help="Runs answered in their hold, and after")
     parser.add_argument("--quick", action="store_true", help="small counts everywhere (a smoke test)")
     parser.add_argument("--out", type=Path, default=HERE / "REPORT.md")
     args = parser.parse_args()
     if args.quick:
         args.n, args.latency_runs, args.many, args.lease_attempts = 100, 40, 1000, 50
-        args.ceiling_objects, args.process_runs, args.process_workers = 1000, 4, 2
+        args.ceiling_objects, args.process_runs, args.process_workers, args.hold_runs = 1000, 4, 2, 4
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),

@@ -55,6 +55,10 @@ class Component:
     log: str
 
 
+# A port taken between choosing and binding it is retried this many times (see LocalCluster.start).
+START_ATTEMPTS = 3
+
+
 @dataclass
 class LocalCluster:
     state_dir: Path
@@ -100,9 +104,22 @@ class LocalCluster:
     # ---- lifecycle -------------------------------------------------------------------------------------
 
     def start(self, *, detached: bool = False, timeout_seconds: float = 60.0) -> None:
-        """Starts every component and waits for health. Raises ClusterError with the log tail on failure."""
+        """Starts every component and waits for health. Raises ClusterError with the log tail on failure.
+
+        Ports are chosen free, then bound by the component a moment later: another process on the machine
+        (another cluster starting) can take one in between. Such a start is made again on new ports."""
         if self.running():
             raise ClusterError(f"a cluster from {self.state_dir} is already running; stop it first")
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start(detached=detached, timeout_seconds=timeout_seconds)
+                return
+            except ClusterError as exc:
+                self.stop()
+                if "address already in use" not in str(exc) or attempt == START_ATTEMPTS:
+                    raise
+
+    def _start(self, *, detached: bool, timeout_seconds: float) -> None:
         tie = not detached
         self._reset_runtime_state()
         ca = pki.CertificateAuthority(self.pki_dir)

@@ -5,6 +5,9 @@
 2. A Run is cancelled in the middle of a step: the agent stops fast, a late commit would be refused.
 3. A worker is killed between the external call and its confirmation: the next Attempt finds the
    ticket by its idempotency key instead of opening a second one.
+4. A LangGraph agent (agentrun.integrations.langgraph) asks, is answered, opens its ticket through the
+   ledger and is killed: the next Attempt continues from LangGraph's last checkpoint, no second ticket,
+   no node run twice.
 Each Run ends with `kubectl agentrun report`. Everything started here stops on exit or Ctrl-C.
 """
 
@@ -254,6 +257,60 @@ def act_three(demo: Demo, tickets: TicketServiceProcess) -> None:
     demo.sh("kubectl-agentrun", "report", "crash", "-n", NAMESPACE)
 
 
+# The LangGraph ticket agent's path through its graph: every superstep must end exactly once.
+LANGGRAPH_PATH = ["triage", "agent", "tools", "agent"]
+
+
+def act_four(demo: Demo, tickets: TicketServiceProcess, state_dir: Path) -> None:
+    say("4. A LangGraph agent, durable: its checkpoints are the Run's, its tool goes through the ledger")
+    nodes = state_dir / "langgraph-nodes.log"
+    env = {**tickets.env(), "AGENTRUN_NODE_LOG": str(nodes)}
+    spec = {"title": "Coffee machine leaks", "body": "Second floor", "holdAfterTicket": [2]}
+    retry = {"maxAttempts": 3, "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1}}
+    demo.apply(agent_run("graph", "langgraph_agent", spec, env=env, retry=retry))
+    run = demo.wait_phase("graph", "InputRequired", "Failed")
+    print(f"  the graph's interrupt() is the Run's question: {run['status']['pendingRequest']['prompt']}")
+    demo.sh("kubectl-agentrun", "resume", "graph", "-n", NAMESPACE, "--value", '{"priority": "normal"}')
+
+    def confirmed() -> bool:
+        effects = json.loads(
+            demo.sh(
+                "kubectl",
+                "get",
+                "sideeffects",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "agentrun.dev/run=graph",
+                "-o",
+                "json",
+                show=False,
+            )
+        )["items"]
+        return any((e.get("status") or {}).get("state") == "Confirmed" for e in effects)
+
+    demo.wait("the ticket confirmed in the ledger", confirmed)
+    pod = _worker_pod(demo, "graph-a2")
+    print(
+        f"  the tool's ticket is confirmed in the ledger; killing {pod[0]} (pid {pod[1]}) before it returns"
+    )
+    os.killpg(pod[1], signal.SIGKILL)
+    demo.wait_phase("graph", "Succeeded", "Failed", "NeedsReconciliation")
+    demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=graph")
+    demo.sh("kubectl", "get", "checkpoints", "-n", NAMESPACE, "-l", "agentrun.dev/run=graph")
+    created = [
+        e for e in tickets.audit() if e["event"] == "created" and e["idempotencyKey"].startswith("graph.")
+    ]
+    print(f"  tickets the service created for the LangGraph Run: {len(created)}")
+    runs = [line.split() for line in nodes.read_text().splitlines()]
+    ended = [node for _, event, node in runs if event == "end"]
+    again = [node for a, event, node in runs if event == "start" and a.endswith("-a3")]
+    print(f"  supersteps that ran to their end: {' -> '.join(ended)}")
+    print(f"  after the kill, Attempt 3 ran only: {', '.join(again)} (what was checkpointed never ran again)")
+    print(f"  each superstep ran to its end once: {ended == LANGGRAPH_PATH}")
+    demo.sh("kubectl-agentrun", "report", "graph", "-n", NAMESPACE)
+
+
 def _worker_pod(demo: Demo, name: str) -> tuple[str, int]:
     pod = json.loads(demo.sh("kubectl", "get", "pod", name, "-n", NAMESPACE, "-o", "json", show=False))
     container_id = pod["status"]["containerStatuses"][0]["containerID"]
@@ -266,6 +323,7 @@ def main(state_dir: Path) -> int:
             act_one(demo, tickets)
             act_two(demo)
             act_three(demo, tickets)
+            act_four(demo, tickets, state_dir)
             say("Done. Every process started by the demo stops now.")
     except KeyboardInterrupt:
         print("\ninterrupted: stopping everything the demo started", file=sys.stderr)

@@ -266,13 +266,17 @@ SHOWN: dict[str, tuple[dict[str, Any], dict[str, Any] | None, dict[str, str]]] =
         {"state": "Confirmed", "externalReference": "TICKET-42"},
         {"RUN": "echo", "TOOL": "create_ticket", "STATE": "Confirmed", "EXTERNAL REFERENCE": "TICKET-42"},
     ),
-    "Checkpoint": ({".spec.step": "plan"}, None, {"RUN": "echo", "SEQUENCE": "1", "STEP": "plan"}),
+    "Checkpoint": (
+        {".spec.step": "plan"},
+        None,
+        {"RUN": "echo", "SEQUENCE": "1", "STEP": "plan", "KIND": "State"},
+    ),
 }
 COLUMNS = {
     "Run": ["NAME", "PHASE", "ATTEMPT", "LEASE EPOCH", "CANCEL EPOCH", "WAITING FOR", "HELD BY", "AGE"],
     "Attempt": ["NAME", "RUN", "NUMBER", "PHASE", "REASON", "POD", "AGE"],
     "SideEffect": ["NAME", "RUN", "TOOL", "STATE", "EXTERNAL REFERENCE", "AGE"],
-    "Checkpoint": ["NAME", "RUN", "SEQUENCE", "STEP", "AGE"],
+    "Checkpoint": ["NAME", "RUN", "SEQUENCE", "STEP", "KIND", "AGE"],
 }
 
 

@@ -99,7 +99,6 @@ BOUNDED_LIMIT_KEYS = rule("Run", ".spec.agent.resources.limits")
 BOUNDED_REQUEST_KEYS = rule("Run", ".spec.agent.resources.requests")
 BOUNDED_LABEL_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.labels")
 BOUNDED_ANNOTATION_KEYS = rule("Run", ".spec.agent.podTemplate.metadata.annotations")
-BOUNDED_USAGE_KEYS = rule("Attempt", ".status.usage")
 
 POD_SPEC = ".spec.agent.podTemplate.spec"
 POD_TEMPLATE_RULES = {
@@ -247,8 +246,11 @@ BAD_INPUT: dict[str, Bad] = {
         {".spec.agent.podTemplate": pod_template(annotations={"x" * 318: "v"})},
         BOUNDED_ANNOTATION_KEYS,
     ),
-    "a usage counter named with 129 characters is told the key limit": updated(
-        "Attempt", status(usage={"t" * 129: 1}), BOUNDED_USAGE_KEYS
+    "a negative usage counter is refused": updated(
+        "Attempt", status(usage={"inputTokens": -1}), "status.usage.inputTokens", "greater than or equal to 0"
+    ),
+    "a cost that is not a whole number of micro-USD is refused": updated(
+        "Attempt", status(usage={"costMicroUSD": 0.5}), "status.usage.costMicroUSD", "integer"
     ),
     "an Attempt leaseEpoch past an int32 is refused": created(
         "Attempt", {".spec.leaseEpoch": 2**31}, "spec.leaseEpoch", "less than or equal to 2147483647"

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -23,17 +24,25 @@ pytestmark = pytest.mark.cluster
 TOKEN_CACHE_SECONDS = 10
 
 
+def start_gated(kube: Kube, ns: str, name: str, release: Path, **spec: Any) -> dict[str, Any]:
+    """A Run of the gated agent, Running past its first Checkpoint: it commits once `release` exists."""
+    body = support_agent_run(name, "gated_agent", {"releaseFile": str(release)})
+    body["spec"] |= spec
+    create_run(kube, ns, body)
+    running: dict[str, Any] = wait_for(
+        lambda: (run := get_run(kube, ns, name)).get("status", {}).get("latestCheckpoint") and run,
+        timeout=60,
+        what=f"{name} Running past its first checkpoint",
+    )
+    return running
+
+
 def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
     kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     ns = run_namespace
     release = tmp_path / "release-victim"
-    create_run(kube, ns, support_agent_run("victim", "gated_agent", {"releaseFile": str(release)}))
-    running = wait_for(
-        lambda: (run := get_run(kube, ns, "victim")).get("status", {}).get("latestCheckpoint") and run,
-        timeout=60,
-        what="the victim Running with its first checkpoint",
-    )
+    running = start_gated(kube, ns, "victim", release)
     assert running["status"]["phase"] == "Running"
 
     create_run(
@@ -72,12 +81,7 @@ def test_a_token_of_the_agents_service_account_not_bound_to_a_pod_is_refused(
 ) -> None:
     ns = run_namespace
     release = tmp_path / "release"
-    create_run(kube, ns, support_agent_run("plain", "gated_agent", {"releaseFile": str(release)}))
-    run = wait_for(
-        lambda: (r := get_run(kube, ns, "plain")).get("status", {}).get("latestCheckpoint") and r,
-        timeout=60,
-        what="the Run Running",
-    )
+    run = start_gated(kube, ns, "plain", release)
     as_agent = kube.with_token(_token_not_bound_to_a_pod(kube, ns))
     patch = {
         "status": {
@@ -120,14 +124,7 @@ def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next
     ns = run_namespace
     release = tmp_path / "release"
     lease = {"durationSeconds": 5, "renewSeconds": 1}
-    body = support_agent_run("zombie", "gated_agent", {"releaseFile": str(release)})
-    body["spec"] |= {"lease": lease, "retry": FAST_RETRY}
-    create_run(kube, ns, body)
-    wait_for(
-        lambda: get_run(kube, ns, "zombie").get("status", {}).get("latestCheckpoint"),
-        timeout=60,
-        what="Attempt 1 running, past its first checkpoint",
-    )
+    start_gated(kube, ns, "zombie", release, lease=lease, retry=FAST_RETRY)
     first = kube.core.read_namespaced_pod("zombie-a1", ns)
     sandbox = local_cluster.state_dir / "node" / "pods" / first.metadata.uid
     token = (sandbox / "serviceaccount" / "token").read_text()  # what a hostile agent could have kept

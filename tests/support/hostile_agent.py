@@ -103,16 +103,17 @@ async def attacks(api: KubeApi, ctx: worker.Context, victim: str, victim_attempt
             "reversible": True,
         },
     }
+    other = f"{ctx.run_name}-a{ctx.attempt_number + 1}"  # an Attempt of its own Run that is not itself
     own_run = await api.get(api.custom_path("runs", ns, ctx.run_name))
     assert own_run is not None
     own_checkpoint = {
         **checkpoint,
-        "metadata": _owned(f"{ctx.run_name}-a2-s1", ctx.run_name, own_run["metadata"]["uid"]),
+        "metadata": _owned(f"{other}-s1", ctx.run_name, own_run["metadata"]["uid"]),
         "spec": {
             **checkpoint["spec"],
             "runName": ctx.run_name,
-            "id": f"{ctx.run_name}-a2-s1",
-            "attempt": f"{ctx.run_name}-a2",
+            "id": f"{other}-s1",
+            "attempt": other,
             "sequence": 1,
         },
     }

@@ -17,10 +17,12 @@ from agentrun.core.ledger import side_effect_name
 from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent
 from agentrun.core.pods import PodView
 from agentrun.core.runs import World
+from agentrun.core.traces import run_trace
 
 RUN = "triage"
 NAMESPACE = "team-a"
 RUN_UID = "0b6c1f2e-8d3a-4c55-9e21-5f0a7b9c1d2e"
+TRACE_ID = run_trace(RUN_UID, None).run.trace_id  # the Run's trace (core.traces)
 GENERATION = 3
 RUN_RESOURCE_VERSION = "1001"
 LEASE_RESOURCE_VERSION = "4711"
@@ -143,6 +145,8 @@ def make_attempt(
     status: dict[str, Any] = {}
     if phase is not None:
         status = {"phase": phase, "podName": name_of(number)}
+        if phase != "Pending":
+            status["traceId"] = TRACE_ID  # the operator records it with the Running phase
     if started:
         status["startTime"] = ts(NOW - timedelta(minutes=5))
     if failure is not None:

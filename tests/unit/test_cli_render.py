@@ -144,6 +144,14 @@ def checkpoint(sequence: int, attempt_number: int, at: int) -> Checkpoint:
     )
 
 
+def test_a_journaled_step_reads_as_such_in_the_timeline() -> None:
+    entry = checkpoint(0, 1, 2).model_dump(by_alias=True, exclude_none=True, mode="json")
+    entry["metadata"]["name"] = entry["spec"]["id"] = "ask-j0123"
+    entry["spec"] |= {"kind": "Journal", "step": "plan", "parent": "ask-a1-s1"}
+    story = timeline.entries(make_run(FINISHED), [], [Checkpoint.model_validate(entry)], [])
+    assert [(e.what, e.detail) for e in story if e.rank == 2] == [("journal plan", "ask-j0123 by ask-a1")]
+
+
 def side_effect(name: str, state: str | None, reversible: bool = False, **status: Any) -> SideEffect:
     body: dict[str, Any] = {
         "metadata": {"name": name, "creationTimestamp": ts(6), "resourceVersion": "42"},
@@ -403,7 +411,14 @@ def test_describe_tells_the_story_in_order() -> None:
     run = make_run(FINISHED)
     attempts = [
         attempt(1, "initial", "Interrupted", 1, 3),
-        attempt(2, "resume:ask-r1", "Succeeded", 5, 7, usage={"inputTokens": 1200}),
+        attempt(
+            2,
+            "resume:ask-r1",
+            "Succeeded",
+            5,
+            7,
+            usage={"inputTokens": 1200, "outputTokens": 310, "costMicroUSD": 4210, "modelCalls": 3},
+        ),
     ]
     checkpoints = [checkpoint(1, 1, 2), checkpoint(2, 2, 6)]
     effects_ = [
@@ -440,7 +455,13 @@ def test_describe_tells_the_story_in_order() -> None:
     ]
     assert story[0].strip().startswith("12:00:00")
     assert "SchemaMismatch: value at priority" in story[4]
-    assert "inputTokens 1200" in story[-2]
+    assert "1200 input + 310 output tokens, 3 model calls, $0.004210, 0 step retries" in story[-2]
+    usage = text.split("Usage:\n")[1].split("\n\n")[0].splitlines()
+    assert usage[0].split() == ["ATTEMPT", "PHASE", "INPUT", "OUTPUT", "MODEL-CALLS", "COST", "STEP-RETRIES"]
+    assert usage[1].split() == ["ask-a1", "Interrupted", "0", "0", "0", "$0.000000", "0"]
+    assert usage[2].split() == ["ask-a2", "Succeeded", "1200", "310", "3", "$0.004210", "0"]
+    # the operator has not summed them yet (no Run.status.usage): the Attempts' sum stands in
+    assert usage[3].split() == ["total", "-", "1200", "310", "3", "$0.004210", "0"]
     assert story[-1].split("run Succeeded")[1].strip() == "ask-a2 committed the result"
     assert "Conditions:" in text and "Side-effect report:" in text
     assert "1 confirmed (1 cannot be undone), 0 compensated, 0 unknown" in text

@@ -203,7 +203,7 @@ def test_user_env_is_kept_after_agentrun_env() -> None:
     names = [e["name"] for e in agent_container(build(agent))["env"]]
     env = env_of(agent_container(build(agent)))
 
-    assert names == [e["name"] for e in DOWNWARD_ENV] + ["MODE", "TOKEN"]
+    assert names == [e["name"] for e in DOWNWARD_ENV] + ["TRACEPARENT", "MODE", "TOKEN"]
     assert env["MODE"] == {"name": "MODE", "value": "fast"}
     assert env["TOKEN"] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "llm", "key": "token"}}}
 

@@ -58,6 +58,7 @@ from unit.factories import (
     NOW,
     RUN,
     RUN_UID,
+    TRACE_ID,
     attempt_patches,
     committed_by,
     ended_pod,
@@ -1662,6 +1663,7 @@ def test_a_stopped_run_aborts_the_attempts_its_stop_did_not_see(
                 "failure": failures.failure(
                     FailureClass.CANCELLED, f"the Run was {phase} before this Attempt finished"
                 ).to_api(),
+                **({} if leftover.status.trace_id else {"traceId": TRACE_ID}),
             }
         ]
     }
@@ -1879,7 +1881,14 @@ def test_interrupt_is_waiting(reason: str) -> None:
 def test_pod_start_is_recorded() -> None:
     plan = decide(supervising(attempt=NOT_STARTED))
     assert attempt_patches(plan) == {
-        name_of(1): [{"phase": "Running", "startTime": running_pod(1).running_since, "podName": name_of(1)}]
+        name_of(1): [
+            {
+                "phase": "Running",
+                "startTime": running_pod(1).running_since,
+                "podName": name_of(1),
+                "traceId": TRACE_ID,  # the Run's trace, recorded with a write made anyway
+            }
+        ]
     }
 
 

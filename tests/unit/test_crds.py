@@ -356,6 +356,7 @@ def test_there_is_an_example_per_control_operation() -> None:
         "run-minimal.yaml",
         "run-with-retry-and-lease.yaml",
         "run-langgraph-agent.yaml",
+        "run-pydantic-ai-agent.yaml",
     }
 
 

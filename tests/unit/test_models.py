@@ -166,7 +166,13 @@ FULL_ATTEMPT: dict[str, Any] = {
         "completionTime": T0,
         "failure": {"class": "deterministic", "message": "boom", "fingerprint": "f2", "exitCode": 1},
         "rejectedCommit": {"reason": "stale_after_cancel", "message": "cancelled", "time": T0},
-        "usage": {"inputTokens": 1200.0, "costUSD": 0.02},
+        "usage": {
+            "inputTokens": 1200,
+            "outputTokens": 310,
+            "costMicroUSD": 4000,
+            "modelCalls": 2,
+            "stepRetries": 1,
+        },
         "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
     },
 }

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agentrun.api import lease_name
+from agentrun.api import Usage, lease_name
 from agentrun.core.plan import (
     CreateAttempt,
     PatchAttemptStatus,
@@ -234,9 +234,40 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_lease_takeovers",
         "agentrun_rejected_commits",
         "agentrun_work_queue_depth",
+        "agentrun_usage_input_tokens",
+        "agentrun_usage_output_tokens",
+        "agentrun_usage_cost_usd",
+        "agentrun_usage_model_calls",
+        "agentrun_usage_step_retries",
     }
     assert all(len(f.documentation) > 20 for f in families)
     assert b'agentrun_runs{phase="Succeeded"} 0.0' in generate_latest(registry)
+
+
+def test_usage_counts_what_a_run_status_write_added_by_namespace(
+    registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted = OperatorMetrics(registry)
+    first = Usage(input_tokens=100, cost_micro_usd=2500, step_retries=1)
+    counted.usage_added("team-a", None, first)
+    counted.usage_added("team-a", first, first.plus(Usage(input_tokens=20, model_calls=3)))
+    counted.usage_added("team-b", Usage(output_tokens=7), Usage(output_tokens=7))  # no growth: nothing
+
+    def sample(name: str, namespace: str) -> float | None:
+        return registry.get_sample_value(f"agentrun_usage_{name}_total", {"namespace": namespace})
+
+    assert sample("input_tokens", "team-a") == 120
+    assert sample("cost_usd", "team-a") == pytest.approx(0.0025)
+    assert sample("model_calls", "team-a") == 3
+    assert sample("step_retries", "team-a") == 1
+    assert sample("output_tokens", "team-b") is None
+
+    # the namespace label is bounded: past the limit, namespaces count as "other"
+    monkeypatch.setattr(metrics, "MAX_USAGE_NAMESPACES", 2)
+    counted.usage_added("team-c", None, Usage(model_calls=1))
+    counted.usage_added("team-a", None, Usage(model_calls=1))
+    assert sample("model_calls", "other") == 1
+    assert sample("model_calls", "team-a") == 4
 
 
 class MemoryApi(KubeApi):

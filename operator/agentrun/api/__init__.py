@@ -94,6 +94,7 @@ from agentrun.api.sideeffect import (
     SideEffectStatus,
     is_allowed_transition,
 )
+from agentrun.api.usage import Usage
 
 __all__ = [
     "AGENT_LABEL",
@@ -173,6 +174,7 @@ __all__ = [
     "SpentKey",
     "StateRef",
     "Thread",
+    "Usage",
     "attempt_name",
     "is_allowed_transition",
     "json_digest",

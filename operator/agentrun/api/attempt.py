@@ -22,14 +22,13 @@ from agentrun.api.common import (
     PrinterColumn,
     Reason,
     RunName,
-    bounded_keys,
     cel,
     cel_list,
     validation_rules,
 )
+from agentrun.api.usage import Usage
 
 MAX_ATTEMPT_NUMBER = 9999  # keeps <run>-a<number> within 63 characters for a 48-character Run name
-MAX_USAGE_COUNTERS = 32
 
 
 class AttemptPhase(StrEnum):
@@ -165,18 +164,17 @@ class AttemptStatus(ApiModel):
     rejected_commit: RejectedCommit | None = Field(
         None, description="The commit the fences refused, when one was."
     )
-    usage: dict[str, float] | None = Field(
+    usage: Usage | None = Field(
         None,
-        max_length=MAX_USAGE_COUNTERS,
-        description="What the agent reported it consumed, by counter name (at most 128 characters), e.g. "
-        "{inputTokens: 1200, outputTokens: 300, costUSD: 0.02}.",
-        json_schema_extra=bounded_keys(128),
+        description="What the agent reported it consumed (ctx.add_usage, and its in-Attempt step retries), "
+        "written by the Attempt's Pod every few seconds and when it ends.",
     )
     trace_id: str | None = Field(
         None,
         max_length=128,
         pattern=r"^[A-Za-z0-9-]+$",
-        description="Trace id of the Attempt's work, to find it in the tracing backend.",
+        description="Trace id of the Attempt's work (the W3C trace id of its Run, 32 hex digits), to find "
+        "it in the tracing backend.",
     )
 
 

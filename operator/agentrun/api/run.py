@@ -42,6 +42,7 @@ from agentrun.api.common import (
 )
 from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
 from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, SideEffectState
+from agentrun.api.usage import Usage
 
 # status keeps the newest entries; Events and Attempts keep the rest, spentKeys every key. The bounds
 # below keep the declared worst case of the status inside its budget (tests/unit/test_budgets.py).
@@ -528,7 +529,9 @@ class ControlRecord(ApiModel):
     )
     outcome: ControlOutcome = Field(description="Accepted or Rejected.")
     reason: Reason | None = Field(
-        None, description="CamelCase reason of the outcome, e.g. RequestIdMismatch or RunTerminal."
+        None,
+        description="CamelCase reason of the outcome, e.g. Accepted, UnknownRequest, SchemaMismatch or "
+        "IdempotencyKeyReused.",
     )
     message: str | None = Field(
         None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."
@@ -551,7 +554,7 @@ class RunFailure(FailureInfo):
 
     reason: Reason | None = Field(
         None,
-        description="CamelCase reason, e.g. RetriesExhausted, RepeatedFailure or DeadlineExceeded.",
+        description="CamelCase reason, e.g. RetryBudgetExhausted, RepeatedFailure or DeadlineExceeded.",
     )
 
 
@@ -709,6 +712,10 @@ class RunStatus(ApiModel):
     )
     report: RunReport | None = Field(
         None, description="Once the Run has ended: the list of its external side effects and their fate."
+    )
+    usage: Usage | None = Field(
+        None,
+        description="The sum of its Attempts' usage (failed Attempts included), written by the operator.",
     )
 
 

@@ -7,8 +7,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentrun.api import ControlOutcome, ControlRecord, Run, RunPhase, SideEffect, SideEffectState
+from agentrun.api import (
+    Attempt,
+    ControlOutcome,
+    ControlRecord,
+    Run,
+    RunPhase,
+    SideEffect,
+    SideEffectState,
+    Usage,
+)
 from agentrun.api.run import ReportedEffect
+from agentrun.api.usage import MICRO, usage_sum
 
 NONE = "-"
 TERMINAL = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
@@ -59,6 +69,38 @@ def clock(moment: datetime | None, with_date: bool = False) -> str:
 
 def rfc3339(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment else NONE
+
+
+def usd(micro: int) -> str:
+    """$0.004210 from 4210 micro-USD: exact, as stored."""
+    return f"${micro // MICRO}.{micro % MICRO:06d}"
+
+
+def usage_line(usage: Usage) -> str:
+    """One line of counters, e.g. "1200 input + 310 output tokens, 3 model calls, $0.004000, 2 step
+    retries"."""
+    return (
+        f"{usage.input_tokens} input + {usage.output_tokens} output tokens, {usage.model_calls} model "
+        f"calls, {usd(usage.cost_micro_usd)}, {usage.step_retries} step retries"
+    )
+
+
+def usage_table(run: Run, attempts: Sequence[Attempt]) -> str:
+    """Usage per Attempt and in total (the Run's sum, or the Attempts' while the operator has not
+    written it yet)."""
+    rows: list[list[object]] = []
+    for a in sorted(attempts, key=lambda a: a.spec.number):
+        u = a.status.usage or Usage()
+        phase = a.status.phase.value if a.status.phase else None
+        rows.append([a.metadata.name, phase, *_usage_cells(u)])
+    total = run.status.usage or usage_sum([a.status.usage for a in attempts])
+    rows.append(["total", None, *_usage_cells(total)])
+    headers = ["ATTEMPT", "PHASE", "INPUT", "OUTPUT", "MODEL-CALLS", "COST", "STEP-RETRIES"]
+    return table(headers, rows)
+
+
+def _usage_cells(u: Usage) -> list[object]:
+    return [u.input_tokens, u.output_tokens, u.model_calls, usd(u.cost_micro_usd), u.step_retries]
 
 
 def compact_json(value: Any, limit: int = 200) -> str:

@@ -10,6 +10,7 @@ from datetime import datetime
 from agentrun.api import (
     Attempt,
     Checkpoint,
+    CheckpointKind,
     ConditionStatus,
     ControlOp,
     ControlOutcome,
@@ -51,8 +52,8 @@ def _attempt_entries(a: Attempt) -> list[Entry]:
             parts.append(f"{s.failure.failure_class.value}: {s.failure.message or ''}".rstrip(": "))
             if s.failure.exit_code is not None:
                 parts.append(f"exit code {s.failure.exit_code}")
-        if s.usage:
-            parts.append(", ".join(f"{k} {v:g}" for k, v in sorted(s.usage.items())))
+        if s.usage and not s.usage.empty:
+            parts.append(render.usage_line(s.usage))
         out.append(Entry(s.completion_time, n, 9, f"attempt {n} {s.phase.value}", "; ".join(parts)))
     rejected = s.rejected_commit
     if rejected and rejected.time:
@@ -66,6 +67,9 @@ def _checkpoint_entry(c: Checkpoint, run: str) -> list[Entry]:
         return []
     detail = c.spec.id + (f" at {c.spec.step}" if c.spec.step else "") + f" by {c.spec.attempt}"
     n = _number(c.spec.attempt, run)
+    if c.spec.kind != CheckpointKind.STATE:  # a journaled step result, a framework's pending writes
+        what = f"{c.spec.kind.value.lower()} {c.spec.step or ''}".rstrip()
+        return [Entry(c.metadata.creation_timestamp, n, 2, what, f"{c.spec.id} by {c.spec.attempt}")]
     return [Entry(c.metadata.creation_timestamp, n, 2, f"checkpoint {c.spec.sequence}", detail)]
 
 
@@ -211,6 +215,8 @@ def describe(
             f"{render.clock(e.time, with_date)}  {e.what.ljust(width)}  {e.detail}".rstrip() for e in history
         )
         lines += _section("Timeline (UTC)", body)
+    if run.status.usage or any(a.status.usage for a in attempts):
+        lines += _section("Usage", render.usage_table(run, attempts))
     if effects:
         lines += _section("Side effects", render.effects_table(effects))
     if s.conditions:

@@ -37,6 +37,7 @@ from agentrun.core.plan import (
 )
 from agentrun.core.pods import PodView, attempt_pod, owner_reference
 from agentrun.core.retry import decide_retry
+from agentrun.core.traces import run_trace
 
 FINISHED_ATTEMPT = frozenset(
     {
@@ -125,12 +126,20 @@ class Decision:
         assert type_ in ("Normal", "Warning")
         self.plan.add(RecordEvent(type_, reason, message, attempt))  # type: ignore[arg-type]
 
+    @property
+    def trace_id(self) -> str:
+        """The Run's trace (core.traces): recorded on each Attempt with a write made anyway."""
+        meta = self.run.metadata
+        return run_trace(str(meta.uid or meta.name), meta.annotations).run.trace_id
+
     def finish_attempt(self, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None) -> None:
         if attempt.status.phase in FINISHED_ATTEMPT:
             return  # history is never rewritten
         patch: dict[str, Any] = {"phase": phase.value, "completionTime": rfc3339(self.w.now)}
         if failure is not None:
             patch["failure"] = failure.to_api()
+        if attempt.status.trace_id is None:  # it ended before it was seen running
+            patch["traceId"] = self.trace_id
         rv = attempt.metadata.resource_version
         self.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch, rv))
 

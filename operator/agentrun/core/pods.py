@@ -16,6 +16,7 @@ from agentrun.api import (
     Run,
 )
 from agentrun.core.failures import ContainerExit
+from agentrun.core.traces import TRACEPARENT_ENV, run_trace
 
 AGENT_CONTAINER = "agent"
 ATTEMPT_LABEL = "agentrun.dev/attempt"
@@ -74,9 +75,12 @@ def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
     if agent.resources:
         container["resources"] = agent.resources.to_api()
     user_env = [e.to_api() for e in agent.env or []]
-    reserved = {e["name"] for e in DOWNWARD_ENV}
+    # The Attempt's span in the Run's trace: the SDK's spans (steps, side effects, commit) are its children.
+    trace = run_trace(str(run.metadata.uid or run.metadata.name), run.metadata.annotations)
+    ours = [*DOWNWARD_ENV, {"name": TRACEPARENT_ENV, "value": trace.attempt(name).traceparent()}]
+    reserved = {e["name"] for e in ours}
     container["env"] = [
-        *copy.deepcopy(DOWNWARD_ENV),
+        *copy.deepcopy(ours),
         *[e for e in container.get("env") or [] if e.get("name") not in reserved],
         *[e for e in user_env if e["name"] not in reserved],
     ]

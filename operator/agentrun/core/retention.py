@@ -1,5 +1,5 @@
 """Which Checkpoints to prune: the oldest State checkpoints beyond the retention count, never one still
-pointed at; and the Writes and Journal entries whose parent State checkpoint is pruned or gone."""
+pointed at; and the entries (Writes, Journal) that belong to a pruned or vanished State checkpoint."""
 
 from __future__ import annotations
 
@@ -18,11 +18,16 @@ def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Att
         protected.add(run.status.pending_request.checkpoint_id)
     protected |= {a.spec.resume_from for a in attempts if a.spec.resume_from}
     pruned = [c for c in ordered[keep:] if c.spec.id not in protected]
-    kept = {c.spec.id for c in states} - {c.spec.id for c in pruned}
-    # An entry lives as long as its parent: one whose parent is pruned (or gone) goes too.
+    gone = {c.spec.id for c in pruned}
+    kept = {c.spec.id for c in states} - gone
+    # Entries made before the first State checkpoint (no parent) belong to the start of the Run: they go
+    # once no State checkpoint without a parent is kept (the first was pruned), as no Attempt can start
+    # from the beginning again.
+    start_gone = bool(states) and not any(c.spec.parent is None for c in states if c.spec.id in kept)
     entries = [
         c
         for c in every
-        if c.spec.kind != CheckpointKind.STATE and c.spec.parent is not None and c.spec.parent not in kept
+        if c.spec.kind != CheckpointKind.STATE
+        and (c.spec.parent not in kept if c.spec.parent is not None else start_gone)
     ]
-    return [str(c.metadata.name) for c in (*pruned, *entries)]
+    return [str(c.metadata.name) for c in [*pruned, *entries]]

@@ -27,6 +27,7 @@ from agentrun.api import (
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.api.sideeffect import MAX_HISTORY
+from agentrun.api.usage import Usage, usage_sum
 from agentrun.core import (
     controls,
     external,
@@ -78,6 +79,7 @@ def decide(world: World) -> Plan:
     ):
         d.plan.add(PatchSideEffectStatus(effect, {"approval": approval}))
     _prune_checkpoints(d)
+    _sum_usage(d)
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
@@ -247,7 +249,12 @@ def _supervise(d: Decision, number: int, attempt: Attempt | None, pod: PodView |
         d.plan.add(
             PatchAttemptStatus(
                 name,
-                {"phase": "Running", "startTime": pod.running_since, "podName": pod.name},
+                {
+                    "phase": "Running",
+                    "startTime": pod.running_since,
+                    "podName": pod.name,
+                    "traceId": d.trace_id,
+                },
                 attempt.metadata.resource_version,
             )
         )
@@ -313,8 +320,9 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
 
     The grant of a resume or a manual retry writes its Accepted control record in the same status write,
     so one Accepted record more than the Attempts started for that op names the missing Attempt (exact
-    while status.controls holds the whole history: it drops its oldest records beyond 50). Otherwise the
-    grant was an automatic retry, whose reason follows from how the previous Attempt ended.
+    while status.controls holds the whole history: it drops its oldest records beyond
+    MAX_RECORDED_CONTROLS). Otherwise the grant was an automatic retry, whose reason follows from how the
+    previous Attempt ended.
     """
     status, resume = world.run.status, world.run.spec.resume
     accepted = [
@@ -526,6 +534,14 @@ def _refresh_report(d: Decision) -> None:
     stale = stored is not None and stored.to_api() != RunReport.model_validate(listed).to_api()
     if current != counts or stale:
         d.plan.add(PatchRunStatus({"sideEffects": counts, "report": listed}))
+
+
+def _sum_usage(d: Decision) -> None:
+    """Run.status.usage is the sum of its Attempts' (failed ones included), written when it changed: an
+    Attempt's Pod writes its usage every few seconds at most, so this is no write per model call."""
+    total = usage_sum([a.status.usage for a in d.w.attempts.values()])
+    if total != (d.status.usage or Usage()):
+        d.plan.add(PatchRunStatus({"usage": total.to_status()}))
 
 
 def _prune_checkpoints(d: Decision) -> None:

@@ -11,6 +11,21 @@ input:
   padding:              # optional: characters added to the result or to every checkpoint state,
     result: 70000       # e.g. to go past their byte budgets
     state: 300000
+  step:                 # optional: a ctx.step call in agent step `atStep` (default 1), before `fail`
+    name: model
+    calls: /tmp/calls   # a file that gets a line per call of the step's function (counts them)
+    failTimes: 2        # its first failTimes calls (in all, across Attempts) raise `how`
+    how: transient      # transient | ratelimited
+    journal: false
+    retry: {maxAttempts: 4, initialSeconds: 0.1, maxSeconds: 0.2}
+    repeat: 1           # how many times the step is called there
+  usage:                # optional: ctx.add_usage in every agent step, `times` times
+    inputTokens: 100
+    outputTokens: 10
+    costUSD: 0.001
+    modelCalls: 1
+    times: 1
+  reportRequests: true  # the result carries the API requests this Attempt made so far (apiRequests)
 """
 
 from __future__ import annotations
@@ -18,9 +33,44 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from agentrun import worker
+
+
+async def _step(ctx: worker.Context, spec: dict[str, Any]) -> Any:
+    calls = Path(str(spec["calls"]))
+    fail_times, how = int(spec.get("failTimes", 0)), str(spec.get("how", "transient"))
+
+    def call() -> dict[str, Any]:
+        with calls.open("a") as f:
+            f.write(f"{ctx.attempt}\n")
+        count = len(calls.read_text().splitlines())
+        if count <= fail_times:
+            _fail(how, f"call {count} of {spec.get('name', 'model')} failed")
+        return {"call": count, "by": ctx.attempt}
+
+    retry = spec.get("retry") or {}
+    policy = worker.StepRetry(
+        max_attempts=int(retry.get("maxAttempts", 3)),
+        initial_seconds=float(retry.get("initialSeconds", 0.1)),
+        max_seconds=float(retry.get("maxSeconds", 1.0)),
+    )
+    name, journal = str(spec.get("name", "model")), bool(spec.get("journal", False))
+    return [
+        await ctx.step(name, call, retry=policy, journal=journal) for _ in range(int(spec.get("repeat", 1)))
+    ]
+
+
+def _add_usage(ctx: worker.Context, usage: dict[str, Any]) -> None:
+    for _ in range(int(usage.get("times", 1))):
+        ctx.add_usage(
+            input_tokens=int(usage.get("inputTokens", 0)),
+            output_tokens=int(usage.get("outputTokens", 0)),
+            cost_usd=float(usage.get("costUSD", 0.0)),
+            model_calls=int(usage.get("modelCalls", 0)),
+        )
 
 
 def _fail(how: str, message: str) -> None:
@@ -49,7 +99,13 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     if padding.get("state"):
         state["padding"] = "x" * int(padding["state"])
     start = int(state.get("step", 0))
+    step_spec: dict[str, Any] = spec.get("step") or {}
+    step_results: list[Any] = []
     for step in range(start + 1, steps + 1):
+        if spec.get("usage"):
+            _add_usage(ctx, spec["usage"])
+        if step_spec and step == int(step_spec.get("atStep", 1)):
+            step_results = await _step(ctx, step_spec)
         if ask and step == int(ask.get("atStep", 1)) and "answer" not in state:
             state["answer"] = await ctx.interrupt(
                 reason=str(ask.get("reason", "input_required")),
@@ -66,13 +122,17 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         await asyncio.sleep(step_seconds)
         state["step"] = step
         await ctx.checkpoint(dict(state), step=f"step-{step}")
-    result = {
+    result: dict[str, Any] = {
         "steps": steps,
         "resumedAt": start,
         "attempt": ctx.attempt,
         "resumed": ctx.resumed,
         "resumeReason": ctx.resume_reason,
     }
+    if step_results:
+        result["stepResults"] = step_results
+    if spec.get("reportRequests"):
+        result["apiRequests"] = ctx._session.api.requests
     if "answer" in state:
         result["answer"] = state["answer"]
     if padding.get("result"):

@@ -6,13 +6,15 @@ import datetime
 import logging
 from typing import Any
 
-from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, lease_name
+from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
 from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.metrics import OperatorMetrics
+from agentrun.operator.spans import TRACED_END_PHASES, RunSpans
+from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -43,10 +45,17 @@ def _now_micro() -> str:
 
 
 class Executor:
-    def __init__(self, api: KubeApi, cache: OwnedObjects, metrics: OperatorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        cache: OwnedObjects,
+        metrics: OperatorMetrics | None = None,
+        spans: RunSpans | None = None,
+    ) -> None:
         self.api = api
         self.cache = cache
         self.metrics = metrics or OperatorMetrics(registry=None)
+        self.spans = spans or RunSpans(Tracing("agentrun-operator", env={}))
 
     async def execute(self, plan: p.Plan, run: Run) -> None:
         ns, name = str(run.metadata.namespace), str(run.metadata.name)
@@ -60,6 +69,10 @@ class Executor:
                         self.api.merge_patch(self.api.custom_path("runs", ns, name, "status"), body)
                     )
                     resource_version = written["metadata"]["resourceVersion"]
+                    if "usage" in patch:
+                        self.metrics.usage_added(ns, run.status.usage, Usage.model_validate(patch["usage"]))
+                    if patch.get("phase") in TRACED_END_PHASES:
+                        self.spans.run_ended(run, str(patch["phase"]))
                 case p.WriteLease():
                     previous = self._cached_lease(ns, name)
                     self.cache.put("leases", await self._write_lease(action, run))
@@ -90,6 +103,7 @@ class Executor:
                             raise
                     else:
                         self.metrics.attempt_status_written(patch)
+                        self.spans.attempt_written(run, self._cached_attempt(ns, name, attempt), patch)
                 case p.PatchSideEffectStatus(name=effect, patch=patch, resource_version=version):
                     path = self.api.custom_path("sideeffects", ns, effect, "status")
                     guarded: dict[str, Any] = {"status": patch}
@@ -137,6 +151,11 @@ class Executor:
         for obj in self.cache.of(kind, key):
             if obj["metadata"]["name"] == name:
                 self.cache.remove(kind, obj)
+
+    def _cached_attempt(self, ns: str, run: str, attempt: str) -> JsonDict | None:
+        return next(
+            (o for o in self.cache.of("attempts", (ns, run)) if o["metadata"]["name"] == attempt), None
+        )
 
     def _cached_lease(self, ns: str, run: str) -> JsonDict | None:
         name = lease_name(run)

@@ -18,6 +18,7 @@ from agentrun.operator import metrics, sync
 from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.settings import OperatorSettings, apply_settings, own_account
+from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -28,6 +29,7 @@ class _State:
     reconciler: Reconciler | None = None
     task: asyncio.Task[None] | None = None
     metrics_server: WSGIServer | None = None
+    tracing: Tracing | None = None
 
 
 state = _State()
@@ -45,6 +47,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     config = OperatorSettings.from_env()
     apply_settings(settings, config)
     api = KubeApi()
+    state.tracing = Tracing("agentrun-operator")  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
     state.reconciler = Reconciler(
         api,
         cache,
@@ -52,6 +55,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics=metrics.METRICS,
         accounts=accounts,
         operator_account=own_account(),
+        tracing=state.tracing,
     )
     started = time.monotonic()
     counts = await sync.fill(api, cache, state.namespaces, accounts)
@@ -68,6 +72,8 @@ async def cleanup(**_: Any) -> None:
     if state.metrics_server:
         await asyncio.to_thread(state.metrics_server.shutdown)
         state.metrics_server.server_close()
+    if state.tracing:
+        await asyncio.to_thread(state.tracing.shutdown)
 
 
 @kopf.on.event(GROUP, VERSION, "runs")

@@ -35,7 +35,9 @@ from agentrun.api import (
     RejectedCommitReason,
     RunPhase,
     SideEffectState,
+    Usage,
 )
+from agentrun.api.usage import MICRO
 from agentrun.core.plan import PatchRunStatus, Plan, WriteLease
 
 log = logging.getLogger("agentrun.operator")
@@ -48,6 +50,15 @@ ATTEMPT_REASONS: Final = ("initial", "retry", "lease_expired", "resume", "manual
 FAILURE_CLASSES: Final = tuple(c.value for c in FailureClass)
 TAKEOVER_KINDS: Final = ("revoked", "handed_over")
 OUTCOMES: Final = ("ok", "superseded", "error")
+# Usage counters: (Usage field, metric name without _total, what it counts). Cost is exported in USD.
+USAGE_COUNTERS: Final = (
+    ("input_tokens", "input_tokens", "Model input tokens"),
+    ("output_tokens", "output_tokens", "Model output tokens"),
+    ("cost_micro_usd", "cost_usd", "Cost in US dollars"),
+    ("model_calls", "model_calls", "Model requests"),
+    ("step_retries", "step_retries", "Step calls retried inside an Attempt"),
+)
+MAX_USAGE_NAMESPACES: Final = 200  # a label per namespace, bounded
 # Reconciles are a GET plus a few writes: milliseconds to seconds.
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -210,6 +221,18 @@ class OperatorMetrics:
             "Runs waiting in the work queue for a reconcile worker.",
             registry=registry,
         )
+        # What the agents reported (Attempt status.usage), counted when the operator adds it to a Run's
+        # status.usage: by namespace, at most MAX_USAGE_NAMESPACES of them (then "other").
+        self.usage = {
+            field: Counter(
+                f"agentrun_usage_{metric}",
+                f"{help_text} reported by the Attempts of the Runs in the namespace (failed ones included).",
+                ["namespace"],
+                registry=registry,
+            )
+            for field, metric, help_text in USAGE_COUNTERS
+        }
+        self._usage_namespaces: set[str] = set()
         # Series known up front exist from the start (at zero), so rate() and alerts see them.
         for reason in ("initial", "lease_expired", "resume", "manual_retry"):
             self.attempts_started.labels(reason, NONE)
@@ -250,6 +273,21 @@ class OperatorMetrics:
     def attempt_status_written(self, patch: Mapping[str, Any]) -> None:
         if labels := finished_attempt_labels(patch):
             self.attempts_ended.labels(*labels).inc()
+
+    def usage_added(self, namespace: str, before: Usage | None, after: Usage) -> None:
+        """A Run's status.usage was written from `before` (as stored, the write was preconditioned on
+        it) to `after`: counts the growth once, whatever the operator restarts."""
+        grown = after.minus(before or Usage())
+        label = self._usage_namespace(namespace)
+        for field, counter in self.usage.items():
+            if amount := getattr(grown, field):
+                counter.labels(label).inc(amount / MICRO if field == "cost_micro_usd" else amount)
+
+    def _usage_namespace(self, namespace: str) -> str:
+        if namespace in self._usage_namespaces or len(self._usage_namespaces) < MAX_USAGE_NAMESPACES:
+            self._usage_namespaces.add(namespace)
+            return namespace
+        return OTHER
 
     def lease_written(self, previous: JsonDict | None, action: WriteLease) -> None:
         if kind := lease_takeover_kind(previous, action):

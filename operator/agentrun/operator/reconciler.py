@@ -11,6 +11,7 @@ from typing import Any
 from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
+from agentrun.core.plan import Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -18,7 +19,9 @@ from agentrun.operator import logs
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
+from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import WorkQueue
+from agentrun.tracing import Tracing, now
 
 log = logging.getLogger("agentrun.operator")
 ERROR_BACKOFF_SECONDS = 2.0
@@ -39,6 +42,7 @@ class Reconciler:
         *,
         accounts: AgentAccounts | None = None,
         operator_account: Account | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -46,7 +50,9 @@ class Reconciler:
         self.operator_account = operator_account
         self.queue: WorkQueue[Key] = WorkQueue()
         self.metrics = metrics or OperatorMetrics(registry=None)
-        self.executor = Executor(api, cache, self.metrics)
+        self.executor = Executor(
+            api, cache, self.metrics, RunSpans(tracing or Tracing("agentrun-operator", {}))
+        )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -102,7 +108,7 @@ class Reconciler:
         world = await self._world(key, run)
         try:
             plan = decide(world)
-            await self.executor.execute(plan, run)
+            await self._execute(plan, run)
         except NameSquatted as squat:
             # Someone else's object holds a name this Run needs: fail the Run rather than adopt it. The
             # earlier writes of the plan moved the Run on: decide on it as it is now.
@@ -111,11 +117,22 @@ class Reconciler:
                 return
             run = Run.model_validate(body)
             plan = fail_squatted(await self._world(key, run), squat.message)
-            await self.executor.execute(plan, run)
+            await self._execute(plan, run)
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
         self._check_lease_in(key, plan.lease_expires_in)
+
+    async def _execute(self, plan: Plan, run: Run) -> None:
+        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided)."""
+        started, error = now(), None
+        try:
+            await self.executor.execute(plan, run)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.executor.spans.decided(run, plan, started, error)
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or

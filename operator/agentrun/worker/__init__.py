@@ -9,6 +9,7 @@ async def agent(ctx: worker.Context) -> dict:
 worker.main(agent)
 """
 
+from agentrun.core.steps import StepRetry
 from agentrun.worker.context import Context
 from agentrun.worker.effects import Effect
 from agentrun.worker.errors import (
@@ -28,6 +29,7 @@ __all__ = [
     "KeyReused",
     "PermanentError",
     "RateLimited",
+    "StepRetry",
     "TransientError",
     "UnknownSideEffect",
     "main",

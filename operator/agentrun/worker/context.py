@@ -13,9 +13,12 @@ from agentrun.api import Attempt, Checkpoint, InterruptReason, Resend, Run, Side
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
 from agentrun.core import ledger, requests
 from agentrun.core.ledger import side_effect_name
+from agentrun.core.steps import StepRetry, journal_replays
 from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError, TransientError
 from agentrun.worker.session import Session, refuse_over_budget
+from agentrun.worker.steps import Journal, run_step
+from agentrun.worker.usage import UsageMeter
 
 _KEEP = object()
 APPROVAL_SCHEMA: dict[str, Any] = {
@@ -51,6 +54,10 @@ class Context:
         self.resume_value: Any = attempt.spec.input if self._answering else None
         self._answered = {i.request_id for i in run.status.inputs or []}
         self._approve_irreversible = bool(run.spec.approvals and run.spec.approvals.irreversible)
+        self._usage = UsageMeter(session.write_usage)
+        self._journal = Journal(
+            session, journal_replays(attempt.spec.reason), resumed_from, answered_request(run, attempt)
+        )
 
     # ---- step boundaries ---------------------------------------------------------------------------
 
@@ -218,22 +225,63 @@ class Context:
         await self._boundary()  # before the send, never between the send and its confirmation
         if ledger.needs_approval(requires_approval, reversible, self._approve_irreversible):
             await self._approve(tool, key, target, ledger.request_digest(tool, target, request))
-        return await self._ledger.perform(
-            tool=tool,
-            key=key,
-            target=target,
-            execute=execute,
-            lookup=lookup,
-            compensation=compensation,
-            reversible=reversible,
-            step=step,
-            reference_of=reference_of,
-            unknown_on=unknown_on,
-            request=request,
-            resend=Resend(resend),
-            max_sends=max_sends,
-            send_deadline_seconds=send_deadline_seconds,
+        with self._session.tracing.span("side effect", {"agentrun.tool": tool, "agentrun.key": key}):
+            return await self._ledger.perform(
+                tool=tool,
+                key=key,
+                target=target,
+                execute=execute,
+                lookup=lookup,
+                compensation=compensation,
+                reversible=reversible,
+                step=step,
+                reference_of=reference_of,
+                unknown_on=unknown_on,
+                request=request,
+                resend=Resend(resend),
+                max_sends=max_sends,
+                send_deadline_seconds=send_deadline_seconds,
+            )
+
+    # ---- steps and usage ---------------------------------------------------------------------------
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        retry: StepRetry | None = None,
+        journal: bool = False,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """Calls `fn()` (plain or async) and returns its result: the retry layer inside the Attempt.
+
+        TransientError and RateLimited (and the exception types in `retry_on`) are retried here with
+        capped, jittered backoff (`retry`, default StepRetry(): 3 tries), a rate limit's retry_after
+        honoured; a cancel stops the wait at once. Each retry counts in usage.stepRetries; only a step out
+        of tries fails the Attempt. With journal=True the result (JSON) is recorded, and an Attempt that
+        continues after a crash, a lease loss or a retry returns it instead of calling fn again; never one
+        that continues after an answer or a pause. A step is a step boundary: a requested pause is
+        honoured before it.
+        """
+        await self._boundary()
+        self._journal.moved_to(self._latest)
+        return await run_step(
+            self._session,
+            journal=self._journal,
+            usage=self._usage,
+            name=name,
+            fn=fn,
+            retry=retry,
+            journaled=journal,
+            retry_on=retry_on,
         )
+
+    def add_usage(
+        self, input_tokens: int = 0, output_tokens: int = 0, cost_usd: float = 0.0, model_calls: int = 0
+    ) -> None:
+        """Adds to this Attempt's usage (in memory: written every few seconds at most, and at the end)."""
+        self._usage.add(input_tokens, output_tokens, cost_usd, model_calls)
 
     async def _approve(self, tool: str, key: str, target: str | None, digest: str) -> None:
         """Returns once the gated action is approved (now or before); raises if it was refused.

@@ -13,7 +13,9 @@ from typing import Any, NoReturn
 
 from agentrun.api import FailureClass
 from agentrun.core.failures import fingerprint
+from agentrun.core.traces import run_trace
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
+from agentrun.tracing import Tracing, attempt_parent
 from agentrun.worker.context import Context
 from agentrun.worker.errors import (
     AgentError,
@@ -22,7 +24,6 @@ from agentrun.worker.errors import (
     Interrupted,
     LeaseLost,
     PermanentError,
-    RateLimited,
 )
 from agentrun.worker.identity import Identity
 from agentrun.worker.session import Session
@@ -30,6 +31,7 @@ from agentrun.worker.session import Session
 log = logging.getLogger("agentrun.worker")
 Agent = Callable[[Context], Coroutine[Any, Any, Any]]
 EX_TEMPFAIL = 75
+LAST_USAGE_SECONDS = 5.0
 # Answers that mean the API server could not serve the request (not that it refused it).
 UNAVAILABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 
@@ -66,8 +68,10 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
         # the operator's normalisation: "timeout after 3012 ms" repeats "timeout after 2990 ms"
         "fingerprint": fingerprint(cls, f"{type(exc).__name__}: {message}"),
     }
-    if isinstance(exc, RateLimited) and exc.retry_after is not None:
-        report["retryAfterSeconds"] = int(exc.retry_after + 0.999)
+    # a RateLimited, or a step that ran out of tries on one (StepFailed keeps its retry_after)
+    retry_after = getattr(exc, "retry_after", None) if isinstance(exc, AgentError) else None
+    if isinstance(retry_after, int | float):
+        report["retryAfterSeconds"] = int(retry_after + 0.999)
     if reason := getattr(exc, "reason", None):
         report["reason"] = str(reason)  # the ledger's: MaxSendsReached, IdempotencyKeyReused, ...
     return report, EX_TEMPFAIL if cls == FailureClass.TRANSIENT else 1
@@ -84,7 +88,12 @@ async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool =
     ctx = Context(session, run, attempt, resumed)
     lease = run.spec.lease
     await session.renew_once()  # fail fast if the lease is not ours
-    agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
+    # The agent's spans are children of this Attempt's span (TRACEPARENT, or derived from the Run alike).
+    uid = str(run.metadata.uid or run.metadata.name)
+    parent = attempt_parent() or run_trace(uid, run.metadata.annotations).attempt(session.me.attempt)
+    with session.tracing.continuing(parent):
+        agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
+    flusher = asyncio.create_task(ctx._usage.keep_flushing())
     keeper = asyncio.create_task(session.keep_lease(lease.renew_seconds, lease.duration_seconds))
     watcher = asyncio.create_task(session.watch_cancel())
     lost = asyncio.create_task(session.lost.wait())
@@ -102,10 +111,22 @@ async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool =
                 raise LeaseLost("the lease was lost; the agent was stopped")
             raise Cancelled("the Run was cancelled; the agent was stopped")
         result = agent_task.result()
-        await session.commit(result if isinstance(result, dict) else {"value": result})
+        await ctx._usage.flush()  # before the commit: a Succeeded Run's usage is complete
+        with session.tracing.continuing(parent), session.tracing.span("commit"):
+            await session.commit(result if isinstance(result, dict) else {"value": result})
     finally:
-        for task in (keeper, watcher, lost, cancelled):
+        for task in (keeper, watcher, lost, cancelled, flusher):
             task.cancel()
+        await _last_usage(ctx)
+
+
+async def _last_usage(ctx: Context) -> None:
+    """However the Attempt ends, what it used is written (once, if anything changed since the last write);
+    a failed Attempt's cost counts as much as a successful one's."""
+    try:
+        await asyncio.wait_for(ctx._usage.flush(), LAST_USAGE_SECONDS)
+    except Exception as exc:
+        log.warning("could not write the Attempt's usage: %s", exc)
 
 
 async def attempt_exit_code(agent: Agent, session: Session, *, stop_on_sigterm: bool = True) -> int:
@@ -136,10 +157,13 @@ def main(agent: Agent) -> NoReturn:
 
     async def session_main() -> int:
         api = KubeApi()
+        session = Session(api, me)
+        session.tracing = Tracing("agentrun-worker")  # on with OTEL_EXPORTER_OTLP_ENDPOINT
         try:
-            return await attempt_exit_code(agent, Session(api, me))
+            return await attempt_exit_code(agent, session)
         finally:
             api.close()
+            await asyncio.to_thread(session.tracing.shutdown)
 
     sys.exit(asyncio.run(session_main()))
 

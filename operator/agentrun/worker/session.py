@@ -14,11 +14,12 @@ import logging
 import time
 from typing import Any
 
-from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, Run, lease_name
+from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, CheckpointKind, Run, Usage, lease_name
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.tracing import Tracing
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
 
@@ -51,6 +52,7 @@ class Session:
         self.lost = asyncio.Event()  # the lease is gone: stop writing
         self.cancelled = asyncio.Event()  # spec.cancelEpoch grew past ours
         self._lease_rv: str | None = None
+        self.tracing = Tracing("agentrun-worker", env={})  # off; worker.main turns it on from the env
         # The newest Run the watch delivered (the step boundaries read spec.pause from it, the hold
         # waits on it), and an event set at every change.
         self.observed: Run | None = None
@@ -147,6 +149,10 @@ class Session:
 
     async def record_rejection(self, reason: str, message: str) -> None:
         """Records the refused commit on this worker's Attempt (the operator then marks it Rejected)."""
+        with self.tracing.span("rejected commit", {"agentrun.reason": reason, "agentrun.message": message}):
+            await self._record_rejection(reason, message)
+
+    async def _record_rejection(self, reason: str, message: str) -> None:
         path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
         patch = {"status": {"rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()}}}
         try:
@@ -163,7 +169,52 @@ class Session:
         }
         await self.fenced_status_write({"result": result, "committedBy": committed_by}, "result commit")
 
+    async def write_usage(self, usage: Usage) -> None:
+        """This Attempt's usage totals (absolute values: a repeated write changes nothing)."""
+        path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
+        await self.api.merge_patch(path, {"status": {"usage": usage.to_status()}})
+
     # ---- checkpoints -------------------------------------------------------------------------------
+
+    async def read_journal(self, name: str) -> Checkpoint | None:
+        body = await self.api.get(self.api.custom_path("checkpoints", self.me.namespace, name))
+        return Checkpoint.model_validate(body) if body is not None else None
+
+    async def save_journal(
+        self, name: str, step: str, value: Any, index: int, parent: Checkpoint | None
+    ) -> bool:
+        """Records a step's result as one immutable Journal Checkpoint; never moves latestCheckpoint (no
+        Run write, no fence: a step is side-effect-free, and a replaying reader checks the epochs). False
+        when the entry existed already (written by an earlier Attempt for the same key)."""
+        refuse_over_budget(
+            f"the result of step {step!r}", {"result": value}, CHECKPOINT_STATE_BUDGET, STATE_ADVICE
+        )
+        spec: JsonDict = {
+            "runName": self.me.run,
+            "id": name,
+            "sequence": parent.spec.sequence if parent else 0,
+            "attempt": self.me.attempt,
+            "leaseEpoch": self.me.lease_epoch,
+            "step": step,
+            "kind": CheckpointKind.JOURNAL.value,
+            "state": {"result": value, "call": index},
+        }
+        if parent:
+            spec["parent"] = parent.spec.id
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Checkpoint",
+            "metadata": await self.owned_metadata(name),
+            "spec": spec,
+        }
+        try:
+            await self.api.create(self.api.custom_path("checkpoints", self.me.namespace), body)
+        except ApiError as exc:
+            if exc.conflict:
+                return False
+            await self.raise_refusal(exc, f"journal entry {name}")
+            raise
+        return True
 
     async def load_checkpoint(self, checkpoint_id: str) -> Checkpoint:
         body = await self.api.get(self.api.custom_path("checkpoints", self.me.namespace, checkpoint_id))
@@ -174,6 +225,10 @@ class Session:
 
     async def save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
         """Creates the immutable Checkpoint, then moves status.latestCheckpoint to it (fenced)."""
+        with self.tracing.span("checkpoint", {"agentrun.step": step or ""}):
+            return await self._save_checkpoint(state, step, parent)
+
+    async def _save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
         refuse_over_budget("the checkpoint state", state, CHECKPOINT_STATE_BUDGET, STATE_ADVICE)
         sequence = parent.spec.sequence + 1 if parent else 1
         checkpoint_id = f"{self.me.attempt}-s{sequence}"
