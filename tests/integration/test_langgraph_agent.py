@@ -95,6 +95,29 @@ def test_two_interrupts_pending_at_once_are_answered_with_one_resume(
     assert len(attempts(kube, ns, "two")) == 2  # asked once, answered once
 
 
+def test_a_graph_interrupt_held_by_its_attempt_is_answered_without_a_new_attempt(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, support_agent_run("held", "langgraph_questions", {"holdSeconds": 300}))
+    waiting = wait_for(
+        lambda: (
+            (r := get_run(kube, ns, "held")).get("status", {}).get("pendingRequest", {}).get("heldBy") and r
+        ),
+        timeout=60,
+        what="the graph's request held by its Attempt",
+    )
+    pending = waiting["status"]["pendingRequest"]
+    assert pending["heldBy"] == "held-a1"
+    by_question = {value: interrupt_id for interrupt_id, value in json.loads(pending["prompt"]).items()}
+    answer = {by_question["color?"]: {"color": "red"}, by_question["size?"]: {"size": 5}}
+    resume(kube, ns, "held", pending, answer, key="in-hold")
+    run = wait_phase(kube, ns, "held", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"] == {"color": "red", "size": 5}
+    assert [a["metadata"]["name"] for a in attempts(kube, ns, "held")] == ["held-a1"]  # the same Attempt
+
+
 def node_runs(log: Path) -> list[tuple[int, str, str]]:
     """(attempt number, start|end, node) for every line of the agent's node log."""
     lines = [line.split() for line in log.read_text().splitlines()]

@@ -1,5 +1,5 @@
 """A LangGraph agent that asks two questions at once (two parallel nodes, each interrupting), for the
-tests: both are one agentrun request, answered with one resume."""
+tests: both are one agentrun request, answered with one resume. input: {"holdSeconds": N} holds it."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def build() -> StateGraph[Answers]:
 
 
 async def agent(ctx: worker.Context) -> Any:
-    return await run_graph(ctx, build(), input={})
+    return await run_graph(ctx, build(), input={}, hold_seconds=(ctx.input or {}).get("holdSeconds"))
 
 
 if __name__ == "__main__":

@@ -150,6 +150,12 @@ class Context:
             pending["holdSeconds"] = max(1, math.ceil(hold_seconds))
             pending["heldBy"] = self.attempt
         await self._session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
+        return await self.held_answer(request_id, hold_seconds)
+
+    async def held_answer(self, request_id: str, hold_seconds: float | None) -> Any:
+        """After request `request_id` was written (with heldBy this Attempt when `hold_seconds`): the answer
+        accepted within the hold, or Interrupted (the Attempt ends and a new one gets the answer). For
+        integrations that write their own request (agentrun.integrations.langgraph)."""
         if hold_seconds:
             answered, value = await self._hold(request_id, hold_seconds)
             if answered:

@@ -87,8 +87,10 @@ async def _ask(
     prompt: str | None,
     schema: dict[str, Any] | None,
     expires_in: float | None,
-) -> None:
-    """Writes the Run's input request for the checkpoint the graph stopped at, then ends the Attempt."""
+    hold: tuple[Context, float] | None = None,
+) -> Any:
+    """Writes the Run's input request for the checkpoint the graph stopped at, then ends the Attempt; or,
+    with `hold` (the Context and its hold_seconds), returns the answer accepted within the hold."""
     if saver.latest is None:
         raise PermanentError("the graph stopped before its first checkpoint: nothing to continue from")
     pending: dict[str, Any] = {"requestId": request_id, "reason": reason.value, "checkpointId": saver.latest}
@@ -99,12 +101,17 @@ async def _ask(
         pending["acceptedSchema"] = schema
     if expires_in:
         pending["expiresInSeconds"] = max(1, int(expires_in + 0.999))
+    if hold is not None:
+        pending["holdSeconds"] = max(1, int(hold[1] + 0.999))
+        pending["heldBy"] = hold[0].attempt
     session = saver.session
     assert session is not None
     await session.fenced_status_write(
         {"pendingRequest": pending}, f"input request {request_id}", reuse_read=True
     )
-    raise Interrupted(request_id)
+    if hold is None:
+        raise Interrupted(request_id)
+    return await hold[0].held_answer(request_id, hold[1])
 
 
 async def run_graph(
@@ -115,13 +122,16 @@ async def run_graph(
     config: RunnableConfig | None = None,
     allowed_types: Iterable[TypeKey | type] = (),
     expires_in: float | None = None,
+    hold_seconds: float | None = None,
 ) -> Any:
     """Runs `graph` (a StateGraph or a compiled graph) as this Attempt of the Run and returns its final
     state as JSON (the Run's committed result, when the agent returns it).
 
     A LangGraph interrupt() becomes an agentrun interrupt (reason input_required; its response_schema
     the accepted schema, several pending interrupts one request keyed by interrupt id; `expires_in`
-    seconds to answer); spec.pause is honoured after each superstep's checkpoint. `input` replaces
+    seconds to answer; with `hold_seconds`, this Attempt holds the request that long and an answer accepted
+    in time resumes the graph in this same Attempt); spec.pause is honoured after each superstep's
+    checkpoint. `input` replaces
     ctx.input as the first Attempt's graph input; `allowed_types` are classes a checkpoint may contain
     beyond the graph's own state types and LangGraph's safe ones.
     """
@@ -144,31 +154,35 @@ async def run_graph(
             graph_input = _resume(start.interrupts, ctx.resume_value)
         else:
             graph_input = None
-        try:
-            await compiled.ainvoke(graph_input, run_config, durability="sync")
-        except PauseRequested as pause:
-            await _ask(
+        while True:
+            try:
+                await compiled.ainvoke(graph_input, run_config, durability="sync")
+            except PauseRequested as pause:
+                await _ask(
+                    saver,
+                    InterruptReason.PAUSED,
+                    request_id=pause.request_id,
+                    prompt=pause.reason,
+                    schema=None,
+                    expires_in=None,
+                )
+            end: StateSnapshot = await compiled.aget_state(run_config)
+            if not end.interrupts:
+                break
+            asked = "\0".join([str(saver.latest), *sorted(i.id for i in end.interrupts)])
+            request_id = f"{ctx.run_name}-lg-{hashlib.sha256(asked.encode()).hexdigest()[:12]}"
+            answer = await _ask(
                 saver,
-                InterruptReason.PAUSED,
-                request_id=pause.request_id,
-                prompt=pause.reason,
-                schema=None,
-                expires_in=None,
+                InterruptReason.INPUT_REQUIRED,
+                request_id=request_id,
+                prompt=_prompt(end.interrupts),
+                schema=combined_schema(end.interrupts),
+                expires_in=expires_in,
+                hold=(ctx, hold_seconds) if hold_seconds else None,
             )
-        end: StateSnapshot = await compiled.aget_state(run_config)
+            graph_input = _resume(end.interrupts, answer)  # answered within the hold: go on here
     finally:
         _CURRENT.reset(token)
-    if end.interrupts:
-        asked = "\0".join([str(saver.latest), *sorted(i.id for i in end.interrupts)])
-        request_id = f"{ctx.run_name}-lg-{hashlib.sha256(asked.encode()).hexdigest()[:12]}"
-        await _ask(
-            saver,
-            InterruptReason.INPUT_REQUIRED,
-            request_id=request_id,
-            prompt=_prompt(end.interrupts),
-            schema=combined_schema(end.interrupts),
-            expires_in=expires_in,
-        )
     # Without nulls: the commit is a JSON merge patch, in which a null deletes a key, so the stored
     # result would otherwise differ from the one returned.
     return to_jsonable_python(end.values, fallback=str, exclude_none=True)
