@@ -3,7 +3,8 @@
     input: {"mode": "ask" | "loop" | "approve" | "observe", ...}
 
 ask: checkpoints, waits for `gate` (a file), then asks a typed question (the PRIORITY schema).
-loop: `count` side effects in a row, each creating a file in `dir` (creating it twice would fail).
+loop: `count` side effects in a row, each creating a file in `dir` (creating it twice would fail); with
+`gate` and `gateAfter`, it waits for `gate` after that many (the test asks for a pause meanwhile).
 approve: checkpoints, waits for `gate`, then one side effect that needs approval (a file in `dir`).
 observe: reads `world` (a file), checkpoints, waits for `gate`, checkpoints again, then acts on what it
 saw; after a resume it looks at the world again first.
@@ -28,7 +29,6 @@ def _wait_for(path: Path) -> None:
 
 
 def _create(path: Path) -> dict[str, Any]:
-    time.sleep(0.1)  # a send takes a while: the pause arrives in the middle of the loop
     with path.open("x") as f:  # "x": a second send of the same effect fails loudly
         f.write("sent")
     return {"reference": path.name}
@@ -46,6 +46,8 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         case "loop":
             sent = Path(spec["dir"])
             for n in range(int(spec["count"])):
+                if "gate" in spec and n == int(spec["gateAfter"]):
+                    await asyncio.to_thread(_wait_for, Path(spec["gate"]))
                 path = sent / f"{n:03d}"
                 await ctx.side_effect(
                     tool="send", key=f"{ctx.run_name}-{n}", execute=lambda _key, p=path: _create(p)
