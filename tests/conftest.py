@@ -14,6 +14,7 @@ from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
+from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
 from support.kube import Kube, wait_for
 
@@ -91,6 +92,17 @@ def operator(
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
+    """The example ticket service (the world outside the cluster), started for one test."""
+    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ Lease, a Pod, a Checkpoint) is never adopted: the Run fails and says what to del
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,16 +247,6 @@ def test_a_squatted_checkpoint_is_refused_by_the_sdk(
 
 
 # --- one ledger per Run ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
-    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
-    service.start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def test_two_runs_with_the_same_key_keep_two_records_and_take_two_actions(

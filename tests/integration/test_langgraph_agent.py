@@ -6,7 +6,6 @@ import itertools
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,6 @@ from support.runs import (
 )
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
-    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
-    service.start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def resume(kube: Kube, ns: str, name: str, pending: dict[str, Any], value: Any, *, key: str) -> None:

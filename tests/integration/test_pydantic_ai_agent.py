@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from support.kube import Kube, wait_for
 from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, patch_spec, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
-    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
-    service.start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def model_calls(log: Path) -> list[tuple[int, str]]:

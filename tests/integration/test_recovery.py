@@ -4,8 +4,6 @@ checks the tickets that exist, the sends the ledger recorded and where the Run e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,16 +17,6 @@ from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
-    service = TicketServiceProcess(tmp_path / "tickets.json", tmp_path / "tickets.log")
-    service.start()
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 STOPPED = {"Succeeded", "Failed", "NeedsReconciliation", "Cancelled"}
