@@ -20,7 +20,7 @@ from agentrun.api import (
     SideEffect,
     attempt_name,
 )
-from agentrun.core import controls, ledger, report
+from agentrun.core import compensation, controls, ledger, report
 from agentrun.core.conditions import TERMINAL_PHASES, conditions_for
 from agentrun.core.failures import fingerprint
 from agentrun.core.identity import NOT_ALLOWED
@@ -92,6 +92,8 @@ class Decision:
     # ---- writes --------------------------------------------------------------------------------------
 
     def set_phase(self, phase: RunPhase, reason: str, message: str, **fields: Any) -> None:
+        # Cancelled or Failed under spec.compensation: first Compensating (core.compensation).
+        phase, fields = compensation.redirect(self.w, phase, reason, fields)
         patch: dict[str, Any] = {
             "phase": phase.value,
             "message": message[:1024],
@@ -167,7 +169,14 @@ class Decision:
         self.event("Warning", NOT_ALLOWED, message)
         return True
 
-    def grant(self, number: int, reason: str, input_value: Any = None, **status_fields: Any) -> None:
+    def grant(
+        self,
+        number: int,
+        reason: str,
+        input_value: Any = None,
+        phase: RunPhase = RunPhase.RUNNING,
+        **status_fields: Any,
+    ) -> None:
         """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod."""
         # A control request that asked for this grant stays recorded; the failure replaces any cleared one.
         if self.refuse_account(**{k: v for k, v in status_fields.items() if k != "failure"}):
@@ -181,8 +190,8 @@ class Decision:
             self.plan.add(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))
         message = f"Attempt {number} ({reason}) holds lease epoch {epoch}"
         self.set_phase(
-            RunPhase.RUNNING,
-            "AttemptRunning",
+            phase,
+            "AttemptRunning" if phase == RunPhase.RUNNING else phase.value,
             message,
             currentAttempt=number,
             attempts=max(number, self.status.attempts or 0),

@@ -9,7 +9,7 @@ from agentrun.api import (
     ControlOp,
     RunPhase,
 )
-from agentrun.core import controls, report
+from agentrun.core import compensation, controls, report
 from agentrun.core.controls import KeyUse
 from agentrun.core.decision import FINISHED_ATTEMPT, Decision
 
@@ -41,6 +41,8 @@ def judge_requests(d: Decision, current: int) -> bool:
             if verdict is not None:
                 record(d, ControlOp.PAUSE, key, digest, verdict, spend=use == KeyUse.NEW)
                 return True
+    if compensation.judge_request(d):
+        return True
     if spec.resume is not None:
         key, digest = spec.resume.idempotency_key, controls.resume_digest(spec.resume)
         if (use := controls.key_use(run, key, ControlOp.RESUME, digest)) != KeyUse.REPEAT:

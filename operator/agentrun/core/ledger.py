@@ -386,3 +386,21 @@ def approvals_to_record(
             approval = {"requestId": request_id, "time": now}
             found.append((name, {**approval, "requestDigest": digest} if digest else approval))
     return found
+
+
+# --- compensation records -----------------------------------------------------------------------------
+# A compensation is itself an external action, so it goes through the same ledger and recovery rule: one
+# record per compensated effect, under the effect's key with this suffix and marked by its step.
+
+COMPENSATE_SUFFIX = ":compensate"
+COMPENSATION_STEP = "compensate"
+
+
+def compensation_key(key: str) -> str:
+    """The idempotency key of the compensation of the effect recorded under `key`."""
+    return key + COMPENSATE_SUFFIX
+
+
+def is_compensation_record(record: SideEffect) -> bool:
+    """Whether the record is the compensation of another record, not one of the agent's own effects."""
+    return record.spec.step == COMPENSATION_STEP and record.spec.idempotency_key.endswith(COMPENSATE_SUFFIX)

@@ -29,6 +29,7 @@ from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.api.sideeffect import MAX_HISTORY
 from agentrun.api.usage import Usage, usage_sum
 from agentrun.core import (
+    compensation,
     controls,
     external,
     failures,
@@ -83,6 +84,9 @@ def decide(world: World) -> Plan:
     current = status.current_attempt
     attempt = world.attempts.get(current) if current else None
     pod = world.pods.get(str(attempt.metadata.name)) if attempt else None
+    if phase == RunPhase.COMPENSATING:
+        compensation.supervise(d, attempt, pod)
+        return d.plan
 
     committed_by = status.committed_by
     if (
