@@ -585,7 +585,9 @@ class SpentKey(ApiModel):
         description=f"The key as written when it has at most {MAX_REMEMBERED_KEY_LENGTH} characters, else "
         "sha256:<first 32 hex digits> of it."
     )
-    op: ControlOp = Field(description="The operation it was spent on: Resume, Retry, Pause, Cancel or Compensate.")
+    op: ControlOp = Field(
+        description="The operation it was spent on: Resume, Retry, Pause, Cancel or Compensate."
+    )
     digest: ShortDigest = Field(
         description="sha256:<first 32 hex digits> of the request's canonical JSON: a request with the same "
         "key and another digest is Rejected (IdempotencyKeyReused)."
@@ -721,7 +723,8 @@ class RunReport(ApiModel):
     unknown: list[SideEffectName] | None = Field(
         None,
         max_length=MAX_REPORTED_EFFECTS,
-        description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves them.",
+        description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves "
+        "them.",
     )
 
 
@@ -871,8 +874,8 @@ class Run(KubernetesObject):
                 "!has(oldSelf.status) || !has(oldSelf.status.phase)"
                 f" || !(oldSelf.status.phase in {cel_list(CANCEL_FROZEN_PHASES)})"
                 " || self.spec.cancelEpoch == oldSelf.spec.cancelEpoch",
-                "spec.cancelEpoch cannot change once the Run is Succeeded or Cancelled (it has ended), nor while it "
-                "is Compensating (a compensation runs to its end)",
+                "spec.cancelEpoch cannot change once the Run is Succeeded or Cancelled (it has ended), nor "
+                "while it is Compensating (a compensation runs to its end)",
                 reason="FieldValueForbidden",
                 field_path=".spec.cancelEpoch",
             ),
