@@ -9,7 +9,7 @@ from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, sh
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import compensate_key, compensate_patch, recorded
-from agentrun.cli.errors import EXIT_FAILED, CliError, describe_api_error
+from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
 COMPENSABLE = (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED, RunPhase.NEEDS_RECONCILIATION)
@@ -37,4 +37,7 @@ async def compensate(ctx: Context, args: argparse.Namespace) -> int:
     code = show_outcome(ctx, args.run, record, final)
     if code == EXIT_FAILED or not args.wait:
         return code
-    return await follow(ctx, args.run, None)
+    await follow(ctx, args.run, None)
+    # Back in its phase (a Cancelled or Failed one too) is what was asked; incomplete is not.
+    _, after = await read_run(ctx, args.run)
+    return EXIT_FAILED if after.status.phase == RunPhase.NEEDS_RECONCILIATION else EXIT_OK
