@@ -61,6 +61,10 @@ BREACHES: dict[str, tuple[dict[str, str], str]] = {
         {"deploy/breach.py": "agentrun.operator"},
         "agentrun.deploy.breach -> agentrun.operator",
     ),
+    "agents-on-the-sdk": (
+        {"integrations/breach.py": "agentrun.operator"},
+        "agentrun.integrations.breach -> agentrun.operator",
+    ),
     "api-declarative": ({"api/breach.py": "asyncio"}, "agentrun.api.breach -> asyncio"),
     "operator-runtime": ({"cli/breach.py": "kopf"}, "agentrun.cli.breach -> kopf"),
     "kubernetes-client": ({"worker/breach.py": "kubernetes"}, "agentrun.worker.breach -> kubernetes"),
