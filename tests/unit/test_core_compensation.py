@@ -12,7 +12,14 @@ from agentrun.api import ControlOp, FailureClass, RunPhase, SideEffect
 from agentrun.core import compensation
 from agentrun.core.controls import Verdict, control_record
 from agentrun.core.ledger import Answer
-from agentrun.core.plan import CreateAttempt, DeletePod, PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import (
+    CreateAttempt,
+    DeletePod,
+    PatchRunStatus,
+    PatchSideEffectStatus,
+    Plan,
+    WriteLease,
+)
 from agentrun.core.pods import PodView
 from agentrun.core.runs import decide
 from unit.factories import (
@@ -446,3 +453,17 @@ def test_a_manual_retry_is_refused_while_a_compensation_is_incomplete() -> None:
         "CompensationIncomplete",
     )
     assert of_type(plan, CreateAttempt) == []
+
+
+@pytest.mark.parametrize("phase", ["Cancelled", "Failed"])
+def test_an_ended_run_never_leaves_a_record_pending(phase: str) -> None:
+    sent = [{"sendId": "op-1-s1", "attempt": name_of(1), "time": "2026-03-01T12:00:00Z"}]
+    record = make_side_effect("ticket", "Pending", operation_id="op-1", sends=sent)
+    run = make_run(run_status(phase, current=1, lease_epoch=1))
+    plan = decide(make_world(run, attempts=[make_attempt(1, phase="Failed")], side_effects=[record]))
+    [settled] = of_type(plan, PatchSideEffectStatus)
+    assert settled.patch["state"] == "Unknown"
+    assert (
+        f"when the Run {'was cancelled' if phase == 'Cancelled' else 'failed'}"
+        in settled.patch["history"][-1]["message"]
+    )

@@ -116,10 +116,10 @@ def decide(world: World) -> Plan:
         return d.plan
     if stopped:
         _abort_leftovers(d)
-        if phase == RunPhase.CANCELLED and not _live_attempts(d):
-            # A cancel never leaves a record Pending: what was in flight may have happened.
+        if phase in (RunPhase.CANCELLED, RunPhase.FAILED) and not _live_attempts(d):
+            # An ended Run never leaves a record Pending: what was in flight may have happened.
             for effect, patch, version in ledger.settle_after_cancel(
-                world.side_effects, rfc3339(world.now), MAX_HISTORY
+                world.side_effects, rfc3339(world.now), MAX_HISTORY, failed=phase == RunPhase.FAILED
             ):
                 d.plan.add(PatchSideEffectStatus(effect, patch, version))
         _refresh_report(d)
