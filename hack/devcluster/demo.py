@@ -339,9 +339,8 @@ def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
             show=False,
         )
     )["items"]
-    print(
-        f"  the timed-out create was {effect['status']['history'][-1]['message']}; sends: {len(effect['status']['sends'])}"
-    )
+    found, sends = effect["status"]["history"][-1]["message"], len(effect["status"]["sends"])
+    print(f"  the timed-out create was {found}; sends: {sends}")
 
     undo = agent_run(
         "undo",
@@ -353,7 +352,7 @@ def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
     demo.apply(undo)
     demo.wait_phase("undo", "InputRequired", "Failed")
     print(
-        "  the ticket is open and the Run waits for a note; cancelling it (spec.compensation.onCancel: Compensate)"
+        "  the ticket is open and the Run waits for a note; cancelling it (compensation.onCancel: Compensate)"
     )
     demo.sh("kubectl-agentrun", "cancel", "undo", "--reason", "opened by mistake", "-n", NAMESPACE)
     demo.wait_phase("undo", "Cancelled", "NeedsReconciliation")
