@@ -387,6 +387,9 @@ def retry_after_failure(
 def _return(d: Decision, progress: CompensationProgress, **fields: Any) -> None:
     phase = RunPhase(progress.return_phase)
     message = f"side effects compensated; the Run is {phase.value} again"
+    failure = d.status.failure
+    if failure is not None and failure.reason == INCOMPLETE and phase != RunPhase.FAILED:
+        fields["failure"] = None  # the incomplete compensation was completed: nothing failed
     d.set_phase(phase, "Compensated", message, compensating=None, nextAttemptTime=None, **fields)
     d.event("Normal", "Compensated", message)
 
