@@ -30,7 +30,7 @@ def test_the_constructors_write_what_parse_reads() -> None:
 
 @pytest.mark.parametrize("text", ["retry", "resume:", "initial:x", "restart", ""])
 def test_a_malformed_reason_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="reason|StartKind|valid"):
+    with pytest.raises(ValueError, match=r"reason|StartKind|valid"):
         StartReason.parse(text)
 
 
