@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrun.core.decision import RECHECK_SECONDS
+from agentrun.core.runs import RECHECK_SECONDS
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess

@@ -83,10 +83,10 @@ from unit.factories import (
     ts,
 )
 
-GRANT = ["WriteLease", "PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAttemptStatus"]
+GRANT = ["WriteLease", "PatchRunStatus", "CreateAttempt", "CreatePod"]
 # The Attempt is marked, the Lease revoked at once (a new epoch), its Pod killed, then the Run moves on.
 LEASE_LOST = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
-ADOPTED_GRANT = ["PatchRunStatus", "CreateAttempt", "CreatePod", "PatchAttemptStatus"]
+ADOPTED_GRANT = ["PatchRunStatus", "CreateAttempt", "CreatePod"]
 # A grant after an earlier Attempt first deletes that Attempt's Pod, whose token could still write.
 SUCCESSOR_GRANT = ["DeletePod", *GRANT]
 CONDITION_TYPES = ["Succeeded", "Waiting", "CancelRequested", "LeaseHeld"]
@@ -263,13 +263,18 @@ class Transition:
 
 TRANSITIONS: dict[str, Transition] = {
     # ---- start
-    "new-run-is-queued": Transition(make_world(make_run()), ["PatchRunStatus"], "Queued", requeue=0.0),
+    # The reconcile that first sees a Run grants its first Attempt: no Queued write before it.
+    "new-run-grants-attempt-1": Transition(make_world(make_run()), GRANT, "Running"),
     "created-with-a-cancel-epoch-is-not-a-cancel": Transition(
-        make_world(make_run(spec={"cancelEpoch": 2})), ["PatchRunStatus"], "Queued", requeue=0.0
+        make_world(make_run(spec={"cancelEpoch": 2})), GRANT, "Running"
     ),
-    "queued-grants-attempt-1": Transition(queued(), GRANT, "Running", {1: "Pending"}),
+    "new-run-grant-interrupted-after-the-lease": Transition(
+        make_world(make_run(), lease=held_by(1)), ADOPTED_GRANT, "Running"
+    ),
+    # A Run an earlier operator version left Queued.
+    "queued-grants-attempt-1": Transition(queued(), GRANT, "Running"),
     "queued-grant-interrupted-after-the-lease": Transition(
-        make_world(make_run(run_status("Queued")), lease=held_by(1)), ADOPTED_GRANT, "Running", {1: "Pending"}
+        make_world(make_run(run_status("Queued")), lease=held_by(1)), ADOPTED_GRANT, "Running"
     ),
     # ---- supervising a live Attempt
     "running-healthy": Transition(supervising(), [], lease_check=30.05),
@@ -507,8 +512,7 @@ TRANSITIONS: dict[str, Transition] = {
     # ---- crash recovery: the Run is ahead of its objects
     "attempt-1-missing": Transition(
         make_world(make_run(run_status("Running", current=1, lease_epoch=1)), lease=held_by(1)),
-        ["CreateAttempt", "CreatePod", "PatchAttemptStatus"],
-        attempts={1: "Pending"},
+        ["CreateAttempt", "CreatePod"],
     ),
     "attempt-2-missing": Transition(
         make_world(
@@ -516,13 +520,11 @@ TRANSITIONS: dict[str, Transition] = {
             attempts=[failed_attempt(1, FailureClass.TRANSIENT)],
             lease=held_by(2),
         ),
-        ["CreateAttempt", "CreatePod", "PatchAttemptStatus"],
-        attempts={2: "Pending"},
+        ["CreateAttempt", "CreatePod"],
     ),
     "attempt-created-pod-missing": Transition(
         supervising(pod=None, attempt=make_attempt(1, phase=None, started=False)),
-        ["CreatePod", "PatchAttemptStatus"],
-        attempts={1: "Pending"},
+        ["CreatePod"],
     ),
     # ---- crash recovery: the Attempt ended but the Run did not move on; the Attempt is left as it is
     **{
@@ -574,19 +576,16 @@ TRANSITIONS: dict[str, Transition] = {
     },
     # ---- backoff
     "backoff-not-due-yet": Transition(backing_off(due=NOW + timedelta(seconds=40)), [], requeue=40.0),
-    "backoff-due": Transition(backing_off(), SUCCESSOR_GRANT, "Running", {2: "Pending"}),
-    "backoff-due-exactly-now": Transition(backing_off(due=NOW), SUCCESSOR_GRANT, "Running", {2: "Pending"}),
-    "backoff-without-next-attempt-time": Transition(
-        backing_off(due=None), SUCCESSOR_GRANT, "Running", {2: "Pending"}
-    ),
+    "backoff-due": Transition(backing_off(), SUCCESSOR_GRANT, "Running"),
+    "backoff-due-exactly-now": Transition(backing_off(due=NOW), SUCCESSOR_GRANT, "Running"),
+    "backoff-without-next-attempt-time": Transition(backing_off(due=None), SUCCESSOR_GRANT, "Running"),
     "backoff-grant-interrupted-after-the-lease": Transition(
-        backing_off(lease=held_by(2)), ["DeletePod", *ADOPTED_GRANT], "Running", {2: "Pending"}
+        backing_off(lease=held_by(2)), ["DeletePod", *ADOPTED_GRANT], "Running"
     ),
     "backoff-after-lease-loss": Transition(
         backing_off(previous=make_attempt(1, phase="LeaseLost", failure=failure_of(FailureClass.LEASE_LOST))),
         SUCCESSOR_GRANT,
         "Running",
-        {2: "Pending"},
     ),
     # ---- cancel
     "cancel-live-pod": Transition(
@@ -1048,7 +1047,6 @@ TRANSITIONS.update(
                 waiting(phase, request=request, spec=resume(request_id=request["requestId"])),
                 GRANT,
                 "Running",
-                {2: "Pending"},
             )
             for phase, request in [
                 ("InputRequired", WAITING),
@@ -1060,13 +1058,11 @@ TRANSITIONS.update(
             waiting(request={**WAITING, "acceptedSchema": SCHEMA}, spec=resume({"choice": "b"})),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "resume-accepted-before-the-request-expires": Transition(
             waiting(request=expiring_at(NOW + timedelta(seconds=1)), spec=resume()),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "resume-accepted-after-an-earlier-refusal": Transition(
             waiting(
@@ -1075,7 +1071,6 @@ TRANSITIONS.update(
             ),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         **{
             f"resume-refused-{case}": Transition(
@@ -1169,9 +1164,7 @@ TRANSITIONS.update(
             stop_reason="RequestExpired",
         ),
         # ---- manual retry
-        "manual-retry-of-a-failed-run": Transition(
-            stopped(spec=retry_spec()), GRANT, "Running", {2: "Pending"}
-        ),
+        "manual-retry-of-a-failed-run": Transition(stopped(spec=retry_spec()), GRANT, "Running"),
         "manual-retry-of-a-run-needing-reconciliation": Transition(
             stopped(
                 "NeedsReconciliation",
@@ -1180,7 +1173,6 @@ TRANSITIONS.update(
             ),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "manual-retry-with-effects-failed-or-pending": Transition(
             stopped(
@@ -1193,13 +1185,11 @@ TRANSITIONS.update(
             ),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "manual-retry-from-a-checkpoint": Transition(
             stopped(spec=retry_spec(from_checkpoint="ckpt-1"), checkpoints=CHAIN[:2]),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "manual-retry-after-the-deadline": Transition(
             replace(
@@ -1208,13 +1198,11 @@ TRANSITIONS.update(
             ),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "manual-retry-after-an-expired-request": Transition(
             stopped(spec=retry_spec(), pendingRequest=expiring_at(NOW - timedelta(hours=1))),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         **{
             f"manual-retry-refused-{case}": Transition(
@@ -1275,7 +1263,7 @@ TRANSITIONS.update(
             lease_check=30.05,
         ),
         "pause-asked-while-queued": Transition(
-            make_world(make_run(run_status("Queued"), spec=pause_spec())), GRANT, "Running", {1: "Pending"}
+            make_world(make_run(run_status("Queued"), spec=pause_spec())), GRANT, "Running"
         ),
         "pause-asked-while-backing-off": Transition(
             backing_off(spec=pause_spec(), due=NOW + timedelta(seconds=40)), [], requeue=40.0
@@ -1303,7 +1291,6 @@ TRANSITIONS.update(
             ),
             GRANT,
             "Running",
-            {2: "Pending"},
         ),
         "pause-recorded-before-the-resume": Transition(
             waiting("Paused", request=PAUSED, spec={**pause_spec(), **resume(request_id="pause-1")}),
@@ -1329,7 +1316,6 @@ TRANSITIONS.update(
             with_checkpoints(queued(latestCheckpoint="ckpt-5"), *CHAIN, retention=3),
             ["DeleteCheckpoint", "DeleteCheckpoint", *GRANT],
             "Running",
-            {1: "Pending"},
         ),
         "checkpoints-of-a-run-being-deleted-are-left-to-the-gc": Transition(
             with_checkpoints(
@@ -1424,8 +1410,8 @@ def test_decide_is_pure(case: Transition) -> None:
 
 
 def test_first_grant() -> None:
-    plan = decide(queued())
-    lease, status, create, pod, pending = plan.actions[:5]
+    plan = decide(make_world(make_run()))
+    lease, status, create, pod = plan.actions
 
     assert lease == WriteLease(name_of(1), 1, 60, None)
     assert isinstance(status, PatchRunStatus)
@@ -1451,8 +1437,32 @@ def test_first_grant() -> None:
     assert isinstance(pod, CreatePod)
     assert pod.body["metadata"]["name"] == name_of(1)
     assert pod.body["metadata"]["annotations"][LEASE_EPOCH_ANNOTATION] == "1"
-    assert pending == PatchAttemptStatus(name_of(1), {"phase": "Pending", "podName": name_of(1)})
-    assert events(plan) == [("Normal", "AttemptStarted")]
+    assert events(plan) == []  # a Run's first Attempt is no news; its Attempt gets no status until it runs
+
+
+def test_a_run_first_seen_with_a_cancel_epoch_starts_with_it() -> None:
+    plan = decide(make_world(make_run(spec={"cancelEpoch": 2})))
+
+    assert run_patch(plan)["observedCancelEpoch"] == 2
+    assert of_type(plan, CreateAttempt)[0].body["spec"]["cancelEpoch"] == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "refusal"),
+    [
+        ({"cancelEpoch": 2, "input": {"blob": "x" * RUN_INPUT_BUDGET}}, None),
+        ({"cancelEpoch": 2}, "not allowed"),
+    ],
+    ids=["over-budget", "account-refused"],
+)
+def test_a_run_failed_at_first_sight_records_its_cancel_epoch(
+    spec: dict[str, Any], refusal: str | None
+) -> None:
+    """Otherwise the cancelEpoch it was created with would later pass for a cancel of the Failed Run."""
+    world = replace(make_world(make_run(spec=spec)), account_refusal=refusal)
+    patch = run_patch(decide(world))
+
+    assert (patch["phase"], patch["observedCancelEpoch"]) == ("Failed", 2)
 
 
 def test_grant_uses_the_runs_lease_duration() -> None:
@@ -2579,7 +2589,7 @@ def test_a_missing_attempt_is_created_as_its_grant_promised(world: World, reason
     plan = decide(world)
     spec = of_type(plan, CreateAttempt)[0].body["spec"]
 
-    assert kinds(plan) == ["CreateAttempt", "CreatePod", "PatchAttemptStatus"]
+    assert kinds(plan) == ["CreateAttempt", "CreatePod"]
     assert spec["reason"] == reason
     assert spec.get("input") == value
 
