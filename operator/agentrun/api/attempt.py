@@ -195,7 +195,8 @@ class AttemptStatus(ApiModel):
 
     phase: AttemptPhase | None = Field(
         None,
-        description="Pending, Running, then one final phase: Succeeded, Failed, Interrupted (waits for "
+        description="Absent while the Attempt's Pod is created and scheduled (pending; Pending is accepted "
+        "too), Running once its agent runs, then one final phase: Succeeded, Failed, Interrupted (waits for "
         "input), Aborted (cancelled), LeaseLost, or Rejected (its commit lost a fence). A final phase "
         "never changes, except that a late commit can still be recorded as Rejected.",
         json_schema_extra=validation_rules(
@@ -208,7 +209,9 @@ class AttemptStatus(ApiModel):
             )
         ),
     )
-    pod_name: ObjectName | None = Field(None, description="Name of the Pod that runs the Attempt.")
+    pod_name: ObjectName | None = Field(
+        None, description="Name of the Pod that runs the Attempt, recorded once its agent runs."
+    )
     start_time: datetime | None = Field(None, description="When the agent started (RFC 3339).")
     completion_time: datetime | None = Field(None, description="When the Attempt ended (RFC 3339).")
     failure: AttemptFailure | None = Field(None, description="Why the Attempt failed, when it did.")
