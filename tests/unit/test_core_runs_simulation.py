@@ -1,6 +1,8 @@
 """core.runs: restart safety, by simulation. Whole Runs run against an in-memory model of the API server
 and the operator is killed between any two writes of any decision, to show that a restart continues
-without skipping or reusing an epoch, creating an Attempt twice or rewriting history.
+without skipping or reusing an epoch, creating an Attempt twice or rewriting history. The crash points
+that matter most (between the writes of a grant, a takeover, a cancel and a resume) are also played on
+the real API server with the real Executor: tests/integration/test_restart_safety.py.
 """
 
 from __future__ import annotations
