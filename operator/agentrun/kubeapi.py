@@ -281,3 +281,14 @@ class KubeApi:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+
+async def served_resources(api: KubeApi, group_version: str) -> set[str]:
+    """The resource names the API server serves in group/version (empty when it serves none)."""
+    try:
+        found = await api.get(f"/apis/{group_version}")
+    except ApiError as exc:
+        if exc.status in (403, 503):  # discovery of a group being registered may fail for a moment
+            return set()
+        raise
+    return {str(resource["name"]) for resource in (found or {}).get("resources", [])}

@@ -7,9 +7,11 @@ import urllib3
 
 from agentrun.kubeapi import ApiError, unanswered
 
+POOL = urllib3.HTTPConnectionPool("localhost")  # constructing a pool opens no connection
+
 CASES = {
-    "connection-refused": (urllib3.exceptions.MaxRetryError(None, "/apis", ConnectionRefusedError()), True),
-    "read-timeout": (urllib3.exceptions.ReadTimeoutError(None, "/apis", "timed out"), True),
+    "connection-refused": (urllib3.exceptions.MaxRetryError(POOL, "/apis", ConnectionRefusedError()), True),
+    "read-timeout": (urllib3.exceptions.ReadTimeoutError(POOL, "/apis", "timed out"), True),
     "connection-reset": (urllib3.exceptions.ProtocolError("Connection aborted."), True),
     "refused-by-the-server": (ApiError(409, "Conflict", "the object has been modified"), False),
     "a-bug": (KeyError("status"), False),
