@@ -18,9 +18,13 @@ from agentrun.core import report
 from agentrun.core.plan import (
     CreateAttempt,
     CreatePod,
+    DeleteCheckpoint,
+    DeletePod,
     PatchRunStatus,
+    Plan,
 )
-from agentrun.core.runs import RECHECK_SECONDS, TABLE, decide
+from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, decide
+from agentrun.core.runs.chain import Chain, Rule
 from unit.factories import (
     GENERATION,
     NO_SIDE_EFFECTS,
@@ -1165,3 +1169,19 @@ def test_the_rule_that_decides(case: str, rule: str) -> None:
 
     assert decided_by.name == rule
     assert plan == decide(TRANSITIONS[case].world)
+
+
+def test_a_chain_prepends_the_upkeep_only_to_the_rules_that_ask_for_it() -> None:
+    kept, decided = DeleteCheckpoint("old"), DeletePod("p")
+
+    def decides(world: World) -> Plan | None:
+        return Plan([decided], requeue_after=1.0)
+
+    def upkeep(world: World) -> Plan:
+        return Plan([kept])
+
+    world = make_world(make_run())
+    assert Chain((Rule("Decides", decides),), upkeep).evaluate(world) == Plan([kept, decided], 1.0)
+    assert Chain((Rule("Decides", decides, upkeep=False),), upkeep).evaluate(world) == Plan([decided], 1.0)
+    with pytest.raises(LookupError):
+        Chain((Rule("Never", lambda world: None),), upkeep).evaluate(world)
