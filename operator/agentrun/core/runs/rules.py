@@ -59,7 +59,7 @@ def committed(w: World) -> Plan | None:
     return b.plan
 
 
-def cancelled(w: World) -> Plan | None:
+def cancel_asked(w: World) -> Plan | None:
     """spec.cancelEpoch grew -> CancelRequested (its Pod stopped) or, with no Pod running, Cancelled.
     The cancelEpoch a Run is first seen with is no cancel."""
     status = w.run.status

@@ -26,7 +26,7 @@ TABLE: Final = Chain(
         Rule("Deleted", rules.deleted, upkeep=False),
         Rule("CommitRefused", rules.commit_refused, upkeep=False),
         Rule("Committed", rules.committed),
-        Rule("Cancelled", rules.cancelled),
+        Rule("CancelAsked", rules.cancel_asked),
         Rule("DeadlinePassed", rules.deadline_passed),
         Rule("HoldEnding", rules.hold_ending),
         Rule("ControlRequest", rules.control_request),
