@@ -15,6 +15,8 @@ from agentrun.api.attempt import (
     AttemptStatus,
     RejectedCommit,
     RejectedCommitReason,
+    StartKind,
+    StartReason,
 )
 from agentrun.api.checkpoint import (
     Checkpoint,
@@ -49,6 +51,14 @@ from agentrun.api.names import (
     RUN_LABEL,
     attempt_name,
     lease_name,
+)
+from agentrun.api.phases import (
+    ATTEMPT_RUNS_IN,
+    STOPPED_PHASES,
+    TERMINAL_PHASES,
+    UNFINISHED_ATTEMPT_PHASES,
+    WAITING_FOR_A_PERSON,
+    WAITING_PHASES,
 )
 from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
@@ -104,6 +114,7 @@ __all__ = [
     "AGENT_LABEL",
     "API_VERSION",
     "ATTEMPT_ANNOTATION",
+    "ATTEMPT_RUNS_IN",
     "CANCEL_EPOCH_ANNOTATION",
     "CANCEL_FROZEN_PHASES",
     "DEFAULT_RETRY_ON",
@@ -114,7 +125,12 @@ __all__ = [
     "RESUME_FROM_ANNOTATION",
     "RUN_LABEL",
     "SIDE_EFFECT_TRANSITIONS",
+    "STOPPED_PHASES",
+    "TERMINAL_PHASES",
+    "UNFINISHED_ATTEMPT_PHASES",
     "VERSION",
+    "WAITING_FOR_A_PERSON",
+    "WAITING_PHASES",
     "AgentSpec",
     "ApiModel",
     "Approval",
@@ -180,6 +196,8 @@ __all__ = [
     "SideEffectState",
     "SideEffectStatus",
     "SpentKey",
+    "StartKind",
+    "StartReason",
     "StateRef",
     "Thread",
     "Usage",

@@ -12,7 +12,6 @@ from agentrun.api import (
     ControlOutcome,
     ControlRecord,
     Run,
-    RunPhase,
     SideEffect,
     SideEffectState,
     Usage,
@@ -22,10 +21,6 @@ from agentrun.api.usage import MICRO, usage_sum
 from agentrun.core.ledger import is_compensation_record
 
 NONE = "-"
-TERMINAL = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
-WAITING = frozenset(
-    {RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED, RunPhase.NEEDS_RECONCILIATION}
-)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
