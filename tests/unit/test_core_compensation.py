@@ -21,7 +21,7 @@ from agentrun.core.plan import (
     WriteLease,
 )
 from agentrun.core.pods import PodView
-from agentrun.core.runs import decide
+from agentrun.core.runs import TABLE, decide
 from unit.factories import (
     EARLIER,
     NOW,
@@ -231,6 +231,7 @@ class Compensating:
     policy: dict[str, Any] = field(default_factory=lambda: dict(ON_CANCEL))
     lease: Any = None
     expires_in: float | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
 
     def decide(self) -> Plan:
         status = run_status(
@@ -246,6 +247,7 @@ class Compensating:
                 "cancelEpoch": 1,
                 "compensation": self.policy,
                 "retry": {"backoff": {"initialSeconds": 4, "factor": 1.0, "maxSeconds": 4}},
+                **self.spec,
             },
         )
         world = make_world(
@@ -368,9 +370,16 @@ def test_a_compensation_attempt_that_lost_its_lease_is_taken_over() -> None:
 
 def test_a_compensation_is_never_stopped_by_a_cancel_or_the_deadline() -> None:
     plan = Compensating(
-        attempts=[FIRST, comp(2)], pods=[running_pod(2)], current=2, lease=held_by(2), expires_in=30
+        attempts=[FIRST, comp(2)],
+        pods=[running_pod(2)],
+        current=2,
+        lease=held_by(2),
+        expires_in=30,
+        spec={"cancelEpoch": 2, "deadlineSeconds": 60},  # a cancel raised since, a deadline long past
     ).decide()
     assert of_type(plan, PatchRunStatus) == [] and of_type(plan, DeletePod) == []
+    assert TABLE.names.index("Compensating") < TABLE.names.index("CancelAsked")
+    assert TABLE.names.index("Compensating") < TABLE.names.index("DeadlinePassed")
 
 
 # ---- a request from a person ---------------------------------------------------------------------------
