@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from agentrun.core.ledger import compensation_key, side_effect_name
 from agentrun.examples.ticket_agent import ticket_key
@@ -88,6 +90,17 @@ def assert_closed_once(kube: Kube, ns: str, name: str, tickets: TicketServicePro
     assert "compensating" not in run["status"]
 
 
+def as_worker(kube: Kube, pid: int) -> Kube:
+    """The cluster as the worker process `pid` sees it: its Pod-bound token (its KUBECONFIG)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    kubeconfig = dict(item.split("=", 1) for item in env if "=" in item)["KUBECONFIG"]
+    return Kube(Path(kubeconfig), kube.kubectl_path)
+
+
+def committed(lease_epoch: int) -> dict[str, Any]:
+    return {"attempt": "killed-a2", "leaseEpoch": lease_epoch, "cancelEpoch": 1}
+
+
 def reasons_and_phases(kube: Kube, ns: str, name: str) -> list[tuple[str, str]]:
     return [(a["spec"]["reason"], a["status"]["phase"]) for a in attempts(kube, ns, name)]
 
@@ -128,9 +141,20 @@ def test_a_compensation_attempt_killed_midway_is_retried_and_still_closes_once(
         timeout=60,
         what="the ticket service holding its answer to the close",
     )
-    assert get_run(kube, ns, "killed")["status"]["phase"] == "Compensating"
+    during = get_run(kube, ns, "killed")["status"]
+    assert during["phase"] == "Compensating"
     pod = kube.core.read_namespaced_pod("killed-a2", ns).status
-    os.killpg(int(pod.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
+    pid = int(pod.container_statuses[0].container_id.removeprefix("process://"))
+    # The compensation Attempt's own credentials may not write the Run (it needs to write nothing there).
+    forged = {"result": {"ticket": "forged"}, "committedBy": committed(during["leaseEpoch"])}
+    with pytest.raises(ApiException) as refused:
+        as_worker(kube, pid).custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "runs", "killed", {"status": forged}
+        )
+    assert refused.value.status == 403 and "StaleWorker: Run killed is Compensating" in str(
+        refused.value.body
+    )
+    os.killpg(pid, signal.SIGKILL)
     tickets.clear_faults()  # the held answer goes nowhere; the next compensation Attempt looks it up
     ended(kube, ns, "killed", operator, "Cancelled")
     assert_closed_once(kube, ns, "killed", tickets)
