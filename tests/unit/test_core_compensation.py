@@ -175,6 +175,16 @@ def phase_patch(plan: Plan) -> dict[str, Any]:
     return next(p.patch for p in of_type(plan, PatchRunStatus) if "phase" in p.patch)
 
 
+def past_deadline(policy: dict[str, Any] | None) -> Plan:
+    """A running Run past its deadline (created 600 s before NOW, deadline 300 s)."""
+    spec: dict[str, Any] = {"deadlineSeconds": 300, **({"compensation": policy} if policy else {})}
+    run = make_run(run_status("Running", current=1, lease_epoch=1), spec=spec)
+    world = make_world(
+        run, attempts=[make_attempt(1)], pods=[running_pod(1)], lease=held_by(1), side_effects=[TICKET]
+    )
+    return decide(world)
+
+
 ENDINGS = {
     "cancel-without-policy": (cancelling(None), "Cancelled", None),
     "cancel-on-cancel": (cancelling(ON_CANCEL), "Compensating", "Cancelled"),
@@ -189,6 +199,8 @@ ENDINGS = {
     "failure-on-failure": (failing(ON_FAILURE), "Compensating", "Failed"),
     "failure-on-cancel-only": (failing(ON_CANCEL), "Failed", None),
     "failure-no-effects": (failing(ON_FAILURE, ()), "Failed", None),
+    "deadline-on-failure": (past_deadline(ON_FAILURE), "Compensating", "Failed"),
+    "deadline-without-policy": (past_deadline(None), "Failed", None),
 }
 
 
