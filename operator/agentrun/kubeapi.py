@@ -139,7 +139,6 @@ class _Sessions:
     def __init__(self, endpoint: Endpoint, connections: int) -> None:
         def session(limit: int, read_seconds: float | None) -> aiohttp.ClientSession:
             return aiohttp.ClientSession(
-                base_url=endpoint.base_url,
                 connector=aiohttp.TCPConnector(limit=limit, ssl=endpoint.ssl),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=CONNECT_SECONDS, sock_read=read_seconds
@@ -212,7 +211,8 @@ class KubeApi:
         self.requests += 1
         session = self._for_this_loop().requests
         options = self._request_options(content_type, body)
-        async with session.request(method, path, params=query, **options) as response:
+        url = self._endpoint.base_url + path  # a server URL may have a path of its own (a proxy's)
+        async with session.request(method, url, params=query, **options) as response:
             data = await response.read()
             if response.status >= 400:
                 raise ApiError.of_answer(response.status, data.decode(errors="replace"))
@@ -328,7 +328,7 @@ class KubeApi:
         )
         # Leaving the block (the server ended the stream, or the consumer stopped early: cancelled, or
         # done with the watch) closes the connection, and with it the watch on the API server.
-        async with session.get(collection, params=query, **options) as response:
+        async with session.get(self._endpoint.base_url + collection, params=query, **options) as response:
             if response.status >= 400:
                 raise ApiError.of_answer(response.status, (await response.read()).decode(errors="replace"))
             buffer = b""
