@@ -79,7 +79,7 @@ class Session:
         read if the watch has delivered nothing in time (a Run that no longer exists sends nothing)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), WATCH_PATIENCE_SECONDS)
-        if self.observed is None:
+        if self.observed is None or self.behind(self.observed):
             return await self.read_run()
         self.run = self.observed
         return self.run
@@ -146,6 +146,8 @@ class Session:
         del reuse_read
         run = self.observed or self.run or await self.read_run()
         for conflicts in range(MAX_CONFLICTS):
+            if self.behind(run):
+                run = await self.read_run()  # a version from before this Attempt's grant: never judged on
             if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
                 message = (
                     f"{what} refused: this worker holds lease epoch {self.me.lease_epoch} and cancel epoch "
@@ -171,6 +173,13 @@ class Session:
             self.observe(self.run)
             return self.run
         raise ApiError(409, "Conflict", f"{what}: gave up after {MAX_CONFLICTS} conflicting writes")
+
+    def behind(self, run: Run) -> bool:
+        """`run` is older than this Attempt's grant (an epoch below the worker's): a fence judged on it
+        would say nothing about the Run now. The watch and the answers of writes never serve one; a
+        read is the answer if ever one comes."""
+        me = self.me
+        return run.spec.cancel_epoch < me.cancel_epoch or (run.status.lease_epoch or 0) < me.lease_epoch
 
     async def newer_run(self, than: Run) -> Run:
         """A version of the Run newer than `than`: the watch's, when it delivers one in time, else read."""
