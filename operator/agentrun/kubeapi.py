@@ -137,6 +137,9 @@ class _Sessions:
     each watch holds a connection of its own for as long as it streams, outside that bound."""
 
     def __init__(self, endpoint: Endpoint, connections: int) -> None:
+        # weakly: the sessions are the value of a weak mapping keyed by this loop
+        self._loop = weakref.ref(asyncio.get_running_loop())
+
         def session(limit: int, read_seconds: float | None) -> aiohttp.ClientSession:
             return aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=limit, ssl=endpoint.ssl),
@@ -152,21 +155,32 @@ class _Sessions:
         self.watches = session(0, None)  # a watch sets its own read timeout
 
     def close(self) -> None:
+        """Closes the connections at once, from any thread, even after the loop ended (aiohttp's own
+        close is a coroutine of the session's loop, which may be gone or busy in another thread)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        loop = self._loop()
         for session in (self.requests, self.watches):
-            if session.connector is not None:
-                with contextlib.suppress(Exception):  # its loop may be closed already
-                    waiter = session.connector.close()
-                    with contextlib.suppress(RuntimeError):
-                        asyncio.get_running_loop().create_task(_wait(waiter))
+            connector = session.connector
+            if connector is None:
+                continue
+            if loop is not None and loop.is_running() and running is not loop:
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    loop.call_soon_threadsafe(_abort, connector)
+            else:
+                _abort(connector)
 
     async def aclose(self) -> None:
         await self.requests.close()
         await self.watches.close()
 
 
-async def _wait(waiter: Any) -> None:
+def _abort(connector: aiohttp.BaseConnector) -> None:
+    """Closes every connection of `connector` without waiting (and marks it, and its session, closed)."""
     with contextlib.suppress(Exception):
-        await waiter
+        connector._close(abort_ssl=True)  # the synchronous part of its close (a private method)
 
 
 class KubeApi:

@@ -7,7 +7,8 @@ long-lived processes: a kubeconfig's `tokenFile` is read again whenever the file
 service-account tokens rotate; the loader reads it once). In-cluster, the loader itself re-reads the
 mounted token every minute. The bearer token is asked for at every request, so a refreshing credential
 (an exec plugin's expiring token) is renewed as the loader does. Not supported: a client certificate
-that an exec plugin renews (the one it returned at start is kept), and HTTPS proxies with TLS to the proxy.
+that an exec plugin renews (the one it returned at start is kept), and proxies (a kubeconfig's
+`proxy-url` is not read by the loader; HTTPS_PROXY is not read either).
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     return configuration
 
 
-def _token_file(paths: str) -> Path | None:
-    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder)."""
+def active_context(paths: str) -> dict[str, Any] | None:
+    """The current context of a kubeconfig ({cluster, user, namespace}), or None if it has none (or
+    cannot be read). `paths` may list several files, as KUBECONFIG does."""
     try:
         _, active = config.list_kube_config_contexts(config_file=paths)
     except (config.ConfigException, OSError):
         return None
-    user = (active or {}).get("context", {}).get("user")
+    context = (active or {}).get("context")
+    return dict(context) if isinstance(context, dict) else None
+
+
+def _token_file(paths: str) -> Path | None:
+    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder)."""
+    user = (active_context(paths) or {}).get("user")
     for path in paths.split(os.pathsep):
         try:
             document = yaml.safe_load(Path(path).expanduser().read_text()) or {}

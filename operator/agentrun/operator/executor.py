@@ -6,15 +6,8 @@ import datetime
 import logging
 from typing import Any
 
-from agentrun.api import (
-    API_VERSION,
-    LEASE_VERSION_ANNOTATION,
-    RUN_LABEL,
-    FailureClass,
-    Run,
-    Usage,
-    lease_name,
-)
+from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
+from agentrun.api.names import LEASE_VERSION_ANNOTATION
 from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
