@@ -345,14 +345,18 @@ class KubeApi:
         async with session.get(self._endpoint.base_url + collection, params=query, **options) as response:
             if response.status >= 400:
                 raise ApiError.of_answer(response.status, (await response.read()).decode(errors="replace"))
-            buffer = b""
             # Chunks, not lines: one event is a whole object, often past aiohttp's line-length limit.
+            # An event split over chunks is joined once, when its end arrives.
+            parts: list[bytes] = []
             async for chunk in response.content.iter_any():
-                buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0:
-                    line, buffer = buffer[:end], buffer[end + 1 :]
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
+                    parts, start = [], end + 1
                     if line.strip():
                         yield json.loads(line)
+                if start < len(chunk):
+                    parts.append(chunk[start:])
 
     def close(self) -> None:
         """Closes the connections (callable from outside the loop, even after it ended)."""

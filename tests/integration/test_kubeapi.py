@@ -121,3 +121,22 @@ def test_a_collection_watch_by_label_sees_only_its_objects(
             await api.aclose()
 
     assert asyncio.run(scenario()) == [("ADDED", "ours-2"), ("MODIFIED", "ours-1")]
+
+
+def test_a_watch_event_larger_than_a_chunk_arrives_whole(kube: Kube, namespace: str) -> None:
+    """An event is one line of a whole object: one of 600 KiB comes in many chunks, joined once."""
+    configmaps = KubeApi.core_path("configmaps", namespace)
+    value = "x" * (600 * 1024)
+
+    async def scenario() -> tuple[str, int]:
+        api = KubeApi(load_configuration(str(kube.kubeconfig)))
+        try:
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"}}
+            await api.create(configmaps, {**body, "data": {"k": value}})
+            async for event in api.watch(configmaps, "big"):
+                return event["type"], len(event["object"]["data"]["k"])
+            raise AssertionError("the watch ended without an event")
+        finally:
+            await api.aclose()
+
+    assert asyncio.run(scenario()) == ("ADDED", len(value))
