@@ -113,9 +113,8 @@ class Aiohttp:
     ) -> JsonDict:
         return await self.api.request(method, path, body, content_type=content_type)
 
-    async def watch(self, collection: str, name: str) -> AsyncIterator[JsonDict]:
-        async for event in self.api.watch(collection, name, timeout_seconds=600):
-            yield event
+    def watch(self, collection: str, name: str) -> AsyncIterator[JsonDict]:
+        return self.api.watch(collection, name, timeout_seconds=600)  # no generator layer of its own
 
     async def close(self) -> None:
         await self.api.aclose()
