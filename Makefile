@@ -26,12 +26,16 @@ binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, schedule
 	bash hack/build-control-plane.sh all
 	bash hack/build-otelcol.sh
 
+.PHONY: helm
+helm: ## build (or reuse) helm alone: what the unit tests (chart rendering) and manifests need
+	bash hack/build-control-plane.sh helm
+
 .PHONY: crds
 crds: venv ## regenerate crds/ from the pydantic models (then `make manifests` for the chart's copy)
 	$(PY) -m agentrun.api.crdgen
 
 .PHONY: manifests
-manifests: venv binaries ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
+manifests: venv helm ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
 	$(PY) -m agentrun.deploy.render
 
 .PHONY: e2e
@@ -48,7 +52,7 @@ e2e-kind: venv binaries ## the same e2e on kind, for machines with Docker (not t
 	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig $(PY) -m pytest tests/e2e
 
 .PHONY: lint
-lint: venv ## ruff (lint + format check), mypy, import-linter
+lint: venv ## ruff (lint + format), mypy strict (package, tests, hack, bench), import-linter contracts
 	$(VENV)/bin/ruff check operator hack tests bench
 	$(VENV)/bin/ruff format --check operator hack tests bench
 	$(VENV)/bin/mypy
@@ -59,8 +63,12 @@ fmt: venv ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix operator hack tests bench
 	$(VENV)/bin/ruff format operator hack tests bench
 
+.PHONY: unit
+unit: venv helm lint ## lint and the unit tests; builds no control plane (of the binaries, helm only)
+	$(PY) -m pytest tests/unit
+
 .PHONY: test
-test: venv binaries lint ## everything: lint, unit tests, integration tests on the local control plane
+test: venv binaries lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
 	$(PY) -m pytest tests
 
 .PHONY: bench

@@ -26,10 +26,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agentrun.examples.manifests import agent_run
 from agentrun.kubeapi import MERGE_PATCH, KubeApi, call_json, load_configuration
@@ -205,7 +205,7 @@ async def cpu_per_watch_event(transport: Transport, kubeconfig: str, count: int)
     for _ in range(count):
         await anext(events)
     spent = time.process_time() - start
-    await events.aclose()
+    await cast("AsyncGenerator[JsonDict, None]", events).aclose()  # each transport's is a generator
     await writer.wait()
     return spent * 1000 / count
 

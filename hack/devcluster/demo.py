@@ -84,10 +84,11 @@ class Demo:
 
     def wait_phase(self, name: str, *phases: str) -> dict[str, Any]:
         print(f"{DIM}  ... waiting for run/{name} to be {' or '.join(phases)}{RESET}", flush=True)
-        return self.wait(
+        run: dict[str, Any] = self.wait(
             f"{name} in {phases}",
             lambda: (run := self.run_json(name)) and run.get("status", {}).get("phase") in phases and run,
         )
+        return run
 
     def apply(self, manifest: dict[str, Any]) -> None:
         self.sh("kubectl", "apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest))

@@ -24,7 +24,15 @@ from kubernetes.client.rest import ApiException
 from agentrun.api import GROUP, VERSION
 from agentrun.kubeauth import Endpoint, load_configuration
 
-__all__ = ["ApiError", "JsonDict", "KubeApi", "call_json", "load_configuration", "unanswered"]
+__all__ = [
+    "ApiError",
+    "JsonDict",
+    "KubeApi",
+    "call_json",
+    "load_configuration",
+    "served_resources",
+    "unanswered",
+]
 
 JsonDict = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -370,3 +378,14 @@ class KubeApi:
         if sessions is not None:
             await sessions.aclose()
         self.close()
+
+
+async def served_resources(api: KubeApi, group_version: str) -> set[str]:
+    """The resource names the API server serves in group/version (empty when it serves none)."""
+    try:
+        found = await api.get(f"/apis/{group_version}")
+    except ApiError as exc:
+        if exc.status in (403, 503):  # discovery of a group being registered may fail for a moment
+            return set()
+        raise
+    return {str(resource["name"]) for resource in (found or {}).get("resources", [])}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import V1Pod
 
 from support.kube import Kube, wait_for
 
@@ -240,7 +241,7 @@ def test_deployment_pod_runs_and_is_restarted_when_its_process_exits(kube: Kube,
     }
     kube.apps.create_namespaced_deployment(namespace, deployment)
 
-    def restarted() -> dict[str, Any] | None:
+    def restarted() -> V1Pod | None:
         pods = kube.core.list_namespaced_pod(namespace, label_selector="app=worker").items
         statuses = [s for p in pods for s in (p.status.container_statuses or [])]
         return next((p for p in pods for s in statuses if s.restart_count >= 1), None)

@@ -189,7 +189,7 @@ def test_a_squatted_lease_is_not_adopted(kube: Kube, run_namespace: str, operato
 
 def test_a_squatted_pod_is_not_adopted(kube: Kube, run_namespace: str, operator: OperatorProcess) -> None:
     ns = run_namespace
-    pod = {
+    pod: dict[str, Any] = {
         "metadata": {"name": "podded-a1", "labels": {"agentrun.dev/run": "podded"}},
         "spec": {
             "restartPolicy": "Never",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next
         try:
             as_first.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "zombie")
         except ApiException as error:
-            return error.status
+            return int(error.status)
         return None
 
     # The API server keeps a token it has accepted in its authentication cache for 10 s
@@ -167,10 +168,11 @@ def test_the_operator_itself_writes_only_pods_and_leases_labelled_with_a_run(
         "spec": {"containers": [{"name": "c", "image": IMAGE, "command": ["python", "-c", "pass"]}]},
     }
     lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "someone-elses"}}
-    for create in (
+    creates: tuple[Callable[[], object], ...] = (
         lambda: as_operator.core.create_namespaced_pod(namespace, pod),
         lambda: as_operator.coordination.create_namespaced_lease(namespace, lease),
-    ):
+    )
+    for create in creates:
         with pytest.raises(ApiException) as refused:
             create()
         assert refused.value.status == 403

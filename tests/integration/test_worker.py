@@ -57,9 +57,7 @@ def test_interrupt_then_resume_continues_from_the_checkpoint_with_the_value(
     assert pending["checkpointId"] == waiting["status"]["latestCheckpoint"] == "ask-a1-s1"
     [first] = attempts(kube, ns, "ask")
     assert first["status"]["phase"] == "Interrupted"
-    wait_for(
-        lambda: kube.pod("ask-a1", ns) is None or kube.pod("ask-a1", ns)["status"]["phase"] == "Succeeded"
-    )
+    wait_for(lambda: (pod := kube.pod("ask-a1", ns)) is None or pod["status"]["phase"] == "Succeeded")
 
     # refused: the wrong request, then a value the schema does not accept — the Run stays as it was
     patch_spec(kube, ns, "ask", resume("nope", pending["checkpointId"], {"priority": "high"}, "k1"))

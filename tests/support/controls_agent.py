@@ -49,9 +49,11 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
                 if "gate" in spec and n == int(spec["gateAfter"]):
                     await asyncio.to_thread(_wait_for, Path(spec["gate"]))
                 path = sent / f"{n:03d}"
-                await ctx.side_effect(
-                    tool="send", key=f"{ctx.run_name}-{n}", execute=lambda _key, p=path: _create(p)
-                )
+
+                def send(_key: str, path: Path = path) -> dict[str, Any]:
+                    return _create(path)
+
+                await ctx.side_effect(tool="send", key=f"{ctx.run_name}-{n}", execute=send)
         case "approve":
             await ctx.checkpoint({"step": 1}, step="before-approval")
             await asyncio.to_thread(_wait_for, Path(spec["gate"]))

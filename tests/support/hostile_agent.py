@@ -79,7 +79,7 @@ async def attacks(api: KubeApi, ctx: worker.Context, victim: str, victim_attempt
     victim_status = api.custom_path("runs", ns, victim, "status")
     own_status = api.custom_path("runs", ns, ctx.run_name, "status")
     uid = run["metadata"]["uid"]
-    checkpoint = {
+    checkpoint: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "Checkpoint",
         "metadata": _owned(f"{victim_attempt}-s99", victim, uid),

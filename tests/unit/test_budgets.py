@@ -40,7 +40,7 @@ def string_bytes(node: Schema, path: str) -> int:
     if node.get("format") == "date-time":
         return DATE_TIME_BYTES
     assert "maxLength" in node, f"{path}: unbounded string"
-    return 2 + node["maxLength"]
+    return 2 + int(node["maxLength"])
 
 
 def worst_case(node: Schema, path: str, free: dict[str, int]) -> int:
@@ -55,7 +55,7 @@ def worst_case(node: Schema, path: str, free: dict[str, int]) -> int:
         case "object" if "additionalProperties" in node:
             key = map_key_length(node, path) + 3  # quotes and colon
             value = worst_case(node["additionalProperties"], f"{path}{{*}}", free)
-            return 2 + node["maxProperties"] * (key + value + 1)
+            return 2 + int(node["maxProperties"]) * (key + value + 1)
         case "object":
             members = (
                 len(name) + 3 + worst_case(sub, f"{path}.{name}", free) + 1
@@ -63,7 +63,7 @@ def worst_case(node: Schema, path: str, free: dict[str, int]) -> int:
             )
             return 2 + sum(members)
         case "array":
-            return 2 + node["maxItems"] * (worst_case(node["items"], f"{path}[*]", free) + 1)
+            return 2 + int(node["maxItems"]) * (worst_case(node["items"], f"{path}[*]", free) + 1)
         case "string":
             return string_bytes(node, path)
         case "integer":

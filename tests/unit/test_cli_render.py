@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from agentrun.api import Attempt, Checkpoint, ControlRecord, Run, SideEffect
+from agentrun.api import Attempt, Checkpoint, ControlRecord, Run, SideEffect, SideEffectState
 from agentrun.api.common import IDENTIFIER_PATTERN
 from agentrun.cli import control_requests, render, timeline
 from agentrun.cli.app import parse
@@ -41,7 +41,7 @@ def make_run(status: dict[str, Any] | None = None, **spec: Any) -> Run:
     )
 
 
-WAITING = {
+WAITING: dict[str, Any] = {
     "phase": "InputRequired",
     "message": "waiting for request ask-r1 (input_required)",
     "attempts": 1,
@@ -353,7 +353,7 @@ def test_a_resolution_records_who_and_keeps_the_history() -> None:
     )
     patch = effects.resolution(
         unknown,
-        effects.SideEffectState.CONFIRMED,
+        SideEffectState.CONFIRMED,
         who="alice",
         reference="T-1",
         result={"id": "T-1"},

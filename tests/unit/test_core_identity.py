@@ -6,17 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from factories import (
-    NAMESPACE,
-    RUN_UID,
-    events,
-    make_attempt,
-    make_run,
-    make_world,
-    of_type,
-    run_patch,
-    run_status,
-)
 
 from agentrun.core.identity import (
     Account,
@@ -27,6 +16,17 @@ from agentrun.core.identity import (
 )
 from agentrun.core.plan import CreateAttempt, CreatePod, WriteLease
 from agentrun.core.runs import decide
+from unit.factories import (
+    NAMESPACE,
+    RUN_UID,
+    events,
+    make_attempt,
+    make_run,
+    make_world,
+    of_type,
+    run_patch,
+    run_status,
+)
 
 OPERATOR = Account("agentrun-system", "agentrun")
 LABELLED = {"agentrun.dev/agent": "true"}

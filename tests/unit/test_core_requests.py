@@ -11,7 +11,7 @@ from agentrun.api import ControlOp, InterruptReason, json_digest
 from agentrun.api.run import MAX_SPENT_KEYS
 from agentrun.core import controls, requests
 from agentrun.core.controls import KeyUse
-from agentrun.core.plan import CreateAttempt, DeletePod, PatchRunStatus
+from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.runs import decide
 from unit.factories import (
     EARLIER,
@@ -353,5 +353,5 @@ def test_a_hold_ends_with_its_attempt_and_the_run_keeps_waiting(
     plan = decide(holding_world("InputRequired", pods=pods, expires_in=expires_in))
     assert run_patches(plan) == [{"pendingRequest": {"heldBy": None}}]
     assert [
-        a.patch["phase"] for a in plan.actions if hasattr(a, "name") and getattr(a, "patch", {}).get("phase")
+        a.patch["phase"] for a in plan.actions if isinstance(a, PatchAttemptStatus) and a.patch.get("phase")
     ] == [attempt_phase]

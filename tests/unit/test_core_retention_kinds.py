@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from factories import make_checkpoint, make_run, run_status
-
 from agentrun.api import Checkpoint, CheckpointKind
 from agentrun.core import retention
+from unit.factories import make_checkpoint, make_run, run_status
 
 
 def entry(name: str, parent: str | None, kind: CheckpointKind = CheckpointKind.WRITES) -> Checkpoint:

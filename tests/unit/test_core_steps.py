@@ -242,7 +242,8 @@ SUMS: dict[str, tuple[list[Attempt], dict[str, int] | None, dict[str, int] | Non
 def test_run_usage_sums_every_attempt(
     attempts: list[Attempt], current: dict[str, int] | None, written: dict[str, int] | None
 ) -> None:
-    status = run_status("Succeeded", current=2, lease_epoch=2, **({"usage": current} if current else {}))
+    usage_field: dict[str, Any] = {"usage": current} if current else {}
+    status = run_status("Succeeded", current=2, lease_epoch=2, **usage_field)
     plan = decide(make_world(make_run(status), attempts=attempts))
     usage = [a.patch["usage"] for a in of_type(plan, PatchRunStatus) if "usage" in a.patch]
     assert usage == ([written] if written else [])

@@ -12,6 +12,8 @@ import yaml
 
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration, unanswered
 
+POOL = urllib3.HTTPConnectionPool("localhost")  # constructing a pool opens no connection
+
 CASES = {
     "connection-refused": (aiohttp.ClientConnectionError("Cannot connect to host"), True),
     "server-disconnected": (aiohttp.ServerDisconnectedError(), True),
@@ -19,7 +21,7 @@ CASES = {
     "connection-reset": (ConnectionResetError(), True),
     "truncated-body": (aiohttp.ClientPayloadError("Response payload is not completed"), True),
     "blocking-client-refused": (
-        urllib3.exceptions.MaxRetryError(None, "/apis", ConnectionRefusedError()),
+        urllib3.exceptions.MaxRetryError(POOL, "/apis", ConnectionRefusedError()),
         True,
     ),
     "refused-by-the-server": (ApiError(409, "Conflict", "the object has been modified"), False),

@@ -12,8 +12,11 @@ from agentrun.worker.main import EX_TEMPFAIL, _termination
 
 
 def refused_connection() -> urllib3.exceptions.MaxRetryError:
-    cause = urllib3.exceptions.NewConnectionError(None, "[Errno 111] Connection refused")
-    return urllib3.exceptions.MaxRetryError(None, "/apis/agentrun.dev/v1alpha1/namespaces/ns/runs/r", cause)
+    # Constructing a connection or a pool opens nothing: they only carry the address into the errors.
+    connection = urllib3.connection.HTTPConnection("localhost")
+    cause = urllib3.exceptions.NewConnectionError(connection, "[Errno 111] Connection refused")
+    pool = urllib3.HTTPConnectionPool("localhost")
+    return urllib3.exceptions.MaxRetryError(pool, "/apis/agentrun.dev/v1alpha1/namespaces/ns/runs/r", cause)
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,7 @@ class NodeAgent:
         await self.publish_status(runner.pod, runner.status())
 
     def _sandbox(self, pod: dict[str, Any]) -> Path:
-        return self.state_dir / "pods" / pod["metadata"]["uid"]
+        return self.state_dir / "pods" / str(pod["metadata"]["uid"])
 
     # ---- PodHost: what runners ask of the API ------------------------------------------------------
 

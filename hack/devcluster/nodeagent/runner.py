@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .kube import in_background, now_rfc3339
-from .podenv import ConfigError, DataLookup, command_line, resolve_env
+from .podenv import ConfigError, command_line, resolve_env
 
 log = logging.getLogger("nodeagent.pod")
 
@@ -69,8 +69,7 @@ class ProcessGroup:
 class PodHost(Protocol):
     """What a runner needs from the agent: API calls scoped to this node."""
 
-    lookup: DataLookup
-
+    async def lookup(self, kind: str, namespace: str, name: str) -> dict[str, str] | None: ...
     async def publish_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None: ...
     async def finish_deletion(self, pod: dict[str, Any]) -> None: ...
     async def service_account_kubeconfig(self, pod: dict[str, Any], sandbox: Path) -> Path | None: ...

@@ -15,6 +15,8 @@ from agentrun.api.attempt import (
     AttemptStatus,
     RejectedCommit,
     RejectedCommitReason,
+    StartKind,
+    StartReason,
 )
 from agentrun.api.checkpoint import (
     Checkpoint,
@@ -52,6 +54,14 @@ from agentrun.api.names import (
     RUN_LABEL,
     attempt_name,
     lease_name,
+)
+from agentrun.api.phases import (
+    ATTEMPT_RUNS_IN,
+    STOPPED_PHASES,
+    TERMINAL_PHASES,
+    UNFINISHED_ATTEMPT_PHASES,
+    WAITING_FOR_A_PERSON,
+    WAITING_PHASES,
 )
 from agentrun.api.run import (
     CANCEL_FROZEN_PHASES,
@@ -105,6 +115,7 @@ __all__ = [
     "ATTEMPT_ANNOTATION",
     "ATTEMPT_INPUT_ANNOTATION",
     "ATTEMPT_REASON_ANNOTATION",
+    "ATTEMPT_RUNS_IN",
     "CANCEL_EPOCH_ANNOTATION",
     "CANCEL_FROZEN_PHASES",
     "DEFAULT_RETRY_ON",
@@ -116,7 +127,12 @@ __all__ = [
     "RESUME_FROM_ANNOTATION",
     "RUN_LABEL",
     "SIDE_EFFECT_TRANSITIONS",
+    "STOPPED_PHASES",
+    "TERMINAL_PHASES",
+    "UNFINISHED_ATTEMPT_PHASES",
     "VERSION",
+    "WAITING_FOR_A_PERSON",
+    "WAITING_PHASES",
     "AgentSpec",
     "ApiModel",
     "Approval",
@@ -178,6 +194,8 @@ __all__ = [
     "SideEffectState",
     "SideEffectStatus",
     "SpentKey",
+    "StartKind",
+    "StartReason",
     "StateRef",
     "Thread",
     "Usage",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar, Final, Literal
@@ -70,6 +71,56 @@ class AttemptReason:
     def resume(request_id: str) -> str:
         """A continuation after the given pending request was answered."""
         return f"resume:{request_id}"
+
+
+class StartKind(StrEnum):
+    """What started an Attempt: the part of spec.reason before any `:<argument>`."""
+
+    INITIAL = "initial"
+    RETRY = "retry"  # an automatic retry; argument: the failure class
+    LEASE_EXPIRED = "lease_expired"
+    RESUME = "resume"  # argument: the request id that was answered
+    MANUAL_RETRY = "manual_retry"
+    COMPENSATE = "compensate"
+
+
+_WITH_ARGUMENT: Final = frozenset({StartKind.RETRY, StartKind.RESUME})
+
+
+@dataclass(frozen=True)
+class StartReason:
+    """Attempt spec.reason, typed: parse() reads the wire string, str() writes it back unchanged."""
+
+    kind: StartKind
+    argument: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind in _WITH_ARGUMENT) != bool(self.argument):
+            raise ValueError(f"reason {self.kind.value} with argument {self.argument!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> StartReason:
+        kind, _, argument = text.partition(":")
+        return cls(StartKind(kind), argument or None)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.argument}" if self.argument else self.kind.value
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the Attempt starts a new series counted against spec.retry.maxAttempts."""
+        return self.kind in (StartKind.INITIAL, StartKind.MANUAL_RETRY, StartKind.RESUME)
+
+    @property
+    def replays_journal(self) -> bool:
+        """Whether the Attempt continues the same observations (a crash, a lease loss, a retry), so
+        journaled step results are returned; never after an answer, for a first Attempt or a compensation."""
+        return self.kind in (StartKind.RETRY, StartKind.LEASE_EXPIRED, StartKind.MANUAL_RETRY)
+
+    @property
+    def answered_request(self) -> str | None:
+        """The request a resume answers."""
+        return self.argument if self.kind == StartKind.RESUME else None
 
 
 _ATTEMPT_REASON_PATTERN = (
@@ -144,7 +195,8 @@ class AttemptStatus(ApiModel):
 
     phase: AttemptPhase | None = Field(
         None,
-        description="Pending, Running, then one final phase: Succeeded, Failed, Interrupted (waits for "
+        description="Absent while the Attempt's Pod is created and scheduled (pending; Pending is accepted "
+        "too), Running once its agent runs, then one final phase: Succeeded, Failed, Interrupted (waits for "
         "input), Aborted (cancelled), LeaseLost, or Rejected (its commit lost a fence). A final phase "
         "never changes, except that a late commit can still be recorded as Rejected.",
         json_schema_extra=validation_rules(
@@ -157,7 +209,9 @@ class AttemptStatus(ApiModel):
             )
         ),
     )
-    pod_name: ObjectName | None = Field(None, description="Name of the Pod that runs the Attempt.")
+    pod_name: ObjectName | None = Field(
+        None, description="Name of the Pod that runs the Attempt, recorded once its agent runs."
+    )
     start_time: datetime | None = Field(None, description="When the agent started (RFC 3339).")
     completion_time: datetime | None = Field(None, description="When the Attempt ended (RFC 3339).")
     failure: AttemptFailure | None = Field(None, description="Why the Attempt failed, when it did.")

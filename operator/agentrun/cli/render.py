@@ -12,7 +12,6 @@ from agentrun.api import (
     ControlOutcome,
     ControlRecord,
     Run,
-    RunPhase,
     SideEffect,
     SideEffectState,
     Usage,
@@ -21,10 +20,6 @@ from agentrun.api.run import ReportedEffect
 from agentrun.api.usage import MICRO, usage_sum
 
 NONE = "-"
-TERMINAL = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
-WAITING = frozenset(
-    {RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED, RunPhase.NEEDS_RECONCILIATION}
-)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

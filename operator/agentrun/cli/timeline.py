@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agentrun.api import (
+    STOPPED_PHASES,
     Attempt,
     Checkpoint,
     CheckpointKind,
@@ -16,8 +17,9 @@ from agentrun.api import (
     ControlOutcome,
     Run,
     RunConditionType,
-    RunPhase,
     SideEffect,
+    StartKind,
+    StartReason,
 )
 from agentrun.cli import render
 
@@ -96,13 +98,10 @@ def _effect_entries(e: SideEffect, run: str) -> list[Entry]:
 
 def _control_entries(run: Run, attempts: Sequence[Attempt]) -> list[Entry]:
     """Control requests and recorded inputs; an accepted one sorts just before the Attempt it started."""
-    resumed_by = {
-        a.spec.reason.removeprefix("resume:"): a.spec.number
-        for a in attempts
-        if a.spec.reason.startswith("resume:")
-    }
+    reasons = [(a, StartReason.parse(a.spec.reason)) for a in attempts]
+    resumed_by = {r.answered_request: a.spec.number for a, r in reasons if r.answered_request is not None}
     retried = {
-        a.metadata.creation_timestamp: a.spec.number for a in attempts if a.spec.reason == "manual_retry"
+        a.metadata.creation_timestamp: a.spec.number for a, r in reasons if r.kind == StartKind.MANUAL_RETRY
     }
     answered = {i.idempotency_key: i.request_id for i in run.status.inputs or []}
     out = []
@@ -133,7 +132,7 @@ def _run_entries(run: Run) -> list[Entry]:
             Entry(cancel.last_transition_time, 0, 0, "cancel requested", epoch)
         )  # what follows is its effect
     ended = conditions.get(RunConditionType.SUCCEEDED)
-    stopped = s.phase in render.TERMINAL or s.phase == RunPhase.NEEDS_RECONCILIATION
+    stopped = s.phase in STOPPED_PHASES
     if stopped and s.phase and ended is not None and ended.status != ConditionStatus.UNKNOWN:
         out.append(Entry(ended.last_transition_time, LAST, 10, f"run {s.phase.value}", s.message or ""))
     return out

@@ -5,10 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from agentrun.api import Condition, RunPhase
-
-WAITING_PHASES = frozenset({RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED})
-TERMINAL_PHASES = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
+from agentrun.api import WAITING_PHASES, Condition, RunPhase
 
 
 def _succeeded(phase: RunPhase, reason: str) -> tuple[str, str]:

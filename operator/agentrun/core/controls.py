@@ -11,9 +11,11 @@ from typing import Any
 import jsonschema
 
 from agentrun.api import (
+    WAITING_PHASES,
     ControlOp,
     ControlRecord,
     InterruptReason,
+    PendingRequest,
     ResumeRequest,
     Run,
     RunPhase,
@@ -29,7 +31,6 @@ from agentrun.api.run import (
 )
 
 MAX_RECORDS = MAX_RECORDED_CONTROLS
-WAITING = frozenset({RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED, RunPhase.PAUSED})
 # The reason of a resume accepted while its Attempt held the request: it continued, no Attempt started.
 ACCEPTED_IN_HOLD = "AcceptedInHold"
 SMALLER_ANSWER = "answer with a reference (a URI and a digest) to large data instead of the data"
@@ -123,16 +124,24 @@ def judge_resume(run: Run, now: datetime) -> Verdict:
     """Whether spec.resume answers the request the Run waits for, exactly as asked."""
     resume, status = run.spec.resume, run.status
     assert resume is not None
-    if status.phase not in WAITING or status.pending_request is None:
+    if status.phase not in WAITING_PHASES or status.pending_request is None:
         return Verdict(False, "NotWaiting", f"the Run is {status.phase}, not waiting for input")
     pending = status.pending_request
+    refusal = _wrong_request(resume, pending, status.latest_checkpoint, now) or _wrong_value(resume, pending)
+    return refusal or Verdict(True, "Accepted", f"answer to {pending.request_id} accepted")
+
+
+def _wrong_request(
+    resume: ResumeRequest, pending: PendingRequest, latest_checkpoint: str | None, now: datetime
+) -> Verdict | None:
+    """Why spec.resume does not answer the pending request, if it does not."""
     if resume.request_id != pending.request_id:
         return Verdict(
             False,
             "UnknownRequest",
             f"request {resume.request_id} is not the pending one ({pending.request_id})",
         )
-    if resume.checkpoint_id != pending.checkpoint_id or resume.checkpoint_id != status.latest_checkpoint:
+    if resume.checkpoint_id != pending.checkpoint_id or resume.checkpoint_id != latest_checkpoint:
         return Verdict(
             False,
             "StaleCheckpoint",
@@ -142,6 +151,11 @@ def judge_resume(run: Run, now: datetime) -> Verdict:
         return Verdict(
             False, "RequestExpired", f"request {pending.request_id} expired at {pending.expires_at}"
         )
+    return None
+
+
+def _wrong_value(resume: ResumeRequest, pending: PendingRequest) -> Verdict | None:
+    """Why spec.resume's value is no answer to the pending request (too large, not its schema), if not."""
     # The new Attempt carries the answer in its spec.input: it must fit that object's budget.
     if too_large := over_budget("spec.resume.value", resume.value, RESUME_VALUE_BUDGET, SMALLER_ANSWER):
         return Verdict(False, "ValueTooLarge", too_large)
@@ -153,7 +167,7 @@ def judge_resume(run: Run, now: datetime) -> Verdict:
             return Verdict(False, "SchemaMismatch", f"value at {where}: {exc.message}"[:1024])
         except jsonschema.SchemaError as exc:
             return Verdict(False, "SchemaMismatch", f"the request's schema is invalid: {exc.message}"[:1024])
-    return Verdict(True, "Accepted", f"answer to {pending.request_id} accepted")
+    return None
 
 
 def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: datetime) -> dict[str, Any]:

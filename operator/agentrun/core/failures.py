@@ -92,23 +92,27 @@ def classify_exit(end: ContainerExit) -> AttemptFailure | None:
         return reported
     if end.exit_code == 0:
         return None
-    if end.reason == "OOMKilled":
-        return failure(FailureClass.INFRASTRUCTURE, "the agent container was OOMKilled", end.exit_code)
-    if end.pod_reason in ("Evicted", "NodeLost", "Preempting", "NodeShutdown"):
-        return failure(FailureClass.INFRASTRUCTURE, f"the attempt Pod was {end.pod_reason}", end.exit_code)
+    if (killed := _killed(end)) is not None:
+        return failure(FailureClass.INFRASTRUCTURE, killed, end.exit_code)
     if end.exit_code == EX_TEMPFAIL:
         return failure(FailureClass.TRANSIENT, end.message or "the agent exited with code 75", end.exit_code)
-    if end.exit_code > _SIGNAL_BASE:
-        # Killed from outside (SIGKILL, SIGTERM...): the agent did not fail on its own account.
-        signal = end.exit_code - _SIGNAL_BASE
-        return failure(
-            FailureClass.INFRASTRUCTURE, f"the agent process was killed by signal {signal}", end.exit_code
-        )
     return failure(
         FailureClass.DETERMINISTIC,
         end.message or f"the agent exited with code {end.exit_code}",
         end.exit_code,
     )
+
+
+def _killed(end: ContainerExit) -> str | None:
+    """How the attempt was stopped from outside (memory, the node, a signal), if it was: the agent did
+    not fail on its own account."""
+    if end.reason == "OOMKilled":
+        return "the agent container was OOMKilled"
+    if end.pod_reason in ("Evicted", "NodeLost", "Preempting", "NodeShutdown"):
+        return f"the attempt Pod was {end.pod_reason}"
+    if end.exit_code > _SIGNAL_BASE:  # SIGKILL, SIGTERM...
+        return f"the agent process was killed by signal {end.exit_code - _SIGNAL_BASE}"
+    return None
 
 
 def pod_lost() -> AttemptFailure:

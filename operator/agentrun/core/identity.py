@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import AGENT_LABEL, Run, RunPhase
+from agentrun.api import AGENT_LABEL, TERMINAL_PHASES, Run, RunPhase
 from agentrun.core import controls
-from agentrun.core.conditions import TERMINAL_PHASES
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 NOT_ALLOWED = "ServiceAccountNotAllowed"

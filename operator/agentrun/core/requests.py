@@ -10,7 +10,15 @@ from enum import StrEnum
 
 from pydantic import JsonValue
 
-from agentrun.api import Attempt, InterruptReason, RecordedInput, Run, attempt_name, json_digest
+from agentrun.api import (
+    Attempt,
+    InterruptReason,
+    RecordedInput,
+    Run,
+    StartReason,
+    attempt_name,
+    json_digest,
+)
 
 APPROVAL_PREFIX = "approve-"  # core.ledger.approval_request_id
 
@@ -49,8 +57,8 @@ def answered(run: Run, attempt: Attempt) -> Answered | None:
     Checkpoint."""
     pause_id = run.spec.pause.request_id if run.spec.pause else None
     request_id: str | None = None
-    if attempt.spec.reason.startswith("resume:"):
-        request_id = attempt.spec.reason.removeprefix("resume:")
+    if (resumed := StartReason.parse(attempt.spec.reason).answered_request) is not None:
+        request_id = resumed
     elif attempt.spec.input is not None and attempt.spec.resume_from:
         carried = [i for i in run.status.inputs or [] if i.checkpoint_id == attempt.spec.resume_from]
         request_id = carried[-1].request_id if carried else None

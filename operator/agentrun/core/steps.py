@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from agentrun.api import AttemptReason
+from agentrun.api import StartReason
 
 # Per checkpoint (and answer): beyond it a step is still run, just not journaled, so a loop of journaled
 # steps cannot grow the Run's Checkpoints without bound between two State checkpoints.
@@ -59,10 +59,7 @@ def journal_replays(attempt_reason: str) -> bool:
     """Whether an Attempt started for this reason returns recorded step results: only one that continues
     the same observations (after a crash, a lease loss or a retry), never one that brings an answer or
     ends a pause (resume:<requestId>), nor a first Attempt or a compensation."""
-    return attempt_reason.startswith("retry:") or attempt_reason in (
-        AttemptReason.LEASE_EXPIRED,
-        AttemptReason.MANUAL_RETRY,
-    )
+    return StartReason.parse(attempt_reason).replays_journal
 
 
 def journal_entry_name(run: str, checkpoint: str | None, answer: str | None, step: str, index: int) -> str:

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import quote
 
 from agentrun.api import GROUP, VERSION
-from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.operator.bootstrap import AGENTRUN_PLURALS, PEERING_GROUP, PEERING_VERSION, served_resources
+from agentrun.api.peering import AGENTRUN_PLURALS, PEERING_GROUP, PEERING_VERSION
+from agentrun.kubeapi import ApiError, KubeApi, served_resources
 
 Check = Callable[[], Awaitable[str | None]]  # None when it holds, else what is wrong
 

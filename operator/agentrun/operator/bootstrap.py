@@ -18,64 +18,12 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from agentrun.api import GROUP, VERSION
-from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.api.peering import AGENTRUN_PLURALS, PEERING_GROUP, PEERING_VERSION
+from agentrun.kubeapi import ApiError, KubeApi, served_resources
 
 log = logging.getLogger("agentrun.operator")
 
-PEERING_GROUP: Final = "kopf.dev"
-PEERING_VERSION: Final = "v1"
-AGENTRUN_PLURALS: Final = ("runs", "attempts", "checkpoints", "sideeffects")
 LOG_EVERY_SECONDS: Final = 10.0
-
-
-def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{PEERING_GROUP}"},
-        "spec": {
-            "group": PEERING_GROUP,
-            "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": PEERING_VERSION,
-                    "served": True,
-                    "storage": True,
-                    # kopf writes its heartbeats to .status through the main resource: no status
-                    # subresource, and the status is free-form (one entry per operator replica).
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                            "properties": {
-                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-def peering_crds() -> list[dict[str, Any]]:
-    """The CRDs of kopf's peering objects (kopf.dev/v1), as kopf's documentation defines them."""
-    return [
-        _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
-        _peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
-    ]
-
-
-async def served_resources(api: KubeApi, group_version: str) -> set[str]:
-    """The resource names the API server serves in group/version (empty when it serves none)."""
-    try:
-        found = await api.get(f"/apis/{group_version}")
-    except ApiError as exc:
-        if exc.status in (403, 503):  # discovery of a group being registered may fail for a moment
-            return set()
-        raise
-    return {str(resource["name"]) for resource in (found or {}).get("resources", [])}
 
 
 async def wait_until_served(

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import Run, RunPhase
+from agentrun.api import TERMINAL_PHASES, Run, RunPhase
 from agentrun.cli import render
 from agentrun.cli.cluster import Cluster, wait_for_run
 from agentrun.cli.commands.common import read_run
@@ -81,7 +81,7 @@ async def cancel(ctx: Context, args: argparse.Namespace) -> int:
             ctx.out.obj(await ctx.cluster.run(args.run))
         return EXIT_OK
     final, done = await wait_for_run(
-        ctx.cluster, args.run, lambda b: Run.model_validate(b).status.phase in render.TERMINAL, args.timeout
+        ctx.cluster, args.run, lambda b: Run.model_validate(b).status.phase in TERMINAL_PHASES, args.timeout
     )
     if ctx.out.raw:
         ctx.out.obj(final)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from agentrun.api import Attempt, Checkpoint, Run, RunPhase, SideEffect
+from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.cli import render, timeline
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK
@@ -64,7 +64,7 @@ async def report(ctx: Context, args: argparse.Namespace) -> int:
         ctx.out.obj(as_list([body, *effects]))
         return EXIT_OK
     run = Run.model_validate(body)
-    stopped = run.status.phase in render.TERMINAL or run.status.phase == RunPhase.NEEDS_RECONCILIATION
+    stopped = run.status.phase in STOPPED_PHASES
     if run.status.report is not None:
         listed, omitted = run.status.report.effects, run.status.report.omitted
     else:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrun.api import RunPhase
-from agentrun.cli import render
+from agentrun.api import STOPPED_PHASES, RunPhase
 from agentrun.cli.commands.common import await_outcome, read_run, show_outcome
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import pause_patch, pause_request_id, recorded
@@ -13,7 +12,6 @@ from agentrun.cli.errors import EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
 # The operator judges a pause only on the way to or at a step boundary; never in these phases.
-NEVER_JUDGED = render.TERMINAL | {RunPhase.NEEDS_RECONCILIATION}
 
 
 async def pause(ctx: Context, args: argparse.Namespace) -> int:
@@ -25,7 +23,7 @@ async def pause(ctx: Context, args: argparse.Namespace) -> int:
     request_id = args.request_id or pause_request_id(run, args.reason)
     if (earlier := recorded(run, request_id)) is not None:
         return show_outcome(ctx, args.run, earlier, body, again=True)
-    if run.status.phase in NEVER_JUDGED:
+    if run.status.phase in STOPPED_PHASES:
         raise CliError(f"run {args.run} is {run.status.phase}: only a running Run can pause; nothing sent")
     try:
         await ctx.cluster.merge_patch_run(args.run, pause_patch(request_id, args.reason))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrun.api import ControlRecord, Run, RunPhase
+from agentrun.api import STOPPED_PHASES, ControlRecord, Run
 from agentrun.cli import render
 from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, show_outcome
 from agentrun.cli.commands.watch import follow
@@ -17,9 +17,6 @@ from agentrun.cli.context import Context
 from agentrun.cli.control_requests import recorded, resume_key, resume_operations, schema_problem
 from agentrun.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
-
-NEVER_JUDGED = render.TERMINAL | {RunPhase.NEEDS_RECONCILIATION}  # the operator answers no resume there
-
 
 WRITES = 3  # tries of the resourceVersion-guarded write
 
@@ -90,7 +87,7 @@ def plan_answer(run: Run, args: argparse.Namespace, value: Any) -> Answer:
 def local_refusal(run: Run, answer: Answer, explicit_request: bool) -> str | None:
     """Why sending this answer is pointless (the operator would never take it), or None."""
     pending, phase = run.status.pending_request, run.status.phase
-    if phase in NEVER_JUDGED or (pending is None and not explicit_request):
+    if phase in STOPPED_PHASES or (pending is None and not explicit_request):
         return f"run {run.metadata.name} is {phase or 'Pending'}, not waiting for input"
     if (
         pending is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrun.api import ControlOutcome, Run, RunPhase
+from agentrun.api import CANCEL_FROZEN_PHASES, ControlOutcome, Run, RunPhase
 from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, show_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
@@ -13,7 +13,6 @@ from agentrun.cli.errors import EXIT_FAILED, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
 RETRYABLE = (RunPhase.FAILED, RunPhase.NEEDS_RECONCILIATION)
-NEVER_JUDGED = (RunPhase.SUCCEEDED, RunPhase.CANCELLED)  # the operator does not look at a retry there
 
 
 def already_retried(run: Run, from_checkpoint: str | None, reason: str | None) -> bool:
@@ -36,7 +35,7 @@ async def retry(ctx: Context, args: argparse.Namespace) -> int:
     key = args.key or retry_key(run, args.from_checkpoint, args.reason)
     if (earlier := recorded(run, key)) is not None:
         return show_outcome(ctx, args.run, earlier, body, again=True)
-    if run.status.phase in NEVER_JUDGED:
+    if run.status.phase in CANCEL_FROZEN_PHASES:
         raise CliError(
             f"run {args.run} is {run.status.phase.value}: only Failed or NeedsReconciliation Runs can be "
             "retried; nothing sent"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrun.api import Run, RunPhase
+from agentrun.api import TERMINAL_PHASES, WAITING_FOR_A_PERSON, Run, RunPhase
 from agentrun.cli import render
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError
@@ -26,7 +26,7 @@ def settled_hint(run: Run) -> str | None:
             f"resolve its unknown side effects (kubectl agentrun effects {name}), "
             f"then: kubectl agentrun retry {name}"
         )
-    if s.phase in render.TERMINAL:
+    if s.phase in TERMINAL_PHASES:
         return f"report: kubectl agentrun report {name}"
     return None
 
@@ -34,9 +34,9 @@ def settled_hint(run: Run) -> str | None:
 def exit_code(run: Run) -> int | None:
     """0 once the Run succeeded or waits, 1 once it failed or was cancelled, None while it moves."""
     phase = run.status.phase
-    if phase in render.WAITING or phase == RunPhase.SUCCEEDED:
+    if phase in WAITING_FOR_A_PERSON or phase == RunPhase.SUCCEEDED:
         return EXIT_OK
-    if phase in render.TERMINAL:
+    if phase in TERMINAL_PHASES:
         return EXIT_FAILED
     return None
 

@@ -1,0 +1,52 @@
+"""What the state machine reads: the Run and what it owns, as observed now."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
+from agentrun.core.lease import LeaseView
+from agentrun.core.pods import PodView
+
+# Without a sighting of the Lease yet (operator just started), look again this soon.
+RECHECK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything the decision needs, as observed now."""
+
+    run: Run
+    attempts: Mapping[int, Attempt]
+    pods: Mapping[str, PodView]
+    lease: LeaseView | None
+    now: datetime
+    # Seconds before the current holder's lease expires on the operator's clock (<= 0: expired),
+    # None while the operator has not seen the Lease yet.
+    lease_expires_in: float | None = None
+    side_effects: Sequence[SideEffect] = ()
+    checkpoints: Sequence[Checkpoint] = ()
+    # Why attempt Pods may not run as the Run's ServiceAccount (core.identity.account_refusal); None: they
+    # may. The I/O layer looks it up whenever core.identity.may_start_pods says a Pod may be started.
+    account_refusal: str | None = None
+
+    def failure_of(self, number: int) -> AttemptFailure | None:
+        attempt = self.attempts.get(number)
+        return attempt.status.failure if attempt else None
+
+    @property
+    def current(self) -> Attempt | None:
+        """The Run's current Attempt, when it is observed."""
+        number = self.run.status.current_attempt
+        return self.attempts.get(number) if number else None
+
+    @property
+    def current_pod(self) -> PodView | None:
+        attempt = self.current
+        return self.pods.get(str(attempt.metadata.name)) if attempt else None
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,106 @@
+"""The architecture the import-linter contracts in pyproject.toml hold, and proof that they would catch a
+breach: each contract is run over a copy of the package with one offending import added (the package
+itself keeps every contract, see the first test)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
+
+
+def lint_imports(root: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports with the project's contracts over the package under root/operator."""
+    selected = [arg for contract in contracts for arg in ("--contract", contract)]
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", "--no-logo", *selected],
+        cwd=root,
+        env={"PYTHONPATH": str(root / "operator"), "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    shutil.copytree(
+        REPO / "operator" / "agentrun",
+        tmp_path / "operator" / "agentrun",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return tmp_path
+
+
+def test_the_contracts_hold_for_the_package() -> None:
+    out = lint_imports(REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken." in out.stdout
+
+
+# case (a contract id, maybe with a suffix) -> (new modules under agentrun/ and what each imports, what
+# the report must name). New modules, so that the cases do not depend on what existing modules hold.
+BREACHES: dict[str, tuple[dict[str, str], str]] = {
+    "core-pure": ({"core/breach.py": "agentrun.tracing"}, "agentrun.core.breach -> agentrun.tracing"),
+    # indirect: core imports an api module that would read the clock
+    "core-pure-indirectly": (
+        {"core/breach.py": "agentrun.api.breach", "api/breach.py": "time"},
+        "agentrun.api.breach -> time",
+    ),
+    "layers": ({"api/breach.py": "agentrun.core"}, "agentrun.api.breach -> agentrun.core"),
+    "layers-exhaustive": ({"misc.py": "typing"}, "not listed as layers:\n\n- agentrun.misc"),
+    "programs-independent": ({"worker/breach.py": "agentrun.cli"}, "agentrun.worker.breach -> agentrun.cli"),
+    "deploy-without-operator": (
+        {"deploy/breach.py": "agentrun.operator"},
+        "agentrun.deploy.breach -> agentrun.operator",
+    ),
+    "agents-on-the-sdk": (
+        {"integrations/breach.py": "agentrun.operator"},
+        "agentrun.integrations.breach -> agentrun.operator",
+    ),
+    "api-declarative": ({"api/breach.py": "asyncio"}, "agentrun.api.breach -> asyncio"),
+    "operator-runtime": ({"cli/breach.py": "kopf"}, "agentrun.cli.breach -> kopf"),
+    "kubernetes-client": ({"worker/breach.py": "kubernetes"}, "agentrun.worker.breach -> kubernetes"),
+}
+
+
+@pytest.mark.parametrize(("case", "breach"), BREACHES.items(), ids=BREACHES.keys())
+def test_a_contract_catches_its_breach(
+    package_copy: Path, case: str, breach: tuple[dict[str, str], str]
+) -> None:
+    modules, named = breach
+    for module, imported in modules.items():
+        (package_copy / "operator" / "agentrun" / module).write_text(f"import {imported}\n")
+    out = lint_imports(package_copy, case.removesuffix("-indirectly").removesuffix("-exhaustive"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert named in out.stdout + out.stderr
+
+
+def loaded_after_import(*modules: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after importing these (dynamic imports included)."""
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_the_chart_generator_and_helm_test_load_no_operator_runtime() -> None:
+    loaded = loaded_after_import("agentrun.deploy.render", "agentrun.deploy.selftest")
+    assert {m for m in loaded if m.split(".")[0] in ("kopf", "prometheus_client")} == set()
+    assert {m for m in loaded if m.startswith("agentrun.operator")} == set()
+
+
+def test_the_decisions_load_no_client_and_no_other_layer() -> None:
+    core = sorted(
+        f"agentrun.core.{path.stem}" for path in (REPO / "operator" / "agentrun" / "core").glob("[!_]*.py")
+    )
+    loaded = loaded_after_import(*core)
+    project = {m.split(".")[1] for m in loaded if m.startswith("agentrun.")}
+    assert project <= {"api", "core", "admission", "rbac"}
+    assert {m.split(".")[0] for m in loaded} & {"kubernetes", "kopf", "aiohttp", "urllib3"} == set()
