@@ -1,28 +1,38 @@
-"""The one door to the Kubernetes API for agentrun's operator and worker SDK.
+"""The one door to the Kubernetes API for agentrun's operator, worker SDK and CLI.
 
-A small async REST layer over the official client's connection handling (kubeconfig, in-cluster
-service account, TLS): requests are plain JSON in and out, so the pydantic models in agentrun.api stay
-the only typed view of our objects. Blocking calls run on a private thread pool.
+A small async REST layer on aiohttp (which kopf already runs on; bench/findings.md has the measurement
+that chose it): requests are plain JSON in and out, so the pydantic models in agentrun.api stay the only
+typed view of our objects. Where the server is and who we are: agentrun.kubeauth. One HTTP session per
+event loop (the LangGraph saver's sync API runs a loop of its own), created at its first request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import os
-import threading
+import weakref
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from urllib.parse import quote
 
+import aiohttp
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from agentrun.api import GROUP, VERSION
+from agentrun.kubeauth import Endpoint, load_configuration
+
+__all__ = [
+    "ApiError",
+    "JsonDict",
+    "KubeApi",
+    "call_json",
+    "load_configuration",
+    "served_resources",
+    "unanswered",
+]
 
 JsonDict = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -35,6 +45,10 @@ TOO_LARGE_MARKERS: Final = (
     "larger than max",
     "object is too large",
 )
+# Answers worth sending again: a timeout, a conflict (after a fresh read), throttling.
+RETRYABLE_CLIENT_ERRORS: Final = frozenset({408, 409, 429})
+CONNECT_SECONDS: Final = 10.0
+REQUEST_SECONDS: Final = 60.0
 
 
 class ApiError(Exception):
@@ -56,38 +70,45 @@ class ApiError(Exception):
         return self.status == 404
 
     @property
+    def permanent(self) -> bool:
+        """Sending the same request again cannot succeed: a 4xx other than 408, 409 and 429."""
+        return 400 <= self.status < 500 and self.status not in RETRYABLE_CLIENT_ERRORS
+
+    @property
     def too_large(self) -> bool:
         """The object (or the request) is over a size limit: sending it again cannot help."""
         if self.status == 413:
             return True
         return self.status == 500 and any(marker in self.message.lower() for marker in TOO_LARGE_MARKERS)
 
+    @classmethod
+    def of_answer(cls, status: int, text: str) -> ApiError:
+        """From a refusing answer's body (a Status object, or plain text)."""
+        reason, message = "", text
+        try:
+            body = json.loads(text or "{}")
+            if isinstance(body, dict):
+                reason, message = str(body.get("reason", "")), str(body.get("message", text))
+        except ValueError:
+            pass
+        return cls(status, reason, message)
+
 
 def unanswered(exc: BaseException) -> bool:
     """The request got no answer at all (connection refused or reset, a timeout: the API server is
     restarting, or the network failed), as opposed to an answer that refused it (ApiError)."""
-    return isinstance(exc, urllib3.exceptions.HTTPError)
+    return isinstance(
+        exc,
+        aiohttp.ClientConnectionError
+        | aiohttp.ClientPayloadError
+        | TimeoutError
+        | ConnectionError
+        | urllib3.exceptions.HTTPError,  # call_json, the blocking client of the chaos harness
+    )
 
 
 def to_api_error(exc: ApiException) -> ApiError:
-    reason, message = str(exc.reason or ""), str(exc.body or "")
-    try:
-        status = json.loads(exc.body or "{}")
-        reason, message = status.get("reason", reason), status.get("message", message)
-    except (ValueError, AttributeError):
-        pass
-    return ApiError(int(exc.status or 0), reason, message)
-
-
-def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
-    """KUBECONFIG (or the given file) when present, else the in-cluster service account."""
-    configuration = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        config.load_kube_config(config_file=path, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    return configuration
+    return ApiError.of_answer(int(exc.status or 0), str(exc.body or exc.reason or ""))
 
 
 def call_json(
@@ -100,7 +121,8 @@ def call_json(
     content_type: str = "application/json",
     timeout: tuple[float, float] | None = None,
 ) -> JsonDict:
-    """One request, JSON in and out (blocking); an answer that refuses it raises ApiError."""
+    """One blocking request on the official client, JSON in and out, for callers without an event loop
+    (the chaos harness); an answer that refuses it raises ApiError."""
     try:
         result = api_client.call_api(
             path,
@@ -118,13 +140,85 @@ def call_json(
     return result if isinstance(result, dict) else {}
 
 
+class _Sessions:
+    """The HTTP sessions of one event loop: requests share a bounded pool of kept-alive connections;
+    each watch holds a connection of its own for as long as it streams, outside that bound."""
+
+    def __init__(self, endpoint: Endpoint, connections: int) -> None:
+        # weakly: the sessions are the value of a weak mapping keyed by this loop
+        self._loop = weakref.ref(asyncio.get_running_loop())
+
+        def session(limit: int, read_seconds: float | None) -> aiohttp.ClientSession:
+            return aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=limit, ssl=endpoint.ssl),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=CONNECT_SECONDS, sock_read=read_seconds
+                ),
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+                headers={"User-Agent": "agentrun"},
+            )
+
+        self.requests = session(connections, REQUEST_SECONDS)
+        self.watches = session(0, None)  # a watch sets its own read timeout
+
+    def close(self) -> None:
+        """Closes the connections at once, from any thread, even after the loop ended (aiohttp's own
+        close is a coroutine of the session's loop, which may be gone or busy in another thread)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        loop = self._loop()
+        for session in (self.requests, self.watches):
+            connector = session.connector
+            if connector is None:
+                continue
+            if loop is not None and loop.is_running() and running is not loop:
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    loop.call_soon_threadsafe(_abort, connector)
+            else:
+                _abort(connector)
+
+    async def aclose(self) -> None:
+        await self.requests.close()
+        await self.watches.close()
+
+
+def _abort(connector: aiohttp.BaseConnector) -> None:
+    """Closes every connection of `connector` without waiting (and marks it, and its session, closed)."""
+    with contextlib.suppress(Exception):
+        connector._close(abort_ssl=True)  # the synchronous part of its close (a private method)
+
+
 class KubeApi:
     def __init__(self, configuration: client.Configuration | None = None, threads: int = 16) -> None:
-        configuration = configuration or load_configuration()
-        configuration.connection_pool_maxsize = threads
-        self._client = client.ApiClient(configuration)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kubeapi")
+        """threads: how many requests may be in flight at once (the name of the thread-pool days)."""
+        self._endpoint = Endpoint.of(configuration or load_configuration())
+        self._connections = threads
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sessions] = (
+            weakref.WeakKeyDictionary()
+        )
         self.requests = 0  # how many requests this process made, for benchmarks and tests
+
+    def _for_this_loop(self) -> _Sessions:
+        loop = asyncio.get_running_loop()
+        sessions = self._sessions.get(loop)
+        if sessions is None:
+            sessions = self._sessions[loop] = _Sessions(self._endpoint, self._connections)
+        return sessions
+
+    def _request_options(self, content_type: str | None, body: Any) -> dict[str, Any]:
+        headers = {"Accept": "application/json", **self._endpoint.headers()}
+        options: dict[str, Any] = {"headers": headers}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            options["data"] = json.dumps(body, separators=(",", ":")).encode()
+        if self._endpoint.server_hostname:
+            options["server_hostname"] = self._endpoint.server_hostname
+        if self._endpoint.proxy:
+            options["proxy"] = self._endpoint.proxy
+        return options
 
     async def request(
         self,
@@ -135,12 +229,19 @@ class KubeApi:
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> JsonDict:
-        def call() -> JsonDict:
-            return call_json(self._client, method, path, body, query=query, content_type=content_type)
-
+        """One request, JSON in and out; an answer that refuses it raises ApiError."""
         self.requests += 1
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(call))
+        session = self._for_this_loop().requests
+        options = self._request_options(content_type, body)
+        url = self._endpoint.base_url + path  # a server URL may have a path of its own (a proxy's)
+        async with session.request(method, url, params=query, **options) as response:
+            data = await response.read()
+            if response.status >= 400:
+                raise ApiError.of_answer(response.status, data.decode(errors="replace"))
+        if not data:
+            return {}
+        result = json.loads(data)
+        return result if isinstance(result, dict) else {}
 
     # ---- paths -----------------------------------------------------------------------------------------
 
@@ -219,68 +320,64 @@ class KubeApi:
         return True
 
     async def watch(
-        self, collection: str, name: str, timeout_seconds: int = 60, resource_version: str | None = None
+        self,
+        collection: str,
+        name: str | None = None,
+        *,
+        label_selector: str | None = None,
+        timeout_seconds: int = 60,
+        resource_version: str | None = None,
+        bookmarks: bool = False,
     ) -> AsyncIterator[JsonDict]:
-        """Watch events ({type, object}) of one object until the server ends the stream; from
-        `resource_version` on (every change after it, none skipped), else from its current state."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[JsonDict | BaseException | None] = asyncio.Queue()
-        query = [
-            ("watch", "true"),
-            ("fieldSelector", f"metadata.name={name}"),
-            ("timeoutSeconds", str(timeout_seconds)),
-        ]
+        """Watch events ({type, object}) of a collection (or of one object: `name`) until the server
+        ends the stream; from `resource_version` on (every change after it, none skipped), else from
+        the current state (an ADDED event per object first). `bookmarks` asks for BOOKMARK events."""
+        query = {"watch": "true", "timeoutSeconds": str(timeout_seconds)}
+        if name:
+            query["fieldSelector"] = f"metadata.name={name}"
+        if label_selector:
+            query["labelSelector"] = label_selector
         if resource_version:
-            query.append(("resourceVersion", resource_version))
-
-        responses: list[Any] = []
-
-        def stream() -> None:
-            try:
-                response = self._client.call_api(
-                    collection,
-                    "GET",
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _return_http_data_only=True,
-                    _request_timeout=timeout_seconds + 30,
-                )
-                responses.append(response)
-                buffer = b""
-                for chunk in response.stream(4096, decode_content=True):
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            loop.call_soon_threadsafe(events.put_nowait, json.loads(line))
-                loop.call_soon_threadsafe(events.put_nowait, None)
-            except ApiException as exc:
-                loop.call_soon_threadsafe(events.put_nowait, to_api_error(exc))
-            except BaseException as exc:  # handed to the consumer, which decides
-                loop.call_soon_threadsafe(events.put_nowait, exc)
-
+            query["resourceVersion"] = resource_version
+        if bookmarks:
+            query["allowWatchBookmarks"] = "true"
         self.requests += 1
-        # A daemon thread, not the pool: a read blocked on a quiet stream must never hold the process
-        # open at exit, and closing the response from another thread would block on its lock.
-        threading.Thread(target=stream, name="kubeapi-watch", daemon=True).start()
-        try:
-            while (item := await events.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            # The consumer stopped early (cancelled, or done with the watch): end the blocked read now, so
-            # the thread and its connection (a watch on the API server) do not live on until the server's
-            # timeout. shutdown() only shuts the socket for reading: safe from another thread.
-            for response in responses:
-                with contextlib.suppress(Exception):
-                    response.shutdown()
+        session = self._for_this_loop().watches
+        options = self._request_options(None, None)
+        # A quiet stream is normal; one silent well past the server's own timeout is a dead connection.
+        options["timeout"] = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_SECONDS, sock_read=timeout_seconds + 30
+        )
+        # Leaving the block (the server ended the stream, or the consumer stopped early: cancelled, or
+        # done with the watch) closes the connection, and with it the watch on the API server.
+        async with session.get(self._endpoint.base_url + collection, params=query, **options) as response:
+            if response.status >= 400:
+                raise ApiError.of_answer(response.status, (await response.read()).decode(errors="replace"))
+            # Chunks, not lines: one event is a whole object, often past aiohttp's line-length limit.
+            # An event split over chunks is joined once, when its end arrives.
+            parts: list[bytes] = []
+            async for chunk in response.content.iter_any():
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
+                    parts, start = [], end + 1
+                    if line.strip():
+                        yield json.loads(line)
+                if start < len(chunk):
+                    parts.append(chunk[start:])
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        """Closes the connections (callable from outside the loop, even after it ended)."""
+        for sessions in list(self._sessions.values()):
+            sessions.close()
+        self._sessions.clear()
+
+    async def aclose(self) -> None:
+        """Closes this loop's connections and waits until they are closed."""
+        sessions = self._sessions.pop(asyncio.get_running_loop(), None)
+        if sessions is not None:
+            await sessions.aclose()
+        self.close()
 
 
 async def served_resources(api: KubeApi, group_version: str) -> set[str]:

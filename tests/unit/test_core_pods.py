@@ -9,8 +9,11 @@ import pytest
 
 from agentrun.api import (
     ATTEMPT_ANNOTATION,
+    ATTEMPT_INPUT_ANNOTATION,
+    ATTEMPT_REASON_ANNOTATION,
     CANCEL_EPOCH_ANNOTATION,
     LEASE_EPOCH_ANNOTATION,
+    LEASE_VERSION_ANNOTATION,
     RESUME_FROM_ANNOTATION,
     RUN_LABEL,
     FailureClass,
@@ -78,6 +81,9 @@ def test_labels_tie_the_pod_to_its_run_and_attempt() -> None:
                 LEASE_EPOCH_ANNOTATION: "5",
                 CANCEL_EPOCH_ANNOTATION: "1",
                 RESUME_FROM_ANNOTATION: "",
+                ATTEMPT_REASON_ANNOTATION: "retry:transient",
+                ATTEMPT_INPUT_ANNOTATION: "",
+                LEASE_VERSION_ANNOTATION: "",
             },
         ),
         (
@@ -87,10 +93,25 @@ def test_labels_tie_the_pod_to_its_run_and_attempt() -> None:
                 LEASE_EPOCH_ANNOTATION: "12",
                 CANCEL_EPOCH_ANNOTATION: "0",
                 RESUME_FROM_ANNOTATION: "ckpt-7",
+                ATTEMPT_REASON_ANNOTATION: "retry:transient",
+                ATTEMPT_INPUT_ANNOTATION: "",
+                LEASE_VERSION_ANNOTATION: "",
+            },
+        ),
+        (
+            {"resume_from": "ckpt-7", "reason": "resume:triage-r7", "input_value": {"approved": True}},
+            {
+                ATTEMPT_ANNOTATION: "triage-a2",
+                LEASE_EPOCH_ANNOTATION: "5",
+                CANCEL_EPOCH_ANNOTATION: "1",
+                RESUME_FROM_ANNOTATION: "ckpt-7",
+                ATTEMPT_REASON_ANNOTATION: "resume:triage-r7",
+                ATTEMPT_INPUT_ANNOTATION: "true",  # the SDK reads the Attempt for the value
+                LEASE_VERSION_ANNOTATION: "",
             },
         ),
     ],
-    ids=["fresh-start", "resumed-from-checkpoint"],
+    ids=["fresh-start", "resumed-from-checkpoint", "resumed-with-an-answer"],
 )
 def test_annotations_carry_the_grant(attempt: dict[str, Any], expected: dict[str, str]) -> None:
     assert build(**attempt)["metadata"]["annotations"] == expected

@@ -1,18 +1,29 @@
-"""Telling a request nobody answered from one the API server refused."""
+"""Telling a request nobody answered from one the API server refused; credentials from a kubeconfig."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import aiohttp
 import pytest
 import urllib3
+import yaml
 
-from agentrun.kubeapi import ApiError, unanswered
+from agentrun.kubeapi import ApiError, KubeApi, load_configuration, unanswered
 
 POOL = urllib3.HTTPConnectionPool("localhost")  # constructing a pool opens no connection
 
 CASES = {
-    "connection-refused": (urllib3.exceptions.MaxRetryError(POOL, "/apis", ConnectionRefusedError()), True),
-    "read-timeout": (urllib3.exceptions.ReadTimeoutError(POOL, "/apis", "timed out"), True),
-    "connection-reset": (urllib3.exceptions.ProtocolError("Connection aborted."), True),
+    "connection-refused": (aiohttp.ClientConnectionError("Cannot connect to host"), True),
+    "server-disconnected": (aiohttp.ServerDisconnectedError(), True),
+    "read-timeout": (TimeoutError(), True),
+    "connection-reset": (ConnectionResetError(), True),
+    "truncated-body": (aiohttp.ClientPayloadError("Response payload is not completed"), True),
+    "blocking-client-refused": (
+        urllib3.exceptions.MaxRetryError(POOL, "/apis", ConnectionRefusedError()),
+        True,
+    ),
     "refused-by-the-server": (ApiError(409, "Conflict", "the object has been modified"), False),
     "a-bug": (KeyError("status"), False),
 }
@@ -39,3 +50,58 @@ TOO_LARGE = {
 @pytest.mark.parametrize(("error", "expected"), TOO_LARGE.values(), ids=TOO_LARGE.keys())
 def test_too_large(error: ApiError, expected: bool) -> None:
     assert error.too_large is expected
+
+
+PERMANENT = {
+    "bad-request": (400, True),
+    "forbidden": (403, True),
+    "not-found": (404, True),
+    "invalid": (422, True),
+    "timeout": (408, False),
+    "conflict": (409, False),
+    "throttled": (429, False),
+    "internal": (500, False),
+    "unavailable": (503, False),
+}
+
+
+@pytest.mark.parametrize(("status", "expected"), PERMANENT.values(), ids=PERMANENT.keys())
+def test_permanent(status: int, expected: bool) -> None:
+    assert ApiError(status, "", "").permanent is expected
+
+
+def test_status_body_becomes_reason_and_message() -> None:
+    body = '{"kind":"Status","reason":"Conflict","message":"the object has been modified"}'
+    error = ApiError.of_answer(409, body)
+    assert (error.status, error.reason, error.message) == (409, "Conflict", "the object has been modified")
+    assert ApiError.of_answer(502, "Bad Gateway").message == "Bad Gateway"
+
+
+def _kubeconfig(tmp_path: Path, user: dict[str, str]) -> Path:
+    path = tmp_path / "kubeconfig"
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_a_rotated_token_file_is_read_again(tmp_path: Path) -> None:
+    """Bound service-account tokens rotate: the file's new token is sent from the next request on."""
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"tokenFile": "token"}))))
+    assert api._endpoint.headers() == {"Authorization": "Bearer first"}
+    token.write_text("second\n")
+    os.utime(token, (1, 1))  # a new modification time, whatever the file system's resolution
+    assert api._endpoint.headers() == {"Authorization": "Bearer second"}
+
+
+def test_an_inline_token_is_sent_as_is(tmp_path: Path) -> None:
+    api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"token": "abc"}))))
+    assert api._endpoint.headers() == {"Authorization": "Bearer abc"}

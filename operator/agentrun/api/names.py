@@ -16,6 +16,11 @@ ATTEMPT_ANNOTATION: Final = f"{GROUP}/attempt"
 LEASE_EPOCH_ANNOTATION: Final = f"{GROUP}/lease-epoch"
 CANCEL_EPOCH_ANNOTATION: Final = f"{GROUP}/cancel-epoch"
 RESUME_FROM_ANNOTATION: Final = f"{GROUP}/resume-from"
+# What the SDK would otherwise read at start: the Attempt's reason, whether it carries an input value
+# ("true"), and the resourceVersion of the Lease as the operator wrote it for this Attempt.
+ATTEMPT_REASON_ANNOTATION: Final = f"{GROUP}/attempt-reason"
+ATTEMPT_INPUT_ANNOTATION: Final = f"{GROUP}/attempt-input"
+LEASE_VERSION_ANNOTATION: Final = f"{GROUP}/lease-resource-version"
 
 
 def attempt_name(run_name: str, number: int) -> str:

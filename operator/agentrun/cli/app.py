@@ -196,7 +196,7 @@ async def _run(args: argparse.Namespace) -> int:
         command: Command = args.command
         return await command(ctx, args)
     finally:
-        api.close()
+        await api.aclose()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

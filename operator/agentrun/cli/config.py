@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kubernetes import config
-
-from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.kubeapi import KubeApi
+from agentrun.kubeauth import active_context, load_configuration
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -26,11 +25,7 @@ def default_namespace(kubeconfig: str | None) -> str:
     """The current context's namespace, the service account's inside a Pod, else "default"."""
     path = kubeconfig_path(kubeconfig)
     if path:
-        try:
-            _, active = config.list_kube_config_contexts(config_file=path)
-        except (config.ConfigException, OSError):
-            return "default"
-        namespace = (active or {}).get("context", {}).get("namespace")
+        namespace = (active_context(path) or {}).get("namespace")
         return str(namespace) if namespace else "default"
     if IN_CLUSTER_NAMESPACE.exists():
         return IN_CLUSTER_NAMESPACE.read_text().strip() or "default"
@@ -42,11 +37,7 @@ def context_user(kubeconfig: str | None) -> str | None:
     path = kubeconfig_path(kubeconfig)
     if not path:
         return None
-    try:
-        _, active = config.list_kube_config_contexts(config_file=path)
-    except (config.ConfigException, OSError):
-        return None
-    user = (active or {}).get("context", {}).get("user")
+    user = (active_context(path) or {}).get("user")
     return str(user) if user else None
 
 

@@ -8,8 +8,11 @@ from typing import Any
 
 from agentrun.api import (
     ATTEMPT_ANNOTATION,
+    ATTEMPT_INPUT_ANNOTATION,
+    ATTEMPT_REASON_ANNOTATION,
     CANCEL_EPOCH_ANNOTATION,
     LEASE_EPOCH_ANNOTATION,
+    LEASE_VERSION_ANNOTATION,
     RESUME_FROM_ANNOTATION,
     RUN_LABEL,
     Attempt,
@@ -38,6 +41,9 @@ DOWNWARD_ENV: list[dict[str, Any]] = [
     _annotation_env("AGENTRUN_LEASE_EPOCH", LEASE_EPOCH_ANNOTATION),
     _annotation_env("AGENTRUN_CANCEL_EPOCH", CANCEL_EPOCH_ANNOTATION),
     _annotation_env("AGENTRUN_RESUME_FROM", RESUME_FROM_ANNOTATION),
+    _annotation_env("AGENTRUN_ATTEMPT_REASON", ATTEMPT_REASON_ANNOTATION),
+    _annotation_env("AGENTRUN_ATTEMPT_INPUT", ATTEMPT_INPUT_ANNOTATION),
+    _annotation_env("AGENTRUN_LEASE_RESOURCE_VERSION", LEASE_VERSION_ANNOTATION),
 ]
 
 
@@ -101,6 +107,9 @@ def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
         LEASE_EPOCH_ANNOTATION: str(attempt.spec.lease_epoch),
         CANCEL_EPOCH_ANNOTATION: str(attempt.spec.cancel_epoch),
         RESUME_FROM_ANNOTATION: attempt.spec.resume_from or "",
+        ATTEMPT_REASON_ANNOTATION: attempt.spec.reason,
+        ATTEMPT_INPUT_ANNOTATION: "true" if attempt.spec.input is not None else "",
+        LEASE_VERSION_ANNOTATION: "",  # the executor fills it in from the answer of its Lease write
     }
     return {
         "apiVersion": "v1",

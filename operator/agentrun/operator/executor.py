@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
+from agentrun.api.names import LEASE_VERSION_ANNOTATION
 from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
@@ -214,6 +215,10 @@ class Executor:
                         raise Superseded(f"Attempt {attempt} is not there yet")
                     uid = current["metadata"]["uid"]
                 ref["uid"] = uid
+        lease = self._cached_lease(ns, str(run.metadata.name))
+        if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == attempt:
+            # The SDK's first renewal is preconditioned on it, without reading the Lease first.
+            body["metadata"]["annotations"][LEASE_VERSION_ANNOTATION] = lease["metadata"]["resourceVersion"]
         try:
             self.cache.put("pods", await self.api.create(self.api.core_path("pods", ns), body))
         except ApiError as exc:

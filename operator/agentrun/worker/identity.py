@@ -22,6 +22,11 @@ class Identity:
     cancel_epoch: int
     resume_from: str | None
     termination_message_path: str
+    # From the annotations that spare the SDK its reads at start; None (or False) when the Pod lacks
+    # them (made by an older operator): the SDK then reads the Attempt, and the Lease at its renewal.
+    attempt_reason: str | None = None
+    attempt_input: bool = False
+    lease_resource_version: str | None = None
 
     @property
     def attempt_number(self) -> int:
@@ -46,4 +51,7 @@ class Identity:
             resume_from=env.get("AGENTRUN_RESUME_FROM") or None,
             # The node agent of the local control plane passes the file's path; a kubelet uses the default.
             termination_message_path=env.get("TERMINATION_MESSAGE_PATH", DEFAULT_TERMINATION_MESSAGE_PATH),
+            attempt_reason=env.get("AGENTRUN_ATTEMPT_REASON") or None,
+            attempt_input=env.get("AGENTRUN_ATTEMPT_INPUT") == "true",
+            lease_resource_version=env.get("AGENTRUN_LEASE_RESOURCE_VERSION") or None,
         )

@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
 
-from agentrun.api import AttemptReason, FailureClass
+from agentrun.api import AttemptReason, FailureClass, RejectedCommitReason
 from agentrun.core.failures import fingerprint
+from agentrun.core.fence import fence_violation
 from agentrun.core.traces import run_trace
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.tracing import Tracing, attempt_parent
@@ -36,6 +37,7 @@ EX_TEMPFAIL = 75
 LAST_USAGE_SECONDS = 5.0
 # Answers that mean the API server could not serve the request (not that it refused it).
 UNAVAILABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+STALE_WORKER = RejectedCommitReason.STALE_WORKER
 
 
 def _api_server_unavailable(exc: BaseException) -> bool:
@@ -93,20 +95,28 @@ async def run_attempt(
 
     stop_on_sigterm: SIGTERM (the Pod's deletion) sets `session.cancelled`. A host that runs many
     attempts in one process (the local node's instant mode) passes False and sets it itself."""
-    run = await session.read_run()
-    attempt = await session.read_attempt()
-    compensating = attempt.spec.reason == AttemptReason.COMPENSATE
+    # The cancel watch first: its first event is the Run (no read). The Attempt is read only when it
+    # carries an input value; the rest of it is on the Pod's annotations (session.read_attempt).
+    watcher = asyncio.create_task(session.watch_cancel())
+    try:
+        run = await session.first_run()
+        if fence_violation(run, session.me.lease_epoch, session.me.cancel_epoch) == STALE_WORKER:
+            raise LeaseLost(f"the Run's lease epoch is {run.status.lease_epoch}, not this worker's")
+        attempt = await session.read_attempt()
+        compensating = attempt.spec.reason == AttemptReason.COMPENSATE
+        resume_from = None if compensating else session.me.resume_from
+        resumed = await session.load_checkpoint(resume_from) if resume_from else None
+    except BaseException:
+        watcher.cancel()
+        raise
     if compensating:
 
         async def undo(_ctx: Context) -> None:
             await compensate(Ledger(session), attempt, compensations, lookups)
 
         agent = undo
-    resume_from = None if compensating else session.me.resume_from
-    resumed = await session.load_checkpoint(resume_from) if resume_from else None
     ctx = Context(session, run, attempt, resumed)
     lease = run.spec.lease
-    await session.renew_once()  # fail fast if the lease is not ours
     # The agent's spans are children of this Attempt's span (TRACEPARENT, or derived from the Run alike).
     uid = str(run.metadata.uid or run.metadata.name)
     parent = attempt_parent() or run_trace(uid, run.metadata.annotations).attempt(session.me.attempt)
@@ -114,7 +124,6 @@ async def run_attempt(
         agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
     flusher = asyncio.create_task(ctx._usage.keep_flushing())
     keeper = asyncio.create_task(session.keep_lease(lease.renew_seconds, lease.duration_seconds))
-    watcher = asyncio.create_task(session.watch_cancel())
     lost = asyncio.create_task(session.lost.wait())
     cancelled = asyncio.create_task(session.cancelled.wait())
     if stop_on_sigterm:
@@ -199,7 +208,7 @@ def main(
         try:
             return await attempt_exit_code(agent, session, compensations=compensations, lookups=lookups)
         finally:
-            api.close()
+            await api.aclose()
             await asyncio.to_thread(session.tracing.shutdown)
 
     sys.exit(asyncio.run(session_main()))

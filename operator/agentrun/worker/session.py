@@ -1,8 +1,11 @@
 """The worker's side of the protocol: lease renewals, the cancel watch, fenced writes, checkpoints.
 
-Every write that changes official Run state goes through `fenced_status_write`: read the Run, check
-the fence (cancel epoch, lease epoch), write with the resourceVersion just read. Uncontended that is
-two requests; a 409 means someone wrote in between, so read and check again.
+Every write that changes official Run state goes through `fenced_status_write`: check the fence (cancel
+epoch, lease epoch) on the newest Run seen (the cancel watch's, or the answer of our last write), write
+with its resourceVersion. Uncontended that is one request; a 409 means the Run changed in between, so
+check again on the newer Run (the watch's, else a read). The API server checks the same fence on the
+stored object atomically (the CRD's CEL rule, the admission policies), and its refusals name their
+cause, so a refused write is classified without a read.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from agentrun.worker.identity import Identity
 log = logging.getLogger("agentrun.worker")
 JsonDict = dict[str, Any]
 MAX_CONFLICTS = 20
+# How long to wait for the cancel watch to deliver a Run (its first, or a newer one after a 409) before
+# reading it instead: a fallback, the watch normally answers within milliseconds.
+WATCH_PATIENCE_SECONDS = 5.0
 STATE_ADVICE = "store large data elsewhere and checkpoint a reference to it (stateRef)"
 RESULT_ADVICE = "store large data elsewhere and return a reference to it (a URI and a digest)"
 
@@ -51,7 +57,9 @@ class Session:
         self.run: Run | None = None
         self.lost = asyncio.Event()  # the lease is gone: stop writing
         self.cancelled = asyncio.Event()  # spec.cancelEpoch grew past ours
-        self._lease_rv: str | None = None
+        # The operator passes the Lease's resourceVersion as it wrote it (a Pod annotation): the first
+        # renewal needs no read.
+        self._lease_rv: str | None = me.lease_resource_version
         self.tracing = Tracing("agentrun-worker", env={})  # off; worker.main turns it on from the env
         # The newest Run the watch delivered (the step boundaries read spec.pause from it, the hold
         # waits on it), and an event set at every change.
@@ -66,7 +74,34 @@ class Session:
         self.observe(self.run)
         return self.run
 
+    async def first_run(self) -> Run:
+        """The Run as the cancel watch's first event carries it (no read), once `watch_cancel` runs; a
+        read if the watch has delivered nothing in time (a Run that no longer exists sends nothing)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), WATCH_PATIENCE_SECONDS)
+        if self.observed is None or self.behind(self.observed):
+            return await self.read_run()
+        self.run = self.observed
+        return self.run
+
     async def read_attempt(self) -> Attempt:
+        """This worker's Attempt: read only when its spec carries what the Pod's annotations cannot (an
+        input value), or when the Pod has no annotations for it (made by an older operator)."""
+        me = self.me
+        if me.attempt_reason is not None and not me.attempt_input:
+            return Attempt.model_validate(
+                {
+                    "metadata": {"name": me.attempt, "namespace": me.namespace},
+                    "spec": {
+                        "runName": me.run,
+                        "number": me.attempt_number,
+                        "leaseEpoch": me.lease_epoch,
+                        "cancelEpoch": me.cancel_epoch,
+                        "resumeFrom": me.resume_from,
+                        "reason": me.attempt_reason,
+                    },
+                }
+            )
         body = await self.api.get(self.api.custom_path("attempts", self.me.namespace, self.me.attempt))
         if body is None:
             raise LeaseLost(f"Attempt {self.me.attempt} does not exist")
@@ -102,15 +137,18 @@ class Session:
     # ---- fenced writes -------------------------------------------------------------------------------
 
     async def fenced_status_write(self, patch: JsonDict, what: str, *, reuse_read: bool = False) -> Run:
-        """reuse_read: check the fence on the Run this worker last read or wrote and write with its
-        resourceVersion, without reading again (one request instead of two): if the Run changed since,
-        the precondition fails and the loop reads and checks it afresh."""
-        cached = self.run if reuse_read else None
-        for _ in range(MAX_CONFLICTS):
-            run, from_cache, cached = cached or await self.read_run(), cached is not None, None
+        """Checks the fence on the newest Run seen and writes with its resourceVersion (one request).
+
+        The epochs of a stored Run only grow, so a fence this worker fails on any version of the Run
+        newer than its Pod stays failed: no read is needed to reject. A 409 means the Run changed since
+        that version: the check is made again on the newer Run the watch delivers (else a read), and the
+        write tried again. (reuse_read is kept for callers; every write now starts from the newest Run.)"""
+        del reuse_read
+        run = self.observed or self.run or await self.read_run()
+        for conflicts in range(MAX_CONFLICTS):
+            if self.behind(run):
+                run = await self.read_run()  # a version from before this Attempt's grant: never judged on
             if reason := fence_violation(run, self.me.lease_epoch, self.me.cancel_epoch):
-                if from_cache:
-                    continue  # judged only on a fresh read
                 message = (
                     f"{what} refused: this worker holds lease epoch {self.me.lease_epoch} and cancel epoch "
                     f"{self.me.cancel_epoch}; the Run has {run.status.lease_epoch} and "
@@ -122,8 +160,9 @@ class Session:
             try:
                 written = await self.api.merge_patch(f"{self.run_path}/status", body)
             except ApiError as exc:
-                if exc.conflict:
-                    continue  # someone wrote in between: read and check again
+                if exc.conflict:  # the Run changed in between: check again on the newer one
+                    run = await self.newer_run(run) if conflicts == 0 else await self.read_run()
+                    continue
                 if exc.status == 422 and "committedBy" in exc.message:
                     # the API server's own fence (CEL) refused it: the epochs moved under us
                     await self.record_rejection("stale_worker", exc.message)
@@ -134,6 +173,28 @@ class Session:
             self.observe(self.run)
             return self.run
         raise ApiError(409, "Conflict", f"{what}: gave up after {MAX_CONFLICTS} conflicting writes")
+
+    def behind(self, run: Run) -> bool:
+        """`run` is older than this Attempt's grant (an epoch below the worker's): a fence judged on it
+        would say nothing about the Run now. The watch and the answers of writes never serve one; a
+        read is the answer if ever one comes."""
+        me = self.me
+        return run.spec.cancel_epoch < me.cancel_epoch or (run.status.lease_epoch or 0) < me.lease_epoch
+
+    async def newer_run(self, than: Run) -> Run:
+        """A version of the Run newer than `than`: the watch's, when it delivers one in time, else read."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WATCH_PATIENCE_SECONDS
+        while self.observed is None or _rv(self.observed) <= _rv(than):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return await self.read_run()
+            self.changed.clear()
+            if self.observed is not None and _rv(self.observed) > _rv(than):
+                break
+            await self.next_change(remaining)
+        assert self.observed is not None
+        return self.observed
 
     async def raise_refusal(self, exc: ApiError, what: str) -> None:
         """A write the admission policies refused: a lost fence (recorded on the Attempt, then
@@ -298,8 +359,10 @@ class Session:
     async def keep_lease(self, renew_seconds: float, duration_seconds: float) -> None:
         """Renews until the lease is lost; a worker that cannot renew for a whole duration stops itself.
 
-        The first renewal comes renew_seconds from now: the caller has just renewed (renew_once), and a
-        second renewal right after it would cost a Lease write and an operator reconcile for nothing."""
+        The first renewal comes renew_seconds from now: the operator has just written the Lease for this
+        Attempt (and passed its resourceVersion), so a renewal at start would cost a Lease write and an
+        operator reconcile for nothing. Until then the fences keep a worker whose lease was taken over
+        harmless: every write that changes official state is refused."""
         last_renewal = time.monotonic()
         while True:
             await asyncio.sleep(renew_seconds)

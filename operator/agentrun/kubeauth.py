@@ -1,0 +1,124 @@
+"""Where the API server is and who we are to it: a kubeconfig (as kubectl reads it) or the in-cluster
+service account, for agentrun.kubeapi's HTTP transport.
+
+The official client's loader parses the kubeconfig (contexts, merged KUBECONFIG lists, certificate and
+token files or inline data, exec plugins, auth providers); this module adds what that loader lacks for
+long-lived processes: a kubeconfig's `tokenFile` is read again whenever the file changes (bound
+service-account tokens rotate; the loader reads it once). In-cluster, the loader itself re-reads the
+mounted token every minute. The bearer token is asked for at every request, so a refreshing credential
+(an exec plugin's expiring token) is renewed as the loader does. Not supported: a client certificate
+that an exec plugin renews (the one it returned at start is kept), and proxies (a kubeconfig's
+`proxy-url` is not read by the loader; HTTPS_PROXY is not read either).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+
+def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """KUBECONFIG (or the given file) when present, else the in-cluster service account."""
+    configuration = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+        if token_file := _token_file(path or os.path.expanduser("~/.kube/config")):
+            _follow_token_file(configuration, token_file)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    return configuration
+
+
+def active_context(paths: str) -> dict[str, Any] | None:
+    """The current context of a kubeconfig ({cluster, user, namespace}), or None if it has none (or
+    cannot be read). `paths` may list several files, as KUBECONFIG does."""
+    try:
+        _, active = config.list_kube_config_contexts(config_file=paths)
+    except (config.ConfigException, OSError):
+        return None
+    context = (active or {}).get("context")
+    return dict(context) if isinstance(context, dict) else None
+
+
+def _token_file(paths: str) -> Path | None:
+    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder)."""
+    user = (active_context(paths) or {}).get("user")
+    for path in paths.split(os.pathsep):
+        try:
+            document = yaml.safe_load(Path(path).expanduser().read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for entry in document.get("users") or []:
+            if entry.get("name") == user:
+                found = (entry.get("user") or {}).get("tokenFile")
+                if not found:
+                    return None
+                return Path(path).expanduser().parent / str(found)
+    return None
+
+
+def _follow_token_file(configuration: client.Configuration, token_file: Path) -> None:
+    """Re-reads the token whenever the file's modification time changes (a rotated bound token). It
+    replaces the loader's hook, which only renews expiring tokens (exec plugins, auth providers)."""
+    seen: dict[str, float | None] = {"mtime": None}  # read at the first request (and stripped)
+
+    def refresh(conf: client.Configuration) -> None:
+        mtime = _mtime(token_file)
+        if mtime == seen["mtime"]:
+            return
+        try:
+            token = token_file.read_text().strip()
+        except OSError:
+            return  # being replaced: the next request reads it
+        seen["mtime"] = mtime
+        conf.api_key["authorization"] = f"Bearer {token}"
+
+    configuration.refresh_api_key_hook = refresh
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the HTTP transport needs from a Configuration."""
+
+    base_url: str
+    ssl: ssl.SSLContext | bool
+    server_hostname: str | None
+    proxy: str | None
+    configuration: client.Configuration
+
+    @classmethod
+    def of(cls, configuration: client.Configuration) -> Endpoint:
+        tls: ssl.SSLContext | bool = True
+        if configuration.host.startswith("https"):
+            tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+            if not configuration.verify_ssl:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+            if configuration.cert_file:
+                tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+        return cls(
+            base_url=configuration.host.rstrip("/"),
+            ssl=tls,
+            server_hostname=getattr(configuration, "tls_server_name", None) or None,
+            proxy=configuration.proxy or None,
+            configuration=configuration,
+        )
+
+    def headers(self) -> dict[str, Any]:
+        """The Authorization header now (refreshed by the loader's hook, or a followed tokenFile)."""
+        token = self.configuration.get_api_key_with_prefix("authorization")
+        return {"Authorization": token} if token else {}
