@@ -120,14 +120,16 @@ def test_a_run_first_seen_with_a_cancel_epoch_starts_with_it() -> None:
     ],
     ids=["over-budget", "account-refused"],
 )
-def test_a_run_failed_at_first_sight_records_its_cancel_epoch(
+def test_a_run_failed_at_first_sight_records_its_cancel_epoch_and_counters(
     spec: dict[str, Any], refusal: str | None
 ) -> None:
-    """Otherwise the cancelEpoch it was created with would later pass for a cancel of the Failed Run."""
+    """Otherwise the cancelEpoch it was created with would later pass for a cancel of the Failed Run; and
+    its counters say that nothing was started (status.attempts 0, not absent)."""
     world = replace(make_world(make_run(spec=spec)), account_refusal=refusal)
     patch = run_patch(decide(world))
 
     assert (patch["phase"], patch["observedCancelEpoch"]) == ("Failed", 2)
+    assert (patch["attempts"], patch["leaseEpoch"]) == (0, 0)
 
 
 def test_grant_uses_the_runs_lease_duration() -> None:

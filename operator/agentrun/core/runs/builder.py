@@ -76,8 +76,9 @@ class Builder:
             "sideEffects": report.side_effect_counts(self.w.side_effects),
         }
         if self.status.phase is None:
-            # The Run's first status write: the cancelEpoch it was created with is no cancel request.
-            patch["observedCancelEpoch"] = self.run.spec.cancel_epoch
+            # The Run's first status write: the cancelEpoch it was created with is no cancel request, and
+            # the counters start at zero even when the Run fails before any grant (nothing was started).
+            patch.update(observedCancelEpoch=self.run.spec.cancel_epoch, attempts=0, leaseEpoch=0)
         patch.update(fields)
         if phase in STOPPED_PHASES:
             patch["report"] = report.run_report(self.w.side_effects)
