@@ -24,6 +24,13 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
                                    after its lease was taken over (it can write late: the fences must
                                    refuse), then the node agent, which stops it
   drop-create-answer               the service stores creates but drops their answers for a few seconds
+  drop-create-request              the service drops the next create before storing it (no answer either:
+                                   the lookup finds it absent, the ledger sends it again with the same key)
+  rate-limit-create                the service answers the next create 429 (the ledger sends it again)
+  hold-closes                      the service applies closes but holds their answers for a few seconds
+                                   (a compensation's outcome is unknown meanwhile)
+  kill-during-close                SIGKILL a compensation Attempt's worker whose close is in flight: the
+                                   service has closed the ticket and not answered yet
   restart-operator                 kill -9 the operator, start it again after up to 3 s (once it has been
                                    up long enough to get some work done)
   restart-apiserver                stop kube-apiserver and start it again with the same flags and port
@@ -36,7 +43,8 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
                                    same namespace and, with its own Pod's token, forges writes to a running
                                    victim Run (its result, phase, Lease, Checkpoints, ledger, Attempt) and
                                    beyond its rights on its own Run; every one must be refused
-Runs left waiting for a few seconds are answered as a person would (not counted as faults).
+Runs left waiting for a few seconds are answered as a person would (not counted as faults). Half of the
+Runs compensate on cancel (spec.compensation.onCancel: Compensate): their cancel closes their ticket.
 
 After the fault window every frozen worker is continued, the ticket service is healed, and the harness
 waits (bounded) until every Run is terminal (Succeeded, Failed, Cancelled) or waiting for someone
@@ -47,6 +55,10 @@ the outcome on the SideEffect (resolvedBy) and asks for a retry; and waits (boun
 Invariants (each figure must be 0; any violation makes the exit status 1, with the evidence printed):
   tickets created twice: from the ticket service's own audit log, `created` events beyond the first per
       idempotency key (a key is one Run's ticket).
+  tickets closed twice: from the same audit log, closes beyond the first per ticket (`closed` and
+      `close-repeated` alike: a compensation is sent once, or again only after a lookup found it not done).
+  effects left Pending on a terminal Run: a SideEffect still Pending whose Run is Succeeded, Failed or
+      Cancelled at the end (an ended Run settles what was in flight as Unknown or Failed).
   results accepted after their cancel: a Run holding status.result whose committedBy.cancelEpoch is above
       spec.cancelEpoch; or below it although the cancel that raised the epoch past it did not already see
       this very commit in the answer to its (atomic) patch, i.e. the result was written after the cancel;
@@ -103,6 +115,7 @@ import urllib3
 from kubernetes import config
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.core.ledger import COMPENSATE_SUFFIX
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from agentrun.kubeapi import ApiError, call_json
@@ -188,6 +201,10 @@ WEIGHTS = {
     "freeze-worker": 2.0,
     "zombie-worker": 0.6,
     "drop-create-answer": 0.4,
+    "drop-create-request": 0.5,
+    "rate-limit-create": 0.5,
+    "hold-closes": 0.8,
+    "kill-during-close": 1.5,
     "restart-operator": 1.2,
     "restart-apiserver": 0.5,
     "cancel": 1.0,
@@ -203,6 +220,8 @@ CANCEL_SHARE = 0.25  # at most this share of the Runs launched so far is cancell
 
 INVARIANTS = (
     ("tickets_created_twice", "tickets created twice"),
+    ("tickets_closed_twice", "tickets closed twice"),
+    ("effects_pending_on_terminal", "effects left Pending on a terminal Run"),
     ("results_after_cancel", "results accepted after their cancel"),
     ("stale_lease_commits", "commits accepted with a stale lease epoch"),
     ("stuck_runs", "Runs stuck outside a terminal or waiting phase"),
@@ -543,7 +562,10 @@ class Chaos:
         }
         if self.rng.random() < 0.2:
             scenario["failAfterTicket"] = [1]
-        manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env(), retry=RETRY, lease=LEASE)
+        spec: Json = {"retry": RETRY, "lease": LEASE}
+        if self.rng.random() < 0.5:
+            spec["compensation"] = {"onCancel": "Compensate"}
+        manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env(), **spec)
         try:
             self.api_().call("POST", custom("runs"), manifest)
         except ApiError as exc:
@@ -641,6 +663,9 @@ class Chaos:
             if (e.get("status") or {}).get("state") == "Pending"
         }
         received = self._creates_in_flight() if pending else set()
+        compensating = [n for n in self.launched if phase_of(self.runs.get(n, {})) == "Compensating"]
+        closes = self._closes_in_flight() if compensating else set()
+        closing: list[tuple[str, int]] = []
         for name, pod in self.pods.items():
             pid = worker_pid(pod, self.state_dir)
             if pid is None or pid in frozen_pids:
@@ -649,6 +674,8 @@ class Chaos:
             workers.append((run, pid))
             if name in pending and ticket_key(NS, run) in received:
                 creating.append((run, pid))
+            if ticket_key(NS, run) in closes:
+                closing.append((run, pid))
         cancelled = {c.run for c in self.records.cancels}
         may_cancel = len(cancelled) < CANCEL_SHARE * len(self.launched)
         cancellable = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
@@ -664,6 +691,10 @@ class Chaos:
             "freeze-worker": workers,
             "zombie-worker": workers if not any(f.run == NODE_AGENT for f in self.frozen) else [],
             "drop-create-answer": [True] if creating and since_drop > 10 else [],
+            "drop-create-request": [True] if len(self.launched) < self.profile.runs else [],
+            "rate-limit-create": [True] if len(self.launched) < self.profile.runs else [],
+            "hold-closes": [True] if compensating else [],
+            "kill-during-close": closing,
             "restart-operator": [True]
             if not self.operator_down and operator_uptime > self.profile.operator_uptime
             else [],
@@ -705,7 +736,31 @@ class Chaos:
 
     def _creates_in_flight(self) -> set[str]:
         """Keys of the creates the ticket service has stored and not answered yet."""
-        return {entry["idempotencyKey"] for entry in self.tickets.in_flight()}
+        return {e["idempotencyKey"] for e in self.tickets.in_flight() if e.get("op", "create") == "create"}
+
+    def _closes_in_flight(self) -> set[str]:
+        """Create keys of the tickets whose close the service has applied and not answered yet."""
+        return {e["idempotencyKey"] for e in self.tickets.in_flight() if e.get("op") == "close"}
+
+    def fault_kill_during_close(self, target: tuple[str, int]) -> bool:
+        if ticket_key(NS, target[0]) not in self._closes_in_flight():
+            return False
+        return self.fault_kill_worker(target)
+
+    def fault_hold_closes(self, _: object) -> bool:
+        self.tickets.set_faults(holdCloses=True)
+        self.later(
+            self.rng.uniform(1, 4), "close answers back", lambda: self.tickets.set_faults(holdCloses=False)
+        )
+        return True
+
+    def fault_drop_create_request(self, _: object) -> bool:
+        self.tickets.set_faults(dropCreateRequests=1)
+        return True
+
+    def fault_rate_limit_create(self, _: object) -> bool:
+        self.tickets.set_faults(rateLimitCreates=1, rateLimitRetryAfter=0)
+        return True
 
     def fault_kill_during_create(self, target: tuple[str, int]) -> bool:
         # Asked again right before the kill: the observation may be a while old, the answer sent since.
@@ -962,8 +1017,10 @@ class Chaos:
         if unknown:
             tickets = {t["idempotencyKey"]: t for t in self.tickets.tickets()}
             for effect in unknown:
-                ticket = tickets.get(effect["spec"]["idempotencyKey"])
-                if ticket is not None:
+                key = effect["spec"]["idempotencyKey"]
+                if key.endswith(COMPENSATE_SUFFIX):  # a close: did it take effect?
+                    outcome = _close_outcome(effect, tickets.get(key.removesuffix(COMPENSATE_SUFFIX)))
+                elif (ticket := tickets.get(key)) is not None:
                     outcome = {"state": "Confirmed", "externalReference": ticket["id"], "result": ticket}
                 else:
                     outcome = {"state": "Failed"}
@@ -973,6 +1030,13 @@ class Chaos:
             return True
         self.retry_requests[name] += 1
         key = f"retry-{name}-{self.retry_requests[name]}"
+        if (self.runs.get(name, {}).get("status") or {}).get("compensating"):
+            # An incomplete compensation is asked again, never retried (that would run the agent again).
+            with contextlib.suppress(AnswerLost):
+                self.api_().merge_patch(
+                    custom("runs", name), {"spec": {"compensateRequest": {"idempotencyKey": key}}}
+                )
+            return False
         request = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
         with contextlib.suppress(AnswerLost):
             self.api_().merge_patch(custom("runs", name), {"spec": {"retryRequest": request}})
@@ -1073,9 +1137,34 @@ def forged_writes(world: World) -> tuple[int, list[str]]:
     return attempted, accepted
 
 
+def _close_outcome(effect: Json, ticket: Json | None) -> Json:
+    """A person's verdict on a close whose outcome is unknown: it happened if the ticket is closed, else it
+    did not (Absent: the compensation may send it again)."""
+    if ticket is not None and ticket.get("status") == "closed":
+        return {"state": "Confirmed", "externalReference": ticket["id"], "result": ticket}
+    sends = len((effect.get("status") or {}).get("sends") or [])
+    return {"state": "Failed", "resolution": "Absent", "resolvedSends": sends}
+
+
 def tickets_created_twice(audit: list[Json]) -> list[str]:
     created = collections.Counter(e["idempotencyKey"] for e in audit if e["event"] == "created")
     return [f"key {key}: {count} tickets created" for key, count in sorted(created.items()) if count > 1]
+
+
+def tickets_closed_twice(audit: list[Json]) -> list[str]:
+    closes = collections.Counter(e["ticketId"] for e in audit if e["event"] in ("closed", "close-repeated"))
+    return [
+        f"ticket {ticket}: {count} closes arrived" for ticket, count in sorted(closes.items()) if count > 1
+    ]
+
+
+def effects_pending_on_terminal(world: World) -> list[str]:
+    return [
+        f"{e['metadata']['name']} ({e['spec']['runName']}): Pending, the Run is {phase}"
+        for e in world.effects
+        if _effect_state(e) == "Pending"
+        and (phase := phase_of(world.runs.get(e["spec"]["runName"], {}))) in TERMINAL
+    ]
 
 
 def results_after_cancel(world: World, cancels: list[CancelRecord]) -> tuple[list[str], list[str]]:
@@ -1362,6 +1451,8 @@ def build_report(
     stuck += [f"{n}: {phase_of(final.runs.get(n, {}))} after the resolution" for n in stuck_after_resolution]
     violations = {
         "tickets_created_twice": tickets_created_twice(audit),
+        "tickets_closed_twice": tickets_closed_twice(audit),
+        "effects_pending_on_terminal": effects_pending_on_terminal(final),
         "results_after_cancel": after_cancel,
         "stale_lease_commits": stale_lease_commits(final),
         "stuck_runs": stuck,

@@ -8,6 +8,9 @@
 4. A LangGraph agent (agentrun.integrations.langgraph) asks, is answered, opens its ticket through the
    ledger and is killed: the next Attempt continues from LangGraph's last checkpoint, no second ticket,
    no node run twice.
+5. A create that times out is looked up by its key and found (never sent again); and a Run with
+   spec.compensation.onCancel: Compensate is cancelled after opening its ticket: a compensation Attempt
+   closes the ticket, once, and the Run ends Cancelled with the ticket reported as compensated.
 Each Run ends with `kubectl agentrun report`. Everything started here stops on exit or Ctrl-C.
 """
 
@@ -312,6 +315,58 @@ def act_four(demo: Demo, tickets: TicketServiceProcess, state_dir: Path) -> None
     demo.sh("kubectl-agentrun", "report", "graph", "-n", NAMESPACE)
 
 
+def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
+    say("5. A create that times out is found by lookup; a cancel undoes the ticket by its compensation")
+    # The service stores the ticket, then answers after the client gave up waiting: the outcome is unknown.
+    tickets.set_faults(delayCreateSeconds=3)
+    scenario = {"title": "Coffee machine leaks", "body": "Second floor", "askPriority": False}
+    env = {**tickets.env(), "TICKET_SERVICE_TIMEOUT": "1"}
+    demo.apply(agent_run("slow", "ticket_agent", scenario, env=env))
+    demo.wait_phase("slow", "Succeeded", "Failed", "NeedsReconciliation")
+    tickets.clear_faults()
+    demo.sh("kubectl-agentrun", "effects", "slow", "-n", NAMESPACE)
+    [effect] = json.loads(
+        demo.sh(
+            "kubectl",
+            "get",
+            "sideeffects",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "agentrun.dev/run=slow",
+            "-o",
+            "json",
+            show=False,
+        )
+    )["items"]
+    found, sends = effect["status"]["history"][-1]["message"], len(effect["status"]["sends"])
+    print(f"  the timed-out create was {found}; sends: {sends}")
+
+    undo = agent_run(
+        "undo",
+        "ticket_agent",
+        {"title": "Wrong ticket", "body": "opened by mistake", "askPriority": False, "askAfterTicket": True},
+        env=tickets.env(),
+        compensation={"onCancel": "Compensate"},
+    )
+    demo.apply(undo)
+    demo.wait_phase("undo", "InputRequired", "Failed")
+    print(
+        "  the ticket is open and the Run waits for a note; cancelling it (compensation.onCancel: Compensate)"
+    )
+    demo.sh("kubectl-agentrun", "cancel", "undo", "--reason", "opened by mistake", "-n", NAMESPACE)
+    demo.wait_phase("undo", "Cancelled", "NeedsReconciliation")
+    demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=undo")
+    demo.sh("kubectl-agentrun", "effects", "undo", "-n", NAMESPACE)
+    closes = [
+        e
+        for e in tickets.audit()
+        if e["event"] in ("closed", "close-repeated") and e["idempotencyKey"] == ticket_key(NAMESPACE, "undo")
+    ]
+    print(f"  tickets closed by the compensation: {len(closes)} (from the service's audit log)")
+    demo.sh("kubectl-agentrun", "report", "undo", "-n", NAMESPACE)
+
+
 def _worker_pod(demo: Demo, name: str) -> tuple[str, int]:
     pod = json.loads(demo.sh("kubectl", "get", "pod", name, "-n", NAMESPACE, "-o", "json", show=False))
     container_id = pod["status"]["containerStatuses"][0]["containerID"]
@@ -325,6 +380,7 @@ def main(state_dir: Path) -> int:
             act_two(demo)
             act_three(demo, tickets)
             act_four(demo, tickets, state_dir)
+            act_five(demo, tickets)
             say("Done. Every process started by the demo stops now.")
     except KeyboardInterrupt:
         print("\ninterrupted: stopping everything the demo started", file=sys.stderr)

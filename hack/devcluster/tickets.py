@@ -66,18 +66,23 @@ class TicketServiceProcess:
     def creations(self) -> list[dict[str, Any]]:
         return [entry for entry in self.audit() if entry["event"] == "created"]
 
+    def closes(self) -> list[dict[str, Any]]:
+        """Every close that arrived: "closed" (it closed the ticket) or "close-repeated" (it was closed)."""
+        return [entry for entry in self.audit() if entry["event"] in ("closed", "close-repeated")]
+
     def tickets(self) -> list[dict[str, Any]]:
         tickets: list[dict[str, Any]] = self._request("GET", "/tickets")
         return tickets
 
     def in_flight(self) -> list[dict[str, Any]]:
-        """The creates the service has received and stored but not answered yet: {seq, idempotencyKey,
-        ticketId, receivedAt}. With holdCreates set, a create stays here until the hold is lifted."""
+        """The creates and closes the service has received and applied but not answered yet: {seq, op
+        (create or close), idempotencyKey (the ticket's), ticketId, receivedAt}. With holdCreates (holdCloses)
+        set, a create (close) stays here until the hold is lifted."""
         entries: list[dict[str, Any]] = self._request("GET", "/inflight")
         return entries
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Merges fault settings: failLookups, failCreates, delayCreateSeconds, holdCreates,
+        """Merges fault settings: failLookups, failCreates, delayCreateSeconds, holdCreates, holdCloses,
         dropCreateResponse, dropCreateRequests, rateLimitCreates, rateLimitRetryAfter."""
         current: dict[str, Any] = self._request("POST", "/faults", faults)
         return current

@@ -107,6 +107,8 @@ def status_before(patch: Path) -> dict[str, Any]:
         }
     if "retryRequest" in spec:
         return {"phase": "Failed", "failure": {"class": "transient", "reason": "RetriesExhausted"}}
+    if "compensateRequest" in spec:  # compensation is asked of a Run that has ended
+        return {"phase": "Succeeded", "currentAttempt": 1, "attempts": 1, "leaseEpoch": 1}
     return {"phase": "Running", "currentAttempt": 1, "attempts": 1, "leaseEpoch": 1}
 
 

@@ -414,6 +414,12 @@ BAD_INPUT: dict[str, Bad] = {
         RETRY_KEY_REUSED,
         base={".spec.retryRequest": RETRY},
     ),
+    "reusing a compensateRequest idempotencyKey for other effects is refused": updated(
+        "Run",
+        spec(compensateRequest={"effects": ["ticket-2"]}),
+        rule("Run", ".spec.compensateRequest"),
+        base={".spec.compensateRequest": {"idempotencyKey": "undo-1", "effects": ["ticket-1"]}},
+    ),
     "reusing a pause requestId with another reason is refused": updated(
         "Run", spec(pause={"reason": "another window"}), PAUSE_ID_REUSED, base={".spec.pause": PAUSE}
     ),

@@ -56,6 +56,8 @@ def test_demo_keeps_its_promises(tmp_path: Path) -> None:
         "Cancelled",
         "tickets the service created for this Run: 1",
         "tickets the service created for the LangGraph Run: 1",
+        "the timed-out create was found by lookup; sends: 1",
+        "tickets closed by the compensation: 1",
         "each superstep ran to its end once: True",
         "Done.",
     ):

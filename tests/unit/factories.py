@@ -187,9 +187,14 @@ def make_side_effect(
     reference: str | None = None,
     digest: str | None = None,
     created: datetime | None = EARLIER,
+    step: str | None = None,
+    confirmed: datetime | None = None,
+    operation_id: str | None = None,
+    sends: list[dict[str, Any]] | None = None,
 ) -> SideEffect:
     """The ledger record of one external action, named from its key as the SDK names it; state None: the
-    record has no status yet (it counts as Pending)."""
+    record has no status yet (it counts as Pending). confirmed: when its history says it became Confirmed;
+    operation_id and sends as the SDK records them."""
     metadata: dict[str, Any] = {
         "name": side_effect_name(RUN, key),
         "namespace": NAMESPACE,
@@ -208,10 +213,18 @@ def make_side_effect(
         spec["target"] = target
     if digest is not None:
         spec["requestDigest"] = digest
+    if step is not None:
+        spec["step"] = step
+    if operation_id is not None:
+        spec["operationId"] = operation_id
     body: dict[str, Any] = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "SideEffect", "metadata": metadata}
     body["spec"] = spec
     if state is not None:
         body["status"] = {"state": state, **({"externalReference": reference} if reference else {})}
+        if confirmed is not None:
+            body["status"]["history"] = [{"state": "Confirmed", "time": ts(confirmed)}]
+        if sends is not None:
+            body["status"]["sends"] = sends
     return SideEffect.model_validate(body)
 
 

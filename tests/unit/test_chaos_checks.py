@@ -63,6 +63,27 @@ def test_a_second_creation_under_one_key_is_counted(chaos: ModuleType) -> None:
     assert len(chaos.tickets_created_twice([*audit, {"event": "created", "idempotencyKey": "k1"}])) == 1
 
 
+def test_a_second_close_of_one_ticket_is_counted(chaos: ModuleType) -> None:
+    audit = [
+        {"event": "created", "ticketId": "T-1"},
+        {"event": "closed", "ticketId": "T-1"},
+        {"event": "closed", "ticketId": "T-2"},
+    ]
+    assert chaos.tickets_closed_twice(audit) == []
+    assert len(chaos.tickets_closed_twice([*audit, {"event": "close-repeated", "ticketId": "T-1"}])) == 1
+
+
+@pytest.mark.parametrize(("phase", "violations"), [("Succeeded", 1), ("Cancelled", 1), ("Running", 0)])
+def test_a_record_left_pending_on_an_ended_run_is_counted(
+    chaos: ModuleType, phase: str, violations: int
+) -> None:
+    effect = {"metadata": {"name": "sfx-1"}, "spec": {"runName": "r"}, "status": {"state": "Pending"}}
+    world = chaos.World({"r": run("r", phase)}, [], [], [effect])
+    assert len(chaos.effects_pending_on_terminal(world)) == violations
+    effect["status"]["state"] = "Unknown"
+    assert chaos.effects_pending_on_terminal(world) == []
+
+
 def test_a_result_written_after_the_cancel_is_a_violation(chaos: ModuleType) -> None:
     world = succeeded(chaos)
     world.runs["r"]["spec"]["cancelEpoch"] = 1

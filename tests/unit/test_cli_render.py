@@ -229,6 +229,25 @@ def test_retry_keys_and_pause_ids_change_with_the_runs_progress() -> None:
     assert re.fullmatch(IDENTIFIER_PATTERN, control_requests.pause_request_id(running, "lunch"))
 
 
+def test_compensate_keys_are_fresh_per_compensation_and_the_patch_replaces_the_effects() -> None:
+    done = make_run({"phase": "Succeeded", "attempts": 1})
+    compensated = make_run({"phase": "Succeeded", "attempts": 2})
+    key = control_requests.compensate_key(done, ["b", "a"])
+    assert key == control_requests.compensate_key(done, ["a", "b"]), "a double click asks once"
+    assert key != control_requests.compensate_key(compensated, ["a", "b"]), "after it ran, a new request"
+    assert key != control_requests.compensate_key(done, [])
+    assert re.fullmatch(IDENTIFIER_PATTERN, key) and len(key) <= 128
+    assert control_requests.compensate_patch(key, ["b", "a"]) == {
+        "spec": {"compensateRequest": {"idempotencyKey": key, "effects": ["a", "b"]}}
+    }
+    assert control_requests.compensate_patch(key, [])["spec"]["compensateRequest"]["effects"] is None
+
+
+def test_the_compensate_command_takes_effects_by_key() -> None:
+    args = parse(["compensate", "r", "--effect", "k1", "--effect", "k2", "--wait"])
+    assert (args.run, args.effect, args.wait) == ("r", ["k1", "k2"], True)
+
+
 def test_schema_problems_read_like_the_operators() -> None:
     assert control_requests.schema_problem({"priority": "high"}, PRIORITY) is None
     assert control_requests.schema_problem("anything", None) is None

@@ -101,8 +101,65 @@ def test_report_entries() -> None:
             },
         ],
         "omitted": 0,
+        "happened": [effects[0].metadata.name],
+        "compensated": [effects[2].metadata.name],
+        "cannotBeUndone": [effects[0].metadata.name],
+        "unknown": [effects[1].metadata.name],
     }
     assert RunReport.model_validate(report).to_api() == report  # what the status schema accepts
+
+
+def name(key: str) -> str:
+    return str(make_side_effect(key).metadata.name)
+
+
+# (effects, happened, compensated, cannot be undone, unknown) by idempotency key
+FATES: dict[str, tuple[list[SideEffect], list[str], list[str], list[str], list[str]]] = {
+    "none": ([], [], [], [], []),
+    "reversible-stands": ([make_side_effect("a", "Confirmed", reversible=True)], ["a"], [], [], []),
+    "irreversible": ([make_side_effect("a", "Confirmed")], ["a"], [], ["a"], []),
+    "compensated": ([make_side_effect("a", "Compensated", reversible=True)], [], ["a"], [], []),
+    "pending-and-unknown": (
+        [make_side_effect("a", "Pending"), make_side_effect("b", "Unknown")],
+        [],
+        [],
+        [],
+        ["a", "b"],
+    ),
+    "failed-is-nowhere": ([make_side_effect("a", "Failed")], [], [], [], []),
+    "compensation-records-are-not-effects": (
+        [
+            make_side_effect("a", "Compensated", reversible=True),
+            make_side_effect("a:compensate", "Confirmed", tool="undo_create_ticket", step="compensate"),
+        ],
+        [],
+        ["a"],
+        [],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("effects", "happened", "compensated", "irreversible", "unknown"), FATES.values(), ids=FATES.keys()
+)
+def test_report_lists_the_fate_of_each_effect(
+    effects: list[SideEffect],
+    happened: list[str],
+    compensated: list[str],
+    irreversible: list[str],
+    unknown: list[str],
+) -> None:
+    report = run_report(effects)
+
+    assert (report["happened"], report["compensated"], report["cannotBeUndone"], report["unknown"]) == (
+        [name(k) for k in happened],
+        [name(k) for k in compensated],
+        [name(k) for k in irreversible],
+        [name(k) for k in unknown],
+    )
+    assert len(report["effects"]) == len([e for e in effects if e.spec.step != "compensate"])
+    assert RunReport.model_validate(report).to_api() == report
 
 
 ORDERS = {

@@ -110,6 +110,10 @@ def test_the_report_of_a_stopped_run() -> None:
             },
         ],
         "omitted": 0,
+        "happened": [EFFECTS[0].metadata.name],
+        "compensated": [EFFECTS[1].metadata.name],
+        "cannotBeUndone": [EFFECTS[0].metadata.name],
+        "unknown": [EFFECTS[2].metadata.name],
     }
 
 
@@ -279,7 +283,7 @@ def test_request_expired() -> None:
         "reason": "RequestExpired",
         "message": f"nobody answered request req-1 before {NOW - timedelta(minutes=3)}",
     }
-    assert patch["report"] == {"effects": [], "omitted": 0}
+    assert patch["report"] == report.run_report([])
     assert ("Warning", "RequestExpired") in events(plan)
     assert of_type(plan, WriteLease) == [], "a waiting Run holds no worker to fence off"
 

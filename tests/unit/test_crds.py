@@ -351,6 +351,7 @@ def test_there_is_an_example_per_control_operation() -> None:
         "resume.patch.yaml",
         "retry.patch.yaml",
         "pause.patch.yaml",
+        "compensate.patch.yaml",
     }
     assert {path.name for path in RUN_EXAMPLES} == {
         "run-minimal.yaml",

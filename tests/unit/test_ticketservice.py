@@ -116,7 +116,7 @@ def test_close_is_audited_once(service: TicketServiceProcess) -> None:
     ticket = tickets.create(key(), "t", "b")
     assert tickets.close(ticket["id"])["status"] == "closed"
     assert tickets.close(ticket["id"])["status"] == "closed"
-    assert [e["event"] for e in service.audit()] == ["created", "closed"]
+    assert [e["event"] for e in service.audit()] == ["created", "closed", "close-repeated"]
 
 
 def test_failing_lookups_make_find_by_key_raise(service: TicketServiceProcess) -> None:
@@ -206,6 +206,35 @@ def test_a_held_create_is_listed_in_flight_until_the_hold_is_lifted(service: Tic
     caller.join()
     assert [a["id"] for a in answers] == ["T-1"]
     assert service.in_flight() == []
+
+
+def test_a_held_close_is_applied_listed_in_flight_and_a_second_close_is_recorded(
+    service: TicketServiceProcess,
+) -> None:
+    ticket = tickets.create(key(), "t", "b")
+    service.set_faults(holdCloses=True)
+    answers: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: answers.append(tickets.close(ticket["id"], "undo-1")))
+    caller.start()
+    [held] = wait_until(service.in_flight)
+    assert (held["op"], held["ticketId"]) == ("close", ticket["id"])
+    assert tickets.find_closed(ticket["id"]) is not None, "applied before the answer is held"
+    assert answers == [], "no answer while held"
+    service.set_faults(holdCloses=False)
+    caller.join()
+    assert [a["status"] for a in answers] == ["closed"]
+    tickets.close(ticket["id"])
+    assert [(c["event"], c.get("closeKey")) for c in service.closes()] == [
+        ("closed", "undo-1"),
+        ("close-repeated", None),
+    ]
+
+
+def test_an_open_ticket_is_not_found_closed(service: TicketServiceProcess) -> None:
+    ticket = tickets.create(key(), "t", "b")
+    assert tickets.find_closed(ticket["id"]) is None
+    with pytest.raises(tickets.TicketNotFound):
+        tickets.find_closed("T-404")
 
 
 def test_a_held_answer_to_a_caller_that_is_gone_harms_nothing(service: TicketServiceProcess) -> None:

@@ -117,7 +117,13 @@ async def _attempt(module: str, env: dict[str, str]) -> InstantContainer:
 
     kubeconfig = env.get("KUBECONFIG")
     try:
-        agent = importlib.import_module(module).agent
+        loaded = importlib.import_module(module)
+        agent = loaded.agent
+        # What the module's `worker.main(agent, compensations=..., lookups=...)` would register.
+        registered = {
+            "compensations": getattr(loaded, "COMPENSATIONS", None),
+            "lookups": getattr(loaded, "LOOKUPS", None),
+        }
         if not kubeconfig:
             raise ValueError("the Pod has no service-account kubeconfig (automountServiceAccountToken)")
         me = Identity.from_env(env)
@@ -128,7 +134,7 @@ async def _attempt(module: str, env: dict[str, str]) -> InstantContainer:
 
     async def work() -> int:
         try:
-            return await attempt_exit_code(agent, session, stop_on_sigterm=False)
+            return await attempt_exit_code(agent, session, stop_on_sigterm=False, **registered)
         finally:
             api.close()
 

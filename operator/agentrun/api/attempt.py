@@ -61,6 +61,8 @@ class AttemptReason:
     INITIAL: Final = "initial"
     LEASE_EXPIRED: Final = "lease_expired"
     MANUAL_RETRY: Final = "manual_retry"
+    # A compensation Attempt: it runs the registered compensations and lookups, never the agent.
+    COMPENSATE: Final = "compensate"
 
     @staticmethod
     def retry(failure_class: FailureClass) -> str:
@@ -124,7 +126,7 @@ class StartReason:
 
 
 _ATTEMPT_REASON_PATTERN = (
-    r"^(initial|lease_expired|manual_retry|retry:("
+    r"^(initial|lease_expired|manual_retry|compensate|retry:("
     + "|".join(failure_class.value for failure_class in FailureClass)
     + r")|resume:[A-Za-z0-9]([A-Za-z0-9._:/@=+-]*[A-Za-z0-9])?)$"
 )
@@ -150,13 +152,15 @@ class AttemptSpec(ApiModel):
         max_length=160,
         pattern=_ATTEMPT_REASON_PATTERN,
         description="Why the Attempt was started: initial, retry:<failure class>, lease_expired, "
-        "resume:<requestId> or manual_retry.",
+        "resume:<requestId>, manual_retry or compensate (a compensation Attempt, which runs the "
+        "compensations of the Run's side effects instead of the agent).",
     )
     input: FreeJson = Field(
         None,
         description="The resume value, when the Attempt answers a pending request; or, on an automatic "
         "retry, the answer the failed Attempt was given, when it saved no Checkpoint after it (so the "
-        f"agent is not asked again). At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON.",
+        "agent is not asked again); for a compensation Attempt, {effects: [idempotency keys]} when only "
+        f"those effects are compensated. At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON.",
     )
 
 

@@ -53,6 +53,10 @@ MAX_SPENT_KEYS = 500
 # A spent key is remembered as written when it is this short, else by its digest (KEY_DIGEST_LENGTH).
 MAX_REMEMBERED_KEY_LENGTH = 40
 SHORT_DIGEST_PATTERN = r"^sha256:[0-9a-f]{32}$"
+# A compensateRequest names at most this many effects (all of them: name none).
+MAX_COMPENSATE_EFFECTS = 8
+# SideEffects are named sfx-<32 hex digits> (core.ledger.side_effect_name): the report lists them so.
+SideEffectName = Annotated[str, Field(min_length=36, max_length=36, pattern=r"^sfx-[0-9a-f]{32}$")]
 ShortDigest = Annotated[str, Field(max_length=39, pattern=SHORT_DIGEST_PATTERN)]
 FreeText = Annotated[str, Field(max_length=1024)]
 AgentArgument = Annotated[str, Field(max_length=1024)]
@@ -68,14 +72,16 @@ class RunPhase(StrEnum):
     PAUSED = "Paused"
     RETRY_BACKOFF = "RetryBackoff"
     CANCEL_REQUESTED = "CancelRequested"
+    COMPENSATING = "Compensating"
     CANCELLED = "Cancelled"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     NEEDS_RECONCILIATION = "NeedsReconciliation"
 
 
-# Phases after which spec.cancelEpoch is frozen: nothing is left to cancel, nor to retry.
-CANCEL_FROZEN_PHASES: Final = frozenset({RunPhase.SUCCEEDED, RunPhase.CANCELLED})
+# Phases after which spec.cancelEpoch is frozen: nothing is left to cancel, nor to retry. A compensation
+# runs to its end (bounded by spec.compensation.maxAttempts): a cancel cannot stop the undoing.
+CANCEL_FROZEN_PHASES: Final = frozenset({RunPhase.SUCCEEDED, RunPhase.CANCELLED, RunPhase.COMPENSATING})
 
 
 class RunConditionType(StrEnum):
@@ -102,6 +108,7 @@ class ControlOp(StrEnum):
     RETRY = "Retry"
     PAUSE = "Pause"
     CANCEL = "Cancel"
+    COMPENSATE = "Compensate"
 
 
 class ControlOutcome(StrEnum):
@@ -325,6 +332,64 @@ class Approvals(ApiModel):
     )
 
 
+class CompensationMode(StrEnum):
+    """Whether the operator runs the compensations of a Run's side effects when it ends so."""
+
+    NONE = "None"
+    COMPENSATE = "Compensate"
+
+
+class CompensationPolicy(ApiModel):
+    """When the operator undoes what a Run did outside, by running compensation Attempts."""
+
+    on_cancel: CompensationMode = Field(
+        CompensationMode.NONE,
+        description="Compensate: after a cancel the Run goes CancelRequested -> Compensating -> Cancelled; "
+        "compensation Attempts settle the records whose outcome is open with the registered lookups, then "
+        "run the compensations of the confirmed reversible side effects, newest first.",
+    )
+    on_failure: CompensationMode = Field(
+        CompensationMode.NONE,
+        description="Compensate: when the Run fails for good it goes Compensating -> Failed, undoing its "
+        "side effects the same way.",
+    )
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=20,
+        description="The most compensation Attempts per compensation, a budget of its own (not counted "
+        "in spec.retry.maxAttempts); past it the Run goes NeedsReconciliation (CompensationIncomplete).",
+    )
+
+
+class CompensateRequest(ApiModel):
+    """A request to run the compensations of a terminal Run's side effects now."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            cel(
+                "self.idempotencyKey != oldSelf.idempotencyKey || self == oldSelf",
+                "this spec.compensateRequest.idempotencyKey was already used with other effects: use a new "
+                "idempotencyKey for a new compensation",
+                reason="FieldValueForbidden",
+                field_path=".idempotencyKey",
+            )
+        )
+    )
+
+    idempotency_key: Identifier = Field(
+        description="Unique per request (1 to 128 characters). Each new key asks for one compensation; "
+        "sending the same request again changes nothing."
+    )
+    effects: list[Identifier] | None = Field(
+        None,
+        max_length=MAX_COMPENSATE_EFFECTS,
+        description="Idempotency keys of the side effects to compensate (their spec.idempotencyKey); "
+        "empty or omitted: all of them. A key that names no side effect of the Run is Rejected.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
 class PauseRequest(ApiModel):
     """A request from outside to pause the Run at its next step boundary."""
 
@@ -428,6 +493,16 @@ class RunSpec(ApiModel):
         description="Explains a cancel: set it with the spec.cancelEpoch bump; the operator records it in "
         "status.controls with op Cancel.",
     )
+    compensation: CompensationPolicy | None = Field(
+        None,
+        description="Whether a cancel or a final failure runs the compensations of the Run's side "
+        "effects (default: neither; the report then lists what could be compensated).",
+    )
+    compensate_request: CompensateRequest | None = Field(
+        None,
+        description="Run the compensations now, on a Succeeded, Failed or Cancelled Run (or one left "
+        "NeedsReconciliation by an incomplete compensation); the Run returns to its phase afterwards.",
+    )
     checkpoint_retention: int = Field(
         20,
         ge=1,
@@ -510,7 +585,9 @@ class SpentKey(ApiModel):
         description=f"The key as written when it has at most {MAX_REMEMBERED_KEY_LENGTH} characters, else "
         "sha256:<first 32 hex digits> of it."
     )
-    op: ControlOp = Field(description="The operation it was spent on: Resume, Retry, Pause or Cancel.")
+    op: ControlOp = Field(
+        description="The operation it was spent on: Resume, Retry, Pause, Cancel or Compensate."
+    )
     digest: ShortDigest = Field(
         description="sha256:<first 32 hex digits> of the request's canonical JSON: a request with the same "
         "key and another digest is Rejected (IdempotencyKeyReused)."
@@ -523,7 +600,7 @@ class ControlRecord(ApiModel):
     idempotency_key: Identifier = Field(
         description="Key of the request (for a pause, its requestId); at most one record per key."
     )
-    op: ControlOp = Field(description="The operation: Resume, Retry, Pause or Cancel.")
+    op: ControlOp = Field(description="The operation: Resume, Retry, Pause, Cancel or Compensate.")
     digest: Digest = Field(
         description="sha256 of the request's canonical JSON, to recognise a repeat of the same key."
     )
@@ -537,6 +614,25 @@ class ControlRecord(ApiModel):
         None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."
     )
     time: datetime = Field(description="When the request was processed (RFC 3339).")
+
+
+class CompensationProgress(ApiModel):
+    """The compensation under way (phase Compensating), or the last one that did not complete."""
+
+    return_phase: Literal["Succeeded", "Failed", "Cancelled"] = Field(
+        description="The phase the Run returns to once its side effects are compensated."
+    )
+    first_attempt: int = Field(
+        ge=1,
+        le=MAX_EPOCH,
+        description="Number of the compensation's first Attempt: spec.compensation.maxAttempts counts "
+        "the Attempts from it on.",
+    )
+    effects: list[Identifier] | None = Field(
+        None,
+        max_length=MAX_COMPENSATE_EFFECTS,
+        description="Idempotency keys of the side effects to compensate; omitted: all of them.",
+    )
 
 
 class CommitRecord(ApiModel):
@@ -608,6 +704,27 @@ class RunReport(ApiModel):
     )
     omitted: int = Field(
         0, ge=0, description="Side effects left out of the list to bound its size; see the SideEffects."
+    )
+    happened: list[SideEffectName] | None = Field(
+        None,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="SideEffects that happened and stand (Confirmed), oldest first.",
+    )
+    compensated: list[SideEffectName] | None = Field(
+        None,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="SideEffects that happened and were undone by their compensation.",
+    )
+    cannot_be_undone: list[SideEffectName] | None = Field(
+        None,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="SideEffects that happened and have no compensation that undoes them (irreversible).",
+    )
+    unknown: list[SideEffectName] | None = Field(
+        None,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves "
+        "them.",
     )
 
 
@@ -713,6 +830,11 @@ class RunStatus(ApiModel):
     report: RunReport | None = Field(
         None, description="Once the Run has ended: the list of its external side effects and their fate."
     )
+    compensating: CompensationProgress | None = Field(
+        None,
+        description="The compensation under way (phase Compensating), or the one that left the Run "
+        "NeedsReconciliation (CompensationIncomplete); cleared when the Run returns to its phase.",
+    )
     usage: Usage | None = Field(
         None,
         description="The sum of its Attempts' usage (failed Attempts included), written by the operator.",
@@ -752,7 +874,8 @@ class Run(KubernetesObject):
                 "!has(oldSelf.status) || !has(oldSelf.status.phase)"
                 f" || !(oldSelf.status.phase in {cel_list(CANCEL_FROZEN_PHASES)})"
                 " || self.spec.cancelEpoch == oldSelf.spec.cancelEpoch",
-                "spec.cancelEpoch cannot change once the Run is Succeeded or Cancelled: it has ended",
+                "spec.cancelEpoch cannot change once the Run is Succeeded or Cancelled (it has ended), nor "
+                "while it is Compensating (a compensation runs to its end)",
                 reason="FieldValueForbidden",
                 field_path=".spec.cancelEpoch",
             ),

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.commands import cancel, effects, inspect, pause, resume, retry, watch
+from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, watch
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_FAILED, CliError, api_error_from, describe_api_error
 from agentrun.cli.output import FORMATS, Output
@@ -122,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", metavar="KEY", help="idempotency key (default: one per failure of the Run)")
     p.add_argument(
         "--wait", action="store_true", help="once accepted, follow the Run until it stops or waits"
+    )
+    _timeout(p, 30, "how long to wait for the operator's verdict")
+
+    p = _add(sub, "compensate", compensate.compensate, "run the compensations of a terminal Run's effects")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument(
+        "--effect",
+        action="append",
+        metavar="KEY",
+        help="the idempotency key of an effect to compensate (repeat for more; default: all of them)",
+    )
+    p.add_argument("--key", metavar="KEY", help="idempotency key of the request (default: a fresh one)")
+    p.add_argument(
+        "--wait", action="store_true", help="once accepted, follow the Run until it is back in its phase"
     )
     _timeout(p, 30, "how long to wait for the operator's verdict")
 

@@ -82,6 +82,17 @@ def pause_patch(request_id: str, reason: str | None) -> dict[str, Any]:
     return {"spec": {"pause": {"requestId": request_id, "reason": reason}}}
 
 
+def compensate_key(run: Run, effects: list[str]) -> str:
+    """The default key of a compensate request: one per Attempt count and set of effects, so a repeat
+    asks for one compensation, and a request after that compensation ran is a new one."""
+    return f"cli-compensate-{_short_hash(run.metadata.uid, run.status.attempts or 0, *sorted(effects))}"
+
+
+def compensate_patch(key: str, effects: list[str]) -> dict[str, Any]:
+    # An explicit null: a merge patch would otherwise keep the effects of an earlier request.
+    return {"spec": {"compensateRequest": {"idempotencyKey": key, "effects": sorted(effects) or None}}}
+
+
 def cancel_key(run: Run, epoch: int, reason: str | None) -> str:
     """The default key of a cancel: one per target epoch and reason, so a repeat sends the same request."""
     return f"cli-cancel-{_short_hash(run.metadata.uid, epoch, reason or '')}"

@@ -18,6 +18,7 @@ from agentrun.api import (
 )
 from agentrun.api.run import ReportedEffect
 from agentrun.api.usage import MICRO, usage_sum
+from agentrun.core.ledger import is_compensation_record
 
 NONE = "-"
 
@@ -169,8 +170,10 @@ def effects_table(effects: Sequence[SideEffect]) -> str:
 
 
 def reported_effects(effects: Sequence[SideEffect]) -> list[ReportedEffect]:
-    """The report's view of live SideEffects, oldest first (for a Run that has not stopped yet)."""
-    ordered = sorted(effects, key=lambda e: (rfc3339(e.metadata.creation_timestamp), e.metadata.name or ""))
+    """The report's view of live SideEffects, oldest first (for a Run that has not stopped yet); the
+    records of compensations (<key>:compensate) are how an effect was undone, not effects of their own."""
+    own = [e for e in effects if not is_compensation_record(e)]
+    ordered = sorted(own, key=lambda e: (rfc3339(e.metadata.creation_timestamp), e.metadata.name or ""))
     return [
         ReportedEffect(
             name=str(e.metadata.name),
@@ -243,6 +246,8 @@ def report_text(run: Run, effects: Sequence[ReportedEffect], omitted: int = 0, l
             f"Resolve with: kubectl agentrun resolve-effect {unknown[0].name} "
             "--confirmed --reference REF | --failed"
         )
+    if any(e.reversible for e in by_state.get(SideEffectState.CONFIRMED, [])) and not live:
+        lines.append(f"Compensate with: kubectl agentrun compensate {name}")
     if omitted:
         lines.append(f"({omitted} more side effects not listed: kubectl agentrun effects {name})")
     return "\n".join(lines)

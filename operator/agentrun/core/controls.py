@@ -220,6 +220,13 @@ def judge_retry(run: Run, checkpoint_ids: set[str], unresolved_effects: list[str
         return Verdict(
             False, "NotRetryable", f"the Run is {phase}: only Failed or NeedsReconciliation Runs retry"
         )
+    if phase == RunPhase.NEEDS_RECONCILIATION and run.status.compensating is not None:
+        # A retry would run the agent again over a half-undone world (core.compensation).
+        return Verdict(
+            False,
+            "CompensationIncomplete",
+            "the Run's compensation is incomplete: resolve its SideEffects, then spec.compensateRequest",
+        )
     if unresolved_effects:
         names = ", ".join(sorted(unresolved_effects)[:5])
         return Verdict(

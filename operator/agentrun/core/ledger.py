@@ -287,6 +287,8 @@ def backoff(tries: int, retry_after: float | None = None, cap: float = 30.0) -> 
 
 CANCELLED_IN_FLIGHT = "in flight when the Run was cancelled: it may have happened (marked by the operator)"
 CANCELLED_UNSENT = "the Run was cancelled with nothing in flight: it did not happen (marked by the operator)"
+FAILED_IN_FLIGHT = "in flight when the Run failed: it may have happened (marked by the operator)"
+FAILED_UNSENT = "the Run failed with nothing in flight: it did not happen (marked by the operator)"
 
 
 def surely_unsent(record: SideEffect) -> bool:
@@ -299,11 +301,14 @@ def surely_unsent(record: SideEffect) -> bool:
 
 
 def settle_after_cancel(
-    records: Iterable[SideEffect], now: str, max_history: int
+    records: Iterable[SideEffect], now: str, max_history: int, *, failed: bool = False
 ) -> list[tuple[str, dict[str, Any], str | None]]:
-    """(name, status patch, resourceVersion) for each Pending record of a Cancelled Run, whose Attempt is
-    gone: Unknown when a send may have taken effect, Failed when surely nothing did. A cancel never leaves
-    a record Pending. Preconditioned on the record as read."""
+    """(name, status patch, resourceVersion) for each Pending record of a Cancelled (or `failed`) Run,
+    whose Attempt is gone: Unknown when a send may have taken effect, Failed when surely nothing did. A
+    Run that ended never leaves a record Pending. Preconditioned on the record as read."""
+    in_flight, unsent_note = (
+        (FAILED_IN_FLIGHT, FAILED_UNSENT) if failed else (CANCELLED_IN_FLIGHT, CANCELLED_UNSENT)
+    )
     patches = []
     for record in records:
         if state_of(record) != SideEffectState.PENDING:
@@ -314,7 +319,7 @@ def settle_after_cancel(
         entry = {
             "state": state.value,
             "time": now,
-            "message": CANCELLED_UNSENT if unsent else CANCELLED_IN_FLIGHT,
+            "message": unsent_note if unsent else in_flight,
         }
         patch = {"state": state.value, "history": [*history, entry][-max_history:]}
         patches.append((str(record.metadata.name), patch, record.metadata.resource_version))
@@ -386,3 +391,21 @@ def approvals_to_record(
             approval = {"requestId": request_id, "time": now}
             found.append((name, {**approval, "requestDigest": digest} if digest else approval))
     return found
+
+
+# --- compensation records -----------------------------------------------------------------------------
+# A compensation is itself an external action, so it goes through the same ledger and recovery rule: one
+# record per compensated effect, under the effect's key with this suffix and marked by its step.
+
+COMPENSATE_SUFFIX = ":compensate"
+COMPENSATION_STEP = "compensate"
+
+
+def compensation_key(key: str) -> str:
+    """The idempotency key of the compensation of the effect recorded under `key`."""
+    return key + COMPENSATE_SUFFIX
+
+
+def is_compensation_record(record: SideEffect) -> bool:
+    """Whether the record is the compensation of another record, not one of the agent's own effects."""
+    return record.spec.step == COMPENSATION_STEP and record.spec.idempotency_key.endswith(COMPENSATE_SUFFIX)

@@ -7,6 +7,7 @@ from typing import Any
 
 from agentrun.api import SideEffect, SideEffectState
 from agentrun.api.run import MAX_REPORT_NOTE_LENGTH, MAX_REPORTED_EFFECTS
+from agentrun.core.ledger import is_compensation_record
 
 MAX_REPORTED = MAX_REPORTED_EFFECTS  # the report's maxItems, inside the Run's status budget
 
@@ -15,9 +16,15 @@ def _state(effect: SideEffect) -> SideEffectState:
     return effect.status.state if effect.status else SideEffectState.PENDING
 
 
+def own_effects(effects: Iterable[SideEffect]) -> list[SideEffect]:
+    """The Run's own side effects: the records of their compensations (key <key>:compensate) are how an
+    effect was undone, reported with it, not effects of their own."""
+    return [e for e in effects if not is_compensation_record(e)]
+
+
 def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
     counts = {"confirmed": 0, "compensated": 0, "unknown": 0, "irreversible": 0}
-    for effect in effects:
+    for effect in own_effects(effects):
         state = _state(effect)
         if state == SideEffectState.CONFIRMED:
             counts["confirmed"] += 1
@@ -41,8 +48,35 @@ def _note(effect: SideEffect) -> str | None:
     return last[:MAX_REPORT_NOTE_LENGTH] if last else None
 
 
+def cannot_be_undone(effect: SideEffect) -> bool:
+    """It happened and nothing undoes it: irreversible, or without a compensation."""
+    return _state(effect) == SideEffectState.CONFIRMED and not (
+        effect.spec.reversible and effect.spec.compensation
+    )
+
+
+def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
+    """The report's four lists of SideEffect names, oldest first: what happened (and stands), what was
+    compensated, what cannot be undone (a subset of happened), what nobody knows yet."""
+    lists: dict[str, list[str]] = {"happened": [], "compensated": [], "cannotBeUndone": [], "unknown": []}
+    for effect in effects:
+        state, name = _state(effect), str(effect.metadata.name)
+        if state == SideEffectState.CONFIRMED:
+            lists["happened"].append(name)
+            if cannot_be_undone(effect):
+                lists["cannotBeUndone"].append(name)
+        elif state == SideEffectState.COMPENSATED:
+            lists["compensated"].append(name)
+        elif state in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
+            lists["unknown"].append(name)
+    # Every list is written, empty ones too: a merge patch would keep a list that is left out.
+    return {kind: names[:MAX_REPORTED] for kind, names in lists.items()}
+
+
 def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
-    ordered = sorted(effects, key=lambda e: (e.metadata.creation_timestamp or 0, e.metadata.name or ""))
+    ordered = sorted(
+        own_effects(effects), key=lambda e: (e.metadata.creation_timestamp or 0, e.metadata.name or "")
+    )
     listed = [
         {
             "name": e.metadata.name,
@@ -59,7 +93,11 @@ def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
         }
         for e in ordered
     ]
-    return {"effects": listed[:MAX_REPORTED], "omitted": max(len(listed) - MAX_REPORTED, 0)}
+    return {
+        "effects": listed[:MAX_REPORTED],
+        "omitted": max(len(listed) - MAX_REPORTED, 0),
+        **fate_lists(ordered),
+    }
 
 
 def unresolved(effects: Iterable[SideEffect]) -> list[SideEffect]:

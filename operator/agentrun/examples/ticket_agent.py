@@ -7,6 +7,8 @@
       requireApproval: false         # a person approves the ticket before it is opened (auth_required)
       failAfterTicket: [1, 2]        # for tests and the demo: these Attempts fail (transient) after
                                      # the ticket exists, so the next ones must not open another
+      askAfterTicket: false          # ask a person for a note once the ticket exists (the Run waits
+                                     # InputRequired with the ticket open: a cancel then compensates it)
       planFromInput: false           # take title and body from the input on every Attempt (not the
                                      # checkpoint): a changed input is another request under the same key
       reversible: true               # false: an unknown outcome is never re-sent (IrreversibleUnknown)
@@ -17,7 +19,9 @@
                                      # The ledger is the Run's, the ticket service's keys are global: a
                                      # key given here reaches the service prefixed with the Run
 
-Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice.
+Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice. Its compensation Attempts (a
+cancel or failure under spec.compensation, or spec.compensateRequest) look open creates up by key and
+close the ticket of every confirmed one, once: `close` compensates, `find_by_key` looks up.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from agentrun import worker
 from agentrun.examples import tickets
+from agentrun.worker.identity import Identity, NotInAttemptPod
 
 PRIORITY_SCHEMA = {
     "type": "object",
@@ -103,6 +108,15 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         max_sends=int(spec.get("maxSends", 3)),
         send_deadline_seconds=int(spec.get("sendDeadlineSeconds", 300)),
     )
+    if spec.get("askAfterTicket") and "note" not in state:
+        answer = await ctx.interrupt(
+            reason="input_required",
+            prompt=f"Anything to add to ticket {ticket.reference}?",
+            schema={"type": "object"},
+            expires_in=3600,
+        )
+        state["note"] = answer
+        await ctx.checkpoint(state, step="note")
     if ctx.attempt_number in spec.get("failAfterTicket", []):
         raise worker.TransientError(
             f"flaky step after ticket {ticket.reference} (attempt {ctx.attempt_number})"
@@ -116,5 +130,45 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     }
 
 
+def service_key(key: str) -> str:
+    """The ticket service's key for a ledger key: the ledger is the Run's, the service's keys are global,
+    so a key not already scoped by the Run (spec.input.ticketKey) reaches the service prefixed with it."""
+    try:
+        me = Identity.from_env()
+    except NotInAttemptPod:  # run in a host's process (the local node's instant mode): keys as given
+        return key
+    scope = f"{me.namespace}.{me.run}."
+    return key if key.startswith(scope) else scope + key
+
+
+def find_ticket(key: str) -> Any:
+    """The settling lookup of a create whose outcome is open: the ticket under its key, or None."""
+    return tickets.find_by_key(service_key(key))
+
+
+def close_ticket(effect: worker.Effect) -> Any:
+    """The compensation of create_ticket; its ledger key reaches the service with the close."""
+    if not effect.reference:
+        raise worker.PermanentError(f"no ticket id recorded for {effect.name}: nothing to close")
+    try:
+        return tickets.close(effect.reference, idempotency_key=service_key(effect.key) + ":close")
+    except tickets.TicketServiceError as err:
+        if err.status is None or err.status >= 500:  # unreachable or unavailable: nothing was closed
+            raise worker.TransientError(str(err)) from err
+        raise
+
+
+def find_close(effect: worker.Effect) -> Any:
+    """Whether the close took effect: the closed ticket, or None while it is open."""
+    assert effect.reference
+    return tickets.find_closed(effect.reference)
+
+
+COMPENSATIONS = {
+    "close_ticket": worker.Compensation(close_ticket, lookup=find_close, unknown_on=(tickets.OutcomeUnknown,))
+}
+LOOKUPS = {"create_ticket": find_ticket}
+
+
 if __name__ == "__main__":
-    worker.main(agent)
+    worker.main(agent, compensations=COMPENSATIONS, lookups=LOOKUPS)

@@ -65,9 +65,22 @@ def get(ticket_id: str) -> Json:
     return _call("GET", f"/tickets/{quote(ticket_id, safe='')}")
 
 
-def close(ticket_id: str) -> Json:
-    """Closes a ticket (the compensation of create); closing a closed ticket changes nothing."""
-    return _call("POST", f"/tickets/{quote(ticket_id, safe='')}/close")
+def close(ticket_id: str, idempotency_key: str | None = None) -> Json:
+    """Closes a ticket (the compensation of create); closing a closed ticket changes nothing. Raises
+    OutcomeUnknown when the close was sent but no answer came (it may have taken effect)."""
+    return _call(
+        "POST",
+        f"/tickets/{quote(ticket_id, safe='')}/close",
+        idempotency_key=idempotency_key,
+        no_answer=OutcomeUnknown,
+    )
+
+
+def find_closed(ticket_id: str) -> Json | None:
+    """The ticket if it is closed, None if it is open; raises when the service cannot tell (or the
+    ticket does not exist: then nothing can be closed)."""
+    ticket = get(ticket_id)
+    return ticket if ticket.get("status") == "closed" else None
 
 
 def service_url() -> str:

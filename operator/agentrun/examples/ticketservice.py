@@ -4,15 +4,19 @@
 
 POST /tickets (header Idempotency-Key, JSON {title, body}) creates a ticket (201); a repeat with the same key
 and the same content returns the same ticket (200); the same key with other content is refused (422).
-GET /tickets?idempotencyKey=K (200 or 404) · GET /tickets (all) · GET /tickets/{id} · POST /tickets/{id}/close
+GET /tickets?idempotencyKey=K (200 or 404) · GET /tickets (all) · GET /tickets/{id}
+POST /tickets/{id}/close (optional header Idempotency-Key: recorded with the close) closes a ticket; closing a
+  closed ticket changes nothing and is recorded as "close-repeated", so a test counts every close that arrived
 GET /audit: every creation, idempotent replay and close, in order (append-only) · GET /healthz
-GET /inflight: the creates received and stored but not answered yet, oldest first ({seq, idempotencyKey,
-  ticketId, receivedAt}): a test that must act while a create is in flight waits for its entry here
+GET /inflight: the creates and closes received and applied but not answered yet, oldest first ({seq, op
+  (create or close), idempotencyKey, ticketId, receivedAt}): a test that must act while a call is in flight
+  waits for its entry here
 POST /faults JSON merges fault settings, DELETE /faults clears them (kept in memory only):
   failLookups: true          lookups by key or id answer 503
   failCreates: 503           creates answer this status and create nothing
   delayCreateSeconds: 2      a create is stored, then the answer waits this long
   holdCreates: true          a create is stored, then the answer waits until this is false or cleared
+  holdCloses: true           a close is applied, then the answer waits until this is false or cleared
   dropCreateResponse: true   a create is stored, then the connection closes with no answer
   dropCreateRequests: 1      the next N creates close the connection with no answer BEFORE the ticket is
                              stored: the caller cannot tell that nothing happened
@@ -51,6 +55,7 @@ FAULTS: dict[str, Callable[[Any], bool]] = {
     "failLookups": lambda value: isinstance(value, bool),
     "dropCreateResponse": lambda value: isinstance(value, bool),
     "holdCreates": lambda value: isinstance(value, bool),
+    "holdCloses": lambda value: isinstance(value, bool),
     "failCreates": lambda value: type(value) is int and 400 <= value <= 599,
     "delayCreateSeconds": lambda value: _is_number(value) and value >= 0,
     "dropCreateRequests": lambda value: type(value) is int and value >= 0,
@@ -107,14 +112,16 @@ class TicketStore:
             self._record("created", ticket)
             return dict(ticket), False
 
-    def close(self, ticket_id: str) -> Json | None:
+    def close(self, ticket_id: str, key: str | None = None) -> Json | None:
         with self._lock:
             ticket = self._tickets.get(ticket_id)
             if ticket is None:
                 return None
             if ticket["status"] != "closed":
                 ticket.update(status="closed", closedAt=_now())
-                self._record("closed", ticket)
+                self._record("closed", ticket, key)
+            else:
+                self._record("close-repeated", ticket, key)
             return dict(ticket)
 
     def get(self, ticket_id: str) -> Json | None:
@@ -135,7 +142,7 @@ class TicketStore:
         with self._lock:
             return [dict(e) for e in self._audit]
 
-    def _record(self, event: str, ticket: Json) -> None:
+    def _record(self, event: str, ticket: Json, close_key: str | None = None) -> None:
         self._audit.append(
             {
                 "seq": len(self._audit) + 1,
@@ -144,6 +151,7 @@ class TicketStore:
                 "idempotencyKey": ticket["idempotencyKey"],
                 "title": ticket["title"],
                 "at": _now(),
+                **({"closeKey": close_key} if close_key else {}),
             }
         )
         self._save()
@@ -190,16 +198,17 @@ class TicketServer(ThreadingHTTPServer):
             self.changed.notify_all()
             return True
 
-    def hold_answer(self) -> None:
-        """Waits while the holdCreates fault is set."""
+    def hold_answer(self, fault: str = "holdCreates") -> None:
+        """Waits while the hold fault (holdCreates, holdCloses) is set."""
         with self.changed:
-            self.changed.wait_for(lambda: not self.faults.get("holdCreates"))
+            self.changed.wait_for(lambda: not self.faults.get(fault))
 
-    def received(self, ticket: Json) -> int:
+    def received(self, ticket: Json, op: str = "create") -> int:
         with self.changed:
             self._received += 1
             self.inflight[self._received] = {
                 "seq": self._received,
+                "op": op,
                 "idempotencyKey": ticket["idempotencyKey"],
                 "ticketId": ticket["id"],
                 "receivedAt": _now(),
@@ -277,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/tickets":
             return self._create()
         if match := re.fullmatch(r"/tickets/([^/]+)/close", path):
-            return _found(self.server.store.close(match[1]))
+            return self._close(match[1])
         if path == "/faults":
             request = self._json_body()
             _check_faults(request)
@@ -316,6 +325,14 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.faults.get("dropCreateResponse"):
             return None
         return (HTTPStatus.OK if replayed else HTTPStatus.CREATED), ticket
+
+    def _close(self, ticket_id: str) -> Reply:
+        reply = _found(self.server.store.close(ticket_id, self.headers.get("Idempotency-Key")))
+        assert reply is not None
+        # Applied: the caller cannot tell whether it took effect until the answer comes.
+        self._inflight = self.server.received(reply[1], op="close")  # type: ignore[arg-type]
+        self.server.hold_answer("holdCloses")
+        return reply
 
     def _check_lookups(self) -> None:
         if self.server.faults.get("failLookups"):

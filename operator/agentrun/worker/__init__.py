@@ -10,6 +10,7 @@ worker.main(agent)
 """
 
 from agentrun.core.steps import StepRetry
+from agentrun.worker.compensation import Compensation
 from agentrun.worker.context import Context
 from agentrun.worker.effects import Effect
 from agentrun.worker.errors import (
@@ -23,6 +24,7 @@ from agentrun.worker.errors import (
 from agentrun.worker.main import main
 
 __all__ = [
+    "Compensation",
     "ConflictingResult",
     "Context",
     "Effect",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import API_VERSION, Resend, SendOutcome, SideEffect, SideEffectState
+from agentrun.api import API_VERSION, RUN_LABEL, Resend, SendOutcome, SideEffect, SideEffectState
 from agentrun.api.budgets import SIDE_EFFECT_RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation
 from agentrun.core.ledger import (
@@ -26,6 +26,7 @@ from agentrun.core.ledger import (
     all_sends,
     backoff,
     deadline_of,
+    foreign_record,
     next_step,
     references_seen,
     request_digest,
@@ -69,6 +70,7 @@ class Effect:
     result: Any
     state: SideEffectState
     executed_now: bool
+    key: str = ""  # the idempotency key it was recorded under
 
 
 def _now() -> str:
@@ -124,8 +126,33 @@ class Ledger:
         await self.session.check_own(body)
         return SideEffect.model_validate(body)
 
+    async def records(self) -> list[SideEffect]:
+        """Every SideEffect of the Run (one not the Run's, whatever its label says, is never used)."""
+        run = self.session.run or await self.session.read_run()
+        found = []
+        async for page in self.session.api.list_pages(
+            self._path(), label_selector=f"{RUN_LABEL}={self.me.run}"
+        ):
+            for item in page:
+                if foreign_record(item, self.me.run, run.metadata.uid) is None:
+                    found.append(SideEffect.model_validate(item))
+        return found
+
+    async def note(
+        self, record: SideEffect, state: SideEffectState, message: str, **fields: Any
+    ) -> SideEffect:
+        """A state change by this Attempt of a record it did not execute (a settling lookup, a
+        compensation): status.attempt keeps naming the Attempt that executed the action."""
+        return await self._set_state(record, state, message=message[:1024], executed=False, **fields)
+
     async def _set_state(
-        self, record: SideEffect, state: SideEffectState, *, message: str, **fields: Any
+        self,
+        record: SideEffect,
+        state: SideEffectState,
+        *,
+        message: str,
+        executed: bool = True,
+        **fields: Any,
     ) -> SideEffect:
         history = [
             h.to_api() for h in (record.status.history if record.status and record.status.history else [])
@@ -136,8 +163,7 @@ class Ledger:
         ]
         status = {
             "state": state.value,
-            "attempt": self.me.attempt,
-            "leaseEpoch": self.me.lease_epoch,
+            **({"attempt": self.me.attempt, "leaseEpoch": self.me.lease_epoch} if executed else {}),
             "history": history[-20:],
             **fields,
         }
@@ -431,4 +457,5 @@ class Ledger:
             result=status.result,
             state=status.state,
             executed_now=executed_now,
+            key=record.spec.idempotency_key,
         )

@@ -8,16 +8,18 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
 
-from agentrun.api import FailureClass, RejectedCommitReason
+from agentrun.api import AttemptReason, FailureClass, RejectedCommitReason
 from agentrun.core.failures import fingerprint
 from agentrun.core.fence import fence_violation
 from agentrun.core.traces import run_trace
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.tracing import Tracing, attempt_parent
+from agentrun.worker.compensation import Lookup, Registered, compensate
 from agentrun.worker.context import Context
+from agentrun.worker.effects import Ledger
 from agentrun.worker.errors import (
     AgentError,
     Cancelled,
@@ -79,8 +81,17 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
     return report, EX_TEMPFAIL if cls == FailureClass.TRANSIENT else 1
 
 
-async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool = True) -> None:
+async def run_attempt(
+    agent: Agent,
+    session: Session,
+    *,
+    stop_on_sigterm: bool = True,
+    compensations: Mapping[str, Registered] | None = None,
+    lookups: Mapping[str, Lookup] | None = None,
+) -> None:
     """Runs the agent next to the lease keeper and the cancel watch; whichever ends first decides.
+    A compensation Attempt (reason compensate) runs the registered compensations and lookups instead
+    (worker.compensation), and commits nothing.
 
     stop_on_sigterm: SIGTERM (the Pod's deletion) sets `session.cancelled`. A host that runs many
     attempts in one process (the local node's instant mode) passes False and sets it itself."""
@@ -92,10 +103,18 @@ async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool =
         if fence_violation(run, session.me.lease_epoch, session.me.cancel_epoch) == STALE_WORKER:
             raise LeaseLost(f"the Run's lease epoch is {run.status.lease_epoch}, not this worker's")
         attempt = await session.read_attempt()
-        resumed = await session.load_checkpoint(session.me.resume_from) if session.me.resume_from else None
+        compensating = attempt.spec.reason == AttemptReason.COMPENSATE
+        resume_from = None if compensating else session.me.resume_from
+        resumed = await session.load_checkpoint(resume_from) if resume_from else None
     except BaseException:
         watcher.cancel()
         raise
+    if compensating:
+
+        async def undo(_ctx: Context) -> None:
+            await compensate(Ledger(session), attempt, compensations, lookups)
+
+        agent = undo
     ctx = Context(session, run, attempt, resumed)
     lease = run.spec.lease
     # The agent's spans are children of this Attempt's span (TRACEPARENT, or derived from the Run alike).
@@ -121,6 +140,8 @@ async def run_attempt(agent: Agent, session: Session, *, stop_on_sigterm: bool =
             raise Cancelled("the Run was cancelled; the agent was stopped")
         result = agent_task.result()
         await ctx._usage.flush()  # before the commit: a Succeeded Run's usage is complete
+        if compensating:
+            return  # its end is its exit code: the Run's status is the operator's in Compensating
         with session.tracing.continuing(parent), session.tracing.span("commit"):
             await session.commit(result if isinstance(result, dict) else {"value": result})
     finally:
@@ -138,12 +159,21 @@ async def _last_usage(ctx: Context) -> None:
         log.warning("could not write the Attempt's usage: %s", exc)
 
 
-async def attempt_exit_code(agent: Agent, session: Session, *, stop_on_sigterm: bool = True) -> int:
+async def attempt_exit_code(
+    agent: Agent,
+    session: Session,
+    *,
+    stop_on_sigterm: bool = True,
+    compensations: Mapping[str, Registered] | None = None,
+    lookups: Mapping[str, Lookup] | None = None,
+) -> int:
     """Runs the Attempt to its end, writes the termination message and returns the exit code: what the
     attempt Pod's process reports, whichever way the Attempt ends."""
     me = session.me
     try:
-        await run_attempt(agent, session, stop_on_sigterm=stop_on_sigterm)
+        await run_attempt(
+            agent, session, stop_on_sigterm=stop_on_sigterm, compensations=compensations, lookups=lookups
+        )
     except Interrupted as stop:  # a clean end: the Run waits for its answer
         log.info("interrupted: waiting for request %s", stop.request_id)
         _write_termination(me, {"interrupted": stop.request_id})
@@ -160,7 +190,14 @@ async def attempt_exit_code(agent: Agent, session: Session, *, stop_on_sigterm: 
     return 0
 
 
-def main(agent: Agent) -> NoReturn:
+def main(
+    agent: Agent,
+    compensations: Mapping[str, Registered] | None = None,
+    lookups: Mapping[str, Lookup] | None = None,
+) -> NoReturn:
+    """Runs this Pod's Attempt: the agent, or for a compensation Attempt the `compensations` (by the
+    name a side effect gave as its compensation: a worker.Compensation or a bare callable) after
+    settling open records with `lookups` (by tool: fn(idempotency key) -> result or None)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     me = Identity.from_env()
 
@@ -169,7 +206,7 @@ def main(agent: Agent) -> NoReturn:
         session = Session(api, me)
         session.tracing = Tracing("agentrun-worker")  # on with OTEL_EXPORTER_OTLP_ENDPOINT
         try:
-            return await attempt_exit_code(agent, session)
+            return await attempt_exit_code(agent, session, compensations=compensations, lookups=lookups)
         finally:
             await api.aclose()
             await asyncio.to_thread(session.tracing.shutdown)

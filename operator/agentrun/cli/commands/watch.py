@@ -21,6 +21,11 @@ def settled_hint(run: Run) -> str | None:
         return f"waiting for request {p.request_id}{prompt}\n{answer}"
     if s.phase == RunPhase.PAUSED:
         return f"paused; continue with: kubectl agentrun resume {name}"
+    if s.phase == RunPhase.NEEDS_RECONCILIATION and s.compensating is not None:
+        return (
+            f"its compensation is incomplete: resolve the side effects (kubectl agentrun effects {name}), "
+            f"then: kubectl agentrun compensate {name}"
+        )
     if s.phase == RunPhase.NEEDS_RECONCILIATION:
         return (
             f"resolve its unknown side effects (kubectl agentrun effects {name}), "

@@ -19,7 +19,7 @@ from agentrun.api import (
     StartReason,
     attempt_name,
 )
-from agentrun.core import controls, report
+from agentrun.core import compensation, controls, report
 from agentrun.core.conditions import conditions_for
 from agentrun.core.failures import fingerprint
 from agentrun.core.identity import NOT_ALLOWED
@@ -63,6 +63,8 @@ class Builder:
     # ---- writes --------------------------------------------------------------------------------------
 
     def set_phase(self, phase: RunPhase, reason: str, message: str, **fields: Any) -> None:
+        # Cancelled or Failed under spec.compensation: first Compensating (core.compensation).
+        phase, fields = compensation.redirect(self.w, phase, reason, fields)
         generation = self.run.metadata.generation
         patch: dict[str, Any] = {
             "phase": phase.value,
@@ -134,6 +136,7 @@ class Builder:
         reason: str,
         input_value: Any = None,
         resume_from: str | None = None,
+        phase: RunPhase = RunPhase.RUNNING,
         **status_fields: Any,
     ) -> None:
         """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod. The Attempt
@@ -150,8 +153,8 @@ class Builder:
             self.plan.add(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))
         message = f"Attempt {number} ({reason}) holds lease epoch {epoch}"
         self.set_phase(
-            RunPhase.RUNNING,
-            "AttemptRunning",
+            phase,
+            "AttemptRunning" if phase == RunPhase.RUNNING else phase.value,
             message,
             currentAttempt=number,
             attempts=max(number, self.status.attempts or 0),

@@ -7,13 +7,20 @@ from typing import Any
 from agentrun.api import FINISHED_ATTEMPT_PHASES, AttemptReason, ControlOp, RunPhase
 from agentrun.core import controls, report
 from agentrun.core.controls import KeyUse
+from agentrun.core.runs import compensating
 from agentrun.core.runs.builder import Builder
 
 
 def judge_requests(b: Builder, current: int) -> bool:
     """Judges the control requests not processed yet (one record per idempotency key, every key spent
     once: status.spentKeys); True when one was, so the Run waits for that write before anything else."""
-    return _judge_retry(b, current) or _judge_cancel(b) or _judge_pause(b) or _judge_resume(b, current)
+    return (
+        _judge_retry(b, current)
+        or _judge_cancel(b)
+        or _judge_pause(b)
+        or compensating.judge_request(b)
+        or _judge_resume(b, current)
+    )
 
 
 def _judge_retry(b: Builder, current: int) -> bool:

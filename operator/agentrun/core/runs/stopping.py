@@ -128,11 +128,16 @@ def abort_leftovers(b: Builder) -> None:
 
 
 def settle_after_cancel(b: Builder) -> None:
-    """A cancel never leaves a record Pending: what was in flight may have happened. Once no Attempt of
-    the Run may still write, its Pending SideEffects are marked Unknown."""
-    if b.status.phase != RunPhase.CANCELLED or live_attempts(b.w):
+    """An ended Run (Cancelled or Failed) never leaves a record Pending: what was in flight may have
+    happened. Once no Attempt of the Run may still write, its Pending SideEffects are marked Unknown."""
+    phase = b.status.phase
+    if phase not in (RunPhase.CANCELLED, RunPhase.FAILED) or live_attempts(b.w):
         return
-    for effect, patch, version in ledger.settle_after_cancel(b.w.side_effects, rfc3339(b.w.now), MAX_HISTORY):
+    failed = phase == RunPhase.FAILED
+    now = rfc3339(b.w.now)
+    for effect, patch, version in ledger.settle_after_cancel(
+        b.w.side_effects, now, MAX_HISTORY, failed=failed
+    ):
         b.plan.add(PatchSideEffectStatus(effect, patch, version))
 
 

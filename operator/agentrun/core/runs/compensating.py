@@ -1,0 +1,249 @@
+"""The Compensating phase in the Run's table: compensation Attempts started, watched and concluded within
+their own budget, and spec.compensateRequest judged (the decisions themselves: core.compensation)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    Attempt,
+    AttemptFailure,
+    AttemptPhase,
+    AttemptReason,
+    CompensationProgress,
+    ControlOp,
+    FailureClass,
+    RunPhase,
+)
+from agentrun.core import compensation, controls, failures
+from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
+from agentrun.core.controls import KeyUse
+from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, Plan, WriteLease
+from agentrun.core.pods import PodView
+from agentrun.core.retry import decide_retry
+from agentrun.core.runs.builder import Builder, failure_fields
+from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
+
+
+def compensating(w: World) -> Plan | None:
+    """Compensating -> the compensation Attempts followed: the first granted once no earlier Attempt's Pod
+    is left, each one's end concluded (back to the Run's phase, another after a backoff, or
+    NeedsReconciliation CompensationIncomplete). Neither a cancel nor the deadline stops it."""
+    if w.run.status.phase != RunPhase.COMPENSATING:
+        return None
+    b = Builder(w)
+    supervise(b, w.current, w.current_pod)
+    return b.plan
+
+
+def judge_request(b: Builder) -> bool:
+    """Judges spec.compensateRequest once per key (like the other control requests); True when it was,
+    so the Run waits for that write."""
+    run = b.run
+    request = run.spec.compensate_request
+    if request is None:
+        return False
+    key, digest = request.idempotency_key, compensation.request_digest(request.effects)
+    use = controls.key_use(run, key, ControlOp.COMPENSATE, digest)
+    if use == KeyUse.REPEAT:
+        return False
+    if use == KeyUse.NEW:
+        verdict, started = compensation.judge(run, b.w.side_effects)
+    else:
+        verdict, started = controls.key_refusal(use, key), None
+    record = controls.control_record(ControlOp.COMPENSATE, key, digest, verdict, b.w.now)
+    spent = controls.with_spent(run, key, ControlOp.COMPENSATE, digest) if use == KeyUse.NEW else None
+    if started is None:
+        b.record_control(record, spent=spent)
+        if not verdict.accepted:
+            b.event("Warning", "CompensateRejected", f"{verdict.reason}: {verdict.message}")
+        return True
+    b.set_phase(
+        RunPhase.COMPENSATING,
+        "CompensateRequested",
+        verdict.message,
+        controls=controls.with_record(run, record),
+        spentKeys=spent,
+        compensating=started,
+        nextAttemptTime=None,
+    )
+    b.event("Normal", "CompensateRequested", verdict.message)
+    return True
+
+
+def supervise(b: Builder, attempt: Attempt | None, pod: PodView | None) -> None:
+    """Phase Compensating: start, watch and conclude compensation Attempts within their own budget."""
+    progress = b.status.compensating
+    if progress is None:  # written by hand or by an older operator: nothing says where to return
+        _incomplete(b, "the Run is Compensating without status.compensating: nothing says what to undo")
+        return
+    current, first = b.status.current_attempt or 0, progress.first_attempt
+    if _earlier_still_running(b, first):
+        return  # an Attempt still sending could race the compensation: it goes first
+    if current < first:
+        _grant(b, first, progress)
+    elif attempt is None:  # a grant interrupted after the Run's write: create what it promised
+        epoch, reason = b.status.lease_epoch or 0, AttemptReason.COMPENSATE
+        promised = b.attempt_object(current, epoch, reason, attempt_input(progress), None)
+        b.plan.add(CreateAttempt(promised.to_api()))
+        b.ensure_pod(promised)
+    elif attempt.status.phase in FINISHED_ATTEMPT_PHASES:
+        ok = attempt.status.phase == AttemptPhase.SUCCEEDED
+        _after(b, attempt, None if ok else attempt.status.failure or failures.pod_lost(), progress, seen=True)
+    elif pod is None:
+        if attempt.status.start_time is None:
+            b.ensure_pod(attempt)  # not created yet, or not in the cache yet: creating is idempotent
+        else:
+            _end(b, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
+    elif pod.finished:
+        end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
+        failure = failures.classify_exit(end)
+        _end(b, attempt, AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED, failure, progress)
+    else:
+        _watch(b, attempt, pod, progress)
+
+
+def _earlier_still_running(b: Builder, first: int) -> bool:
+    """Ends the Attempts before the compensation that have not ended (aborted, their Pods stopped); True
+    while one of their Pods is still there."""
+    waiting = False
+    for number, attempt in b.w.attempts.items():
+        if number >= first:
+            continue
+        if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
+            b.finish_attempt(
+                attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, "the Run compensates")
+            )
+        pod = b.w.pods.get(str(attempt.metadata.name))
+        if pod is not None and not pod.finished:
+            if not pod.deleting:
+                b.plan.add(DeletePod(pod.name))
+            waiting = True
+    if waiting:
+        b.plan.wake_in(RECHECK_SECONDS)  # the Pod's end wakes us sooner
+    return waiting
+
+
+def _grant(b: Builder, number: int, progress: CompensationProgress) -> None:
+    b.grant(number, AttemptReason.COMPENSATE, attempt_input(progress), phase=RunPhase.COMPENSATING)
+
+
+def _watch(b: Builder, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> None:
+    """A compensation Attempt at work: record that it runs, and take its lease over when it expires."""
+    name, w = str(attempt.metadata.name), b.w
+    if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
+        patch = {
+            "phase": "Running",
+            "startTime": pod.running_since,
+            "podName": pod.name,
+            "traceId": b.trace_id,
+        }
+        b.plan.add(PatchAttemptStatus(name, patch, attempt.metadata.resource_version))
+    lease = w.lease
+    holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
+    if not holds or w.lease_expires_in is None or not pod.running_since:
+        b.plan.wake_in(RECHECK_SECONDS)
+    elif w.lease_expires_in > 0:
+        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+    else:
+        assert lease is not None
+        epoch = lease.epoch + 1  # revoked: a late write of the frozen worker is refused
+        b.plan.add(WriteLease(None, epoch, b.run.spec.lease.duration_seconds, lease.resource_version))
+        b.plan.add(DeletePod(pod.name, grace_seconds=0))
+        lost = failures.lease_lost(b.run.spec.lease.duration_seconds)
+        _end(b, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch)
+
+
+def _end(
+    b: Builder,
+    attempt: Attempt,
+    phase: AttemptPhase,
+    failure: AttemptFailure | None,
+    progress: CompensationProgress,
+    **fields: Any,
+) -> None:
+    b.finish_attempt(attempt, phase, failure)
+    ok = phase == AttemptPhase.SUCCEEDED
+    _after(b, attempt, None if ok else failure or failures.pod_lost(), progress, seen=False, **fields)
+
+
+def _after(
+    b: Builder,
+    attempt: Attempt,
+    failure: AttemptFailure | None,
+    progress: CompensationProgress,
+    *,
+    seen: bool,
+    **fields: Any,
+) -> None:
+    """The compensation Attempt ended (failure None: it did all it had to), recorded now or `seen`
+    recorded before: back to the Run's phase, another compensation Attempt after a backoff, or
+    NeedsReconciliation. The worker ends a compensation Attempt well only when everything in its scope
+    is settled and compensated; anything left open makes it fail with unknown_side_effect."""
+    if failure is None:
+        _return(b, progress, **fields)
+        return
+    due = b.status.next_attempt_time
+    if seen and due is not None:
+        if b.w.now >= due:
+            _grant(b, attempt.spec.number + 1, progress)
+        else:
+            b.plan.wake_in((due - b.w.now).total_seconds())
+        return
+    retry, message = retry_after_failure(b, attempt.spec.number, failure, progress)
+    if retry is None:
+        _incomplete(b, message, **fields)
+        return
+    at = b.w.now + timedelta(seconds=retry)
+    if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
+        at = at.replace(microsecond=0) + timedelta(seconds=1)
+    text = f"compensation Attempt {attempt.spec.number} failed ({failure.failure_class}: {failure.message}); "
+    b.set_phase(
+        RunPhase.COMPENSATING,
+        "CompensationRetry",
+        text + f"the next starts at {rfc3339(at)}",
+        nextAttemptTime=rfc3339(at),
+        **fields,
+    )
+    b.event("Normal", "CompensationRetry", message)
+    b.plan.wake_in((at - b.w.now).total_seconds())
+
+
+def retry_after_failure(
+    b: Builder, number: int, failure: AttemptFailure, progress: CompensationProgress
+) -> tuple[float | None, str]:
+    """(seconds until the next compensation Attempt, or None: give up; why). The Run's retry policy
+    decides with spec.compensation.maxAttempts as the budget; an open or conflicting record
+    (unknown_side_effect) needs a person, never another try."""
+    if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
+        return None, failure.message or "a side effect could not be settled or compensated"
+    budget = policy_of(b.run).max_attempts
+    policy = b.run.spec.retry.model_copy(update={"max_attempts": budget})
+    history = [b.w.failure_of(n) for n in range(progress.first_attempt, number)] + [failure]
+    decision = decide_retry(
+        policy, number - progress.first_attempt + 1, history, seed=str(b.run.metadata.uid)
+    )
+    if not decision.retry:
+        return None, f"{decision.message}; last failure: {failure.message}"
+    return max(decision.delay_seconds, float(failure.retry_after_seconds or 0)), decision.message
+
+
+def _return(b: Builder, progress: CompensationProgress, **fields: Any) -> None:
+    phase = RunPhase(progress.return_phase)
+    message = f"side effects compensated; the Run is {phase.value} again"
+    failure = b.status.failure
+    if failure is not None and failure.reason == INCOMPLETE and phase != RunPhase.FAILED:
+        fields["failure"] = None  # the incomplete compensation was completed: nothing failed
+    b.set_phase(phase, "Compensated", message, compensating=None, nextAttemptTime=None, **fields)
+    b.event("Normal", "Compensated", message)
+
+
+def _incomplete(b: Builder, message: str, **fields: Any) -> None:
+    text = f"{INCOMPLETE}: {message}; resolve the SideEffects, then ask again (spec.compensateRequest)"
+    failure = failure_fields(FailureClass.UNKNOWN_SIDE_EFFECT, INCOMPLETE, message)
+    b.set_phase(
+        RunPhase.NEEDS_RECONCILIATION, INCOMPLETE, text, failure=failure, nextAttemptTime=None, **fields
+    )
+    b.event("Warning", INCOMPLETE, text)
