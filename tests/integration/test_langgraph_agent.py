@@ -89,12 +89,16 @@ def test_a_graph_interrupt_held_by_its_attempt_is_answered_without_a_new_attempt
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, support_agent_run("held", "langgraph_questions", {"holdSeconds": 300}))
+    # Answered once the operator has recorded the wait (InputRequired): before that the Run is Running and
+    # an answer is refused as NotWaiting.
     waiting = wait_for(
         lambda: (
-            (r := get_run(kube, ns, "held")).get("status", {}).get("pendingRequest", {}).get("heldBy") and r
+            (r := get_run(kube, ns, "held")).get("status", {}).get("phase") == "InputRequired"
+            and r["status"].get("pendingRequest", {}).get("heldBy")
+            and r
         ),
         timeout=60,
-        what="the graph's request held by its Attempt",
+        what="the graph's request held by its Attempt, the Run InputRequired",
     )
     pending = waiting["status"]["pendingRequest"]
     assert pending["heldBy"] == "held-a1"
