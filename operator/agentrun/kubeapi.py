@@ -56,6 +56,13 @@ class ApiError(Exception):
         return self.status == 404
 
     @property
+    def permanent(self) -> bool:
+        """A refusal that the same request will meet again (a 4xx but for 408 Request Timeout, 409
+        Conflict and 429 Too Many Requests): retrying soon cannot help, a change of the request or of
+        the cluster (RBAC, a policy, the object) must come first."""
+        return 400 <= self.status < 500 and self.status not in (408, 409, 429)
+
+    @property
     def too_large(self) -> bool:
         """The object (or the request) is over a size limit: sending it again cannot help."""
         if self.status == 413:
@@ -219,19 +226,32 @@ class KubeApi:
         return True
 
     async def watch(
-        self, collection: str, name: str, timeout_seconds: int = 60, resource_version: str | None = None
+        self,
+        collection: str,
+        name: str | None = None,
+        *,
+        label_selector: str | None = None,
+        timeout_seconds: int = 60,
+        resource_version: str | None = None,
+        bookmarks: bool = False,
     ) -> AsyncIterator[JsonDict]:
-        """Watch events ({type, object}) of one object until the server ends the stream; from
-        `resource_version` on (every change after it, none skipped), else from its current state."""
+        """Watch events ({type, object}) of a collection (or of the one object `name`, or of the objects
+        `label_selector` selects, chosen by the API server) until the server ends the stream; from
+        `resource_version` on (every change after it, none skipped), else from the current state.
+        `bookmarks` asks for BOOKMARK events (an object carrying only a newer resourceVersion). An
+        expired resource_version comes as an ERROR event with a 410 Status (agentrun.kubewatch
+        relists then)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[JsonDict | BaseException | None] = asyncio.Queue()
-        query = [
-            ("watch", "true"),
-            ("fieldSelector", f"metadata.name={name}"),
-            ("timeoutSeconds", str(timeout_seconds)),
-        ]
+        query = [("watch", "true"), ("timeoutSeconds", str(timeout_seconds))]
+        if name is not None:
+            query.append(("fieldSelector", f"metadata.name={name}"))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
         if resource_version:
             query.append(("resourceVersion", resource_version))
+        if bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
 
         responses: list[Any] = []
 
