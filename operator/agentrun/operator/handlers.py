@@ -21,6 +21,8 @@ log = logging.getLogger("agentrun.operator")
 def registry(namespaces: Sequence[str]) -> kopf.OperatorRegistry:
     """The handlers of an operator watching `namespaces` (none: the whole cluster)."""
     handlers = kopf.OperatorRegistry()
+    # kopf's default registry logs in through the kubernetes client by itself; ours says so.
+    kopf.on.login(registry=handlers)(kopf.login_via_client)
 
     @kopf.on.startup(registry=handlers)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
