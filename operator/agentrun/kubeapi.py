@@ -255,6 +255,11 @@ class KubeApi:
 
         responses: list[Any] = []
 
+        def hand(item: JsonDict | BaseException | None) -> None:
+            # The consumer may be gone with its loop (it stopped reading): nobody to tell then.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, item)
+
         def stream() -> None:
             try:
                 response = self._client.call_api(
@@ -274,12 +279,12 @@ class KubeApi:
                     while b"\n" in buffer:
                         line, buffer = buffer.split(b"\n", 1)
                         if line.strip():
-                            loop.call_soon_threadsafe(events.put_nowait, json.loads(line))
-                loop.call_soon_threadsafe(events.put_nowait, None)
+                            hand(json.loads(line))
+                hand(None)
             except ApiException as exc:
-                loop.call_soon_threadsafe(events.put_nowait, to_api_error(exc))
+                hand(to_api_error(exc))
             except BaseException as exc:  # handed to the consumer, which decides
-                loop.call_soon_threadsafe(events.put_nowait, exc)
+                hand(exc)
 
         self.requests += 1
         # A daemon thread, not the pool: a read blocked on a quiet stream must never hold the process
