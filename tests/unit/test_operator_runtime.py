@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
+from agentrun.api import Run
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
-from agentrun.operator.cache import OwnedObjects, RunCache
-from agentrun.operator.reconciler import trusts_cached_run
+from agentrun.operator.cache import AgentAccounts, OwnedObjects, RunCache
+from agentrun.operator.reconciler import Reconciler, trusts_cached_run
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
 from unit.factories import (
     NAMESPACE,
@@ -43,45 +44,64 @@ def supervising(pod: Any, **status: Any) -> World:
 
 
 @pytest.mark.parametrize(
-    ("world", "trusted"),
+    "world",
     [
-        pytest.param(supervising(ended_pod(1, 0)), False, id="exit 0, no commit seen: read the Run first"),
-        pytest.param(supervising(ended_pod(1, 1)), False, id="exit 1, no commit seen: read the Run first"),
-        pytest.param(supervising(None), False, id="Pod gone, no commit seen: read the Run first"),
-        pytest.param(supervising(running_pod(1)), True, id="nothing to write"),
+        pytest.param(supervising(ended_pod(1, 0)), id="exit 0"),
+        pytest.param(supervising(ended_pod(1, 1)), id="exit 1"),
+        pytest.param(supervising(None), id="Pod gone"),
     ],
 )
-def test_a_plan_that_ends_an_attempt_from_pod_evidence_is_never_made_from_an_unread_run(
-    world: World, trusted: bool
+def test_an_attempt_ended_from_pod_evidence_without_a_commit_seen_is_never_decided_on_an_unread_run(
+    world: World,
 ) -> None:
     plan = decide(world)
 
-    assert trusts_cached_run(plan) is trusted
-    if not trusted:
-        assert plan.actions and not isinstance(plan.actions[0], PatchRunStatus)
+    assert plan.actions
+    assert not trusts_cached_run(plan, world.run)
 
 
-def test_a_commit_seen_in_the_cache_still_reads_before_ending_the_attempt_first() -> None:
+def test_an_attempt_ended_after_the_commit_seen_is_decided_on_the_cached_run() -> None:
     world = supervising(ended_pod(1, 0), committedBy=committed_by(1, 1), result={"ticket": "T-1"})
     plan = decide(world)
 
-    assert trusts_cached_run(plan) is isinstance(plan.actions[0], PatchRunStatus)
+    assert attempt_phases(plan) == ["Succeeded"]
+    assert trusts_cached_run(plan, world.run)
+
+
+def test_nothing_to_write_needs_no_read() -> None:
+    world = supervising(running_pod(1))
+    assert trusts_cached_run(decide(world), world.run)
+
+
+RUNNING = make_run(run_status("Running", current=1, lease_epoch=1))
+COMMITTED = make_run(run_status("Running", current=1, lease_epoch=1, committedBy=committed_by(1, 1)))
+ENDED = PatchAttemptStatus("a1", {"phase": "Failed"}, "7")
+STARTED = PatchAttemptStatus("a1", {"phase": "Running"}, "7")
 
 
 @pytest.mark.parametrize(
-    ("plan", "trusted"),
+    ("plan", "run", "trusted"),
     [
-        (Plan(), True),
-        (Plan().wake_in(5), True),
-        (Plan().add(PatchRunStatus({"phase": "Running"}), WriteLease("a1", 1, 60, None)), True),
-        (Plan().add(WriteLease("a1", 1, 60, None), PatchRunStatus({"phase": "Running"})), False),
-        (Plan().add(PatchAttemptStatus("a1", {"phase": "Failed"}, "7")), False),
-        (Plan().add(DeletePod("a1")), False),
-        (Plan().add(RecordEvent("Normal", "Queued", "waits")), False),
+        (Plan(), RUNNING, True),
+        (Plan().wake_in(5), RUNNING, True),
+        (Plan().add(PatchRunStatus({"phase": "Running"}), WriteLease("a1", 1, 60, None)), RUNNING, True),
+        (Plan().add(ENDED, PatchRunStatus({"phase": "Failed"})), RUNNING, False),
+        (Plan().add(ENDED, PatchRunStatus({"phase": "Succeeded"})), COMMITTED, True),
+        (Plan().add(STARTED), RUNNING, True),
+        (Plan().add(STARTED, ENDED), RUNNING, False),
+        (Plan().add(WriteLease("a1", 1, 60, None), PatchRunStatus({"phase": "Running"})), RUNNING, False),
+        (Plan().add(DeletePod("a1")), COMMITTED, False),
+        (Plan().add(RecordEvent("Normal", "Queued", "waits")), RUNNING, False),
     ],
 )
-def test_only_a_plan_led_by_the_preconditioned_run_write_trusts_the_cache(plan: Plan, trusted: bool) -> None:
-    assert trusts_cached_run(plan) is trusted
+def test_writes_ahead_of_the_preconditioned_run_write_decide_whether_the_run_is_read(
+    plan: Plan, run: Run, trusted: bool
+) -> None:
+    assert trusts_cached_run(plan, run) is trusted
+
+
+def attempt_phases(plan: Plan) -> list[str]:
+    return [a.patch["phase"] for a in plan.of(PatchAttemptStatus) if isinstance(a, PatchAttemptStatus)]
 
 
 # ---- the Run cache -------------------------------------------------------------------------------------
@@ -193,7 +213,7 @@ def test_errors_back_off_exponentially_per_key_up_to_the_cap_and_reset_on_succes
         queue.succeeded("a")
         queue.forget("a")
         queue.forget("b")
-        return delays + [other], capped, queue.add_rate_limited("a")
+        return [*delays, other], capped, queue.add_rate_limited("a")
 
     delays, capped, after_success = asyncio.run(scenario())
 
@@ -231,8 +251,20 @@ def test_a_due_lease_check_reconciles_only_when_the_lease_was_not_renewed() -> N
 
 @pytest.mark.parametrize(
     ("status", "permanent"),
-    [(400, True), (403, True), (404, True), (422, True), (408, False), (409, False), (429, False)]
-    + [(500, False), (503, False)],
+    [
+        *[(400, True), (403, True), (404, True), (422, True)],
+        *[(408, False), (409, False), (429, False), (500, False), (503, False)],
+    ],
 )
 def test_a_4xx_is_permanent_but_for_timeout_conflict_and_throttling(status: int, permanent: bool) -> None:
     assert ApiError(status, "Reason", "message").permanent is permanent
+
+
+def test_the_reconciler_reads_the_very_caches_it_is_given_even_empty_ones() -> None:
+    """An empty cache is falsy (it has a length): the reconciler once put a fresh one of its own in the
+    place of the empty accounts cache the informers fill, and read every account from the API."""
+
+    runs, accounts = RunCache(), AgentAccounts()
+    reconciler = Reconciler(None, OwnedObjects(), runs=runs, accounts=accounts)  # type: ignore[arg-type]
+
+    assert reconciler.runs is runs and reconciler.accounts is accounts

@@ -1,14 +1,22 @@
 """Reconciling one Run: take it and what it owns from the cache, decide, write.
 
 Which view of the Run a decision may be carried out from (the rule, tested in
-tests/unit/test_operator_reconciler.py): the cached Run (the last watch event or our own write's
-response) may be behind the API server, e.g. the worker's commit may have landed since. A plan whose
-first write is the Run's status patch is carried out from it as it is: that patch is preconditioned on
-the resourceVersion the decision saw, so a stale view ends in a 409 before anything else is written, and
-the Run is read again for the next decision. Any other plan that writes (ending an Attempt from its
-Pod's exit or absence, a Lease, a Pod, an Event) would be written from a view nobody verified: the Run
-is read first, and if it moved, decided again on what was read. A Run with no cached view, or one whose
-write just lost a race, is read too.
+tests/unit/test_operator_runtime.py): the cached Run (the last watch event or our own write's response)
+may be behind the API server, e.g. the worker's commit may have landed since. The writes of a plan are
+carried out from the cached Run, unread, only while they come before nothing that view could get wrong:
+
+- the Run's status patch is preconditioned on the resourceVersion the decision saw: a stale view ends in
+  a 409 there, before any later write, and the Run is read again for the next decision. A plan led by
+  it is carried out as it is.
+- an Attempt status patch that does not end the Attempt (Pending, Running, usage) records what its Pod
+  shows, true whatever the Run says since; one that ends it is trusted only if the cached Run already
+  shows the commit (a commit is never undone). Ending an Attempt from Pod evidence alone (an exit code,
+  the Pod gone) while no commit is seen must not be decided on a stale Run: the commit may have landed.
+
+Any other write ahead of the Run's status patch (a Lease, an Attempt or Pod created, a Pod deleted, an
+Event, a side-effect record) would be written from a view nobody verified: the Run is read first, and if
+it moved, decided again on what was read. A Run with no cached view, or one whose write just lost a
+race, is read too.
 """
 
 from __future__ import annotations
@@ -19,10 +27,10 @@ import logging
 import time
 from typing import Any, Final
 
-from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
-from agentrun.core.plan import PatchRunStatus, Plan
+from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -43,9 +51,17 @@ def _fields(key: Key) -> dict[str, str]:
     return {"namespace": key[0], "run": key[1]}
 
 
-def trusts_cached_run(plan: Plan) -> bool:
-    """Whether the plan may be carried out from the cached Run unread (see the module docstring)."""
-    return not plan.actions or isinstance(plan.actions[0], PatchRunStatus)
+def trusts_cached_run(plan: Plan, run: Run) -> bool:
+    """Whether the plan may be carried out from `run`, the cached view, unread (the module docstring)."""
+    for action in plan.actions:
+        if isinstance(action, PatchRunStatus):
+            return True
+        if not isinstance(action, PatchAttemptStatus):
+            return False
+        ends = action.patch.get("phase") in FINISHED_ATTEMPT_PHASES
+        if ends and run.status.committed_by is None:
+            return False
+    return True
 
 
 class Reconciler:
@@ -63,8 +79,10 @@ class Reconciler:
     ) -> None:
         self.api = api
         self.cache = cache
-        self.runs = runs or RunCache()
-        self.accounts = accounts or AgentAccounts()
+        # `is None`, not `or`: an empty cache is falsy (it has a length), and a fresh one in its place
+        # would never be filled (the informers fill the one they were given).
+        self.runs = RunCache() if runs is None else runs
+        self.accounts = AgentAccounts() if accounts is None else accounts
         self.operator_account = operator_account
         self.queue: WorkQueue[Key] = WorkQueue(lease_due=self._lease_due)
         self.metrics = metrics or OperatorMetrics(registry=None)
@@ -178,7 +196,7 @@ class Reconciler:
         if run is None:
             return
         plan = decide(await self._world(key, run))
-        if cached is not None and not trusts_cached_run(plan):
+        if cached is not None and not trusts_cached_run(plan, run):
             current = await self._read(key)
             if current is None:
                 return
