@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
 from agentrun.api import Run
+from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
 from agentrun.operator.cache import AgentAccounts, OwnedObjects, RunCache
