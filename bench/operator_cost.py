@@ -4,7 +4,8 @@ foreign Pods and Leases (no agentrun label) the operator has no business with.
     PYTHONPATH=hack:tests .venv/bin/python bench/operator_cost.py --n 200 --foreign 200 --state /tmp/oc
 
 Reported: API requests per Run by verb and resource (all clients, WATCH not counted), the operator's CPU
-ms per Run over the batch, and its CPU ms per foreign object (a create and a delete each).
+ms per Run over the batch, and its CPU ms per foreign object (a create and a delete each); with
+--footprint N, the operator restarted with N Runs existing (bench/cost.py's footprint: RSS, start-up).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+import cost
 import throughput
 from harness import Bench, cpu_seconds, create_all, log
 
@@ -51,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--foreign", type=int, default=200)
+    parser.add_argument("--footprint", type=int, default=0, help="then restart it with this many Runs")
     parser.add_argument("--state", type=Path, default=Path("/tmp/agentrun-operator-cost"))
     args = parser.parse_args()
     bench = Bench(args.state, instant=True)
@@ -71,6 +74,13 @@ def main() -> None:
                 f"{v} {r}": round(c / args.n, 2) for (v, r), c in batch.requests.most_common()
             },
         }
+        if args.footprint > args.n:
+            template = bench.kube.custom.get_namespaced_custom_object(
+                "agentrun.dev", "v1alpha1", ns, "runs", "w0"
+            )
+            bench.operator.stop()
+            cost.finished_runs(bench, bench.namespace("finished"), args.footprint - args.n, template)
+            out["footprint"] = cost.footprint(bench, args.footprint)
         log(json.dumps(out, indent=1))
     finally:
         bench.stop()
