@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -193,12 +194,13 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 class RunCache:
-    """The Runs as last seen in a watch event or in the response of one of our own writes: compact JSON
-    of the object without managedFields and kubectl's last-applied copy (what decide reads; ~3 KiB a
-    Run, where the parsed object would be ten times that), parsed again at each reconcile."""
+    """The Runs as last seen in a watch event or in the response of one of our own writes: the object
+    without managedFields and kubectl's last-applied copy (what decide reads), kept as compressed
+    compact JSON (about 1 KiB a finished Run, where the parsed object is ten times its JSON) and parsed
+    again at each reconcile (tens of microseconds, beside a reconcile's milliseconds)."""
 
     def __init__(self) -> None:
-        self._runs: dict[Key, tuple[int | None, str, str]] = {}  # resourceVersion, uid, JSON
+        self._runs: dict[Key, tuple[int | None, str, bytes]] = {}  # resourceVersion, uid, zlib'd JSON
 
     @staticmethod
     def key_of(body: JsonDict) -> Key:
@@ -218,13 +220,13 @@ class RunCache:
         kept = {k: v for k, v in metadata.items() if k != "managedFields"}
         if LAST_APPLIED in (kept.get("annotations") or {}):
             kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != LAST_APPLIED}
-        text = json.dumps({**body, "metadata": kept}, separators=(",", ":"))
-        self._runs[key] = (version, str(metadata.get("uid")), text)
+        text = json.dumps({**body, "metadata": kept}, separators=(",", ":")).encode()
+        self._runs[key] = (version, str(metadata.get("uid")), zlib.compress(text, 1))
         return True
 
     def get(self, key: Key) -> Run | None:
         cached = self._runs.get(key)
-        return Run.model_validate_json(cached[2]) if cached else None
+        return Run.model_validate_json(zlib.decompress(cached[2])) if cached else None
 
     def resource_version(self, key: Key) -> str | None:
         cached = self._runs.get(key)
