@@ -235,6 +235,9 @@ class RunCache:
     def remove(self, key: Key) -> None:
         self._runs.pop(key, None)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._runs
+
     def __len__(self) -> int:
         return len(self._runs)
 
