@@ -13,8 +13,9 @@ from agentrun.api import Run
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
-from agentrun.operator.cache import AgentAccounts, OwnedObjects, RunCache
+from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.reconciler import Reconciler, trusts_cached_run
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
 from unit.factories import (
     NAMESPACE,

@@ -10,14 +10,12 @@ the Job controller keeps), and the watch event of its own write (same resourceVe
 
 from __future__ import annotations
 
-import json
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from agentrun.api import RUN_LABEL, Run
+from agentrun.api import RUN_LABEL
 from agentrun.core.lease import Sighting, sight
 from agentrun.core.pods import pod_essentials
 
@@ -27,7 +25,8 @@ JsonDict = dict[str, Any]
 Observer = Callable[[str, JsonDict | None, JsonDict], None]
 
 
-def _version(obj: JsonDict | None) -> int | None:
+def version_of(obj: JsonDict | None) -> int | None:
+    """An object's resourceVersion as the integer etcd makes it (None if it is not one)."""
     try:
         return int((obj or {})["metadata"]["resourceVersion"])
     except (KeyError, ValueError, TypeError):
@@ -37,14 +36,14 @@ def _version(obj: JsonDict | None) -> int | None:
 def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
     """resourceVersions are opaque by contract, but etcd's are integers: use them to refuse an event
     older than what a write already showed us."""
-    new, old = _version(incoming), _version(cached)
+    new, old = version_of(incoming), version_of(cached)
     return new is None or old is None or new >= old
 
 
 def _newer(incoming: JsonDict, cached: JsonDict | None) -> bool:
     """Whether `incoming` tells more than `cached`: not the same version again (the echo of our own
     write, whose response gave it), nor an older one."""
-    new, old = _version(incoming), _version(cached)
+    new, old = version_of(incoming), version_of(cached)
     if cached is None or new is None or old is None:
         return True
     return new > old
@@ -122,7 +121,7 @@ class OwnedObjects:
             if namespace is not None and key[0] != namespace:
                 continue
             for name, cached in list(bucket.items()):
-                version = _version(cached)
+                version = version_of(cached)
                 if (key, name) in seen or (
                     listed_at is not None and version is not None and version > listed_at
                 ):
@@ -188,58 +187,6 @@ class OwnedObjects:
 
     def size(self) -> dict[str, int]:
         return {kind: sum(len(v) for v in runs.values()) for kind, runs in self._by_run.items()}
-
-
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-class RunCache:
-    """The Runs as last seen in a watch event or in the response of one of our own writes: the object
-    without managedFields and kubectl's last-applied copy (what decide reads), kept as compressed
-    compact JSON (about 1 KiB a finished Run, where the parsed object is ten times its JSON) and parsed
-    again at each reconcile (tens of microseconds, beside a reconcile's milliseconds)."""
-
-    def __init__(self) -> None:
-        self._runs: dict[Key, tuple[int | None, str, bytes]] = {}  # resourceVersion, uid, zlib'd JSON
-
-    @staticmethod
-    def key_of(body: JsonDict) -> Key:
-        metadata = body.get("metadata") or {}
-        return str(metadata.get("namespace")), str(metadata.get("name"))
-
-    def put(self, body: JsonDict) -> bool:
-        """Takes a version of a Run in; False (and nothing changes) if it is no newer than the cached one:
-        the echo of our own write, or an event older than a write's response."""
-        key, version = self.key_of(body), _version(body)
-        cached = self._runs.get(key)
-        metadata = body.get("metadata") or {}
-        if cached is not None and metadata.get("uid") == cached[1]:
-            known = cached[0]
-            if version is not None and known is not None and version <= known:
-                return False
-        kept = {k: v for k, v in metadata.items() if k != "managedFields"}
-        if LAST_APPLIED in (kept.get("annotations") or {}):
-            kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != LAST_APPLIED}
-        text = json.dumps({**body, "metadata": kept}, separators=(",", ":")).encode()
-        self._runs[key] = (version, str(metadata.get("uid")), zlib.compress(text, 1))
-        return True
-
-    def get(self, key: Key) -> Run | None:
-        cached = self._runs.get(key)
-        return Run.model_validate_json(zlib.decompress(cached[2])) if cached else None
-
-    def resource_version(self, key: Key) -> str | None:
-        cached = self._runs.get(key)
-        return None if cached is None or cached[0] is None else str(cached[0])
-
-    def remove(self, key: Key) -> None:
-        self._runs.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._runs
-
-    def __len__(self) -> int:
-        return len(self._runs)
 
 
 class AgentAccounts:

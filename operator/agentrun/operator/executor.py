@@ -11,8 +11,9 @@ from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.operator.cache import OwnedObjects, RunCache
+from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.metrics import OperatorMetrics
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import TRACED_END_PHASES, RunSpans
 from agentrun.tracing import Tracing
 

@@ -35,9 +35,10 @@ from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
-from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects, RunCache
+from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
 from agentrun.tracing import Tracing, now

@@ -14,9 +14,10 @@ from wsgiref.simple_server import WSGIServer
 from agentrun.core.identity import Account
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
-from agentrun.operator.cache import AgentAccounts, OwnedObjects, RunCache
+from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.informers import Informers
 from agentrun.operator.reconciler import Reconciler
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.tracing import Tracing
 
