@@ -71,7 +71,9 @@ class ApiError(Exception):
 
     @property
     def permanent(self) -> bool:
-        """Sending the same request again cannot succeed: a 4xx other than 408, 409 and 429."""
+        """A refusal that the same request will meet again (a 4xx but for 408 Request Timeout, 409
+        Conflict and 429 Too Many Requests): retrying soon cannot help, a change of the request or of
+        the cluster (RBAC, a policy, the object) must come first."""
         return 400 <= self.status < 500 and self.status not in RETRYABLE_CLIENT_ERRORS
 
     @property
@@ -329,9 +331,12 @@ class KubeApi:
         resource_version: str | None = None,
         bookmarks: bool = False,
     ) -> AsyncIterator[JsonDict]:
-        """Watch events ({type, object}) of a collection (or of one object: `name`) until the server
-        ends the stream; from `resource_version` on (every change after it, none skipped), else from
-        the current state (an ADDED event per object first). `bookmarks` asks for BOOKMARK events."""
+        """Watch events ({type, object}) of a collection (or of the one object `name`, or of the objects
+        `label_selector` selects, chosen by the API server) until the server ends the stream; from
+        `resource_version` on (every change after it, none skipped), else from the current state (an
+        ADDED event per object first). `bookmarks` asks for BOOKMARK events (an object carrying only a
+        newer resourceVersion). An expired resource_version comes as an ERROR event with a 410 Status
+        (agentrun.kubewatch relists then)."""
         query = {"watch": "true", "timeoutSeconds": str(timeout_seconds)}
         if name:
             query["fieldSelector"] = f"metadata.name={name}"

@@ -1,5 +1,5 @@
-"""The operator's view of what a Run owns, on the real API server: filled by listing before the first
-reconcile, and corrected when a write finds the cache behind."""
+"""The operator's view of what a Run owns, on the real API server: listed and watched by label before the
+first reconcile, deaf to its own echoes, and corrected when a write finds the cache behind."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
-from agentrun.core.plan import PatchAttemptStatus, Plan
+from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, Plan
 from agentrun.kubeapi import KubeApi, load_configuration
-from agentrun.operator import sync
-from agentrun.operator.cache import OwnedObjects
+from agentrun.kubewatch import Event, Gone, Listed, list_all, reflect, watch_from
+from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
+from agentrun.operator.informers import Informers
 from support.kube import Kube
 from unit.factories import make_run
 
@@ -58,41 +59,110 @@ def set_attempt_status(kube: Kube, namespace: str, name: str, status: dict[str, 
     return written
 
 
+async def synced_informers(
+    kube: Kube, namespaces: list[str], woken: asyncio.Queue[Key]
+) -> tuple[Informers, OwnedObjects, AgentAccounts]:
+    cache, accounts = OwnedObjects(), AgentAccounts()
+    informers = Informers(api_for(kube), cache, accounts, namespaces, wake=woken.put_nowait)
+    informers.start()
+    await informers.synced.wait()
+    return informers, cache, accounts
+
+
 @pytest.mark.parametrize("scope", ["namespaced", "cluster-wide"])
-def test_fill_lists_what_runs_own_and_nothing_else(kube: Kube, namespace: str, scope: str) -> None:
+def test_informers_list_and_watch_what_runs_own_and_nothing_else(
+    kube: Kube, namespace: str, scope: str
+) -> None:
+    """The first list fills the cache before any reconcile; then only labelled objects arrive: the API
+    server selects them (a foreign Lease created first would arrive first if it were sent)."""
     for number in (1, 2):
         create_attempt(kube, namespace, "filled", number)
     kube.coordination.create_namespaced_lease(
         namespace, lease_body("filled.run.agentrun.dev", {RUN_LABEL: "filled"})
     )
     kube.coordination.create_namespaced_lease(namespace, lease_body("unrelated", {"app": "other"}))
-    cache = OwnedObjects()
 
-    counts = asyncio.run(sync.fill(api_for(kube), cache, [namespace] if scope == "namespaced" else []))
+    async def scenario() -> tuple[OwnedObjects, Key]:
+        woken: asyncio.Queue[Key] = asyncio.Queue()
+        informers, cache, _ = await synced_informers(
+            kube, [namespace] if scope == "namespaced" else [], woken
+        )
+        key = (namespace, "filled")
+        assert sorted(o["metadata"]["name"] for o in cache.of("attempts", key)) == ["filled-a1", "filled-a2"]
+        assert woken.empty()  # the first list wakes no Run: each Run's own event queues it
+        await asyncio.to_thread(
+            kube.coordination.create_namespaced_lease, namespace, lease_body("foreign", {"app": "other"})
+        )
+        await asyncio.to_thread(create_attempt, kube, namespace, "filled", 3)
+        try:
+            return cache, await woken.get()
+        finally:
+            await informers.stop()
 
-    key = (namespace, "filled")
-    assert sorted(o["metadata"]["name"] for o in cache.of("attempts", key)) == ["filled-a1", "filled-a2"]
-    assert [o["metadata"]["name"] for o in cache.of("leases", key)] == ["filled.run.agentrun.dev"]
-    assert counts["attempts"] >= 2 and counts["leases"] >= 1
-    assert not any(o["metadata"]["name"] == "unrelated" for o in cache.snapshot("leases"))
-    if scope == "namespaced":
-        assert counts == {"attempts": 2, "checkpoints": 0, "sideeffects": 0, "pods": 0, "leases": 1}
+    cache, woken = asyncio.run(scenario())
+
+    assert woken == (namespace, "filled")
+    assert [o["metadata"]["name"] for o in cache.of("leases", (namespace, "filled"))] == [
+        "filled.run.agentrun.dev"
+    ]
+    assert not any(o["metadata"]["name"] in ("unrelated", "foreign") for o in cache.snapshot("leases"))
+    assert len(cache.of("attempts", (namespace, "filled"))) == 3
 
 
-def test_fill_pages_through_long_lists(kube: Kube, namespace: str) -> None:
+def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, namespace: str) -> None:
+    """An Attempt the operator creates is in the cache from the create's response; its watch event
+    carries the same resourceVersion and changes nothing; a change by someone else is news. (The watch
+    is read after the writes, from before them, so that every event comes after the response.)"""
+    run = make_run({"phase": "Running"}, metadata={"namespace": namespace, "name": "echo"})
+    api = api_for(kube)
+    collection = KubeApi.custom_path("attempts", namespace)
+
+    async def scenario() -> list[tuple[str, bool]]:
+        cache = OwnedObjects()
+        before = (await list_all(api, collection)).resource_version
+        await Executor(api, cache).execute(Plan().add(CreateAttempt(attempt_body("echo", 1))), run)
+        assert [o["metadata"]["name"] for o in cache.of("attempts", (namespace, "echo"))] == ["echo-a1"]
+        await asyncio.to_thread(set_attempt_status, kube, namespace, "echo-a1", {"phase": "Running"})
+        seen: list[tuple[str, bool]] = []
+        async for event in watch_from(api, collection, before, label_selector=RUN_LABEL):
+            if isinstance(event, Event):
+                seen.append((event.type, cache.take("attempts", event.object)[2]))
+            if len(seen) == 2:
+                break
+        return seen
+
+    assert asyncio.run(scenario()) == [("ADDED", False), ("MODIFIED", True)]
+
+
+def test_an_expired_resource_version_is_gone_and_reflect_lists_first(kube: Kube, namespace: str) -> None:
+    create_attempt(kube, namespace, "listed", 1)
+    api = api_for(kube)
+    collection = KubeApi.custom_path("attempts", namespace)
+
+    async def scenario() -> Listed:
+        with pytest.raises(Gone):
+            async for _ in watch_from(api, collection, "1", label_selector=RUN_LABEL):
+                pass
+        async for first in reflect(api, collection, label_selector=RUN_LABEL):
+            assert isinstance(first, Listed)  # before any watch request is made
+            return first
+        raise AssertionError("reflect ended")
+
+    listed = asyncio.run(scenario())
+
+    assert [o["metadata"]["name"] for o in listed.items] == ["listed-a1"]
+    assert int(listed.resource_version) > 1
+
+
+def test_a_list_pages_through_long_lists(kube: Kube, namespace: str) -> None:
     for number in range(1, 8):
         create_attempt(kube, namespace, "paged", number)
-    api = api_for(kube)
+    collection = KubeApi.custom_path("attempts", namespace)
 
-    async def pages() -> list[list[dict[str, Any]]]:
-        return [
-            page async for page in api.list_pages(KubeApi.custom_path("attempts", namespace), RUN_LABEL, 3)
-        ]
+    listed = asyncio.run(list_all(api_for(kube), collection, label_selector=RUN_LABEL, page=3))
 
-    found = asyncio.run(pages())
-
-    assert [len(page) for page in found] == [3, 3, 1]
-    assert sorted(o["spec"]["number"] for page in found for o in page) == list(range(1, 8))
+    assert sorted(o["spec"]["number"] for o in listed.items) == list(range(1, 8))
+    assert listed.resource_version
 
 
 def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agentrun.operator.handlers import news_for_decide
+from agentrun.operator.informers import news_for_decide
 
 
 def lease(

@@ -10,15 +10,13 @@ import os
 
 import kopf
 
-import agentrun.operator.handlers  # importing registers the handlers with kopf
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import bootstrap, logs
+from agentrun.operator import bootstrap, handlers, logs
 from agentrun.operator.settings import OperatorSettings
 
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
     await bootstrap.prepare(KubeApi(threads=2), namespaces, OperatorSettings.from_env().peering)
-    agentrun.operator.handlers.state.namespaces = tuple(namespaces)
     settings = kopf.OperatorSettings()
     # Namespace-scoped mode runs without cluster-wide permissions: kopf need not (and cannot) list
     # namespaces or watch CRDs; the API was found served above.
@@ -28,6 +26,7 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
+        registry=handlers.registry(namespaces),
     )
 
 

@@ -1,9 +1,11 @@
 """What the operator has seen of the objects a Run owns, fed by watch events and by its own writes.
 
-Reconciles read Attempts, Pods and the Lease from here (no request per reconcile); the Run itself is
-always read fresh. The cache may lag: every write the state machine asks for is idempotent or
-preconditioned, so a stale view costs a retry, never a wrong write. Our own writes are put in at once
-(write-through), so the cache is never older than what this operator did itself.
+Reconciles read Attempts, Pods, the Lease and the Run itself from here (no request per reconcile; when
+a decision must not trust the cached Run, see agentrun.operator.reconciler). The cache may lag: every
+write the state machine asks for is idempotent or preconditioned, so a stale view costs a retry, never a
+wrong write. Our own writes are put in at once (write-through), so the cache is never older than what
+this operator did itself: an object it created is there from the create's response on (the expectation
+the Job controller keeps), and the watch event of its own write (same resourceVersion) is no news.
 """
 
 from __future__ import annotations
@@ -23,15 +25,28 @@ JsonDict = dict[str, Any]
 Observer = Callable[[str, JsonDict | None, JsonDict], None]
 
 
+def version_of(obj: JsonDict | None) -> int | None:
+    """An object's resourceVersion as the integer etcd makes it (None if it is not one)."""
+    try:
+        return int((obj or {})["metadata"]["resourceVersion"])
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def _newer_or_equal(incoming: JsonDict, cached: JsonDict | None) -> bool:
     """resourceVersions are opaque by contract, but etcd's are integers: use them to refuse an event
     older than what a write already showed us."""
-    if cached is None:
+    new, old = version_of(incoming), version_of(cached)
+    return new is None or old is None or new >= old
+
+
+def _newer(incoming: JsonDict, cached: JsonDict | None) -> bool:
+    """Whether `incoming` tells more than `cached`: not the same version again (the echo of our own
+    write, whose response gave it), nor an older one."""
+    new, old = version_of(incoming), version_of(cached)
+    if cached is None or new is None or old is None:
         return True
-    try:
-        return int(incoming["metadata"]["resourceVersion"]) >= int(cached["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return True
+    return new > old
 
 
 def essentials(kind: str, obj: JsonDict) -> JsonDict:
@@ -67,6 +82,54 @@ class OwnedObjects:
         run = labels.get(RUN_LABEL)
         return (obj["metadata"]["namespace"], run) if run else None
 
+    def get(self, kind: str, key: Key, name: str) -> JsonDict | None:
+        return self._by_run[kind].get(key, {}).get(name)
+
+    def take(self, kind: str, obj: JsonDict) -> tuple[Key | None, JsonDict | None, bool]:
+        """A watched version of an object: (its Run's key, the version it replaces, whether it was
+        news). An echo of our own write, or an older version, is no news and changes nothing."""
+        key = self.run_key(obj)
+        if key is None:
+            return None, None, False
+        previous = self.get(kind, key, obj["metadata"]["name"])
+        if not _newer(obj, previous):
+            return key, previous, False
+        self.put(kind, obj)
+        return key, previous, True
+
+    def replace(
+        self, kind: str, listed: list[JsonDict], resource_version: str, namespace: str | None = None
+    ) -> set[Key]:
+        """A relist (of one namespace, or of all when None): the listed objects replace the cached ones
+        of `kind` there. An object missing from the
+        list is gone, unless the cache holds it at a version newer than the list (our own create or
+        write answered after the list's snapshot: the expectation holds). Returns the keys of the Runs
+        whose objects changed."""
+        try:
+            listed_at: int | None = int(resource_version)
+        except ValueError:
+            listed_at = None
+        touched: set[Key] = set()
+        seen: set[tuple[Key, str]] = set()
+        for obj in listed:
+            key, _, news = self.take(kind, obj)
+            if key is not None:
+                seen.add((key, obj["metadata"]["name"]))
+                if news:
+                    touched.add(key)
+        for key, bucket in list(self._by_run[kind].items()):
+            if namespace is not None and key[0] != namespace:
+                continue
+            for name, cached in list(bucket.items()):
+                version = version_of(cached)
+                if (key, name) in seen or (
+                    listed_at is not None and version is not None and version > listed_at
+                ):
+                    continue
+                self.remove(kind, cached)
+                touched.add(key)
+        return touched
+
     def put(self, kind: str, obj: JsonDict) -> Key | None:
         key = self.run_key(obj)
         if key is None:
@@ -95,8 +158,12 @@ class OwnedObjects:
         if kind == "leases":
             self._sightings.pop(where, None)
         if key is not None:
-            self._by_run[kind][key].pop(obj["metadata"]["name"], None)
-            if not self._by_run[kind][key]:
+            bucket = self._by_run[kind][key]
+            cached = bucket.get(obj["metadata"]["name"])
+            uid = obj["metadata"].get("uid")
+            if cached is not None and (uid is None or cached["metadata"].get("uid") in (None, uid)):
+                del bucket[obj["metadata"]["name"]]
+            if not bucket:
                 del self._by_run[kind][key]
         return key
 
@@ -137,6 +204,13 @@ class AgentAccounts:
     def remove(self, account: JsonDict) -> None:
         metadata = account.get("metadata") or {}
         self._labels.pop((str(metadata.get("namespace")), str(metadata.get("name"))), None)
+
+    def replace(self, listed: list[JsonDict], namespace: str | None = None) -> None:
+        """A relist (of one namespace, or of all when None): exactly the listed accounts are opted in."""
+        for where in [k for k in self._labels if namespace is None or k[0] == namespace]:
+            del self._labels[where]
+        for account in listed:
+            self.put(account)
 
     def labels(self, namespace: str, name: str) -> dict[str, str] | None:
         return self._labels.get((namespace, name))

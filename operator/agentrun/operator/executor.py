@@ -14,6 +14,7 @@ from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.metrics import OperatorMetrics
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import TRACED_END_PHASES, RunSpans
 from agentrun.tracing import Tracing
 
@@ -41,6 +42,11 @@ def _ours(existing: JsonDict, run: Run, kind: str) -> JsonDict:
     return existing
 
 
+def _version(obj: JsonDict | None) -> str | None:
+    version = (obj or {}).get("metadata", {}).get("resourceVersion")
+    return None if version is None else str(version)
+
+
 def _now_micro() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -52,13 +58,20 @@ class Executor:
         cache: OwnedObjects,
         metrics: OperatorMetrics | None = None,
         spans: RunSpans | None = None,
+        *,
+        runs: RunCache | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
+        self.runs = runs
         self.metrics = metrics or OperatorMetrics(registry=None)
         self.spans = spans or RunSpans(Tracing("agentrun-operator", env={}))
 
-    async def execute(self, plan: p.Plan, run: Run) -> None:
+    async def execute(self, plan: p.Plan, run: Run) -> bool:
+        """Carries the plan out; returns whether a write changed an object the operator watches (its
+        watch event is then an echo, dropped: whoever asked decides again on what the writes answered).
+        A write that changed nothing (a patch the object already satisfied) does not count."""
+        changed = False
         ns, name = str(run.metadata.namespace), str(run.metadata.name)
         resource_version = run.metadata.resource_version
         attempt_uids: dict[str, str] = {}
@@ -69,7 +82,10 @@ class Executor:
                     written = await self._conditional(
                         self.api.merge_patch(self.api.custom_path("runs", ns, name, "status"), body)
                     )
+                    changed |= written["metadata"]["resourceVersion"] != resource_version
                     resource_version = written["metadata"]["resourceVersion"]
+                    if self.runs is not None:
+                        self.runs.put(written)
                     if "usage" in patch:
                         self.metrics.usage_added(ns, run.status.usage, Usage.model_validate(patch["usage"]))
                     if patch.get("phase") in TRACED_END_PHASES:
@@ -78,12 +94,14 @@ class Executor:
                     previous = self._cached_lease(ns, name)
                     self.cache.put("leases", await self._write_lease(action, run))
                     self.metrics.lease_written(previous, action)
+                    changed = True
                 case p.CreateAttempt(body=body):
                     created, new = await self._create_or_get(
                         self.api.custom_path("attempts", ns), body, run, "Attempt"
                     )
                     attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
                     self.cache.put("attempts", created)
+                    changed = True  # created, or found and cached: news either way
                     if new:
                         self.metrics.attempt_started(str(body["spec"]["reason"]))
                 case p.PatchAttemptStatus(name=attempt, patch=patch, expected_resource_version=rv):
@@ -91,8 +109,11 @@ class Executor:
                     change: JsonDict = {"status": patch}
                     if rv is not None:
                         change["metadata"] = {"resourceVersion": rv}
+                    before = self._cached_attempt(ns, name, attempt)
                     try:
-                        self.cache.put("attempts", await self.api.merge_patch(path, change))
+                        written = await self.api.merge_patch(path, change)
+                        changed |= _version(written) != _version(before)
+                        self.cache.put("attempts", written)
                     except ApiError as exc:
                         if exc.conflict:
                             # The cache is behind the Attempt (e.g. the SDK recorded a rejected commit):
@@ -110,9 +131,13 @@ class Executor:
                     guarded: dict[str, Any] = {"status": patch}
                     if version:
                         guarded["metadata"] = {"resourceVersion": version}
-                    self.cache.put("sideeffects", await self.api.merge_patch(path, guarded))
+                    written = await self.api.merge_patch(path, guarded)
+                    changed |= _version(written) != _version(
+                        self.cache.get("sideeffects", (ns, name), effect)
+                    )
+                    self.cache.put("sideeffects", written)
                 case p.CreatePod(body=body):
-                    await self._create_pod(body, run, attempt_uids)
+                    changed |= await self._create_pod(body, run, attempt_uids)
                 case p.DeletePod(name=pod, grace_seconds=grace):
                     if not await self.api.delete(self.api.core_path("pods", ns, pod), grace):
                         self._forget("pods", (ns, name), pod)
@@ -120,6 +145,7 @@ class Executor:
                     await self.api.delete(self.api.custom_path("checkpoints", ns, checkpoint))
                 case p.RecordEvent():
                     await self._event(action, run)
+        return changed
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:
@@ -204,7 +230,9 @@ class Executor:
         patch = {"metadata": {"resourceVersion": action.expected_resource_version}, "spec": spec}
         return await self._conditional(self.api.merge_patch(self.api.lease_path(ns, name), patch))
 
-    async def _create_pod(self, body: JsonDict, run: Run, attempt_uids: dict[str, str]) -> None:
+    async def _create_pod(self, body: JsonDict, run: Run, attempt_uids: dict[str, str]) -> bool:
+        """Creates the attempt Pod; returns whether that changed a watched object (the Pod, or the
+        Attempt failed for a Pod that cannot exist)."""
         ns, attempt = str(run.metadata.namespace), body["metadata"]["name"]
         for ref in body["metadata"]["ownerReferences"]:
             if ref["kind"] == "Attempt" and not ref.get("uid"):
@@ -226,7 +254,7 @@ class Executor:
                 existing = await self.api.get(self.api.core_path("pods", ns, attempt))
                 if existing is not None:
                     self.cache.put("pods", _ours(existing, run, "Pod"))
-                return
+                return existing is not None
             if exc.status in (400, 422):
                 # The Pod the Run describes cannot exist (e.g. a bad podTemplate): retrying cannot help.
                 bad = failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {exc.message}")
@@ -240,8 +268,9 @@ class Executor:
                 }
                 self.cache.put("attempts", await self.api.merge_patch(path, patch))
                 self.metrics.attempt_status_written(patch["status"])
-                return
+                return True
             raise
+        return True
 
     async def _event(self, action: p.RecordEvent, run: Run) -> None:
         ns = str(run.metadata.namespace)

@@ -1,4 +1,23 @@
-"""Reconciling one Run: read it fresh, gather what it owns from the cache, decide, write."""
+"""Reconciling one Run: take it and what it owns from the cache, decide, write.
+
+Which view of the Run a decision may be carried out from (the rule, tested in
+tests/unit/test_operator_runtime.py): the cached Run (the last watch event or our own write's response)
+may be behind the API server, e.g. the worker's commit may have landed since. The writes of a plan are
+carried out from the cached Run, unread, only while they come before nothing that view could get wrong:
+
+- the Run's status patch is preconditioned on the resourceVersion the decision saw: a stale view ends in
+  a 409 there, before any later write, and the Run is read again for the next decision. A plan led by
+  it is carried out as it is.
+- an Attempt status patch that does not end the Attempt (Pending, Running, usage) records what its Pod
+  shows, true whatever the Run says since; one that ends it is trusted only if the cached Run already
+  shows the commit (a commit is never undone). Ending an Attempt from Pod evidence alone (an exit code,
+  the Pod gone) while no commit is seen must not be decided on a stale Run: the commit may have landed.
+
+Any other write ahead of the Run's status patch (a Lease, an Attempt or Pod created, a Pod deleted, an
+Event, a side-effect record) would be written from a view nobody verified: the Run is read first, and if
+it moved, decided again on what was read. A Run with no cached view, or one whose write just lost a
+race, is read too.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +25,12 @@ import asyncio
 import datetime
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
-from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
-from agentrun.core.plan import Plan
+from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -19,17 +38,31 @@ from agentrun.operator import logs
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
+from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
-from agentrun.operator.workqueue import WorkQueue
+from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
 from agentrun.tracing import Tracing, now
 
 log = logging.getLogger("agentrun.operator")
-ERROR_BACKOFF_SECONDS = 2.0
 JsonDict = dict[str, Any]
+LEASE_CHECK_SLACK: Final = 0.05
 
 
 def _fields(key: Key) -> dict[str, str]:
     return {"namespace": key[0], "run": key[1]}
+
+
+def trusts_cached_run(plan: Plan, run: Run) -> bool:
+    """Whether the plan may be carried out from `run`, the cached view, unread (the module docstring)."""
+    for action in plan.actions:
+        if isinstance(action, PatchRunStatus):
+            return True
+        if not isinstance(action, PatchAttemptStatus):
+            return False
+        ends = action.patch.get("phase") in FINISHED_ATTEMPT_PHASES
+        if ends and run.status.committed_by is None:
+            return False
+    return True
 
 
 class Reconciler:
@@ -40,26 +73,62 @@ class Reconciler:
         workers: int = 8,
         metrics: OperatorMetrics | None = None,
         *,
+        runs: RunCache | None = None,
         accounts: AgentAccounts | None = None,
         operator_account: Account | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
-        self.accounts = accounts or AgentAccounts()
+        # `is None`, not `or`: an empty cache is falsy (it has a length), and a fresh one in its place
+        # would never be filled (the informers fill the one they were given).
+        self.runs = RunCache() if runs is None else runs
+        self.accounts = AgentAccounts() if accounts is None else accounts
         self.operator_account = operator_account
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(lease_due=self._lease_due)
         self.metrics = metrics or OperatorMetrics(registry=None)
         self.executor = Executor(
-            api, cache, self.metrics, RunSpans(tracing or Tracing("agentrun-operator", {}))
+            api,
+            cache,
+            self.metrics,
+            RunSpans(tracing or Tracing("agentrun-operator", {})),
+            runs=self.runs,
         )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
-        self._lease_checks: dict[Key, asyncio.TimerHandle] = {}
-        # The uid and spec.lease.durationSeconds of each Run, as last read: the expiry check between
+        self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
+        self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
+        # The uid and spec.lease.durationSeconds of each Run, as last decided on: the lease check between
         # reconciles reads no Run, and never the Lease's own leaseDurationSeconds (its holder may write it).
-        self._runs: dict[Key, tuple[str, int]] = {}
+        self._leases: dict[Key, tuple[str, int]] = {}
+
+    # ---- what feeds the queue -------------------------------------------------------------------
+
+    def run_seen(self, body: JsonDict) -> None:
+        """A watch event of a Run (kopf's): news is cached and queued; the echo of our own write is not."""
+        key = RunCache.key_of(body)
+        if self.runs.put(body):
+            self._stale.discard(key)
+            self.queue.add(key)
+
+    def wake(self, key: Key) -> None:
+        """Something the Run owns changed. A Run not cached yet is queued by its own event when it comes
+        (one of a deleted Run is never queued: its owned objects go with it)."""
+        if key in self.runs:
+            self.queue.add(key)
+
+    def forget(self, key: Key) -> None:
+        """The Run is gone: drop what this operator keeps about it."""
+        self.cache.forget_run(key)
+        self.runs.remove(key)
+        self.queue.forget(key)
+        self.metrics.forget_run(key)
+        self._leases.pop(key, None)
+        self._stale.discard(key)
+        self._refused.pop(key, None)
+
+    # ---- the workers ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         await asyncio.gather(*(self._worker() for _ in range(self.workers)))
@@ -67,67 +136,98 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
-            started, outcome = time.perf_counter(), "ok"
-            try:
-                with logs.bound(namespace=key[0], run=key[1]):
-                    await self.reconcile(key)
-            except Superseded as exc:
-                outcome = "superseded"
-                log.debug("run %s/%s superseded: %s", *key, exc, extra=_fields(key))
-                self.queue.add(key, 0.05)
-            except ApiError as exc:
-                outcome = "error"
-                log.warning("run %s/%s: %s; retrying", *key, exc, extra=_fields(key))
-                self.queue.add(key, ERROR_BACKOFF_SECONDS)
-            except Exception as exc:
-                outcome = "error"
-                if unanswered(exc):  # the API server restarting: a line, not a traceback per Run
-                    log.warning(
-                        "run %s/%s: the API server did not answer (%s); retrying",
-                        *key,
-                        exc,
-                        extra=_fields(key),
-                    )
-                else:
-                    log.exception("run %s/%s: reconcile failed; retrying", *key, extra=_fields(key))
-                self.queue.add(key, ERROR_BACKOFF_SECONDS)
-            finally:
-                self.metrics.reconciled(outcome, time.perf_counter() - started)
-                self.queue.done(key)
+            started = time.perf_counter()
+            with logs.bound(namespace=key[0], run=key[1]):
+                outcome = await self._process(key)
+            self.metrics.reconciled(outcome, time.perf_counter() - started)
+            self.queue.done(key)
 
-    async def reconcile(self, key: Key) -> None:
-        namespace, name = key
-        self.reconciles += 1
-        body = await self.api.get(self.api.custom_path("runs", namespace, name))
+    async def _process(self, key: Key) -> str:
+        """One reconcile and what its outcome asks of the queue; returns the outcome for the metrics."""
+        try:
+            await self.reconcile(key)
+        except Superseded as exc:
+            log.debug("run %s/%s superseded: %s", *key, exc, extra=_fields(key))
+            self._stale.add(key)
+            self.queue.add_rate_limited(key)
+            return "superseded"
+        except ApiError as exc:
+            if exc.permanent:  # the same request would be refused again: say so once, retry rarely
+                if self._refused.get(key) != str(exc):
+                    self._refused[key] = str(exc)
+                    log.error("run %s/%s: %s; not retried before a change", *key, exc, extra=_fields(key))
+                self.queue.add(key, MAX_DELAY)
+                return "error"
+            delay = self.queue.add_rate_limited(key)
+            log.warning("run %s/%s: %s; retrying in %.2fs", *key, exc, delay, extra=_fields(key))
+            return "error"
+        except Exception as exc:
+            delay = self.queue.add_rate_limited(key)
+            if unanswered(exc):  # the API server restarting: a line, not a traceback per Run
+                log.warning(
+                    "run %s/%s: the API server did not answer (%s); retrying in %.2fs",
+                    *key,
+                    exc,
+                    delay,
+                    extra=_fields(key),
+                )
+            else:
+                log.exception("run %s/%s: reconcile failed; retrying", *key, extra=_fields(key))
+            return "error"
+        self.queue.succeeded(key)
+        self._refused.pop(key, None)
+        return "ok"
+
+    async def _read(self, key: Key) -> Run | None:
+        """The Run as the API server has it now (and into the cache); None when it is gone."""
+        body = await self.api.get(self.api.custom_path("runs", *key))
         if body is None:
             self.forget(key)
+            return None
+        self.runs.put(body)
+        self._stale.discard(key)
+        return Run.model_validate(body)
+
+    async def reconcile(self, key: Key) -> None:
+        self.reconciles += 1
+        cached = None if key in self._stale else self.runs.get(key)
+        run = cached if cached is not None else await self._read(key)
+        if run is None:
             return
-        run = Run.model_validate(body)
-        self.metrics.run_seen(key, run.status.phase)
-        self._runs[key] = (str(run.metadata.uid), run.spec.lease.duration_seconds)
-        world = await self._world(key, run)
+        plan = decide(await self._world(key, run))
+        if cached is not None and not trusts_cached_run(plan, run):
+            current = await self._read(key)
+            if current is None:
+                return
+            if current.metadata.resource_version != run.metadata.resource_version:
+                run = current
+                plan = decide(await self._world(key, run))
         try:
-            plan = decide(world)
-            await self._execute(plan, run)
+            changed = await self._execute(plan, run)
         except NameSquatted as squat:
             # Someone else's object holds a name this Run needs: fail the Run rather than adopt it. The
             # earlier writes of the plan moved the Run on: decide on it as it is now.
-            body = await self.api.get(self.api.custom_path("runs", namespace, name))
-            if body is None:
+            current = await self._read(key)
+            if current is None:
                 return
-            run = Run.model_validate(body)
+            run = current
             plan = fail_squatted(await self._world(key, run), squat.message)
-            await self._execute(plan, run)
+            changed = await self._execute(plan, run)
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
-        self._check_lease_in(key, plan.lease_expires_in)
+        self.queue.check_lease_in(key, plan.lease_expires_in)
+        if changed:
+            # The watch events of these writes are echoes (dropped): decide again on what the writes
+            # answered (done() queues the key again once this reconcile ends).
+            self.queue.add(key)
 
-    async def _execute(self, plan: Plan, run: Run) -> None:
-        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided)."""
+    async def _execute(self, plan: Plan, run: Run) -> bool:
+        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
+        Returns whether it changed an object the operator watches."""
         started, error = now(), None
         try:
-            await self.executor.execute(plan, run)
+            return await self.executor.execute(plan, run)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -138,6 +238,8 @@ class Reconciler:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
         a Run of the same name that was deleted) is not the Run's, and never adopted."""
         uid = str(run.metadata.uid)
+        self.metrics.run_seen(key, run.status.phase)
+        self._leases[key] = (uid, run.spec.lease.duration_seconds)
         attempts = {
             a.spec.number: a
             for a in (Attempt.model_validate(o) for o in self._owned("attempts", key, uid, controller=True))
@@ -170,18 +272,10 @@ class Reconciler:
                 labels = dict((found.get("metadata") or {}).get("labels") or {})
         return account_refusal(account, labels, self.operator_account)
 
-    def forget(self, key: Key) -> None:
-        """The Run is gone: drop what this operator keeps about it."""
-        self.cache.forget_run(key)
-        self.queue.forget(key)
-        self.metrics.forget_run(key)
-        self._check_lease_in(key, None)
-        self._runs.pop(key, None)
-
     # ---- the Lease's expiry, looked at without reading the Run ---------------------------------------
 
     def _cached_lease(self, key: Key) -> LeaseView | None:
-        name, (uid, _) = lease_name(key[1]), self._runs.get(key, ("", 0))
+        name, (uid, _) = lease_name(key[1]), self._leases.get(key, ("", 0))
         lease = next(
             (
                 o
@@ -193,28 +287,17 @@ class Reconciler:
         return lease_view(lease) if lease else None
 
     def _lease_expires_in(self, key: Key, lease: LeaseView | None) -> float | None:
-        if lease is None or key not in self._runs:
+        if lease is None or key not in self._leases:
             return None
-        duration = self._runs[key][1]
+        duration = self._leases[key][1]
         sighting = self.cache.sighting(key[0], lease_name(key[1]))
         started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
         return seconds_until_expiry(sighting, duration, time.monotonic(), started)
 
-    def _check_lease_in(self, key: Key, seconds: float | None) -> None:
-        """(Re)arms the one expiry check of this Run; None disarms it."""
-        if timer := self._lease_checks.pop(key, None):
-            timer.cancel()
-        if seconds is not None:
-            loop = asyncio.get_running_loop()
-            self._lease_checks[key] = loop.call_later(seconds, self._lease_check, key)
-
-    def _lease_check(self, key: Key) -> None:
+    def _lease_due(self, key: Key) -> float | None:
         """The holder's Lease was due to expire. Renewed since (as a healthy worker does every
-        renewSeconds): wait for the new expiry, no reconcile. Otherwise the Run is decided again, which
-        judges the expiry. A change of holder or epoch queues the Run through its watch event anyway."""
-        self._lease_checks.pop(key, None)
+        renewSeconds): the seconds until the new expiry, no reconcile. Otherwise None: the Run is
+        decided again, which judges the expiry. A change of holder or epoch queues the Run through its
+        watch event anyway."""
         left = self._lease_expires_in(key, self._cached_lease(key))
-        if left is not None and left > 0:
-            self._check_lease_in(key, left + 0.05)
-        else:
-            self.queue.add(key)
+        return left + LEASE_CHECK_SLACK if left is not None and left > 0 else None

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kopf
 
@@ -74,7 +75,44 @@ def _priority(value: str) -> int:
     return _AUTO_PRIORITY if value.strip().lower() == "auto" else int(value)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, off: only on.event handlers exist, which get no diff, so the deep copy of every
+    Run body that kopf's default storage makes per event (and the annotation it would write) buys
+    nothing."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+class NoProgress(kopf.ProgressStorage):
+    """kopf's handler progress, off: event handlers are not retried by kopf (errors are the work
+    queue's), so there is no progress to keep."""
+
+    def fetch(self, *, key: Any, body: kopf.Body) -> kopf.ProgressRecord | None:
+        return None
+
+    def store(self, *, key: Any, record: kopf.ProgressRecord, body: kopf.Body, patch: kopf.Patch) -> None:
+        return None
+
+    def purge(self, *, key: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        return None
+
+    def touch(self, *, body: kopf.Body, patch: kopf.Patch, value: str | None) -> None:
+        return None
+
+    def clear(self, *, essence: kopf.BodyEssence) -> kopf.BodyEssence:
+        return essence
+
+
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorSettings) -> None:
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.persistence.progress_storage = NoProgress()
     settings.queueing.worker_limit = config.event_workers
     settings.queueing.idle_timeout = config.event_worker_idle_seconds
     settings.watching.server_timeout = config.watch_timeout_seconds

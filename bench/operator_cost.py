@@ -1,0 +1,90 @@
+"""The operator's cost per Run, alone: one instant control plane, one batch of N echo Runs, then M
+foreign Pods and Leases (no agentrun label) the operator has no business with.
+
+    PYTHONPATH=hack:tests .venv/bin/python bench/operator_cost.py --n 200 --foreign 200 --state /tmp/oc
+
+Reported: API requests per Run by verb and resource (all clients, WATCH not counted), the operator's CPU
+ms per Run over the batch, and its CPU ms per foreign object (a create and a delete each); with
+--footprint N, the operator restarted with N Runs existing (bench/cost.py's footprint: RSS, start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import cost
+import throughput
+from harness import Bench, cpu_seconds, create_all, log
+
+
+def foreign_cost(bench: Bench, n: int) -> float:
+    """CPU ms of the operator per foreign Pod + Lease created (each also deleted afterwards)."""
+    ns = "foreign"
+    bench.kube.core.create_namespace({"metadata": {"name": ns}})
+    pid = bench.operator.process.pid  # type: ignore[union-attr]
+    before = cpu_seconds(pid)
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"f{i}", "labels": {"app": "other"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+        for i in range(n)
+    ]
+    leases = [{"metadata": {"name": f"f{i}"}, "spec": {"holderIdentity": "someone"}} for i in range(n)]
+    api = bench.api()
+    try:
+        asyncio.run(create_all(api, f"/api/v1/namespaces/{ns}/pods", pods))
+        asyncio.run(create_all(api, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", leases))
+    finally:
+        api.close()
+    bench.kube.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    bench.kube.coordination.delete_collection_namespaced_lease(ns)
+    time.sleep(10)  # the operator's watches deliver what they deliver
+    return (cpu_seconds(pid) - before) / n * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--foreign", type=int, default=200)
+    parser.add_argument("--footprint", type=int, default=0, help="then restart it with this many Runs")
+    parser.add_argument("--state", type=Path, default=Path("/tmp/agentrun-operator-cost"))
+    args = parser.parse_args()
+    bench = Bench(args.state, instant=True)
+    try:
+        bench.start()
+        ns = bench.namespace("cost")
+        pid = bench.operator.process.pid  # type: ignore[union-attr]
+        cpu0 = cpu_seconds(pid)
+        batch = throughput.batch(bench, "runs", ns, args.n, timeout=1200)
+        cpu = (cpu_seconds(pid) - cpu0) / args.n * 1000
+        foreign = foreign_cost(bench, args.foreign) if args.foreign else None
+        out = {
+            "n": args.n,
+            "requests_per_run": round(sum(batch.requests.values()) / args.n, 2),
+            "operator_cpu_ms_per_run": round(cpu, 1),
+            "operator_cpu_ms_per_foreign_pod_and_lease": None if foreign is None else round(foreign, 2),
+            "by_verb_resource": {
+                f"{v} {r}": round(c / args.n, 2) for (v, r), c in batch.requests.most_common()
+            },
+        }
+        if args.footprint > args.n:
+            template = bench.kube.custom.get_namespaced_custom_object(
+                "agentrun.dev", "v1alpha1", ns, "runs", "w0"
+            )
+            bench.operator.stop()
+            cost.finished_runs(bench, bench.namespace("finished"), args.footprint - args.n, template)
+            out["footprint"] = cost.footprint(bench, args.footprint)
+        log(json.dumps(out, indent=1))
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""List-then-watch with reconnect, as client-go's reflector does: one helper for the operator's caches,
+the SDK's cancel watch and the CLI's watch.
+
+`reflect` yields a `Listed` (every object the selection holds now, and the list's resourceVersion),
+then the watch events after it. The stream never ends on its own: a watch the server closes (its
+timeout) is resumed from the last resourceVersion seen (bookmarks keep that recent on a quiet
+selection); a connection that fails is resumed after a pause; a resourceVersion the server no longer
+has (410 Gone) is followed by a new `Listed`, which replaces what the consumer holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentrun.kubeapi import ApiError, KubeApi
+
+log = logging.getLogger("agentrun.kubewatch")
+JsonDict = dict[str, Any]
+PAGE: Final = 500
+RETRY_SECONDS: Final = 1.0
+MAX_RETRY_SECONDS: Final = 30.0
+
+
+@dataclass(frozen=True)
+class Listed:
+    """The whole selection as of `resource_version`: it replaces what an earlier Listed and the events
+    since gave (objects missing from it are gone)."""
+
+    items: list[JsonDict]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # ADDED, MODIFIED or DELETED
+    object: JsonDict
+
+
+class Gone(Exception):
+    """The resourceVersion to watch from is too old for the API server (410): list again."""
+
+
+async def list_all(
+    api: KubeApi,
+    collection: str,
+    *,
+    name: str | None = None,
+    label_selector: str | None = None,
+    page: int = PAGE,
+) -> Listed:
+    """Every object of the selection, a page at a time, and the resourceVersion of the first page (the
+    snapshot the continue tokens read from)."""
+    query: dict[str, str] = {"limit": str(page)}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    if name is not None:
+        query["fieldSelector"] = f"metadata.name={name}"
+    items: list[JsonDict] = []
+    version = ""
+    while True:
+        found = await api.request("GET", collection, query=query)
+        items.extend(found.get("items") or [])
+        metadata = found.get("metadata") or {}
+        version = version or str(metadata.get("resourceVersion") or "")
+        token = metadata.get("continue")
+        if not token:
+            return Listed(items, version)
+        query["continue"] = token
+
+
+async def watch_from(
+    api: KubeApi,
+    collection: str,
+    resource_version: str,
+    *,
+    name: str | None = None,
+    label_selector: str | None = None,
+    timeout_seconds: int = 300,
+) -> AsyncIterator[Event | str]:
+    """One watch request from `resource_version`: its events, and (as a str) each newer resourceVersion
+    a bookmark reports. Raises Gone when the server no longer has that version."""
+    async for raw in api.watch(
+        collection,
+        name,
+        label_selector=label_selector,
+        timeout_seconds=timeout_seconds,
+        resource_version=resource_version,
+        bookmarks=True,
+    ):
+        kind, obj = raw.get("type"), raw.get("object") or {}
+        if kind == "BOOKMARK":
+            yield str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
+        elif kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(str(obj.get("message") or "resourceVersion too old"))
+            raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), str(obj.get("message")))
+        elif kind in ("ADDED", "MODIFIED", "DELETED"):
+            yield Event(str(kind), obj)
+
+
+async def reflect(
+    api: KubeApi,
+    collection: str,
+    *,
+    name: str | None = None,
+    label_selector: str | None = None,
+    timeout_seconds: int = 300,
+    page: int = PAGE,
+) -> AsyncIterator[Listed | Event]:
+    """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
+    leaving the loop (or cancelling its task)."""
+    version: str | None = None
+    pause = RETRY_SECONDS
+    while True:
+        try:
+            if version is None:
+                listed = await list_all(api, collection, name=name, label_selector=label_selector, page=page)
+                version = listed.resource_version
+                yield listed
+            async for item in watch_from(
+                api,
+                collection,
+                version,
+                name=name,
+                label_selector=label_selector,
+                timeout_seconds=timeout_seconds,
+            ):
+                if isinstance(item, str):
+                    version = item
+                    continue
+                version = str(item.object.get("metadata", {}).get("resourceVersion") or version)
+                yield item
+            pause = RETRY_SECONDS  # the server ended a healthy stream: resume at once
+        except Gone:
+            log.debug("%s: resourceVersion %s expired; listing again", collection, version)
+            version = None
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # a refusal or no answer: the API server may be restarting
+            if isinstance(exc, ApiError) and exc.status == 410:
+                version = None
+                continue
+            log.warning("watching %s: %s; again in %.0fs", collection, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_RETRY_SECONDS)
