@@ -6,6 +6,8 @@ no history rewritten.
 
 The attempt Pods are never scheduled (a nodeSelector no node matches): the test writes their status as
 their kubelet would, and plays the worker (its request) and the user (cancel, resume) through the API.
+The module has a control plane of its own: an operator that another module started on the shared one
+would decide these Runs too, and every crash point would become a race with it.
 The in-memory simulation that kills the operator between any two writes of whole Runs is
 tests/unit/test_core_runs_simulation.py.
 """
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +32,29 @@ from agentrun.core.runs import World, decide
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
+from devcluster.cluster import LocalCluster
+from support.agentrun import install_crds
 from support.kube import Kube
 
-pytestmark = pytest.mark.usefixtures("agentrun_crds")
+pytestmark = pytest.mark.cluster
 JsonDict = dict[str, Any]
 RUN = "crashy"
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs, and no
+    operator but the one this test plays."""
+    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("restart-safety-cluster"))
+    try:
+        cluster.start()
+        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
+        install_crds(kube)
+        yield kube
+    finally:
+        cluster.stop()
+
+
 HEALTHY, EXPIRED = 30.0, -1.0  # the operator's judgement of the holder's Lease (its own clock)
 CHECKPOINT = f"{RUN}-a1-s1"
 REQUEST = {"requestId": "q-1", "reason": "input_required", "checkpointId": CHECKPOINT}
