@@ -38,6 +38,7 @@ from support.runs import (
     attempts,
     create_run,
     patch_spec,
+    resume,
     scenario_run,
     wait_phase,
 )
@@ -313,8 +314,7 @@ def test_a_journaled_step_is_called_again_after_an_answer(
     create_run(kube, ns, scenario_run("answered", scenario))
     waiting = wait_phase(kube, ns, "answered", {"InputRequired", "Failed"}, timeout=60)
     pending = waiting["status"]["pendingRequest"]
-    answer = {"requestId": pending["requestId"], "checkpointId": pending["checkpointId"], "value": {"ok": 1}}
-    patch_spec(kube, ns, "answered", {"resume": {**answer, "idempotencyKey": "k1"}})
+    resume(kube, ns, "answered", pending, {"ok": 1}, key="k1")
     succeeded(kube, ns, "answered", traced_operator)
     # the world may have changed while the Run waited: the step looks again
     assert calls.read_text().splitlines() == ["answered-a1", "answered-a2"]
