@@ -21,10 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.core.runs import RECHECK_SECONDS
 from devcluster import security
-from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
-from support.agentrun import install_crds
+from support.clusters import operator_identity, own_cluster
 from support.kube import Kube, wait_for
 from support.runs import FAST_RETRY, GROUP, VERSION, create_run, scenario_run, wait_phase
 
@@ -35,23 +34,14 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs."""
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("metrics-cluster"))
-    try:
-        cluster.start()
-        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-        install_crds(kube)
-        yield kube
-    finally:
-        cluster.stop()
+    yield from own_cluster(tmp_path_factory, "metrics-cluster")
 
 
 @pytest.fixture(scope="module")
 def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Overrides the session's: the operator's identity and the admission policies on this module's
     control plane."""
-    return security.install(
-        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
-    )
+    return operator_identity(kube, tmp_path_factory)
 
 
 @pytest.fixture

@@ -23,12 +23,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.core.traces import TRACEPARENT_ANNOTATION, run_trace
-from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
-from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port, spawn, stop_group
-from support.agentrun import install_crds
+from support.clusters import opt_in_for_attempts, own_cluster
 from support.kube import Kube, wait_for
 from support.runs import (
     FAST_RETRY,
@@ -127,31 +125,14 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("observability-cluster"))
-    try:
-        cluster.start()
-        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-        install_crds(kube)
-        yield kube
-    finally:
-        cluster.stop()
+    yield from own_cluster(tmp_path_factory, "observability-cluster")
 
 
 @pytest.fixture(scope="module")
 def ns(kube: Kube, module_namespace: str) -> str:
     """As the session's run_namespace, for the module: the default account opted in, with the attempt
     role."""
-    kube.core.patch_namespaced_service_account("default", module_namespace, AGENT_ACCOUNT_PATCH)
-    kube.rbac.create_namespaced_role(module_namespace, attempt_role(module_namespace))
-    kube.rbac.create_namespaced_role_binding(
-        module_namespace,
-        {
-            "metadata": {"name": "agentrun-attempt"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentrun-attempt"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": module_namespace}],
-        },
-    )
-    return module_namespace
+    return opt_in_for_attempts(kube, module_namespace)
 
 
 @dataclass
