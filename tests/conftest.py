@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
+from support.clusters import operator_identity, opt_in_for_attempts
 from support.kube import Kube, wait_for
 
 
@@ -70,11 +70,9 @@ def agentrun_crds(kube: Kube) -> None:
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operator's own identity (a ServiceAccount with agentrun.rbac's rules), with the admission
-    policies of agentrun.admission enforced: every test meets the API server rules of a Helm install."""
-    return security.install(
-        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
-    )
+    """The operator's own identity and the admission policies: every test meets the API server rules of
+    a Helm install."""
+    return operator_identity(kube, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -109,14 +107,4 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 def run_namespace(kube: Kube, namespace: str) -> str:
     """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), and is
     opted in for attempt Pods (labelled agentrun.dev/agent=true)."""
-    kube.core.patch_namespaced_service_account("default", namespace, AGENT_ACCOUNT_PATCH)
-    kube.rbac.create_namespaced_role(namespace, attempt_role(namespace))
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "agentrun-attempt"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agentrun-attempt"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
-        },
-    )
-    return namespace
+    return opt_in_for_attempts(kube, namespace)

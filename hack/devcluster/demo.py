@@ -77,6 +77,14 @@ class Demo:
         )
         return result
 
+    def side_effects(self, run: str) -> list[dict[str, Any]]:
+        owned_by = f"agentrun.dev/run={run}"
+        listed = self.sh(
+            "kubectl", "get", "sideeffects", "-n", NAMESPACE, "-l", owned_by, "-o", "json", show=False
+        )
+        items: list[dict[str, Any]] = json.loads(listed)["items"]
+        return items
+
     def wait(self, what: str, probe: Callable[[], Any], timeout: float = 90) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -277,20 +285,7 @@ def act_four(demo: Demo, tickets: TicketServiceProcess, state_dir: Path) -> None
     demo.sh("kubectl-agentrun", "resume", "graph", "-n", NAMESPACE, "--value", '{"priority": "normal"}')
 
     def confirmed() -> bool:
-        effects = json.loads(
-            demo.sh(
-                "kubectl",
-                "get",
-                "sideeffects",
-                "-n",
-                NAMESPACE,
-                "-l",
-                "agentrun.dev/run=graph",
-                "-o",
-                "json",
-                show=False,
-            )
-        )["items"]
+        effects = demo.side_effects("graph")
         return any((e.get("status") or {}).get("state") == "Confirmed" for e in effects)
 
     demo.wait("the ticket confirmed in the ledger", confirmed)
@@ -325,20 +320,7 @@ def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
     demo.wait_phase("slow", "Succeeded", "Failed", "NeedsReconciliation")
     tickets.clear_faults()
     demo.sh("kubectl-agentrun", "effects", "slow", "-n", NAMESPACE)
-    [effect] = json.loads(
-        demo.sh(
-            "kubectl",
-            "get",
-            "sideeffects",
-            "-n",
-            NAMESPACE,
-            "-l",
-            "agentrun.dev/run=slow",
-            "-o",
-            "json",
-            show=False,
-        )
-    )["items"]
+    [effect] = demo.side_effects("slow")
     found, sends = effect["status"]["history"][-1]["message"], len(effect["status"]["sends"])
     print(f"  the timed-out create was {found}; sends: {sends}")
 

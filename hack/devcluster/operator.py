@@ -31,9 +31,11 @@ class OperatorProcess:
         self.verbose = verbose
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.started_at_byte = 0  # where this start's output begins in the (appended) log
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "AGENTRUN_WORKERS": "8", **self.env}
+        self.started_at_byte = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.process = spawn(
             [sys.executable, "-m", "agentrun.operator", *(["--verbose"] if self.verbose else []), *self.args],
             self.log_path,
@@ -67,11 +69,14 @@ class OperatorProcess:
             return "(no operator log)"
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until this start (not an earlier one, whose lines the log keeps) says it has started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
                 raise AssertionError(f"operator exited during start-up:\n{self.log_tail()}")
-            if "agentrun operator started" in self.log_path.read_text(errors="replace"):
-                return
+            with self.log_path.open("rb") as log:
+                log.seek(self.started_at_byte)
+                if b"agentrun operator started" in log.read():
+                    return
             time.sleep(0.1)
         raise AssertionError(f"operator not ready in {timeout}s:\n{self.log_tail()}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -110,9 +110,11 @@ async def reflect(
     label_selector: str | None = None,
     timeout_seconds: int = 300,
     page: int = PAGE,
-) -> AsyncIterator[Listed | Event]:
+    raise_refusals: bool = False,
+) -> AsyncGenerator[Listed | Event, None]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
-    leaving the loop (or cancelling its task)."""
+    leaving the loop (or cancelling its task). raise_refusals: an ApiError the server means (4xx but 410
+    and 429: forbidden, not found) is raised instead of tried again, for a person waiting at a prompt."""
     version: str | None = None
     pause = RETRY_SECONDS
     while True:
@@ -144,6 +146,8 @@ async def reflect(
             if isinstance(exc, ApiError) and exc.status == 410:
                 version = None
                 continue
+            if raise_refusals and isinstance(exc, ApiError) and 400 <= exc.status < 500 and exc.status != 429:
+                raise
             log.warning("watching %s: %s; again in %.0fs", collection, exc, pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_RETRY_SECONDS)

@@ -370,9 +370,12 @@ def test_clear_errors_for_what_is_missing_or_forbidden(
     path.write_text(yaml.safe_dump(config))
     try:
         forbidden = cli(kube, None, "get", kubeconfig=path)
+        # a watch refused is an answer too: said at once, not tried again until its timeout
+        watch_forbidden = cli(kube, None, "watch", "nope", "--timeout", "3600", kubeconfig=path)
     finally:
         path.unlink()
-    assert forbidden.returncode == 1
-    assert forbidden.stderr.startswith("error: forbidden: ")
-    assert f'User "system:serviceaccount:{ns}:nobody" cannot list resource "runs"' in forbidden.stderr
-    assert f'in the namespace "{ns}"' in forbidden.stderr
+    for refused in (forbidden, watch_forbidden):
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: forbidden: ")
+        assert f'User "system:serviceaccount:{ns}:nobody" cannot list resource "runs"' in refused.stderr
+        assert f'in the namespace "{ns}"' in refused.stderr

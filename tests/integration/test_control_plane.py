@@ -195,17 +195,14 @@ def test_deleting_a_running_pod_sends_sigterm_then_the_pod_disappears(
             time.sleep(0.05)
     """
     kube.core.create_namespaced_pod(
-        namespace, python_pod("graceful", script, terminationGracePeriodSeconds=20)
+        namespace, python_pod("graceful", script, terminationGracePeriodSeconds=3600)
     )
     pod = kube.wait_pod_phase("graceful", namespace, ("Running",))
     assert pod["status"]["containerStatuses"][0]["state"]["running"]
-    began = time.monotonic()
     kube.core.delete_namespaced_pod("graceful", namespace)
-    wait_for(lambda: kube.pod("graceful", namespace) is None, timeout=20, what="pod gone")
+    # Gone long before its hour of grace: the agent saw the process stop on SIGTERM and did not wait.
+    wait_for(lambda: kube.pod("graceful", namespace) is None, timeout=120, what="pod gone")
     assert marker.read_text() == "SIGTERM"
-    assert time.monotonic() - began < 10, (
-        "the process stopped on SIGTERM; the agent must not wait the full grace"
-    )
 
 
 def test_process_ignoring_sigterm_is_killed_after_the_grace_period(kube: Kube, namespace: str) -> None:
@@ -221,8 +218,9 @@ def test_process_ignoring_sigterm_is_killed_after_the_grace_period(kube: Kube, n
     kube.wait_pod_phase("stubborn", namespace, ("Running",))
     began = time.monotonic()
     kube.core.delete_namespaced_pod("stubborn", namespace)
-    wait_for(lambda: kube.pod("stubborn", namespace) is None, timeout=20, what="pod gone")
-    assert 1.5 <= time.monotonic() - began < 10
+    wait_for(lambda: kube.pod("stubborn", namespace) is None, timeout=120, what="pod gone")
+    # Killed, and not before its grace: a lower bound, which a loaded machine cannot break.
+    assert time.monotonic() - began >= 1.5
 
 
 def test_deployment_pod_runs_and_is_restarted_when_its_process_exits(kube: Kube, namespace: str) -> None:

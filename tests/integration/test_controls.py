@@ -3,31 +3,23 @@ resume and cancel."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import attempts, create_run, get_run, patch_spec, scenario_run, wait_phase
+from support.runs import (
+    attempts,
+    controls,
+    create_run,
+    get_run,
+    patch_spec,
+    resume,
+    resume_patch,
+    scenario_run,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
-
-
-def controls(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:
-    return {c["idempotencyKey"]: c for c in get_run(kube, namespace, name)["status"].get("controls", [])}
-
-
-def answer(run: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
-    pending = run["status"]["pendingRequest"]
-    return {
-        "resume": {
-            "requestId": pending["requestId"],
-            "checkpointId": pending["checkpointId"],
-            "value": value,
-            "idempotencyKey": key,
-        }
-    }
 
 
 def test_pause_stops_at_the_next_step_boundary_and_resume_continues(
@@ -47,7 +39,7 @@ def test_pause_stops_at_the_next_step_boundary_and_resume_continues(
     wait_for(lambda: "maintenance-1" in controls(kube, ns, "pausable"), what="the pause recorded")
     assert controls(kube, ns, "pausable")["maintenance-1"]["outcome"] == "Accepted"
 
-    patch_spec(kube, ns, "pausable", answer(paused, {}, "carry-on"))
+    resume(kube, ns, "pausable", paused["status"]["pendingRequest"], {}, key="carry-on")
     done = wait_phase(kube, ns, "pausable", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     assert done["status"]["result"]["resumedAt"] == steps_done
@@ -60,10 +52,11 @@ def test_the_same_resume_twice_starts_one_attempt_and_a_second_key_is_refused(
     ns = run_namespace
     create_run(kube, ns, scenario_run("twice", {"steps": 2, "ask": {"atStep": 2, "prompt": "Go?"}}))
     waiting = wait_phase(kube, ns, "twice", {"InputRequired", "Failed"})
-    patch_spec(kube, ns, "twice", answer(waiting, {"go": True}, "first"))
+    resume(kube, ns, "twice", waiting["status"]["pendingRequest"], {"go": True}, key="first")
     wait_for(lambda: "first" in controls(kube, ns, "twice"), what="the first answer recorded")
-    patch_spec(kube, ns, "twice", answer(waiting, {"go": True}, "first"))  # a double click: no change
-    patch_spec(kube, ns, "twice", answer(waiting, {"go": False}, "second"))  # a second person, too late
+    # a double click (no change), then a second person, too late
+    resume(kube, ns, "twice", waiting["status"]["pendingRequest"], {"go": True}, key="first")
+    resume(kube, ns, "twice", waiting["status"]["pendingRequest"], {"go": False}, key="second")
     wait_for(lambda: "second" in controls(kube, ns, "twice"), what="the second answer recorded")
     done = wait_phase(kube, ns, "twice", {"Succeeded", "Failed"})
     recorded = controls(kube, ns, "twice")
@@ -83,7 +76,8 @@ def test_cancel_and_resume_together_cancel_wins_and_the_resume_is_refused(
     ns = run_namespace
     create_run(kube, ns, scenario_run("race", {"steps": 2, "ask": {"atStep": 1, "prompt": "Go?"}}))
     waiting = wait_phase(kube, ns, "race", {"InputRequired", "Failed"})
-    patch_spec(kube, ns, "race", {"cancelEpoch": 1, **answer(waiting, {"go": True}, "late")})
+    late = resume_patch(waiting["status"]["pendingRequest"], {"go": True}, "late")
+    patch_spec(kube, ns, "race", {"cancelEpoch": 1, **late})
     cancelled = wait_phase(kube, ns, "race", {"Cancelled", "Succeeded", "Failed"})
     assert cancelled["status"]["phase"] == "Cancelled"
     wait_for(lambda: "late" in controls(kube, ns, "race"), what="the resume judged")

@@ -16,31 +16,17 @@ from support.runs import (
     FAST_RETRY,
     PRIORITY,
     attempts,
+    controls,
     create_run,
     get_run,
     patch_spec,
+    resume,
     scenario_run,
     support_agent_run,
     wait_phase,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def answer(run: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
-    pending = run["status"]["pendingRequest"]
-    return {
-        "resume": {
-            "requestId": pending["requestId"],
-            "checkpointId": pending["checkpointId"],
-            "value": value,
-            "idempotencyKey": key,
-        }
-    }
-
-
-def controls(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
-    return {c["idempotencyKey"]: c for c in get_run(kube, ns, name)["status"].get("controls", [])}
 
 
 def held(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
@@ -77,7 +63,7 @@ def test_an_answer_within_the_hold_continues_the_same_attempt(
     assert waiting["status"]["pendingRequest"]["holdSeconds"] == 60
     assert (attempts(kube, ns, "hold")[0].get("status") or {}).get("phase") == "Running", "its Pod lives on"
 
-    patch_spec(kube, ns, "hold", answer(waiting, {"priority": "high"}, "quick"))
+    resume(kube, ns, "hold", waiting["status"]["pendingRequest"], {"priority": "high"}, key="quick")
     done = wait_phase(kube, ns, "hold", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     result = done["status"]["result"]
@@ -102,7 +88,7 @@ def test_after_the_hold_is_released_an_answer_starts_a_new_attempt(
         return run if first.get("phase") == "Interrupted" and pending and "heldBy" not in pending else None
 
     waiting = wait_for(released, timeout=60, what="the hold released and its Attempt ended")
-    patch_spec(kube, ns, "late", answer(waiting, {"priority": "low"}, "slow"))
+    resume(kube, ns, "late", waiting["status"]["pendingRequest"], {"priority": "low"}, key="slow")
     done = wait_phase(kube, ns, "late", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     result = done["status"]["result"]
@@ -133,7 +119,14 @@ def test_answers_racing_the_end_of_the_hold_continue_exactly_once(
             # The stimulus, not a synchronisation: the answer is timed around the end of the hold, and
             # the assertions below hold whichever way the race goes.
             threading.Event().wait(offset)
-            patch_spec(kube, ns, name, answer(waiting, {"priority": "high"}, f"{name}-answer"))
+            resume(
+                kube,
+                ns,
+                name,
+                waiting["status"]["pendingRequest"],
+                {"priority": "high"},
+                key=f"{name}-answer",
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -174,15 +167,16 @@ def test_a_spent_key_is_never_processed_again_whatever_came_between(
     ns = run_namespace
     create_run(kube, ns, scenario_run("keys", {"steps": 2, "ask": {"atStep": 2, "schema": PRIORITY}}))
     waiting = wait_phase(kube, ns, "keys", {"InputRequired", "Failed"})
-    patch_spec(kube, ns, "keys", answer(waiting, {"priority": "urgent"}, "k1"))
+    resume(kube, ns, "keys", waiting["status"]["pendingRequest"], {"priority": "urgent"}, key="k1")
     wait_for(lambda: "k1" in controls(kube, ns, "keys"), what="k1 judged")
     assert controls(kube, ns, "keys")["k1"]["reason"] == "SchemaMismatch"
-    patch_spec(kube, ns, "keys", answer(waiting, {"priority": "high"}, "k2"))
+    resume(kube, ns, "keys", waiting["status"]["pendingRequest"], {"priority": "high"}, key="k2")
     done = wait_phase(kube, ns, "keys", {"Succeeded", "Failed"})
     assert done["status"]["result"]["answer"] == {"priority": "high"}
     operator.restart()  # the memory is in status: it survives the operator
 
-    patch_spec(kube, ns, "keys", answer(waiting, {"priority": "low"}, "k1"))  # the API server lets it by
+    # the API server lets a reused key by; the operator refuses it
+    resume(kube, ns, "keys", waiting["status"]["pendingRequest"], {"priority": "low"}, key="k1")
     wait_for(
         lambda: controls(kube, ns, "keys")["k1"]["reason"] == "IdempotencyKeyReused",
         what="k1's reuse recorded",
@@ -241,11 +235,11 @@ def test_a_pause_answered_with_nothing_never_answers_the_next_question(
     gate.touch()  # the agent goes on to its question: the pause comes first, at that boundary
     paused = wait_phase(kube, ns, "pa", {"Paused", "Failed", "InputRequired"})
     assert paused["status"]["phase"] == "Paused", paused["status"]
-    patch_spec(kube, ns, "pa", answer(paused, {}, "carry-on"))
+    resume(kube, ns, "pa", paused["status"]["pendingRequest"], {}, key="carry-on")
     asked = wait_phase(kube, ns, "pa", {"InputRequired", "Failed", "Succeeded"})
     assert asked["status"]["phase"] == "InputRequired", (asked["status"], operator.log_tail())
     assert asked["status"]["pendingRequest"]["acceptedSchema"] == PRIORITY
-    patch_spec(kube, ns, "pa", answer(asked, {"priority": "low"}, "the-answer"))
+    resume(kube, ns, "pa", asked["status"]["pendingRequest"], {"priority": "low"}, key="the-answer")
     done = wait_phase(kube, ns, "pa", {"Succeeded", "Failed"})
     assert done["status"]["result"]["answer"] == {"priority": "low"}, operator.log_tail()
 
@@ -265,7 +259,7 @@ def test_a_pause_during_a_side_effect_loop_stops_before_a_send(
     assert paused["status"]["phase"] == "Paused", paused["status"]
     states = [e.get("status", {}).get("state") for e in side_effects(kube, ns, "loop")]
     assert states == ["Confirmed", "Confirmed"], "paused before the third send, never inside one"
-    patch_spec(kube, ns, "loop", answer(paused, {}, "go-on"))
+    resume(kube, ns, "loop", paused["status"]["pendingRequest"], {}, key="go-on")
     done = wait_phase(kube, ns, "loop", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     assert sorted(p.name for p in sent.iterdir()) == sorted(f"{n:03d}" for n in range(10)), "each sent once"
@@ -286,12 +280,12 @@ def test_a_pause_then_the_approval_gate_keep_their_requests_apart(
     gate.touch()
     paused = wait_phase(kube, ns, "gate", {"Paused", "AuthRequired", "Failed"})
     assert paused["status"]["phase"] == "Paused", paused["status"]
-    patch_spec(kube, ns, "gate", answer(paused, {}, "resume-gate"))
+    resume(kube, ns, "gate", paused["status"]["pendingRequest"], {}, key="resume-gate")
     approval = wait_phase(kube, ns, "gate", {"AuthRequired", "Failed", "Succeeded"})
     assert approval["status"]["phase"] == "AuthRequired", (approval["status"], operator.log_tail())
     assert approval["status"]["pendingRequest"]["requestId"].startswith("approve-")
     assert not list(sent.iterdir()), "nothing sent before the approval"
-    patch_spec(kube, ns, "gate", answer(approval, {"approved": True}, "yes"))
+    resume(kube, ns, "gate", approval["status"]["pendingRequest"], {"approved": True}, key="yes")
     done = wait_phase(kube, ns, "gate", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     assert [p.name for p in sent.iterdir()] == ["000"]
@@ -315,7 +309,7 @@ def test_after_a_pause_the_agent_acts_on_what_it_observes_now(
     paused = wait_phase(kube, ns, "look", {"Paused", "Succeeded", "Failed"})
     assert paused["status"]["phase"] == "Paused", paused["status"]
     world.write_text("after")  # the world changed while the Run was paused
-    patch_spec(kube, ns, "look", answer(paused, {}, "look-again"))
+    resume(kube, ns, "look", paused["status"]["pendingRequest"], {}, key="look-again")
     done = wait_phase(kube, ns, "look", {"Succeeded", "Failed"})
     result = done["status"]["result"]
     assert (result["actedOn"], result["resumed"]) == ("after", True), operator.log_tail()

@@ -15,10 +15,9 @@ import pytest
 
 from agentrun.examples.manifests import agent_run
 from devcluster import security
-from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
-from support.agentrun import install_crds
+from support.clusters import operator_identity, own_cluster
 from support.kube import Kube
 from support.runs import attempts, create_run, wait_phase
 
@@ -28,23 +27,14 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     """Overrides the session's `kube` in this module: a control plane of its own, in instant mode."""
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("instant-cluster"), instant=True)
-    try:
-        cluster.start()
-        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-        install_crds(kube)
-        yield kube
-    finally:
-        cluster.stop()
+    yield from own_cluster(tmp_path_factory, "instant-cluster", instant=True)
 
 
 @pytest.fixture(scope="module")
 def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Overrides the session's: the operator's identity and the admission policies on this module's
     control plane."""
-    return security.install(
-        str(kube.kubectl_path), kube.kubeconfig, tmp_path_factory.mktemp("operator-identity") / "kubeconfig"
-    )
+    return operator_identity(kube, tmp_path_factory)
 
 
 @pytest.fixture

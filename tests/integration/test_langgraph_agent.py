@@ -26,27 +26,12 @@ from support.runs import (
     create_run,
     get_run,
     patch_spec,
+    resume,
     support_agent_run,
     wait_phase,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def resume(kube: Kube, ns: str, name: str, pending: dict[str, Any], value: Any, *, key: str) -> None:
-    patch_spec(
-        kube,
-        ns,
-        name,
-        {
-            "resume": {
-                "requestId": pending["requestId"],
-                "checkpointId": pending["checkpointId"],
-                "value": value,
-                "idempotencyKey": key,
-            }
-        },
-    )
 
 
 def control(kube: Kube, ns: str, name: str, key: str) -> dict[str, Any]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -161,6 +162,23 @@ def test_deadline_stops_the_attempt_and_fails_the_run(
     wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=30, what="the attempt pod deleted")
 
 
+def versions(kube: Kube, ns: str) -> dict[str, str]:
+    """The resourceVersion of every Run in the namespace: any write to one changes it."""
+    items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "runs")["items"]
+    return {item["metadata"]["name"]: item["metadata"]["resourceVersion"] for item in items}
+
+
+def moved_on(kube: Kube, ns: str, names: list[str]) -> Callable[[], bool]:
+    """A probe: has a Run been written since now (or have they all finished, so none will be)?"""
+    before = versions(kube, ns)
+
+    def probe() -> bool:
+        phases = [(get_run(kube, ns, name).get("status") or {}).get("phase") for name in names]
+        return versions(kube, ns) != before or all(phase in ("Succeeded", "Failed") for phase in phases)
+
+    return probe
+
+
 def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoch(
     kube: Kube, run_namespace: str, operator: OperatorProcess
 ) -> None:
@@ -170,7 +188,10 @@ def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoc
     for name in names:
         create_run(kube, ns, scenario_run(name, scenario, retry=FAST_RETRY))
     for _ in range(4):
-        time.sleep(1.2)
+        # Each start gets to work before the next kill: it is ready and some Run was written since.
+        operator.wait_ready()
+        progressed = moved_on(kube, ns, names)
+        wait_for(progressed, timeout=60, what="a Run to progress under this operator")
         operator.restart()
     operator.wait_ready()
     for name in names:

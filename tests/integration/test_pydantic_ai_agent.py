@@ -14,7 +14,16 @@ from agentrun.examples.manifests import agent_run
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, patch_spec, wait_phase
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    resume,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -36,19 +45,7 @@ def answer(kube: Kube, ns: str, name: str, value: Any) -> None:
     assert pending["reason"] == "auth_required", pending
     assert pending["acceptedSchema"]["required"] == ["approved"]
     assert "create_ticket" in pending["prompt"]
-    patch_spec(
-        kube,
-        ns,
-        name,
-        {
-            "resume": {
-                "requestId": pending["requestId"],
-                "checkpointId": pending["checkpointId"],
-                "value": value,
-                "idempotencyKey": "answer",
-            }
-        },
-    )
+    resume(kube, ns, name, pending, value, key="answer")
 
 
 def test_killed_after_a_journaled_model_response_the_model_is_not_called_again(

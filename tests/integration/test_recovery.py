@@ -14,7 +14,7 @@ from devcluster.tickets import TicketServiceProcess
 from integration.test_cli import cli
 from integration.test_side_effects import PATIENT, kill_worker_during_create, side_effects, ticket_run
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
+from support.runs import GROUP, VERSION, attempts, create_run, get_run, resume, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -218,13 +218,7 @@ def test_an_approval_of_one_request_does_not_approve_another_under_the_same_key(
 
 
 def answer(kube: Kube, ns: str, run: str, pending: dict[str, Any], key: str) -> None:
-    resume = {
-        "requestId": pending["requestId"],
-        "checkpointId": pending["checkpointId"],
-        "value": {"approved": True},
-        "idempotencyKey": key,
-    }
-    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", run, {"spec": {"resume": resume}})
+    resume(kube, ns, run, pending, {"approved": True}, key=key)
 
 
 def test_the_same_key_with_another_request_is_refused_and_never_sent(

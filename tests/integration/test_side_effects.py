@@ -13,7 +13,7 @@ from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, resume, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -65,15 +65,7 @@ def test_ticket_agent_asks_then_opens_one_ticket(
     create_run(kube, ns, ticket_run("ask", tickets, askPriority=True))
     waiting = wait_phase(kube, ns, "ask", {"InputRequired", "Failed"})
     pending = waiting["status"]["pendingRequest"]
-    resume = {
-        "requestId": pending["requestId"],
-        "checkpointId": pending["checkpointId"],
-        "value": {"priority": "high"},
-        "idempotencyKey": "answer-1",
-    }
-    kube.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, ns, "runs", "ask", {"spec": {"resume": resume}}
-    )
+    resume(kube, ns, "ask", pending, {"priority": "high"}, key="answer-1")
     run = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     [created] = tickets.creations()
@@ -201,13 +193,7 @@ def test_a_gated_action_waits_for_approval_before_it_runs(
     assert pending["reason"] == "auth_required"
     assert "create_ticket" in pending["prompt"]
     assert tickets.creations() == [], "nothing runs before the approval"
-    resume = {
-        "requestId": pending["requestId"],
-        "checkpointId": pending["checkpointId"],
-        "value": {"approved": approved, "comment": "checked by alice"},
-        "idempotencyKey": "approval",
-    }
-    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", name, {"spec": {"resume": resume}})
+    resume(kube, ns, name, pending, {"approved": approved, "comment": "checked by alice"}, key="approval")
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     if not approved:
         assert done["status"]["failure"]["class"] == "deterministic"

@@ -20,23 +20,13 @@ from support.runs import (
     create_run,
     get_run,
     patch_spec,
+    resume_patch,
     scenario_run,
     support_agent_run,
     wait_phase,
 )
 
 pytestmark = pytest.mark.cluster
-
-
-def resume(request_id: str, checkpoint_id: str, value: Any, key: str) -> dict[str, Any]:
-    return {
-        "resume": {
-            "requestId": request_id,
-            "checkpointId": checkpoint_id,
-            "value": value,
-            "idempotencyKey": key,
-        }
-    }
 
 
 def controls(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -60,11 +50,9 @@ def test_interrupt_then_resume_continues_from_the_checkpoint_with_the_value(
     wait_for(lambda: (pod := kube.pod("ask-a1", ns)) is None or pod["status"]["phase"] == "Succeeded")
 
     # refused: the wrong request, then a value the schema does not accept — the Run stays as it was
-    patch_spec(kube, ns, "ask", resume("nope", pending["checkpointId"], {"priority": "high"}, "k1"))
+    patch_spec(kube, ns, "ask", resume_patch({**pending, "requestId": "nope"}, {"priority": "high"}, "k1"))
     wait_for(lambda: "k1" in controls(get_run(kube, ns, "ask")), what="k1 processed")
-    patch_spec(
-        kube, ns, "ask", resume(pending["requestId"], pending["checkpointId"], {"priority": "urgent"}, "k2")
-    )
+    patch_spec(kube, ns, "ask", resume_patch(pending, {"priority": "urgent"}, "k2"))
     wait_for(lambda: "k2" in controls(get_run(kube, ns, "ask")), what="k2 processed")
     run = get_run(kube, ns, "ask")
     assert controls(run)["k1"]["outcome"] == "Rejected"
@@ -75,9 +63,7 @@ def test_interrupt_then_resume_continues_from_the_checkpoint_with_the_value(
     assert run["status"]["pendingRequest"] == pending
     assert len(attempts(kube, ns, "ask")) == 1
 
-    patch_spec(
-        kube, ns, "ask", resume(pending["requestId"], pending["checkpointId"], {"priority": "high"}, "k3")
-    )
+    patch_spec(kube, ns, "ask", resume_patch(pending, {"priority": "high"}, "k3"))
     done = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     assert done["status"]["result"]["answer"] == {"priority": "high"}
@@ -184,8 +170,6 @@ def test_a_request_expires_on_the_operators_clock_whatever_the_workers_clock_say
     expires_at = datetime.datetime.fromisoformat(pending["expiresAt"].replace("Z", "+00:00"))
     left = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
     assert 500 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
-    patch_spec(
-        kube, ns, name, resume(pending["requestId"], pending["checkpointId"], {"priority": "low"}, "k1")
-    )
+    patch_spec(kube, ns, name, resume_patch(pending, {"priority": "low"}, "k1"))
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", done["status"]

@@ -78,3 +78,25 @@ def wait_phase(
     except AssertionError as exc:
         run = get_run(kube, namespace, name)
         raise AssertionError(f"{exc}\nstatus: {run.get('status')}") from None
+
+
+def resume_patch(pending: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
+    """The spec patch that answers a Run's pending request (status.pendingRequest) with a value."""
+    return {
+        "resume": {
+            "requestId": pending["requestId"],
+            "checkpointId": pending["checkpointId"],
+            "value": value,
+            "idempotencyKey": key,
+        }
+    }
+
+
+def resume(kube: Kube, namespace: str, name: str, pending: dict[str, Any], value: Any, *, key: str) -> None:
+    """Answer the Run's pending request, as `kubectl agentrun resume` does."""
+    patch_spec(kube, namespace, name, resume_patch(pending, value, key))
+
+
+def controls(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    """The Run's recorded control outcomes (status.controls) by idempotency key."""
+    return {c["idempotencyKey"]: c for c in get_run(kube, namespace, name)["status"].get("controls", [])}

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
-from agentrun.cli.errors import CliError, api_error_from, not_found
+from agentrun.cli.errors import CliError, not_found
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.kubewatch import Listed, reflect
 
 JsonDict = dict[str, Any]
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
@@ -79,33 +80,33 @@ class Cluster:
     async def follow(self, name: str, within: float | None) -> AsyncIterator[JsonDict]:
         """The Run now, then each new version of it, until `within` seconds have passed (None: forever).
 
-        A watch (reconnected whenever the server ends it); the first read also tells a missing Run apart.
+        kubewatch's list-then-watch (resumed whenever the server ends it or the connection drops); the
+        list also tells a missing Run apart; a refusal (e.g. forbidden) ends it with that error.
         """
         deadline = None if within is None else time.monotonic() + within
-        run = await self.run(name)
-        seen = run.get("metadata", {}).get("resourceVersion")
-        yield run
-        while deadline is None or time.monotonic() < deadline:
-            window = 300 if deadline is None else max(1, min(300, int(deadline - time.monotonic()) + 1))
-            try:
-                async for event in self.api.watch(self.path("runs"), name, timeout_seconds=window):
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "DELETED":
-                        raise CliError(f'run "{name}" was deleted')
-                    if kind == "ERROR":
-                        break  # e.g. 410 Gone: watch again from now
-                    version = obj.get("metadata", {}).get("resourceVersion")
-                    if version != seen:
-                        seen = version
-                        yield obj
-            except (ApiError, CliError):
-                raise
-            except Exception as exc:
-                refusal = api_error_from(exc)
-                if refusal is not None:
-                    raise refusal from None
-                await asyncio.sleep(1)  # a dropped connection: watch again
-        raise TimeoutError
+        stream = reflect(self.api, self.path("runs"), name=name, raise_refusals=True)
+        seen: object = None
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    item = await anext(stream)
+                if isinstance(item, Listed):
+                    if not item.items and seen is None:
+                        raise not_found("run", name, self.namespace)
+                    run = item.items[0] if item.items else None
+                else:
+                    run = None if item.type == "DELETED" else item.object
+                if run is None:
+                    raise CliError(f'run "{name}" was deleted')
+                version = run.get("metadata", {}).get("resourceVersion")
+                if version != seen:
+                    seen = version
+                    yield run
+        finally:
+            await stream.aclose()
 
 
 async def wait_for_run(

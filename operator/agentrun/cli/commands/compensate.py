@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agentrun.api import RunPhase
-from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, show_outcome
+from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import compensate_key, compensate_patch, recorded
@@ -31,10 +31,7 @@ async def compensate(ctx: Context, args: argparse.Namespace) -> int:
         await ctx.cluster.merge_patch_run(args.run, compensate_patch(key, effects))
     except ApiError as exc:
         raise CliError(describe_api_error(exc, f"cannot compensate run {args.run}")) from None
-    final, record = await await_outcome(ctx, args.run, key, args.timeout)
-    if record is None:
-        raise no_outcome(args.run, key, args.timeout)
-    code = show_outcome(ctx, args.run, record, final)
+    code = await shown_outcome(ctx, args.run, key, args.timeout)
     if code == EXIT_FAILED or not args.wait:
         return code
     await follow(ctx, args.run, None)

@@ -11,7 +11,7 @@ from typing import Any
 
 from agentrun.api import STOPPED_PHASES, ControlRecord, Run
 from agentrun.cli import render
-from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, show_outcome
+from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import recorded, resume_key, resume_operations, schema_problem
@@ -152,10 +152,7 @@ async def resume(ctx: Context, args: argparse.Namespace) -> int:
     sent = await send(ctx, args, read_value(args))
     if isinstance(sent, Control):
         return show_outcome(ctx, args.run, sent.record, sent.body, again=True)  # the same answer: a no-op
-    final, record = await await_outcome(ctx, args.run, sent.key, args.timeout)
-    if record is None:
-        raise no_outcome(args.run, sent.key, args.timeout)
-    code = show_outcome(ctx, args.run, record, final)
+    code = await shown_outcome(ctx, args.run, sent.key, args.timeout)
     if code == EXIT_FAILED or not args.wait:
         return code
     return await follow(ctx, args.run, None)

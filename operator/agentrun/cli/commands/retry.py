@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agentrun.api import CANCEL_FROZEN_PHASES, ControlOutcome, Run, RunPhase
-from agentrun.cli.commands.common import await_outcome, no_outcome, read_run, show_outcome
+from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import recorded, retry_key, retry_patch
@@ -44,10 +44,7 @@ async def retry(ctx: Context, args: argparse.Namespace) -> int:
         await ctx.cluster.merge_patch_run(args.run, retry_patch(key, args.from_checkpoint, args.reason))
     except ApiError as exc:
         raise CliError(describe_api_error(exc, f"cannot retry run {args.run}")) from None
-    final, record = await await_outcome(ctx, args.run, key, args.timeout)
-    if record is None:
-        raise no_outcome(args.run, key, args.timeout)
-    code = show_outcome(ctx, args.run, record, final)
+    code = await shown_outcome(ctx, args.run, key, args.timeout)
     if code == EXIT_FAILED or not args.wait:
         return code
     return await follow(ctx, args.run, None)
