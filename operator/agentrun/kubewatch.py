@@ -110,21 +110,26 @@ async def reflect(
     label_selector: str | None = None,
     timeout_seconds: int = 300,
     page: int = PAGE,
+    list_first: bool = True,
 ) -> AsyncIterator[Listed | Event]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
-    leaving the loop (or cancelling its task)."""
+    leaving the loop (or cancelling its task).
+
+    With list_first=False no list is made (a request saved, e.g. for the one object a worker watches):
+    a watch without a resourceVersion starts with an ADDED event per object that exists now, and a 410
+    starts such a watch again; no Listed comes, so objects deleted meanwhile are not reported gone."""
     version: str | None = None
     pause = RETRY_SECONDS
     while True:
         try:
-            if version is None:
+            if version is None and list_first:
                 listed = await list_all(api, collection, name=name, label_selector=label_selector, page=page)
                 version = listed.resource_version
                 yield listed
             async for item in watch_from(
                 api,
                 collection,
-                version,
+                version or "",
                 name=name,
                 label_selector=label_selector,
                 timeout_seconds=timeout_seconds,
