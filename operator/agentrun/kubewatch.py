@@ -111,22 +111,27 @@ async def reflect(
     timeout_seconds: int = 300,
     page: int = PAGE,
     raise_refusals: bool = False,
+    list_first: bool = True,
 ) -> AsyncGenerator[Listed | Event, None]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
     leaving the loop (or cancelling its task). raise_refusals: an ApiError the server means (4xx but 410
-    and 429: forbidden, not found) is raised instead of tried again, for a person waiting at a prompt."""
+    and 429: forbidden, not found) is raised instead of tried again, for a person waiting at a prompt.
+
+    With list_first=False no list is made (a request saved, e.g. for the one object a worker watches):
+    a watch without a resourceVersion starts with an ADDED event per object that exists now, and a 410
+    starts such a watch again; no Listed comes, so objects deleted meanwhile are not reported gone."""
     version: str | None = None
     pause = RETRY_SECONDS
     while True:
         try:
-            if version is None:
+            if version is None and list_first:
                 listed = await list_all(api, collection, name=name, label_selector=label_selector, page=page)
                 version = listed.resource_version
                 yield listed
             async for item in watch_from(
                 api,
                 collection,
-                version,
+                version or "",
                 name=name,
                 label_selector=label_selector,
                 timeout_seconds=timeout_seconds,

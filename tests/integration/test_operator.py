@@ -36,9 +36,9 @@ def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, opera
         for e in kube.core.list_namespaced_event(ns).items
         if e.involved_object.name in ("ok", "ok-a1")
     }
-    assert "Succeeded" in reasons
-    # A Run's start is no news: no Queued phase or Event, no AttemptStarted for its first Attempt.
-    assert not {"Queued", "AttemptStarted"} & reasons
+    # A Run's start and its success are no news (its phase says them): no Queued phase or Event, no
+    # AttemptStarted for its first Attempt, no Succeeded Event.
+    assert not {"Queued", "AttemptStarted", "Succeeded"} & reasons
 
 
 def test_transient_failure_is_retried_and_history_is_kept(

@@ -90,7 +90,10 @@ STARTED = PatchAttemptStatus("a1", {"phase": "Running"}, "7")
         (Plan().add(ENDED, PatchRunStatus({"phase": "Succeeded"})), COMMITTED, True),
         (Plan().add(STARTED), RUNNING, True),
         (Plan().add(STARTED, ENDED), RUNNING, False),
-        (Plan().add(WriteLease("a1", 1, 60, None), PatchRunStatus({"phase": "Running"})), RUNNING, False),
+        (Plan().add(WriteLease("a1", 1, 60, None), PatchRunStatus({"phase": "Running"})), RUNNING, True),
+        (Plan().add(WriteLease("a2", 2, 60, "7"), PatchRunStatus({"phase": "Running"})), RUNNING, False),
+        (Plan().add(WriteLease(None, 2, 60, "7"), PatchRunStatus({"phase": "RetryBackoff"})), RUNNING, False),
+        (Plan().add(WriteLease("a1", 1, 60, None), RecordEvent("Normal", "X", "y")), RUNNING, False),
         (Plan().add(DeletePod("a1")), COMMITTED, False),
         (Plan().add(RecordEvent("Normal", "Queued", "waits")), RUNNING, False),
     ],
@@ -99,6 +102,49 @@ def test_writes_ahead_of_the_preconditioned_run_write_decide_whether_the_run_is_
     plan: Plan, run: Run, trusted: bool
 ) -> None:
     assert trusts_cached_run(plan, run) is trusted
+
+
+def test_a_first_grant_is_carried_out_from_the_cached_run() -> None:
+    """The Lease create ahead of the Run's patch needs no read: the patch is preconditioned."""
+    world = make_world(make_run())
+    plan = decide(world)
+
+    assert [type(a).__name__ for a in plan.actions[:2]] == ["WriteLease", "PatchRunStatus"]
+    assert trusts_cached_run(plan, world.run)
+
+
+def test_a_lease_takeover_is_never_decided_on_an_unread_run() -> None:
+    world = make_world(
+        RUNNING, attempts=[make_attempt(1)], pods=[running_pod(1)], lease=held_by(1), expires_in=0.0
+    )
+    plan = decide(world)
+
+    [lease] = plan.of(WriteLease)
+    assert isinstance(lease, WriteLease) and lease.expected_resource_version is not None
+    assert not trusts_cached_run(plan, RUNNING)
+
+
+def test_a_first_lease_left_by_a_lost_race_is_adopted_by_the_grant_decided_again() -> None:
+    """The Run's patch lost to a newer Run after the Lease was created: the grant decided on the newer
+    Run adopts the Lease's epoch (no second Lease write, no epoch skipped or reused)."""
+    plan = decide(make_world(make_run(), lease=held_by(1)))
+
+    assert not plan.of(WriteLease)
+    [patch] = plan.of(PatchRunStatus)
+    assert isinstance(patch, PatchRunStatus)
+    assert (patch.patch["leaseEpoch"], patch.patch["currentAttempt"]) == (1, 1)
+
+
+def test_a_first_lease_left_by_a_lost_race_to_a_spec_change_starts_nothing() -> None:
+    """The newer Run names a ServiceAccount that is not opted in: it fails; the Lease names an Attempt
+    that is never created, so no Pod can ever renew or write under it."""
+    plan = decide(make_world(make_run(), lease=held_by(1), account_refusal="not labelled"))
+
+    [patch] = plan.of(PatchRunStatus)
+    assert isinstance(patch, PatchRunStatus)
+    assert patch.patch["phase"] == "Failed"
+    assert not plan.of(WriteLease)
+    assert not [a for a in plan.actions if type(a).__name__ in ("CreateAttempt", "CreatePod")]
 
 
 def attempt_phases(plan: Plan) -> list[str]:

@@ -13,10 +13,18 @@ carried out from the cached Run, unread, only while they come before nothing tha
   shows the commit (a commit is never undone). Ending an Attempt from Pod evidence alone (an exit code,
   the Pod gone) while no commit is seen must not be decided on a stale Run: the commit may have landed.
 
-Any other write ahead of the Run's status patch (a Lease, an Attempt or Pod created, a Pod deleted, an
-Event, a side-effect record) would be written from a view nobody verified: the Run is read first, and if
-it moved, decided again on what was read. A Run with no cached view, or one whose write just lost a
-race, is read too.
+- a Lease created where none existed (a Run's first grant) ahead of the Run's status patch: the create
+  cannot overwrite anything (a Lease already there is a 409), and the holder it names can do nothing
+  until the preconditioned Run patch after it records its epoch and the Attempt and Pod are created
+  (only the Pod named after the holder may renew; no such Pod exists before). If that patch loses to
+  a newer Run, the Lease is left naming an Attempt nobody started: the next grant of that Attempt adopts
+  its epoch (core.lease.epoch_for_grant), any other takes the next epoch, so no epoch is reused, and a
+  Run that ends instead leaves the Lease to go with it (it is owned by the Run).
+
+Any other write ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
+created, a Pod deleted, an Event, a side-effect record) would be written from a view nobody verified:
+the Run is read first, and if it moved, decided again on what was read. A Run with no cached view, or
+one whose write just lost a race, is read too.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any, Final
 from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
-from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan
+from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -57,6 +65,8 @@ def trusts_cached_run(plan: Plan, run: Run) -> bool:
     for action in plan.actions:
         if isinstance(action, PatchRunStatus):
             return True
+        if isinstance(action, WriteLease) and action.expected_resource_version is None:
+            continue  # a first Lease, created: harmless from a stale view (the module docstring)
         if not isinstance(action, PatchAttemptStatus):
             return False
         ends = action.patch.get("phase") in FINISHED_ATTEMPT_PHASES

@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any
 
+from agentrun import kubewatch
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, CheckpointKind, Run, Usage, lease_name
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
 from agentrun.core.fence import fence_violation, refusal_cause
@@ -380,25 +381,16 @@ class Session:
                     return
 
     async def watch_cancel(self) -> None:
-        """Watches the Run: keeps `observed` current, sets `changed` at every change, and sets
-        `cancelled` as soon as spec.cancelEpoch grows past this worker's. A reconnect continues from the
-        last resourceVersion seen, so no change is skipped (unless the server expired it: 410)."""
+        """Watches the Run (agentrun.kubewatch, without a list: the watch's first event carries the Run):
+        keeps `observed` current, sets `changed` at every change, and sets `cancelled` as soon as
+        spec.cancelEpoch grows past this worker's. A reconnect continues from the last resourceVersion
+        seen, so no change is skipped (unless the server expired it: 410, then from the current state)."""
         collection = self.api.custom_path("runs", self.me.namespace)
-        resource_version: str | None = None
-        while not self.cancelled.is_set():
-            try:
-                async for event in self.api.watch(collection, self.me.run, resource_version=resource_version):
-                    body = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        resource_version = None  # too old (410): start again from the current state
-                        break
-                    resource_version = (body.get("metadata") or {}).get("resourceVersion", resource_version)
-                    self.observe(Run.model_validate(body))
-                    if self.cancelled.is_set():
-                        return
-            except Exception as exc:
-                log.debug("run watch interrupted: %s", exc)
-                await asyncio.sleep(1.0)
+        async for item in kubewatch.reflect(self.api, collection, name=self.me.run, list_first=False):
+            if isinstance(item, kubewatch.Event) and item.type != "DELETED":
+                self.observe(Run.model_validate(item.object))
+            if self.cancelled.is_set():
+                return
 
     def observe(self, run: Run) -> None:
         """A newer Run than the one observed so far (by the watch or a read)."""

@@ -124,8 +124,9 @@ def after_attempt(
     phase = phase or attempt.status.phase
     name = str(attempt.metadata.name)
     if phase == AttemptPhase.SUCCEEDED:
+        # No Event: a success asks nothing of a person, and the Run's phase, its Succeeded condition and
+        # committedBy say it (an Event per Run would be an API request per Run for nobody).
         b.set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
-        b.event("Normal", "Succeeded", f"{name} committed the result", name)
     elif phase == AttemptPhase.INTERRUPTED:
         request = b.status.pending_request
         assert request is not None
