@@ -216,15 +216,15 @@ def test_cancel_is_a_compare_and_swap_so_a_double_click_cancels_once(
 
 
 def test_pause_then_resume_and_a_manual_retry(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
-    create_run(kube, ns, scenario_run("nap", {"steps": 6, "stepSeconds": 1}))
+    ns, gate = run_namespace, tmp_path / "gate"
+    # The agent waits before its second step until the gate opens: the pause is sure to find it Running.
+    create_run(kube, ns, scenario_run("nap", {"steps": 3, "gate": {"file": str(gate), "atStep": 2}}))
     wait_phase(kube, ns, "nap", {"Running"})
-    paused = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch", "--timeout", "20"))
-    assert (
-        ": Accepted (paused at checkpoint" in paused or "the agent pauses at its next step boundary" in paused
-    )
+    paused = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch", "--timeout", "5"))
+    assert ": Accepted" in paused or "the agent pauses at its next step boundary" in paused
+    gate.touch()
     status = wait_phase(kube, ns, "nap", {"Paused", "Succeeded", "Failed"})["status"]
     assert status["phase"] == "Paused", operator.log_tail()
     again = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch"))

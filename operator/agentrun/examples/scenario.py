@@ -26,6 +26,9 @@ input:
     modelCalls: 1
     times: 1
   reportRequests: true  # the result carries the API requests this Attempt made so far (apiRequests)
+  gate:                 # optional: before step `atStep` (default 2) wait until `file` exists, so a test
+    file: /tmp/gate     # holds the Run Running (at a step boundary to come) until it has done something
+    atStep: 2
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,11 @@ def _add_usage(ctx: worker.Context, usage: dict[str, Any]) -> None:
         )
 
 
+def _wait_for_file(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.05)
+
+
 def _fail(how: str, message: str) -> None:
     if how == "transient":
         raise worker.TransientError(message)
@@ -100,6 +109,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         state["padding"] = "x" * int(padding["state"])
     start = int(state.get("step", 0))
     step_spec: dict[str, Any] = spec.get("step") or {}
+    gate: dict[str, Any] = spec.get("gate") or {}
     step_results: list[Any] = []
     for step in range(start + 1, steps + 1):
         if spec.get("usage"):
@@ -114,6 +124,8 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
                 expires_in=ask.get("expiresInSeconds"),
                 hold_seconds=ask.get("holdSeconds"),
             )
+        if gate and step == int(gate.get("atStep", 2)):
+            await asyncio.to_thread(_wait_for_file, Path(str(gate["file"])))
         if fail and failing and step == int(fail.get("atStep", 1)):
             how = str(fail.get("how", "error"))
             if how == "hang":
