@@ -90,6 +90,7 @@ class Executor:
                         self.metrics.usage_added(ns, run.status.usage, Usage.model_validate(patch["usage"]))
                     if patch.get("phase") in TRACED_END_PHASES:
                         self.spans.run_ended(run, str(patch["phase"]))
+                    self._log_phase(run, patch)
                 case p.WriteLease():
                     previous = self._cached_lease(ns, name)
                     self.cache.put("leases", await self._write_lease(action, run))
@@ -271,6 +272,19 @@ class Executor:
                 return True
             raise
         return True
+
+    @staticmethod
+    def _log_phase(run: Run, patch: JsonDict) -> None:
+        """Every phase change goes to the log, also those no Event is recorded for (a first grant, a
+        success): the log tells a Run's story at no request's cost."""
+        before = run.status.phase.value if run.status.phase else None
+        after = patch.get("phase")
+        if after is None or after == before:
+            return
+        ns, name = run.metadata.namespace, run.metadata.name
+        fields = {"namespace": str(ns), "run": str(name)}
+        message = patch.get("message") or ""
+        log.info("run %s/%s %s -> %s: %s", ns, name, before or "(new)", after, message, extra=fields)
 
     async def _event(self, action: p.RecordEvent, run: Run) -> None:
         ns = str(run.metadata.namespace)
