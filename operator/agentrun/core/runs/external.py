@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, AttemptReason, ControlOp, RunPhase
+from agentrun.api import FINISHED_ATTEMPT_PHASES, AttemptReason, ControlOp, Run, RunPhase
 from agentrun.core import controls, report
 from agentrun.core.controls import KeyUse
 from agentrun.core.runs import compensating
@@ -37,32 +38,33 @@ def _judge_retry(b: Builder, current: int) -> bool:
 
 
 def _judge_cancel(b: Builder) -> bool:
-    run = b.run
-    if run.spec.cancel_request is None:
+    request = b.run.spec.cancel_request
+    if request is None:
         return False
-    key, digest = run.spec.cancel_request.idempotency_key, controls.cancel_digest(run)
-    use = controls.key_use(run, key, ControlOp.CANCEL, digest)
-    if use == KeyUse.REPEAT:
-        return False
-    verdict = controls.judge_cancel(run) if use == KeyUse.NEW else controls.key_refusal(use, key)
-    if verdict is None:
-        return False
-    record(b, ControlOp.CANCEL, key, digest, verdict, spend=use == KeyUse.NEW)
-    return True
+    digest = controls.cancel_digest(b.run)
+    return _judge_recorded(b, ControlOp.CANCEL, request.idempotency_key, digest, controls.judge_cancel)
 
 
 def _judge_pause(b: Builder) -> bool:
-    run = b.run
-    if run.spec.pause is None:
+    pause = b.run.spec.pause
+    if pause is None:
         return False
-    key, digest = run.spec.pause.request_id, controls.pause_digest(run)
-    use = controls.key_use(run, key, ControlOp.PAUSE, digest)
+    digest = controls.pause_digest(b.run)
+    return _judge_recorded(b, ControlOp.PAUSE, pause.request_id, digest, controls.judge_pause)
+
+
+def _judge_recorded(
+    b: Builder, op: ControlOp, key: str, digest: str, judge: Callable[[Run], controls.Verdict | None]
+) -> bool:
+    """A request whose outcome is only recorded (cancel, pause: what it asks is done by other rules);
+    `judge` may leave a new one unjudged (None) until the Run can tell."""
+    use = controls.key_use(b.run, key, op, digest)
     if use == KeyUse.REPEAT:
         return False
-    verdict = controls.judge_pause(run) if use == KeyUse.NEW else controls.key_refusal(use, key)
+    verdict = judge(b.run) if use == KeyUse.NEW else controls.key_refusal(use, key)
     if verdict is None:
         return False
-    record(b, ControlOp.PAUSE, key, digest, verdict, spend=use == KeyUse.NEW)
+    record(b, op, key, digest, verdict, spend=use == KeyUse.NEW)
     return True
 
 
