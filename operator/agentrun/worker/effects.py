@@ -280,17 +280,7 @@ class Ledger:
             )
             return record, decision, None
         if decision.step == Step.REUSE:
-            too_large = _too_large(record, result)
-            confirmed = await self._write(
-                record,
-                SideEffectState.CONFIRMED,
-                "found by lookup",
-                sends=self._last_send(record, SendOutcome.CONFIRMED, reference),
-                result=None if too_large else result,
-                externalReference=reference,
-                resolvedBy=f"lookup by {self.me.attempt}",
-            )
-            _refuse_unrecorded(too_large)
+            confirmed = await self._confirm(record, result, reference, "found by lookup", by_lookup=True)
             return confirmed, decision, self._effect(confirmed, action.reference_of, executed_now=False)
         if answer == Answer.ABSENT:
             record = await self._write(
@@ -331,21 +321,29 @@ class Ledger:
         except Exception as exc:
             return await self._send_failed(record, action, tries, exc)
         reference = self._reference(result, action.reference_of)
+        # Re-sent after a lookup found it absent: the lookup resolved the Unknown record.
+        by_lookup = state_of(record) == SideEffectState.UNKNOWN
+        confirmed = await self._confirm(record, result, reference, "executed", by_lookup=by_lookup)
+        return confirmed, REUSE, self._effect(confirmed, action.reference_of, executed_now=True)
+
+    async def _confirm(
+        self, record: SideEffect, result: Any, reference: str | None, why: str, *, by_lookup: bool
+    ) -> SideEffect:
+        """Records the action Confirmed (its result too when it fits the record's budget), then refuses
+        to go on with a result that could not be recorded."""
         too_large = _too_large(record, result)
-        extra: dict[str, Any] = {}
-        if state_of(record) == SideEffectState.UNKNOWN:  # re-sent after a lookup found it absent
-            extra["resolvedBy"] = f"lookup by {self.me.attempt}"
+        extra: dict[str, Any] = {"resolvedBy": f"lookup by {self.me.attempt}"} if by_lookup else {}
         confirmed = await self._write(
             record,
             SideEffectState.CONFIRMED,
-            "executed",
+            why,
             sends=self._last_send(record, SendOutcome.CONFIRMED, reference),
             result=None if too_large else result,
             externalReference=reference,
             **extra,
         )
         _refuse_unrecorded(too_large)
-        return confirmed, REUSE, self._effect(confirmed, action.reference_of, executed_now=True)
+        return confirmed
 
     async def _send_failed(
         self, record: SideEffect, action: _Action, tries: int, exc: Exception
