@@ -495,6 +495,26 @@ def test_conditions_follow_the_phase(phase: RunPhase, statuses: list[str]) -> No
         assert succeeded["reason"] == "SomeReason"
 
 
+def test_no_lease_is_held_between_two_compensation_attempts() -> None:
+    running = conditions_for(RunPhase.COMPENSATING, "Compensating", "m", generation=1, previous=None, now=NOW)
+    backoff = conditions_for(
+        RunPhase.COMPENSATING,
+        "Compensating",
+        "m",
+        generation=1,
+        previous=None,
+        now=NOW,
+        between_attempts=True,
+    )
+
+    assert [(c["status"], c["reason"]) for c in running if c["type"] == "LeaseHeld"] == [
+        ("True", "CompensationRunning")
+    ]
+    assert [(c["status"], c["reason"]) for c in backoff if c["type"] == "LeaseHeld"] == [
+        ("False", "NoActiveAttempt")
+    ]
+
+
 def conditions_at(phase: RunPhase, when: datetime) -> list[dict[str, Any]]:
     return conditions_for(phase, phase.value, "before", generation=GENERATION, previous=None, now=when)
 

@@ -16,6 +16,18 @@ def _succeeded(phase: RunPhase, reason: str) -> tuple[str, str]:
     return "Unknown", phase.value
 
 
+def _lease_held(phase: RunPhase, between_attempts: bool) -> tuple[str, str]:
+    """An Attempt holds the Run's lease while it runs, while it stops after a cancel (its Pod is still
+    there), and while a compensation Attempt runs (not in the backoff between two of them)."""
+    if phase == RunPhase.RUNNING:
+        return "True", "AttemptRunning"
+    if phase == RunPhase.CANCEL_REQUESTED:
+        return "True", "AttemptStopping"
+    if phase == RunPhase.COMPENSATING and not between_attempts:
+        return "True", "CompensationRunning"
+    return "False", "NoActiveAttempt"
+
+
 def conditions_for(
     phase: RunPhase,
     reason: str,
@@ -24,18 +36,17 @@ def conditions_for(
     generation: int | None,
     previous: list[Condition] | None,
     now: datetime,
+    between_attempts: bool = False,
 ) -> list[dict[str, Any]]:
-    """Succeeded, Waiting, CancelRequested and LeaseHeld for `phase`; lastTransitionTime moves only
-    when a condition's status changes."""
+    """Succeeded, Waiting, CancelRequested and LeaseHeld for `phase` (`between_attempts`: a next Attempt
+    is due at status.nextAttemptTime); lastTransitionTime moves only when a condition's status changes."""
     facts = {
         "Succeeded": _succeeded(phase, reason),
         "Waiting": ("True", phase.value) if phase in WAITING_PHASES else ("False", "NotWaiting"),
         "CancelRequested": ("True", phase.value)
         if phase in (RunPhase.CANCEL_REQUESTED, RunPhase.CANCELLED)
         else ("False", "NotRequested"),
-        "LeaseHeld": ("True", "AttemptRunning")
-        if phase == RunPhase.RUNNING
-        else ("False", "NoActiveAttempt"),
+        "LeaseHeld": _lease_held(phase, between_attempts),
     }
     before = {c.type: c for c in previous or []}
     out = []

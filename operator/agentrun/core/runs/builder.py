@@ -71,7 +71,13 @@ class Builder:
             "message": message[:1024],
             "observedGeneration": generation,
             "conditions": conditions_for(
-                phase, reason, message, generation=generation, previous=self.status.conditions, now=self.w.now
+                phase,
+                reason,
+                message,
+                generation=generation,
+                previous=self.status.conditions,
+                now=self.w.now,
+                between_attempts=fields.get("nextAttemptTime", self.status.next_attempt_time) is not None,
             ),
             "sideEffects": report.side_effect_counts(self.w.side_effects),
         }
