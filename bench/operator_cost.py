@@ -4,7 +4,7 @@ foreign Pods and Leases (no agentrun label) the operator has no business with.
     PYTHONPATH=hack:tests .venv/bin/python bench/operator_cost.py --n 200 --foreign 200 --state /tmp/oc
 
 Reported: API requests per Run by verb and resource (all clients, WATCH not counted), the operator's CPU
-ms per Run over the batch, and its CPU ms per foreign object (a create and a delete each); with
+ms per Run over the batch (and the node agent's, which runs the workers in instant mode), and its CPU ms per foreign object (a create and a delete each); with
 --footprint N, the operator restarted with N Runs existing (bench/cost.py's footprint: RSS, start-up).
 """
 
@@ -60,15 +60,17 @@ def main() -> None:
     try:
         bench.start()
         ns = bench.namespace("cost")
-        pid = bench.operator.process.pid  # type: ignore[union-attr]
-        cpu0 = cpu_seconds(pid)
+        pid, node_pid = bench.operator.process.pid, bench.pid("node-agent")  # type: ignore[union-attr]
+        cpu0, node_cpu0 = cpu_seconds(pid), cpu_seconds(node_pid)
         batch = throughput.batch(bench, "runs", ns, args.n, timeout=1200)
         cpu = (cpu_seconds(pid) - cpu0) / args.n * 1000
+        node_cpu = (cpu_seconds(node_pid) - node_cpu0) / args.n * 1000
         foreign = foreign_cost(bench, args.foreign) if args.foreign else None
         out = {
             "n": args.n,
             "requests_per_run": round(sum(batch.requests.values()) / args.n, 2),
             "operator_cpu_ms_per_run": round(cpu, 1),
+            "node_agent_cpu_ms_per_run": round(node_cpu, 1),  # the kubelet's stand-in and the workers
             "operator_cpu_ms_per_foreign_pod_and_lease": None if foreign is None else round(foreign, 2),
             "by_verb_resource": {
                 f"{v} {r}": round(c / args.n, 2) for (v, r), c in batch.requests.most_common()

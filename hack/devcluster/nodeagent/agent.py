@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import threading
 from pathlib import Path
 from typing import Any
 
-from kubernetes import watch
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from ..kubeconfig import write_kubeconfig
 from .instant import InstantRunner
@@ -75,36 +76,51 @@ class NodeAgent:
     # ---- watch ---------------------------------------------------------------------------------------
 
     def _watch_pods(self) -> None:
-        """Blocking list+watch in a thread (the client's watch is synchronous); events go to the loop."""
+        """Blocking list+watch in a thread (the client is synchronous); events go to the loop as plain
+        JSON, never through the client's models (see Kube)."""
         selector = f"spec.nodeName={self.settings.name}"
         resource_version = ""
         while not self._stopping.is_set():
             try:
                 if not resource_version:
-                    listing = self.kube.core.list_pod_for_all_namespaces(field_selector=selector)
-                    resource_version = listing.metadata.resource_version
-                    self._emit("SYNC", {"items": [self.kube.to_dict(p) for p in listing.items]})
-                stream = watch.Watch().stream(
-                    self.kube.core.list_pod_for_all_namespaces,
-                    field_selector=selector,
-                    resource_version=resource_version,
-                    timeout_seconds=300,
-                    allow_watch_bookmarks=True,
-                )
-                for event in stream:
-                    obj = self.kube.to_dict(event["object"])
-                    resource_version = obj["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        self._emit(event["type"], obj)
+                    listing = self.kube.get_json(
+                        self.kube.core.list_pod_for_all_namespaces, field_selector=selector
+                    )
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    self._emit("SYNC", {"items": listing["items"]})
+                resource_version = self._follow(selector, resource_version)
             except ApiException as exc:
-                if exc.status == 410:  # too old: list again
-                    resource_version = ""
-                else:
-                    log.warning("pod watch failed: %s", exc)
-                    self._stopping.wait(1.0)
+                log.warning("pod watch failed: %s", exc)
+                self._stopping.wait(1.0)
             except Exception as exc:
                 log.warning("pod watch interrupted: %s", exc)
                 self._stopping.wait(1.0)
+
+    def _follow(self, selector: str, resource_version: str) -> str:
+        """One watch request from `resource_version`; returns where the next one starts ("" to list
+        again: the version is too old)."""
+        response = self.kube.core.list_pod_for_all_namespaces(
+            field_selector=selector,
+            resource_version=resource_version,
+            watch=True,
+            timeout_seconds=300,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+        )
+        try:
+            for line in iter_resp_lines(response):
+                event = json.loads(line)
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    if obj.get("code") == 410:
+                        return ""
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                resource_version = obj["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    self._emit(event["type"], obj)
+        finally:
+            response.release_conn()
+        return resource_version
 
     def _emit(self, kind: str, obj: dict[str, Any]) -> None:
         assert self._loop is not None
