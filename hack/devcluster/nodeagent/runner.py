@@ -203,13 +203,18 @@ class PodRunner:
         """Sandbox, service-account kubeconfig and the environment every container shares."""
         self.sandbox.mkdir(parents=True, exist_ok=True)
         self._mark_changed()
+        delay = 0.05
         while not self.deleting.is_set():
             try:
                 kubeconfig = await self.host.service_account_kubeconfig(self.pod, self.sandbox)
                 break
-            except Exception as exc:  # the API server may be restarting: retry like the kubelet
+            except Exception as exc:
+                # Retried like the kubelet, with a backoff: the API server may be restarting, or its node
+                # authorizer may not have seen the Pod's binding yet ("a pod scheduled on a different
+                # node"), which a fast node agent meets often and which passes within milliseconds.
                 log.warning("pod %s: token request failed: %s", self.key, exc)
-                await self._sleep_unless_deleted(1.0)
+                await self._sleep_unless_deleted(delay)
+                delay = min(delay * 2, 1.0)
         else:
             return False
         python_bin = str(Path(sys.executable).parent)
