@@ -18,7 +18,6 @@ import asyncio
 import datetime
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +31,7 @@ from agentrun.core.runs import World, decide
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
-from devcluster.cluster import LocalCluster
-from support.agentrun import install_crds
+from support.clusters import own_cluster
 from support.kube import Kube
 
 pytestmark = pytest.mark.cluster
@@ -45,14 +43,7 @@ RUN = "crashy"
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs, and no
     operator but the one this test plays."""
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("restart-safety-cluster"))
-    try:
-        cluster.start()
-        kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-        install_crds(kube)
-        yield kube
-    finally:
-        cluster.stop()
+    yield from own_cluster(tmp_path_factory, "restart-safety-cluster")
 
 
 HEALTHY, EXPIRED = 30.0, -1.0  # the operator's judgement of the holder's Lease (its own clock)
