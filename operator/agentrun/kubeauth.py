@@ -47,20 +47,43 @@ def active_context(paths: str) -> dict[str, Any] | None:
     return dict(context) if isinstance(context, dict) else None
 
 
+# libyaml when the wheel has it: a kubeconfig is read at every process start (a worker, the CLI).
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _token_file(paths: str) -> Path | None:
-    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder)."""
-    user = (active_context(paths) or {}).get("user")
+    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder).
+    Each file is parsed once; in a KUBECONFIG list the first file to set a value wins, as in kubectl."""
+    documents: list[tuple[Path, dict[str, Any]]] = []
     for path in paths.split(os.pathsep):
         try:
-            document = yaml.safe_load(Path(path).expanduser().read_text()) or {}
+            file = Path(path).expanduser()
+            document = yaml.load(file.read_text(), Loader=_YAML_LOADER) or {}
         except (OSError, yaml.YAMLError):
             continue
-        for entry in document.get("users") or []:
-            if entry.get("name") == user:
-                found = (entry.get("user") or {}).get("tokenFile")
-                if not found:
-                    return None
-                return Path(path).expanduser().parent / str(found)
+        if isinstance(document, dict):
+            documents.append((file, document))
+    current = next((d["current-context"] for _, d in documents if d.get("current-context")), None)
+    context = _first_named(documents, "contexts", current)
+    user = _first_named(
+        documents, "users", (context[1].get("context") or {}).get("user") if context else None
+    )
+    if user is None:
+        return None
+    found = (user[1].get("user") or {}).get("tokenFile")
+    return user[0].parent / str(found) if found else None
+
+
+def _first_named(
+    documents: list[tuple[Path, dict[str, Any]]], section: str, name: object
+) -> tuple[Path, dict[str, Any]] | None:
+    """The first entry called `name` in the kubeconfigs' `section`, with the file it is in."""
+    if name is None:
+        return None
+    for file, document in documents:
+        for entry in document.get(section) or []:
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return file, entry
     return None
 
 

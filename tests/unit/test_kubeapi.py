@@ -105,3 +105,23 @@ def test_a_rotated_token_file_is_read_again(tmp_path: Path) -> None:
 def test_an_inline_token_is_sent_as_is(tmp_path: Path) -> None:
     api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"token": "abc"}))))
     assert api._endpoint.headers() == {"Authorization": "Bearer abc"}
+
+
+def test_in_a_kubeconfig_list_the_first_file_decides_and_token_files_are_relative_to_their_own(
+    tmp_path: Path,
+) -> None:
+    """KUBECONFIG=a:b, as kubectl merges it: a's current context and user win over b's, and the user's
+    tokenFile is found next to the file that defines that user."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (second / "token").write_text("from-b\n")
+    (first / "kubeconfig").write_text(
+        yaml.safe_dump(
+            {"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+        )
+    )
+    config_b = _kubeconfig(second, {"tokenFile": "token"})
+    paths = os.pathsep.join([str(first / "kubeconfig"), str(config_b)])
+    api = KubeApi(load_configuration(paths))
+    assert api._endpoint.headers() == {"Authorization": "Bearer from-b"}
