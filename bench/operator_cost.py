@@ -4,8 +4,9 @@ foreign Pods and Leases (no agentrun label) the operator has no business with.
     PYTHONPATH=hack:tests .venv/bin/python bench/operator_cost.py --n 200 --foreign 200 --state /tmp/oc
 
 Reported: API requests per Run by verb and resource (all clients, WATCH not counted), the operator's CPU
-ms per Run over the batch (and the node agent's, which runs the workers in instant mode), and its CPU ms per foreign object (a create and a delete each); with
---footprint N, the operator restarted with N Runs existing (bench/cost.py's footprint: RSS, start-up).
+ms per Run over the batch (and the node agent's, which runs the workers in instant mode), and its CPU ms
+per foreign object (a create and a delete each); with --footprint N, the operator restarted with N Runs
+existing (bench/cost.py's footprint: RSS, start-up).
 """
 
 from __future__ import annotations

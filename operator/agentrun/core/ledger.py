@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -198,41 +198,106 @@ def send_again(record: SideEffect, now: datetime, wait: float = 0.0) -> Decision
     return EXECUTE
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What next_step decides from: an action's record, read before anything is sent."""
+
+    record: SideEffect
+    digest: str
+    now: datetime
+
+    @property
+    def state(self) -> SideEffectState:
+        return state_of(self.record)
+
+    @property
+    def last_send(self) -> Send | None:
+        sends = round_sends(self.record)
+        return sends[-1] if sends else None
+
+
+def _key_reused(r: Recorded) -> Decision | None:
+    """The key was recorded for another request digest: refused, never sent."""
+    if r.record.spec.request_digest and r.record.spec.request_digest != r.digest:
+        key = r.record.spec.idempotency_key
+        return Decision(
+            Step.REFUSE, StopReason.KEY_REUSED, f"key {key} was used for another request: refused, never sent"
+        )
+    return None
+
+
+def _took_effect(r: Recorded) -> Decision | None:
+    """Confirmed (or since compensated): its result is reused, nothing is sent."""
+    return REUSE if r.state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED) else None
+
+
+def _failed(r: Recorded) -> Decision | None:
+    """Failed for good, unless a person said it did not happen and nothing was sent since: then a
+    fresh round of sends."""
+    if r.state != SideEffectState.FAILED:
+        return None
+    status = r.record.status
+    if status and status.resolution == Resolution.ABSENT and r.last_send is None:
+        return send_again(r.record, r.now)
+    return Decision(Step.REFUSE, StopReason.FAILED, "it failed for good earlier")
+
+
+def _conflicting(r: Recorded) -> Decision | None:
+    """Answers contradicted each other earlier: a person decides."""
+    status = r.record.status
+    return _stop(StopReason.CONFLICT, status.conflict.message) if status and status.conflict else None
+
+
+def _nothing_sent(r: Recorded) -> Decision | None:
+    """No send recorded this round. Pending with an operationId: recorded by this SDK, which records
+    every send before it goes out, so nothing was sent. Without one (an older SDK, which recorded no
+    sends), or Unknown (marked so from outside): it may have been sent, look it up."""
+    if r.last_send is not None:
+        return None
+    if r.state == SideEffectState.PENDING and r.record.spec.operation_id:
+        return send_again(r.record, r.now)
+    return LOOK_UP
+
+
+def _in_flight(r: Recorded) -> Decision | None:
+    """The last send has no outcome (a crash) or an unknown one: look it up."""
+    last = r.last_send
+    return LOOK_UP if last is not None and last.outcome in (None, SendOutcome.UNKNOWN) else None
+
+
+def _looked_up_absent(r: Recorded) -> Decision | None:
+    """The last lookup found nothing: as after_lookup decides on an absent answer."""
+    last = r.last_send
+    if last is not None and last.outcome == SendOutcome.ABSENT:
+        return after_lookup(Answer.ABSENT, r.record, r.now)
+    return None
+
+
+def _definite_transient(r: Recorded) -> Decision:
+    """The last send failed definitely and retryably: sent again within the bounds."""
+    return send_again(r.record, r.now)
+
+
+# First match wins; the last rule applies to every record the others leave.
+NEXT_STEP: tuple[Callable[[Recorded], Decision | None], ...] = (
+    _key_reused,
+    _took_effect,
+    _failed,
+    _conflicting,
+    _nothing_sent,
+    _in_flight,
+    _looked_up_absent,
+    _definite_transient,
+)
+
+
 def next_step(record: SideEffect | None, digest: str, now: datetime | None = None) -> Decision:
-    """What to do about an action, given its record (read before anything is sent)."""
+    """What to do about an action, given its record (read before anything is sent): the first rule of
+    NEXT_STEP that decides."""
     if record is None:
         return EXECUTE
-    if record.spec.request_digest and record.spec.request_digest != digest:
-        return Decision(
-            Step.REFUSE,
-            StopReason.KEY_REUSED,
-            f"key {record.spec.idempotency_key} was used for another request: refused, never sent",
-        )
-    state, status = state_of(record), record.status
-    now = now or datetime.now(UTC)
-    if state in (SideEffectState.CONFIRMED, SideEffectState.COMPENSATED):
-        return REUSE
-    if state == SideEffectState.FAILED:
-        # A person said "it did not happen" and nothing was sent since: a fresh round of sends.
-        if status and status.resolution == Resolution.ABSENT and len(round_sends(record)) == 0:
-            return send_again(record, now)
-        return Decision(Step.REFUSE, StopReason.FAILED, "it failed for good earlier")
-    if status and status.conflict:
-        return _stop(StopReason.CONFLICT, status.conflict.message)
-    sends = round_sends(record)
-    last = sends[-1] if sends else None
-    if last is None:
-        # Pending with an operationId: recorded by this SDK, which records every send before it goes
-        # out, so nothing was sent. Without one (an older SDK, which recorded no sends), or Unknown
-        # (marked so from outside): it may have been sent, look it up.
-        if state == SideEffectState.PENDING and record.spec.operation_id:
-            return send_again(record, now)
-        return LOOK_UP
-    if last.outcome in (None, SendOutcome.UNKNOWN):
-        return LOOK_UP
-    if last.outcome == SendOutcome.ABSENT:
-        return after_lookup(Answer.ABSENT, record, now)
-    return send_again(record, now)  # a definite transient failure: within the bounds
+    recorded = Recorded(record, digest, now or datetime.now(UTC))
+    return next(d for rule in NEXT_STEP if (d := rule(recorded)) is not None)
 
 
 def after_unknown(record: SideEffect, can_look_up: bool, now: datetime) -> Decision:
@@ -251,13 +316,7 @@ def after_lookup(answer: Answer, record: SideEffect, now: datetime, reference: s
     if answer == Answer.CONFLICT:
         return _stop(StopReason.CONFLICT, "the lookup found something other than what was asked")
     if answer == Answer.FOUND:
-        seen = references_seen(record)
-        if reference and seen and reference not in seen:
-            return _stop(
-                StopReason.CONFLICT,
-                f"the lookup names {reference}, earlier answers named {', '.join(sorted(seen))}",
-            )
-        return REUSE
+        return _found(record, reference)
     if answer == Answer.ABSENT:
         if not record.spec.reversible:
             return _stop(StopReason.IRREVERSIBLE, "irreversible: never re-sent after an unknown outcome")
@@ -266,6 +325,15 @@ def after_lookup(answer: Answer, record: SideEffect, now: datetime, reference: s
     if deadline is None or now >= deadline:
         return _stop(StopReason.LOOKUP_UNAVAILABLE, "the lookup could not tell until the send deadline")
     return LOOK_UP  # ask again, after a backoff
+
+
+def _found(record: SideEffect, reference: str | None) -> Decision:
+    """Found by its key: it took effect, unless the reference differs from what earlier answers named."""
+    seen = references_seen(record)
+    if reference and seen and reference not in seen:
+        named = ", ".join(sorted(seen))
+        return _stop(StopReason.CONFLICT, f"the lookup names {reference}, earlier answers named {named}")
+    return REUSE
 
 
 def after_send(answer: Answer, record: SideEffect, now: datetime, wait: float = 0.0) -> Decision:
