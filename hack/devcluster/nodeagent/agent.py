@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,10 @@ log = logging.getLogger("nodeagent")
 
 TOKEN_SECONDS = 24 * 3600
 TERMINAL = ("Succeeded", "Failed")
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
 
 
 class NodeAgent:
@@ -77,7 +82,7 @@ class NodeAgent:
 
     def _watch_pods(self) -> None:
         """Blocking list+watch in a thread (the client is synchronous); events go to the loop as plain
-        JSON, never through the client's models (see Kube)."""
+        JSON, never through the client's models (see Kube). A broken stream resumes after its last event."""
         selector = f"spec.nodeName={self.settings.name}"
         resource_version = ""
         while not self._stopping.is_set():
@@ -88,7 +93,12 @@ class NodeAgent:
                     )
                     resource_version = listing["metadata"]["resourceVersion"]
                     self._emit("SYNC", {"items": listing["items"]})
-                resource_version = self._follow(selector, resource_version)
+                for kind, obj in self._events_from(selector, resource_version):
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if kind != "BOOKMARK":
+                        self._emit(kind, obj)
+            except _Gone:
+                resource_version = ""  # too old: list again
             except ApiException as exc:
                 log.warning("pod watch failed: %s", exc)
                 self._stopping.wait(1.0)
@@ -96,9 +106,8 @@ class NodeAgent:
                 log.warning("pod watch interrupted: %s", exc)
                 self._stopping.wait(1.0)
 
-    def _follow(self, selector: str, resource_version: str) -> str:
-        """One watch request from `resource_version`; returns where the next one starts ("" to list
-        again: the version is too old)."""
+    def _events_from(self, selector: str, resource_version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The events of one watch request from `resource_version` (the server ends it within 300 s)."""
         response = self.kube.core.list_pod_for_all_namespaces(
             field_selector=selector,
             resource_version=resource_version,
@@ -110,17 +119,15 @@ class NodeAgent:
         try:
             for line in iter_resp_lines(response):
                 event = json.loads(line)
-                obj = event["object"]
                 if event["type"] == "ERROR":
-                    if obj.get("code") == 410:
-                        return ""
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                resource_version = obj["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    self._emit(event["type"], obj)
+                    status = event["object"]
+                    if status.get("code") == 410:
+                        raise _Gone
+                    raise ApiException(status=status.get("code"), reason=status.get("message"))
+                yield event["type"], event["object"]
         finally:
+            response.close()  # a stream left half read must not go back to the pool as it is
             response.release_conn()
-        return resource_version
 
     def _emit(self, kind: str, obj: dict[str, Any]) -> None:
         assert self._loop is not None
