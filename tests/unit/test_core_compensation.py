@@ -18,6 +18,7 @@ from agentrun.core.plan import (
     PatchRunStatus,
     PatchSideEffectStatus,
     Plan,
+    RecordEvent,
     WriteLease,
 )
 from agentrun.core.pods import PodView
@@ -244,6 +245,7 @@ class Compensating:
     lease: Any = None
     expires_in: float | None = None
     spec: dict[str, Any] = field(default_factory=dict)
+    side_effects: list[Any] = field(default_factory=lambda: [TICKET])
 
     def decide(self) -> Plan:
         status = run_status(
@@ -268,7 +270,7 @@ class Compensating:
             pods=self.pods,
             lease=self.lease,
             expires_in=self.expires_in,
-            side_effects=[TICKET],
+            side_effects=self.side_effects,
         )
         return decide(world)
 
@@ -345,6 +347,24 @@ def test_what_the_end_of_a_compensation_attempt_means(pod: PodView, phase: str, 
         assert patch["failure"]["reason"] == "CompensationIncomplete"
         assert "compensating" not in patch, "kept: it says where to return after a new request"
     assert event is None or any(reason == event for _, reason in events(plan))
+
+
+@pytest.mark.parametrize("budget", [1, 3], ids=["budget-spent", "budget-left"])
+def test_a_compensation_attempt_killed_after_its_work_ends_the_compensation(budget: int) -> None:
+    """Killed once it had marked the last effect Compensated: nothing is left, so the Run is Cancelled
+    again, with no other Attempt and no person asked (whatever the budget)."""
+    plan = Compensating(
+        attempts=[FIRST, comp(2)],
+        pods=[ended_pod(2, 137)],
+        current=2,
+        lease=held_by(2),
+        policy={**ON_CANCEL, "maxAttempts": budget},
+        side_effects=[effect("ticket", "Compensated")],
+    ).decide()
+    patch = phase_patch(plan)
+    assert (patch["phase"], patch["compensating"]) == ("Cancelled", None)
+    assert of_type(plan, CreateAttempt) == []
+    assert ("Normal", "Compensated") in events(plan)
 
 
 def test_the_next_compensation_attempt_starts_once_the_backoff_is_over() -> None:
@@ -428,6 +448,14 @@ REQUESTS = {
         "Cancelled",
     ),
     "needs-reconciliation-otherwise": (requested("NeedsReconciliation"), "NotTerminal", None, None),
+    "incomplete-with-nothing-left-is-complete": (
+        requested(
+            "NeedsReconciliation", ["mail"], compensating={"returnPhase": "Cancelled", "firstAttempt": 2}
+        ),
+        "NothingToCompensate",
+        "Cancelled",
+        None,
+    ),
 }
 
 
@@ -443,6 +471,21 @@ def test_a_compensate_request_is_judged_once(
     if back is not None:
         assert patch["compensating"]["returnPhase"] == back
         assert patch["compensating"]["firstAttempt"] == 2
+
+
+def test_an_incomplete_compensation_found_complete_goes_back_to_where_it_was() -> None:
+    """Its last Attempt compensated everything but was killed before it could exit well: asked again,
+    nothing is left to do, and the Run is Cancelled again, not left NeedsReconciliation for good."""
+    failure = {"class": "unknown_side_effect", "reason": "CompensationIncomplete", "message": "killed"}
+    plan = requested(
+        "NeedsReconciliation",
+        ["mail"],
+        compensating={"returnPhase": "Cancelled", "firstAttempt": 2},
+        failure=failure,
+    )
+    [patch] = [p.patch for p in of_type(plan, PatchRunStatus)]
+    assert (patch["phase"], patch["compensating"], patch["failure"]) == ("Cancelled", None, None)
+    assert [e.reason for e in of_type(plan, RecordEvent)] == ["Compensated"]
 
 
 def test_a_repeated_compensate_request_changes_nothing_and_a_reused_key_is_refused() -> None:

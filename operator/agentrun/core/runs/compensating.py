@@ -55,6 +55,17 @@ def judge_request(b: Builder) -> bool:
         verdict, started = controls.key_refusal(use, key), None
     record = controls.control_record(ControlOp.COMPENSATE, key, digest, verdict, b.w.now)
     spent = controls.with_spent(run, key, ControlOp.COMPENSATE, digest) if use == KeyUse.NEW else None
+    progress = b.status.compensating
+    if (
+        started is None
+        and verdict.accepted
+        and progress is not None
+        and run.status.phase == RunPhase.NEEDS_RECONCILIATION
+    ):
+        # An incomplete compensation with nothing left to settle or undo (a person resolved the records,
+        # or the last Attempt finished its work but not its exit): it is complete, the Run goes back.
+        _return(b, progress, controls=controls.with_record(run, record), spentKeys=spent)
+        return True
     if started is None:
         b.record_control(record, spent=spent)
         if not verdict.accepted:
@@ -182,7 +193,9 @@ def _after(
     recorded before: back to the Run's phase, another compensation Attempt after a backoff, or
     NeedsReconciliation. The worker ends a compensation Attempt well only when everything in its scope
     is settled and compensated; anything left open makes it fail with unknown_side_effect."""
-    if failure is None:
+    if failure is None or not compensation.needs_compensation(b.w.side_effects, progress.effects):
+        # Ended well, or failed after doing all it had to (killed once the last record was marked
+        # Compensated): nothing is left to settle or undo, so no other Attempt and no person is needed.
         _return(b, progress, **fields)
         return
     due = b.status.next_attempt_time
