@@ -18,15 +18,22 @@ pytestmark = pytest.mark.cluster
 
 
 def demo(state_dir: Path) -> subprocess.Popen[str]:
+    """The demo, started so that Ctrl-C interrupts it as in a terminal. A test run started in the
+    background (`cmd &` in a script) ignores SIGINT, and a child inherits an ignored signal; a caught one
+    is reset to the default by exec, so SIGINT is caught here while the demo starts."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "hack")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "devcluster", "demo", "--state-dir", str(state_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "devcluster", "demo", "--state-dir", str(state_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def leftovers(state_dir: Path) -> list[str]:
