@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from agentrun.api import (
@@ -206,11 +207,12 @@ class Recorded:
     digest: str
     now: datetime
 
-    @property
+    # Derived once per decision: several rules ask, and round_sends copies the record's list.
+    @cached_property
     def state(self) -> SideEffectState:
         return state_of(self.record)
 
-    @property
+    @cached_property
     def last_send(self) -> Send | None:
         sends = round_sends(self.record)
         return sends[-1] if sends else None
