@@ -52,18 +52,25 @@ class Kube:
         self.ca_file = configuration.ssl_ca_cert
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
 
-    def get_json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """A blocking call's response body as JSON (for the watch thread)."""
+    @staticmethod
+    def _body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
+        """A blocking call's response body, unparsed (a failure is raised as ApiException)."""
         response = fn(*args, _preload_content=False, **kwargs)
         try:
-            body: dict[str, Any] = json.loads(response.data)
+            body: bytes = response.data
         finally:
             response.release_conn()
         return body
 
+    def get_json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A blocking call's response body as JSON (for the watch thread)."""
+        body: dict[str, Any] = json.loads(self._body(fn, *args, **kwargs))
+        return body
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """A call whose response is not needed (only its failure, raised as ApiException)."""
-        await self.call_dict(fn, *args, **kwargs)
+        """A call whose response is not needed (a Pod status patch, an Event): its body is not parsed."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, functools.partial(self._body, fn, *args, **kwargs))
 
     async def call_dict(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
