@@ -114,8 +114,8 @@ async def reflect(
     list_first: bool = True,
 ) -> AsyncGenerator[Listed | Event, None]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
-    leaving the loop (or cancelling its task). raise_refusals: an ApiError the server means (4xx but 410
-    and 429: forbidden, not found) is raised instead of tried again, for a person waiting at a prompt.
+    leaving the loop (or cancelling its task). raise_refusals: a permanent ApiError (ApiError.permanent:
+    forbidden, not found) is raised instead of tried again, for a person waiting at a prompt.
 
     With list_first=False no list is made (a request saved, e.g. for the one object a worker watches):
     a watch without a resourceVersion starts with an ADDED event per object that exists now, and a 410
@@ -151,7 +151,7 @@ async def reflect(
             if isinstance(exc, ApiError) and exc.status == 410:
                 version = None
                 continue
-            if raise_refusals and isinstance(exc, ApiError) and 400 <= exc.status < 500 and exc.status != 429:
+            if raise_refusals and isinstance(exc, ApiError) and exc.permanent:
                 raise
             log.warning("watching %s: %s; again in %.0fs", collection, exc, pause)
             await asyncio.sleep(pause)

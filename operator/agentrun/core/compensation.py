@@ -142,12 +142,17 @@ def request_digest(effects: Sequence[str] | None) -> str:
     return json_digest({"effects": keys})
 
 
+def is_incomplete(run: Run) -> bool:
+    """NeedsReconciliation with status.compensating kept: a compensation that could not finish."""
+    return run.status.phase == RunPhase.NEEDS_RECONCILIATION and run.status.compensating is not None
+
+
 def judge(run: Run, records: Sequence[SideEffect]) -> tuple[Verdict, dict[str, Any] | None]:
     """Whether spec.compensateRequest is accepted, and the compensation it starts (None: none starts)."""
     request, status = run.spec.compensate_request, run.status
     assert request is not None
     phase, progress = status.phase, status.compensating
-    incomplete = phase == RunPhase.NEEDS_RECONCILIATION and progress is not None
+    incomplete = is_incomplete(run)
     if phase not in TERMINAL_PHASES and not incomplete:
         return Verdict(
             False, "NotTerminal", f"the Run is {phase}: only a Succeeded, Failed or Cancelled Run compensates"

@@ -56,12 +56,7 @@ def judge_request(b: Builder) -> bool:
     record = controls.control_record(ControlOp.COMPENSATE, key, digest, verdict, b.w.now)
     spent = controls.with_spent(run, key, ControlOp.COMPENSATE, digest) if use == KeyUse.NEW else None
     progress = b.status.compensating
-    if (
-        started is None
-        and verdict.accepted
-        and progress is not None
-        and run.status.phase == RunPhase.NEEDS_RECONCILIATION
-    ):
+    if started is None and verdict.accepted and progress is not None and compensation.is_incomplete(run):
         # An incomplete compensation with nothing left to settle or undo (a person resolved the records,
         # or the last Attempt finished its work but not its exit): it is complete, the Run goes back.
         _return(b, progress, controls=controls.with_record(run, record), spentKeys=spent)
