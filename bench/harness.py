@@ -272,6 +272,7 @@ class Bench:
     state_dir: Path
     instant: bool
     controller_manager_flags: list[str] = field(default_factory=list)
+    apiserver_flags: list[str] = field(default_factory=list)
     # The admission policies of agentrun.admission, installed as a Helm install has them; off only to
     # measure what they cost.
     policies: bool = True
@@ -285,6 +286,7 @@ class Bench:
             state_dir=self.state_dir / "cluster",
             instant=self.instant,
             controller_manager_flags=self.controller_manager_flags,
+            apiserver_flags=self.apiserver_flags,
         )
         self.cluster.start()
         self.kube = Kube(self.cluster.kubeconfig, Path(self.cluster.binary("kubectl")))

@@ -68,6 +68,8 @@ class LocalCluster:
     instant: bool = False
     # Added to kube-controller-manager's command line (e.g. ["--kube-api-qps=200"] in a benchmark).
     controller_manager_flags: list[str] = field(default_factory=list)
+    # Appended to kube-apiserver's flags (a later flag wins), e.g. --profiling=true for bench/apiserver_profile.py.
+    apiserver_flags: list[str] = field(default_factory=list)
     bin_dir: Path = field(default_factory=binary_dir)
     components: list[Component] = field(default_factory=list)
     api_port: int = 0
@@ -187,6 +189,7 @@ class LocalCluster:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+                *self.apiserver_flags,
             ],
             f"{self.server}/readyz",
             tie,
