@@ -3,9 +3,9 @@
     PYTHONPATH=hack:tests:bench .venv/bin/python bench/apiserver_profile.py --n 600 --out /tmp/apiprof
 
 One instant control plane with profiling on and kube-controller-manager unthrottled (as the Job side of
-`make bench`); a batch of N echo Runs, then N Jobs, each profiled from its first create to its last
-completion (the profile's window, `--seconds`, should cover it). Writes `<out>/<kind>.pprof` and prints `go tool pprof -top` of each (cumulative, by
-function), so the two can be compared line by line. Needs `go` on PATH for the summary only.
+`make bench`); a batch of N echo Runs, then N Jobs, each profiled from its first create for `--seconds`
+(long enough to cover the batch). Writes `<out>/<kind>.pprof` and `<out>/<kind>.top.txt` (`go tool
+pprof -top -cum`), so the two can be compared function by function, e.g. with `-focus`.
 """
 
 from __future__ import annotations
