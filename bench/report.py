@@ -10,7 +10,9 @@ make bench                                            # everything below, ~25 mi
 make bench BENCH_ARGS="--n 300"                       # smaller throughput batches
 PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --quick           # a smoke test, ~6 min
 PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --n 1000 --reps 3 # throughput 3 times (~30 min)
-.venv/bin/python bench/report.py                      # this file again from results.json + findings.md"""
+.venv/bin/python bench/report.py                      # this file again from results.json + findings.md
+PYTHONPATH=hack:tests:bench .venv/bin/python bench/request_cost.py --n 400      # API-server CPU per request
+PYTHONPATH=hack:tests:bench .venv/bin/python bench/apiserver_profile.py --n 600 # its pprof, Runs vs Jobs"""
 
 
 def _lat(row: dict[str, Any]) -> str:
@@ -156,6 +158,16 @@ def render(r: dict[str, Any], findings: str) -> str:
         if max(per) >= 0.05:
             rows.append([k, *(f"{p:.2f}" for p in per)])
     out.append(_table(["request", "per Run", "per Job"], rows))
+    if cost := r.get("request_cost"):
+        out += [
+            "",
+            "kube-apiserver CPU per request (`bench/request_cost.py`, on the unthrottled control plane "
+            f"after its Jobs, operator stopped, {cost['n']} requests of each kind sent by the admin, 16 in "
+            "flight, its idle rate subtracted; the Run bodies are a real echo Run's): the writes a Run makes "
+            "that a Job does not, beside the Job's own",
+            "",
+            _table(["request", "ms"], [[k, f"{v:.2f}"] for k, v in cost["ms_per_request"].items()]),
+        ]
 
     life, canc = r["lifecycle"], r["cancel"]
     out += ["", "## Latency", ""]

@@ -92,72 +92,75 @@ def measure(bench: Bench, name: str, n: int, step: Step) -> float:
     return per
 
 
+def measure_all(bench: Bench, n: int) -> dict[str, float]:
+    """Every request kind of the table, N times each; stops the operator (its templates come first)."""
+    ns = bench.namespace("request-cost")
+    throughput.batch(bench, "runs", ns, 1, timeout=120)
+    run = bench.kube.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "w0")
+    attempt = bench.kube.custom.get_namespaced_custom_object(
+        "agentrun.dev", "v1alpha1", ns, "attempts", "w0-a1"
+    )
+    bench.operator.stop()
+    patches = run_status_patches(run["status"])
+
+    def job(i: int) -> JsonDict:
+        body = throughput.job(f"j{i}")
+        body["spec"]["suspend"] = True
+        return body
+
+    def attempt_body(i: int) -> JsonDict:
+        body = {k: copy.deepcopy(attempt[k]) for k in ("apiVersion", "kind", "spec")}
+        body["metadata"] = {"name": f"r{i}-a1", "labels": attempt["metadata"].get("labels", {})}
+        body["spec"]["runName"] = f"r{i}"
+        return body
+
+    lease = {"spec": {"holderIdentity": "x", "leaseDurationSeconds": 60}}
+    steps: list[tuple[str, Step]] = [
+        ("POST runs", lambda a, i: a.create(runs_path(ns), agent_run(f"r{i}", "echo", {"i": i}))),
+        *(
+            (
+                f"PATCH runs/status ({label})",
+                lambda a, i, p=patch: a.merge_patch(f"{runs_path(ns)}/r{i}/status", {"status": p}),
+            )
+            for label, patch in zip(("grant", "commit", "end"), patches, strict=True)
+        ),
+        ("POST attempts", lambda a, i: a.create(f"{GROUP}/{ns}/attempts", attempt_body(i))),
+        (
+            "PATCH attempts/status",
+            lambda a, i: a.merge_patch(
+                f"{GROUP}/{ns}/attempts/r{i}-a1/status", {"status": attempt["status"]}
+            ),
+        ),
+        (
+            "POST leases",
+            lambda a, i: a.create(
+                f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                lease | {"metadata": {"name": f"agentrun-r{i}"}},
+            ),
+        ),
+        ("POST jobs", lambda a, i: a.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job(i))),
+        *(
+            (
+                f"PUT jobs/status ({label})",
+                lambda a, i, s=status: a.replace(
+                    f"/apis/batch/v1/namespaces/{ns}/jobs/j{i}/status", job(i) | {"status": s}
+                ),
+            )
+            for label, status in job_statuses()
+        ),
+    ]
+    return {name: round(measure(bench, name, n, step), 2) for name, step in steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--state", type=Path, default=Path("/tmp/agentrun-request-cost"))
     args = parser.parse_args()
     bench = Bench(args.state, instant=True)
-    results: dict[str, float] = {}
     try:
         bench.start()
-        ns = bench.namespace("rc")
-        throughput.batch(bench, "runs", ns, 1, timeout=120)
-        run = bench.kube.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "w0")
-        attempt = bench.kube.custom.get_namespaced_custom_object(
-            "agentrun.dev", "v1alpha1", ns, "attempts", "w0-a1"
-        )
-        bench.operator.stop()
-        patches = run_status_patches(run["status"])
-
-        def job(i: int) -> JsonDict:
-            body = throughput.job(f"j{i}")
-            body["spec"]["suspend"] = True
-            return body
-
-        def attempt_body(i: int) -> JsonDict:
-            body = {k: copy.deepcopy(attempt[k]) for k in ("apiVersion", "kind", "spec")}
-            body["metadata"] = {"name": f"r{i}-a1", "labels": attempt["metadata"].get("labels", {})}
-            body["spec"]["runName"] = f"r{i}"
-            return body
-
-        lease = {"metadata": {"name": "x"}, "spec": {"holderIdentity": "x", "leaseDurationSeconds": 60}}
-        steps: list[tuple[str, Step]] = [
-            ("POST runs", lambda a, i: a.create(runs_path(ns), agent_run(f"r{i}", "echo", {"i": i}))),
-            *(
-                (
-                    f"PATCH runs/status ({label})",
-                    lambda a, i, p=patch: a.merge_patch(f"{runs_path(ns)}/r{i}/status", {"status": p}),
-                )
-                for label, patch in zip(("grant", "commit", "end"), patches, strict=True)
-            ),
-            ("POST attempts", lambda a, i: a.create(f"{GROUP}/{ns}/attempts", attempt_body(i))),
-            (
-                "PATCH attempts/status",
-                lambda a, i: a.merge_patch(
-                    f"{GROUP}/{ns}/attempts/r{i}-a1/status", {"status": attempt["status"]}
-                ),
-            ),
-            (
-                "POST leases",
-                lambda a, i: a.create(
-                    f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                    lease | {"metadata": {"name": f"agentrun-r{i}"}},
-                ),
-            ),
-            ("POST jobs", lambda a, i: a.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job(i))),
-            *(
-                (
-                    f"PUT jobs/status ({label})",
-                    lambda a, i, s=status: a.replace(
-                        f"/apis/batch/v1/namespaces/{ns}/jobs/j{i}/status", job(i) | {"status": s}
-                    ),
-                )
-                for label, status in job_statuses()
-            ),
-        ]
-        for name, step in steps:
-            results[name] = round(measure(bench, name, args.n, step), 2)
+        results = measure_all(bench, args.n)
         log(json.dumps({"n": args.n, "load1": load1(), "ms_per_request": results}, indent=1))
     finally:
         bench.stop()

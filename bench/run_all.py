@@ -27,6 +27,7 @@ import holds
 import latency
 import processes
 import report
+import request_cost
 import sdk_cost
 import throughput
 from harness import Bench, cpu_seconds, load1, log, machine, versions
@@ -155,6 +156,9 @@ def unthrottled_jobs_suite(args: argparse.Namespace, state: Path, results: dict[
             "load1_at_start": load,
             "cpu_ms_per_item": cpu,
         }
+        with section(results, "kube-apiserver CPU per request"):
+            n = args.request_cost_n
+            results["request_cost"] = {"n": n, "ms_per_request": request_cost.measure_all(bench, n)}
     finally:
         bench.stop()
 
@@ -187,6 +191,7 @@ def main() -> None:
     parser.add_argument("--many", type=int, default=10000, help="Runs existing for the second footprint")
     parser.add_argument("--lease-attempts", type=int, default=300, help="running attempts for the lease load")
     parser.add_argument("--ceiling-objects", type=int, default=3000)
+    parser.add_argument("--request-cost-n", type=int, default=400, help="requests of each kind (400)")
     parser.add_argument("--process-runs", type=int, default=15)
     parser.add_argument("--process-workers", type=int, default=8, help="killed and as many frozen")
     parser.add_argument("--hold-runs", type=int, default=20, help="Runs answered in their hold, and after")
@@ -196,6 +201,7 @@ def main() -> None:
     if args.quick:
         args.n, args.latency_runs, args.many, args.lease_attempts = 100, 40, 1000, 50
         args.ceiling_objects, args.process_runs, args.process_workers, args.hold_runs = 1000, 4, 2, 4
+        args.request_cost_n = 100
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),
