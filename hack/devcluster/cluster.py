@@ -68,7 +68,7 @@ class LocalCluster:
     instant: bool = False
     # Added to kube-controller-manager's command line (e.g. ["--kube-api-qps=200"] in a benchmark).
     controller_manager_flags: list[str] = field(default_factory=list)
-    # Appended to kube-apiserver's flags (a later flag wins), e.g. --profiling=true for bench/apiserver_profile.py.
+    # Added to kube-apiserver's command line, after its own flags (e.g. ["--profiling=true"]: the last wins).
     apiserver_flags: list[str] = field(default_factory=list)
     bin_dir: Path = field(default_factory=binary_dir)
     components: list[Component] = field(default_factory=list)
