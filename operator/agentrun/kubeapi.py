@@ -4,6 +4,11 @@ A small async REST layer on aiohttp (which kopf already runs on; bench/findings.
 that chose it): requests are plain JSON in and out, so the pydantic models in agentrun.api stay the only
 typed view of our objects. Where the server is and who we are: agentrun.kubeauth. One HTTP session per
 event loop (the LangGraph saver's sync API runs a loop of its own), created at its first request.
+
+Answers and watch events are parsed with orjson: parsing was the largest single item of the operator's
+CPU (bench/findings.md, "Cost per Run"). Request bodies stay with the standard json module, which
+writes any int a caller's value holds (orjson refuses one past 64 bits; the API server answers with
+numbers it has already bounded).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -88,7 +94,7 @@ class ApiError(Exception):
         """From a refusing answer's body (a Status object, or plain text)."""
         reason, message = "", text
         try:
-            body = json.loads(text or "{}")
+            body = orjson.loads(text or "{}")
             if isinstance(body, dict):
                 reason, message = str(body.get("reason", "")), str(body.get("message", text))
         except ValueError:
@@ -242,7 +248,7 @@ class KubeApi:
                 raise ApiError.of_answer(response.status, data.decode(errors="replace"))
         if not data:
             return {}
-        result = json.loads(data)
+        result = orjson.loads(data)
         return result if isinstance(result, dict) else {}
 
     # ---- paths -----------------------------------------------------------------------------------------
@@ -367,7 +373,7 @@ class KubeApi:
                     line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
                     parts, start = [], end + 1
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
                 if start < len(chunk):
                     parts.append(chunk[start:])
 

@@ -77,6 +77,15 @@ def test_status_body_becomes_reason_and_message() -> None:
     assert ApiError.of_answer(502, "Bad Gateway").message == "Bad Gateway"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", ""), ("[1, 2]", "[1, 2]"), ('"quoted"', '"quoted"'), ("{not json", "{not json")],
+)
+def test_an_answer_that_is_no_status_object_is_the_message_itself(text: str, message: str) -> None:
+    error = ApiError.of_answer(500, text)
+    assert (error.status, error.reason, error.message) == (500, "", message)
+
+
 def _kubeconfig(tmp_path: Path, user: dict[str, str]) -> Path:
     path = tmp_path / "kubeconfig"
     document = {

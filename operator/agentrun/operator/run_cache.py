@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any
+
+import orjson
 
 from agentrun.api import Run
 from agentrun.operator.cache import Key, version_of
@@ -40,7 +41,8 @@ class RunCache:
         kept = {k: v for k, v in metadata.items() if k != "managedFields"}
         if LAST_APPLIED in (kept.get("annotations") or {}):
             kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != LAST_APPLIED}
-        text = json.dumps({**body, "metadata": kept}, separators=(",", ":")).encode()
+        # orjson: a body the API server sent holds no int past 64 bits, and it writes 5x faster
+        text = orjson.dumps({**body, "metadata": kept})
         self._runs[key] = (version, str(metadata.get("uid")), zlib.compress(text, 1))
         return True
 
