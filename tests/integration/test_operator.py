@@ -16,6 +16,15 @@ from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_r
 pytestmark = pytest.mark.cluster
 
 
+def test_the_operator_starts_without_an_error(operator: OperatorProcess) -> None:
+    """Its start-up (the bootstrap's checks, kopf, the informers) logs no ERROR line: e.g. the
+    bootstrap's API client is closed, not left for the garbage collector to report unclosed."""
+    with operator.log_path.open("rb") as log:
+        log.seek(operator.started_at_byte)
+        start = log.read().decode(errors="replace").split("agentrun operator started")[0]
+    assert [line for line in start.splitlines() if " ERROR " in line] == []
+
+
 def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, operator: OperatorProcess) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("ok", {"steps": 2}))
