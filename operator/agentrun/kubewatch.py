@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -20,6 +20,8 @@ from agentrun.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("agentrun.kubewatch")
 JsonDict = dict[str, Any]
+# What a consumer keeps of each listed object (e.g. a cache's trimmed copy), applied page by page.
+Keep = Callable[[JsonDict], JsonDict]
 PAGE: Final = 500
 RETRY_SECONDS: Final = 1.0
 MAX_RETRY_SECONDS: Final = 30.0
@@ -51,9 +53,12 @@ async def list_all(
     name: str | None = None,
     label_selector: str | None = None,
     page: int = PAGE,
+    keep: Keep | None = None,
 ) -> Listed:
     """Every object of the selection, a page at a time, and the resourceVersion of the first page (the
-    snapshot the continue tokens read from)."""
+    snapshot the continue tokens read from). With `keep`, each page's objects are replaced by what keep
+    returns as the page arrives: only one page of full objects is alive at a time, not the whole list
+    (thousands of Pods, each ten times its trimmed copy)."""
     query: dict[str, str] = {"limit": str(page)}
     if label_selector:
         query["labelSelector"] = label_selector
@@ -63,7 +68,8 @@ async def list_all(
     version = ""
     while True:
         found = await api.request("GET", collection, query=query)
-        items.extend(found.get("items") or [])
+        page_items = found.get("items") or []
+        items.extend(page_items if keep is None else map(keep, page_items))
         metadata = found.get("metadata") or {}
         version = version or str(metadata.get("resourceVersion") or "")
         token = metadata.get("continue")
@@ -112,6 +118,7 @@ async def reflect(
     page: int = PAGE,
     raise_refusals: bool = False,
     list_first: bool = True,
+    keep: Keep | None = None,
 ) -> AsyncGenerator[Listed | Event, None]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
     leaving the loop (or cancelling its task). raise_refusals: a permanent ApiError (ApiError.permanent:
@@ -119,15 +126,21 @@ async def reflect(
 
     With list_first=False no list is made (a request saved, e.g. for the one object a worker watches):
     a watch without a resourceVersion starts with an ADDED event per object that exists now, and a 410
-    starts such a watch again; no Listed comes, so objects deleted meanwhile are not reported gone."""
+    starts such a watch again; no Listed comes, so objects deleted meanwhile are not reported gone.
+    keep: applied to the listed objects (list_all); watch events come whole."""
     version: str | None = None
     pause = RETRY_SECONDS
     while True:
         try:
             if version is None and list_first:
-                listed = await list_all(api, collection, name=name, label_selector=label_selector, page=page)
+                listed = await list_all(
+                    api, collection, name=name, label_selector=label_selector, page=page, keep=keep
+                )
                 version = listed.resource_version
                 yield listed
+                # The consumer has it now: held here, a whole listing would stay alive as long as the
+                # watch after it (for good, on a quiet selection).
+                del listed
             async for item in watch_from(
                 api,
                 collection,

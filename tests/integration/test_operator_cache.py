@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, Plan
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.kubewatch import Event, Gone, Listed, list_all, reflect, watch_from
-from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects, essentials
 from agentrun.operator.executor import Executor, Superseded
 from agentrun.operator.informers import Informers
 from support.kube import Kube
@@ -120,6 +121,25 @@ def test_informers_list_and_watch_what_runs_own_and_nothing_else(
     assert len(cache.of("attempts", (namespace, "filled"))) == 3
 
 
+def test_synced_informers_hold_no_listing(kube: Kube, namespace: str) -> None:
+    """Once a listing is in the cache nothing holds it: kept by the watch that follows it (which waits,
+    on a quiet selection, for good), a restart's listing of thousands of Pods would stay as RSS."""
+    create_attempt(kube, namespace, "dropped", 1)
+
+    async def scenario() -> int:
+        informers, cache, _ = await synced_informers(kube, [namespace], asyncio.Queue())
+        try:
+            assert [o["metadata"]["name"] for o in cache.of("attempts", (namespace, "dropped"))] == [
+                "dropped-a1"
+            ]
+            gc.collect()
+            return sum(isinstance(o, Listed) for o in gc.get_objects())
+        finally:
+            await informers.stop()
+
+    assert asyncio.run(scenario()) == 0
+
+
 def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, namespace: str) -> None:
     """An Attempt the operator creates is in the cache from the create's response; its watch event
     carries the same resourceVersion and changes nothing; a change by someone else is news. (The watch
@@ -174,6 +194,25 @@ def test_a_list_pages_through_long_lists(kube: Kube, namespace: str) -> None:
 
     assert sorted(o["spec"]["number"] for o in listed.items) == list(range(1, 8))
     assert listed.resource_version
+
+
+def test_a_list_with_keep_holds_only_the_kept_copy_of_each_object(kube: Kube, namespace: str) -> None:
+    """The informers list with keep=essentials: every page's objects are trimmed as the page arrives
+    (managedFields dropped), none is lost between pages, and the snapshot's resourceVersion is kept."""
+    for number in range(1, 8):
+        create_attempt(kube, namespace, "kept", number)
+    collection = KubeApi.custom_path("attempts", namespace)
+    api = api_for(kube)
+
+    whole = asyncio.run(list_all(api, collection, label_selector=RUN_LABEL, page=3))
+    kept = asyncio.run(
+        list_all(api, collection, label_selector=RUN_LABEL, page=3, keep=lambda o: essentials("attempts", o))
+    )
+
+    assert all("managedFields" in o["metadata"] for o in whole.items)
+    assert kept.items == [essentials("attempts", o) for o in whole.items]
+    assert not any("managedFields" in o["metadata"] for o in kept.items)
+    assert kept.resource_version
 
 
 def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(

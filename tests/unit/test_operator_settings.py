@@ -18,8 +18,18 @@ def test_defaults_reach_kopf() -> None:
 
     assert settings.watching.chunk_size == 500
     assert settings.queueing.worker_limit == 200
-    assert settings.queueing.idle_timeout == 0.5
+    assert settings.queueing.idle_timeout == 0.05
     assert settings.watching.server_timeout == 300
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_an_event_worker_idle_time_of_zero_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """kopf's worker waits for its next event with asyncio.wait_for(get, idle): with no time left the get
+    is cancelled before it runs, so an event already queued would never be taken."""
+    monkeypatch.setenv("AGENTRUN_EVENT_WORKER_IDLE_SECONDS", value)
+
+    with pytest.raises(ValueError, match="event_worker_idle_seconds"):
+        OperatorSettings.from_env()
 
 
 @pytest.mark.parametrize(("value", "chunk_size"), [("200", 200), ("0", None)])

@@ -11,6 +11,7 @@ they were gone (a retry would start as "initial", a running Pod would pass for a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -21,7 +22,7 @@ from agentrun.core.lease import lease_view
 from agentrun.core.pods import pod_view
 from agentrun.kubeapi import KubeApi
 from agentrun.kubewatch import Event, Listed, reflect
-from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects, essentials
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -108,8 +109,11 @@ class Informers:
 
     async def _follow(self, kind: str | None, path: str, selector: str, namespace: str | None) -> None:
         first = True
+        # A listing keeps only what the cache keeps of each object, page by page (a restart lists every
+        # attempt Pod: whole, 1,600 of them were ~60 MiB at once, and the allocator keeps such a peak).
+        keep = functools.partial(essentials, kind) if kind is not None else None
         async for item in reflect(
-            self.api, path, label_selector=selector, timeout_seconds=self.timeout_seconds
+            self.api, path, label_selector=selector, timeout_seconds=self.timeout_seconds, keep=keep
         ):
             if isinstance(item, Listed):
                 self._listed(kind, item, namespace, first)
@@ -121,6 +125,7 @@ class Informers:
                         self.synced.set()
             else:
                 self._changed(kind, item)
+            del item  # not held (a whole listing) while the watch waits for its next event
 
     def _listed(self, kind: str | None, listed: Listed, namespace: str | None, first: bool) -> None:
         if kind is None:
