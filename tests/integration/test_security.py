@@ -124,7 +124,9 @@ def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next
 ) -> None:
     ns = run_namespace
     release = tmp_path / "release"
-    lease = {"durationSeconds": 5, "renewSeconds": 1}
+    # 10 s, not 5: the second Attempt's worker holds its lease while the test waits out the token cache,
+    # and at a 1-min load of 13-15 a real worker process was seen to miss a 5 s lease.
+    lease = {"durationSeconds": 10, "renewSeconds": 1}
     start_gated(kube, ns, "zombie", release, lease=lease, retry=FAST_RETRY)
     first = kube.core.read_namespaced_pod("zombie-a1", ns)
     sandbox = local_cluster.state_dir / "node" / "pods" / first.metadata.uid
