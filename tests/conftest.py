@@ -13,6 +13,7 @@ import pytest
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
+from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
 from support.clusters import operator_identity, opt_in_for_attempts
@@ -81,8 +82,11 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     """The agentrun operator, running as its own process and ServiceAccount against the test cluster (not
     in a Pod, so it is told its account, as the chart's Deployment tells it through the downward API)."""
+    # Metrics on a free port: the default, 8000, may be held by any other process on a shared machine,
+    # and the operator then logs an ERROR that test_the_operator_starts_without_an_error would see.
+    env = {"AGENTRUN_METRICS_PORT": str(free_port()), **security.OPERATOR_ENV}
     process = OperatorProcess(
-        operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=security.OPERATOR_ENV
+        operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env
     )
     process.start()
     process.wait_ready()
