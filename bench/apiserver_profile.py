@@ -11,7 +11,6 @@ pprof -top -cum`), so the two can be compared function by function, e.g. with `-
 from __future__ import annotations
 
 import argparse
-import ssl
 import subprocess
 import threading
 import time
@@ -29,9 +28,7 @@ class Profile(threading.Thread):
     def __init__(self, bench: Bench, seconds: int, path: Path) -> None:
         super().__init__(daemon=True)
         self.url = f"{bench.cluster.server}/debug/pprof/profile?seconds={seconds}"
-        pki = bench.cluster.pki_dir
-        self.context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self.context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+        self.context = bench.cluster.admin_tls()
         self.seconds, self.path = seconds, path
 
     def run(self) -> None:

@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import throughput
-from harness import Bench, JsonDict, cpu_seconds, load1, log, runs_path
+from harness import Bench, JsonDict, cpu_seconds, load1, log
 
+from agentrun.api import GROUP, VERSION
 from agentrun.examples.manifests import agent_run
 from agentrun.kubeapi import KubeApi
-
-GROUP = "/apis/agentrun.dev/v1alpha1/namespaces"
 
 
 def run_status_patches(final: JsonDict) -> list[JsonDict]:
@@ -115,10 +114,8 @@ def measure_all(bench: Bench, n: int) -> dict[str, float]:
     """Every request kind of the table, N times each; stops the operator (its templates come first)."""
     ns = bench.namespace("request-cost")
     throughput.batch(bench, "runs", ns, 1, timeout=120)
-    run = bench.kube.custom.get_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", "w0")
-    attempt = bench.kube.custom.get_namespaced_custom_object(
-        "agentrun.dev", "v1alpha1", ns, "attempts", "w0-a1"
-    )
+    run = bench.kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "runs", "w0")
+    attempt = bench.kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "attempts", "w0-a1")
     bench.operator.stop()
     patches = run_status_patches(run["status"])
 
@@ -135,27 +132,29 @@ def measure_all(bench: Bench, n: int) -> dict[str, float]:
 
     lease = {"spec": {"holderIdentity": "x", "leaseDurationSeconds": 60}}
     steps: list[tuple[str, Step]] = [
-        ("POST runs", lambda a, i: a.create(runs_path(ns), agent_run(f"r{i}", "echo", {"i": i}))),
+        (
+            "POST runs",
+            lambda a, i: a.create(KubeApi.custom_path("runs", ns), agent_run(f"r{i}", "echo", {"i": i})),
+        ),
         *(
             (
                 f"PATCH runs/status ({label})",
-                lambda a, i, p=patch: a.merge_patch(f"{runs_path(ns)}/r{i}/status", {"status": p}),
+                lambda a, i, p=patch: a.merge_patch(
+                    KubeApi.custom_path("runs", ns, f"r{i}", "status"), {"status": p}
+                ),
             )
             for label, patch in zip(("grant", "commit", "end"), patches, strict=True)
         ),
-        ("POST attempts", lambda a, i: a.create(f"{GROUP}/{ns}/attempts", attempt_body(i))),
+        ("POST attempts", lambda a, i: a.create(KubeApi.custom_path("attempts", ns), attempt_body(i))),
         (
             "PATCH attempts/status",
             lambda a, i: a.merge_patch(
-                f"{GROUP}/{ns}/attempts/r{i}-a1/status", {"status": attempt["status"]}
+                KubeApi.custom_path("attempts", ns, f"r{i}-a1", "status"), {"status": attempt["status"]}
             ),
         ),
         (
             "POST leases",
-            lambda a, i: a.create(
-                f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                lease | {"metadata": {"name": f"agentrun-r{i}"}},
-            ),
+            lambda a, i: a.create(KubeApi.lease_path(ns), lease | {"metadata": {"name": f"agentrun-r{i}"}}),
         ),
         ("POST jobs", lambda a, i: a.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job(i))),
         *(

@@ -336,16 +336,18 @@ class LocalCluster:
                 raise ClusterError(f"{component.name} not healthy in time\n{_tail(component.log)}")
             time.sleep(0.1)
 
+    def admin_tls(self) -> ssl.SSLContext:
+        """A TLS context that verifies our API server with our CA and presents the admin certificate."""
+        context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        context.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+        return context
+
     def _probe(self, url: str) -> bool:
         context = None
         if url.startswith("https://"):
             # Our API server is verified with our CA and the admin certificate; the controller-manager and
             # scheduler serve self-signed health endpoints that allow anonymous access.
-            if url.startswith(self.server):
-                context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-                context.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
-            else:
-                context = ssl._create_unverified_context()
+            context = self.admin_tls() if url.startswith(self.server) else ssl._create_unverified_context()
         try:
             with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 return bool(response.status == 200)
