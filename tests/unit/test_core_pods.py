@@ -22,7 +22,7 @@ from agentrun.api import (
 from agentrun.core.failures import ContainerExit, classify_exit
 from agentrun.core.pods import (
     ATTEMPT_LABEL,
-    DOWNWARD_ENV,
+    DOWNWARD_FIELDS,
     TERMINATION_MESSAGE_PATH,
     PodView,
     attempt_pod,
@@ -205,8 +205,7 @@ def test_downward_api_env(name: str, field_path: str) -> None:
 def test_downward_env_points_at_labels_and_annotations_the_pod_has() -> None:
     pod = build()
     meta = pod["metadata"]
-    for env in DOWNWARD_ENV:
-        path = env["valueFrom"]["fieldRef"]["fieldPath"]
+    for _, path in DOWNWARD_FIELDS:
         if path.startswith("metadata.labels['"):
             assert path.removeprefix("metadata.labels['").removesuffix("']") in meta["labels"]
         elif path.startswith("metadata.annotations['"):
@@ -224,12 +223,12 @@ def test_user_env_is_kept_after_agentrun_env() -> None:
     names = [e["name"] for e in agent_container(build(agent))["env"]]
     env = env_of(agent_container(build(agent)))
 
-    assert names == [e["name"] for e in DOWNWARD_ENV] + ["TRACEPARENT", "MODE", "TOKEN"]
+    assert names == [name for name, _ in DOWNWARD_FIELDS] + ["TRACEPARENT", "MODE", "TOKEN"]
     assert env["MODE"] == {"name": "MODE", "value": "fast"}
     assert env["TOKEN"] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "llm", "key": "token"}}}
 
 
-@pytest.mark.parametrize("reserved", [e["name"] for e in DOWNWARD_ENV])
+@pytest.mark.parametrize("reserved", [name for name, _ in DOWNWARD_FIELDS])
 def test_reserved_env_cannot_be_overridden(reserved: str) -> None:
     agent = {
         **AGENT,
@@ -240,8 +239,9 @@ def test_reserved_env_cannot_be_overridden(reserved: str) -> None:
     }
     env = agent_container(build(agent))["env"]
 
+    path = dict(DOWNWARD_FIELDS)[reserved]
     assert [e for e in env if e["name"] == reserved] == [
-        next(d for d in DOWNWARD_ENV if d["name"] == reserved)
+        {"name": reserved, "valueFrom": {"fieldRef": {"fieldPath": path}}}
     ]
     assert {"name": "KEEP", "value": "1"} in env
 
@@ -344,6 +344,20 @@ def test_the_run_is_not_modified() -> None:
 
     assert run.model_dump() == before
     assert first == second
+
+
+def test_pods_share_no_mutable_part() -> None:
+    """The executor fills in a Pod body before it is sent: a change to one must not reach the next."""
+    run = run_with(templated({"containers": [{"name": "agent", "env": [{"name": "A", "value": "1"}]}]}))
+    first = attempt_pod(run, make_attempt(2))
+    for env in agent_container(first)["env"]:
+        env["name"] = "CHANGED"
+    first["metadata"]["annotations"].clear()
+
+    second = attempt_pod(run, make_attempt(2))
+
+    assert "CHANGED" not in env_of(agent_container(second))
+    assert second["metadata"]["annotations"]
 
 
 # ---- reading Pods back -------------------------------------------------------------------------------------

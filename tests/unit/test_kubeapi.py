@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -134,3 +135,29 @@ def test_in_a_kubeconfig_list_the_first_file_decides_and_token_files_are_relativ
     paths = os.pathsep.join([str(first / "kubeconfig"), str(config_b)])
     api = KubeApi(load_configuration(paths))
     assert api._endpoint.headers() == {"Authorization": "Bearer from-b"}
+
+
+def _body_sent(api: KubeApi, body: object) -> object:
+    return json.loads(api._request_options(None, body)["data"])
+
+
+def test_a_body_of_api_values_is_sent_the_same_by_either_encoder(tmp_path: Path) -> None:
+    kubeconfig = str(_kubeconfig(tmp_path, {"token": "abc"}))
+    body = {
+        "metadata": {"resourceVersion": "42", "labels": {"agentrun.dev/run": "näive"}},
+        "status": {"phase": "Running", "attempts": 2, "usage": {"costMicroUSD": 2**53 - 1}, "x": None},
+        "spec": {"input": {"ratio": 0.1, "list": [1, "two", True, {"deep": []}]}},
+    }
+    exact = KubeApi(load_configuration(kubeconfig))
+    fast = KubeApi(load_configuration(kubeconfig), api_values_only=True)
+
+    assert _body_sent(exact, body) == _body_sent(fast, body) == body
+
+
+def test_a_callers_value_past_64_bits_or_nan_is_never_changed_on_the_way(tmp_path: Path) -> None:
+    """The SDK's and the CLI's bodies carry user values: an int orjson refuses is written exactly, and a
+    NaN is sent as is (for the API server to refuse), never turned into null."""
+    api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"token": "abc"}))))
+    sent = api._request_options(None, {"result": {"big": 2**70, "nan": float("nan")}})["data"]
+
+    assert sent == b'{"result":{"big":1180591620717411303424,"nan":NaN}}'

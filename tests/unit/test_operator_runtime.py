@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import Run
+from agentrun.api import Run, RunPhase
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
@@ -172,6 +172,22 @@ def test_the_echo_of_our_own_write_and_older_events_change_nothing() -> None:
     run = runs.get((NAMESPACE, RUN))
     assert run is not None and run.status.phase == "Succeeded"
     assert runs.resource_version((NAMESPACE, RUN)) == "11"
+
+
+@pytest.mark.parametrize("phase", [p.value for p in RunPhase])
+def test_a_run_comes_back_as_it_was_put_in_every_phase(phase: str) -> None:
+    """Runs at rest are kept compressed and moving ones are not: both read back the same."""
+    runs = RunCache()
+    body = run_body("10", phase=phase)
+    runs.put(body)
+
+    run = runs.get((NAMESPACE, RUN))
+
+    kept = {k: v for k, v in body["metadata"].items() if k != "managedFields"} | {
+        "annotations": {"keep": "me"}
+    }
+    assert run == Run.model_validate({**body, "metadata": kept})
+    assert run.status.phase == phase
 
 
 def test_a_run_recreated_under_its_name_replaces_the_old_one_whatever_its_version() -> None:

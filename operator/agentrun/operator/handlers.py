@@ -29,7 +29,7 @@ def registry(namespaces: Sequence[str]) -> kopf.OperatorRegistry:
         config = OperatorSettings.from_env()
         apply_settings(settings, config)
         runtime = Runtime(
-            KubeApi(),
+            KubeApi(api_values_only=True),  # its bodies are made of what the API server sent
             config,
             namespaces,
             operator_account=own_account(),

@@ -8,20 +8,26 @@ from typing import Any
 import orjson
 
 from agentrun.api import Run
+from agentrun.api.phases import STOPPED_PHASES, WAITING_PHASES
 from agentrun.operator.cache import Key, version_of
 
 JsonDict = dict[str, Any]
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Where a Run rests, until a person or its deadline moves it: the Runs kept for long are in these.
+AT_REST = STOPPED_PHASES | WAITING_PHASES
 
 
 class RunCache:
     """The Runs as last seen in a watch event or in the response of one of our own writes: the object
-    without managedFields and kubectl's last-applied copy (what decide reads), kept as compressed
-    compact JSON (about 1 KiB a finished Run, where the parsed object is ten times its JSON) and parsed
-    again at each reconcile (tens of microseconds, beside a reconcile's milliseconds)."""
+    without managedFields and kubectl's last-applied copy (what decide reads), kept as compact JSON
+    (the parsed object is ten times its JSON) and parsed again at each reconcile (tens of microseconds,
+    beside a reconcile's milliseconds). A Run at rest is kept compressed (about 1 KiB a finished Run);
+    a moving one is not: it is put again at each of its writes, and compressing was the largest part
+    of a put's CPU."""
 
     def __init__(self) -> None:
-        self._runs: dict[Key, tuple[int | None, str, bytes]] = {}  # resourceVersion, uid, zlib'd JSON
+        # resourceVersion, uid, the JSON, whether it is zlib'd
+        self._runs: dict[Key, tuple[int | None, str, bytes, bool]] = {}
 
     @staticmethod
     def key_of(body: JsonDict) -> Key:
@@ -43,12 +49,17 @@ class RunCache:
             kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != LAST_APPLIED}
         # orjson: a body the API server sent holds no int past 64 bits, and it writes 5x faster
         text = orjson.dumps({**body, "metadata": kept})
-        self._runs[key] = (version, str(metadata.get("uid")), zlib.compress(text, 1))
+        at_rest = (body.get("status") or {}).get("phase") in AT_REST
+        uid = str(metadata.get("uid"))
+        self._runs[key] = (version, uid, zlib.compress(text, 1) if at_rest else text, at_rest)
         return True
 
     def get(self, key: Key) -> Run | None:
         cached = self._runs.get(key)
-        return Run.model_validate_json(zlib.decompress(cached[2])) if cached else None
+        if cached is None:
+            return None
+        _, _, text, compressed = cached
+        return Run.model_validate_json(zlib.decompress(text) if compressed else text)
 
     def resource_version(self, key: Key) -> str | None:
         cached = self._runs.get(key)
