@@ -3,21 +3,22 @@ service account, for agentrun.kubeapi's HTTP transport.
 
 The official client's loader parses the kubeconfig (contexts, merged KUBECONFIG lists, certificate and
 token files or inline data, exec plugins, auth providers); this module adds what that loader lacks for
-long-lived processes: a kubeconfig's `tokenFile` is read again whenever the file changes (bound
-service-account tokens rotate; the loader reads it once). In-cluster, the loader itself re-reads the
-mounted token every minute. The bearer token is asked for at every request, so a refreshing credential
-(an exec plugin's expiring token) is renewed as the loader does. Not supported: a client certificate
-that an exec plugin renews (the one it returned at start is kept), and proxies (a kubeconfig's
-`proxy-url` is not read by the loader; HTTPS_PROXY is not read either).
+long-lived processes: a kubeconfig's `tokenFile` is read again whenever the file changes, seen within a
+second (bound service-account tokens rotate; the loader reads it once). In-cluster, the loader itself
+re-reads the mounted token every minute. The bearer token is asked for at every request, so a
+refreshing credential (an exec plugin's expiring token) is renewed as the loader does. Not supported:
+a client certificate that an exec plugin renews (the one it returned at start is kept), and proxies (a
+kubeconfig's `proxy-url` is not read by the loader; HTTPS_PROXY is not read either).
 """
 
 from __future__ import annotations
 
 import os
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from kubernetes import client, config
@@ -87,19 +88,33 @@ def _first_named(
     return None
 
 
+# How often a followed tokenFile's modification time is looked at: the hook runs at every request, and a
+# stat per request was 1 % of the operator's CPU; a rotated token stays valid long past its successor.
+TOKEN_FILE_CHECK_SECONDS: Final = 1.0
+_clock = time.monotonic  # a module attribute, for tests
+
+
 def _follow_token_file(configuration: client.Configuration, token_file: Path) -> None:
     """Re-reads the token whenever the file's modification time changes (a rotated bound token). It
     replaces the loader's hook, which only renews expiring tokens (exec plugins, auth providers)."""
-    seen: dict[str, float | None] = {"mtime": None}  # read at the first request (and stripped)
+    # the modification time of the token last read (None: read at the first request), and when it was
+    # last looked at
+    seen: dict[str, float | None] = {"mtime": None, "checked": None}
 
     def refresh(conf: client.Configuration) -> None:
+        now = _clock()
+        checked = seen["checked"]
+        if checked is not None and now - checked < TOKEN_FILE_CHECK_SECONDS:
+            return
+        seen["checked"] = now
         mtime = _mtime(token_file)
         if mtime == seen["mtime"]:
             return
         try:
             token = token_file.read_text().strip()
         except OSError:
-            return  # being replaced: the next request reads it
+            seen["checked"] = None  # being replaced: the next request reads it
+            return
         seen["mtime"] = mtime
         conf.api_key["authorization"] = f"Bearer {token}"
 

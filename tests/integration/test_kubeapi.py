@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrun import kubeauth
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
 from support.kube import Kube
 
@@ -29,9 +30,13 @@ async def _who(api: KubeApi) -> str:
     return str(answer["status"]["userInfo"]["username"])
 
 
-def test_a_rotated_token_file_is_who_the_next_request_is(kube: Kube, namespace: str, tmp_path: Path) -> None:
+def test_a_rotated_token_file_is_who_the_next_request_is(
+    kube: Kube, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A kubeconfig's tokenFile is read again when it changes (bound tokens rotate): the same KubeApi
-    is the new token's identity from its next request on."""
+    is the new token's identity from its next request after the next look at the file on."""
+    now = [0.0]  # the file is looked at once a second: the test moves that clock, not the wall's
+    monkeypatch.setattr(kubeauth, "_clock", lambda: now[0])
     token_file = tmp_path / "token"
     token_file.write_text(_token(kube, namespace, "first"))
     config = yaml.safe_load(kube.kubeconfig.read_text())
@@ -47,6 +52,7 @@ def test_a_rotated_token_file_is_who_the_next_request_is(kube: Kube, namespace: 
             replacement = tmp_path / "token.new"  # as a kubelet does: a new file moved into place
             replacement.write_text(_token(kube, namespace, "second"))
             replacement.replace(token_file)
+            now[0] += kubeauth.TOKEN_FILE_CHECK_SECONDS
             return before, await _who(api)
         finally:
             await api.aclose()

@@ -11,6 +11,7 @@ import pytest
 import urllib3
 import yaml
 
+from agentrun import kubeauth
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration, unanswered
 
 POOL = urllib3.HTTPConnectionPool("localhost")  # constructing a pool opens no connection
@@ -101,14 +102,20 @@ def _kubeconfig(tmp_path: Path, user: dict[str, str]) -> Path:
     return path
 
 
-def test_a_rotated_token_file_is_read_again(tmp_path: Path) -> None:
-    """Bound service-account tokens rotate: the file's new token is sent from the next request on."""
+def test_a_rotated_token_file_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound service-account tokens rotate: the file's new token is sent from the first request after
+    the next look at the file (at most a second later)."""
+    now = [1000.0]
+    monkeypatch.setattr(kubeauth, "_clock", lambda: now[0])
     token = tmp_path / "token"
     token.write_text("first\n")
     api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"tokenFile": "token"}))))
     assert api._endpoint.headers() == {"Authorization": "Bearer first"}
     token.write_text("second\n")
     os.utime(token, (1, 1))  # a new modification time, whatever the file system's resolution
+    assert api._endpoint.headers() == {"Authorization": "Bearer first"}  # looked at a moment ago
+
+    now[0] += kubeauth.TOKEN_FILE_CHECK_SECONDS
     assert api._endpoint.headers() == {"Authorization": "Bearer second"}
 
 

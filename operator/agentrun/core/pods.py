@@ -93,7 +93,7 @@ def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
     user_env = [e.to_api() for e in agent.env or []]
     # The Attempt's span in the Run's trace: the SDK's spans (steps, side effects, commit) are its children.
     trace = run_trace(str(run.metadata.uid or run.metadata.name), run.metadata.annotations)
-    ours = [
+    ours: list[dict[str, Any]] = [
         *({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}} for env, path in DOWNWARD_FIELDS),
         {"name": TRACEPARENT_ENV, "value": trace.attempt(name).traceparent()},
     ]
