@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,8 +24,11 @@ from unit.factories import make_run
 pytestmark = pytest.mark.usefixtures("agentrun_crds")
 
 
-def api_for(kube: Kube) -> KubeApi:
-    return KubeApi(load_configuration(str(kube.kubeconfig)), threads=2)
+@pytest.fixture
+def api(kube: Kube) -> Iterator[KubeApi]:
+    client = KubeApi(load_configuration(str(kube.kubeconfig)), threads=2)
+    yield client
+    client.close()  # its sessions belong to the loops of the test's asyncio.run calls, ended by now
 
 
 def attempt_body(run: str, number: int) -> dict[str, Any]:
@@ -61,10 +65,10 @@ def set_attempt_status(kube: Kube, namespace: str, name: str, status: dict[str, 
 
 
 async def synced_informers(
-    kube: Kube, namespaces: list[str], woken: asyncio.Queue[Key]
+    api: KubeApi, namespaces: list[str], woken: asyncio.Queue[Key]
 ) -> tuple[Informers, OwnedObjects, AgentAccounts]:
     cache, accounts = OwnedObjects(), AgentAccounts()
-    informers = Informers(api_for(kube), cache, accounts, namespaces, wake=woken.put_nowait)
+    informers = Informers(api, cache, accounts, namespaces, wake=woken.put_nowait)
     informers.start()
     await informers.synced.wait()
     return informers, cache, accounts
@@ -79,7 +83,7 @@ def drain(queue: asyncio.Queue[Key]) -> list[Key]:
 
 @pytest.mark.parametrize("scope", ["namespaced", "cluster-wide"])
 def test_informers_list_and_watch_what_runs_own_and_nothing_else(
-    kube: Kube, namespace: str, scope: str
+    kube: Kube, api: KubeApi, namespace: str, scope: str
 ) -> None:
     """The first list fills the cache before any reconcile; then only labelled objects arrive: the API
     server selects them (a foreign Lease created first would arrive first if it were sent)."""
@@ -92,9 +96,7 @@ def test_informers_list_and_watch_what_runs_own_and_nothing_else(
 
     async def scenario() -> tuple[OwnedObjects, Key]:
         woken: asyncio.Queue[Key] = asyncio.Queue()
-        informers, cache, _ = await synced_informers(
-            kube, [namespace] if scope == "namespaced" else [], woken
-        )
+        informers, cache, _ = await synced_informers(api, [namespace] if scope == "namespaced" else [], woken)
         key = (namespace, "filled")
         assert sorted(o["metadata"]["name"] for o in cache.of("attempts", key)) == ["filled-a1", "filled-a2"]
         # The first list wakes no Run: each Run's own event queues it. (Cluster-wide, other tests'
@@ -121,13 +123,13 @@ def test_informers_list_and_watch_what_runs_own_and_nothing_else(
     assert len(cache.of("attempts", (namespace, "filled"))) == 3
 
 
-def test_synced_informers_hold_no_listing(kube: Kube, namespace: str) -> None:
+def test_synced_informers_hold_no_listing(kube: Kube, api: KubeApi, namespace: str) -> None:
     """Once a listing is in the cache nothing holds it: kept by the watch that follows it (which waits,
     on a quiet selection, for good), a restart's listing of thousands of Pods would stay as RSS."""
     create_attempt(kube, namespace, "dropped", 1)
 
     async def scenario() -> int:
-        informers, cache, _ = await synced_informers(kube, [namespace], asyncio.Queue())
+        informers, cache, _ = await synced_informers(api, [namespace], asyncio.Queue())
         try:
             assert [o["metadata"]["name"] for o in cache.of("attempts", (namespace, "dropped"))] == [
                 "dropped-a1"
@@ -140,12 +142,11 @@ def test_synced_informers_hold_no_listing(kube: Kube, namespace: str) -> None:
     assert asyncio.run(scenario()) == 0
 
 
-def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, namespace: str) -> None:
+def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, api: KubeApi, namespace: str) -> None:
     """An Attempt the operator creates is in the cache from the create's response; its watch event
     carries the same resourceVersion and changes nothing; a change by someone else is news. (The watch
     is read after the writes, from before them, so that every event comes after the response.)"""
     run = make_run({"phase": "Running"}, metadata={"namespace": namespace, "name": "echo"})
-    api = api_for(kube)
     collection = KubeApi.custom_path("attempts", namespace)
 
     async def scenario() -> list[tuple[str, bool]]:
@@ -165,9 +166,10 @@ def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, namespace: str
     assert asyncio.run(scenario()) == [("ADDED", False), ("MODIFIED", True)]
 
 
-def test_an_expired_resource_version_is_gone_and_reflect_lists_first(kube: Kube, namespace: str) -> None:
+def test_an_expired_resource_version_is_gone_and_reflect_lists_first(
+    kube: Kube, api: KubeApi, namespace: str
+) -> None:
     create_attempt(kube, namespace, "listed", 1)
-    api = api_for(kube)
     collection = KubeApi.custom_path("attempts", namespace)
 
     async def scenario() -> Listed:
@@ -185,24 +187,25 @@ def test_an_expired_resource_version_is_gone_and_reflect_lists_first(kube: Kube,
     assert int(listed.resource_version) > 1
 
 
-def test_a_list_pages_through_long_lists(kube: Kube, namespace: str) -> None:
+def test_a_list_pages_through_long_lists(kube: Kube, api: KubeApi, namespace: str) -> None:
     for number in range(1, 8):
         create_attempt(kube, namespace, "paged", number)
     collection = KubeApi.custom_path("attempts", namespace)
 
-    listed = asyncio.run(list_all(api_for(kube), collection, label_selector=RUN_LABEL, page=3))
+    listed = asyncio.run(list_all(api, collection, label_selector=RUN_LABEL, page=3))
 
     assert sorted(o["spec"]["number"] for o in listed.items) == list(range(1, 8))
     assert listed.resource_version
 
 
-def test_a_list_with_keep_holds_only_the_kept_copy_of_each_object(kube: Kube, namespace: str) -> None:
+def test_a_list_with_keep_holds_only_the_kept_copy_of_each_object(
+    kube: Kube, api: KubeApi, namespace: str
+) -> None:
     """The informers list with keep=essentials: every page's objects are trimmed as the page arrives
     (managedFields dropped), none is lost between pages, and the snapshot's resourceVersion is kept."""
     for number in range(1, 8):
         create_attempt(kube, namespace, "kept", number)
     collection = KubeApi.custom_path("attempts", namespace)
-    api = api_for(kube)
 
     whole = asyncio.run(list_all(api, collection, label_selector=RUN_LABEL, page=3))
     kept = asyncio.run(
@@ -216,7 +219,7 @@ def test_a_list_with_keep_holds_only_the_kept_copy_of_each_object(kube: Kube, na
 
 
 def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(
-    kube: Kube, namespace: str
+    kube: Kube, api: KubeApi, namespace: str
 ) -> None:
     """The cache still shows the Attempt Running while it already ended Rejected (the SDK wrote that):
     a decision made on the stale view is refused by its resourceVersion, and the cache catches up."""
@@ -232,7 +235,7 @@ def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(
     plan = Plan().add(PatchAttemptStatus("stale-a1", {"phase": "Failed"}, stale_rv))
 
     with pytest.raises(Superseded):
-        asyncio.run(Executor(api_for(kube), cache).execute(plan, run))
+        asyncio.run(Executor(api, cache).execute(plan, run))
 
     now = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "attempts", "stale-a1")
     assert now["status"]["phase"] == "Rejected"
