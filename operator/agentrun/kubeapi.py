@@ -9,7 +9,8 @@ Answers and watch events are parsed with orjson: parsing was the largest single 
 CPU (bench/findings.md, "Cost per Run"). Request bodies are written with the standard json module,
 which writes any int a caller's value holds (orjson refuses one past 64 bits) and never turns a NaN into
 null (orjson does, silently), unless the client is made with `api_values_only`: the operator's, whose
-bodies hold only what the API server sent (numbers it has already bounded) and what it computes.
+bodies hold only what the API server sent and what it computes (no NaN), are written with orjson, and
+with json where orjson refuses one (an int past 64 bits, which a large number the API server sent is).
 """
 
 from __future__ import annotations
@@ -198,6 +199,15 @@ def _exact_json(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def _fast_json(body: Any) -> bytes:
+    """orjson, and json for what orjson refuses (a key that is no plain str, an int past 64 bits), so
+    that a value the API server sent is never what fails a write."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError
+        return _exact_json(body)
+
+
 def _abort(connector: aiohttp.BaseConnector) -> None:
     """Closes every connection of `connector` without waiting (and marks it, and its session, closed)."""
     with contextlib.suppress(Exception):
@@ -214,10 +224,10 @@ class KubeApi:
     ) -> None:
         """threads: how many requests may be in flight at once (the name of the thread-pool days).
         api_values_only: every body holds only values read from the API server or made by the caller
-        (no int past 64 bits, no NaN), so orjson writes them, ten times faster than json."""
+        (no NaN), so orjson writes them, ten times faster than json (which writes what orjson refuses)."""
         self._endpoint = Endpoint.of(configuration or load_configuration())
         self._connections = threads
-        self._encode = orjson.dumps if api_values_only else _exact_json
+        self._encode = _fast_json if api_values_only else _exact_json
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sessions] = (
             weakref.WeakKeyDictionary()
         )

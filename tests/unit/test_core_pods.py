@@ -352,11 +352,21 @@ def test_pods_share_no_mutable_part() -> None:
     first = attempt_pod(run, make_attempt(2))
     for env in agent_container(first)["env"]:
         env["name"] = "CHANGED"
+        if "valueFrom" in env:
+            env["valueFrom"]["fieldRef"]["fieldPath"] = "metadata.uid"
+        else:
+            env["value"] = "changed"
     first["metadata"]["annotations"].clear()
 
     second = attempt_pod(run, make_attempt(2))
 
-    assert "CHANGED" not in env_of(agent_container(second))
+    env = env_of(agent_container(second))
+    assert "CHANGED" not in env
+    assert env["A"] == {"name": "A", "value": "1"}
+    assert all(
+        e["valueFrom"]["fieldRef"]["fieldPath"] == path
+        for e, (_, path) in zip([env[name] for name, _ in DOWNWARD_FIELDS], DOWNWARD_FIELDS, strict=True)
+    )
     assert second["metadata"]["annotations"]
 
 

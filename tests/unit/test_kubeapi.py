@@ -119,6 +119,26 @@ def test_a_rotated_token_file_is_read_again(tmp_path: Path, monkeypatch: pytest.
     assert api._endpoint.headers() == {"Authorization": "Bearer second"}
 
 
+def test_a_token_file_that_cannot_be_read_is_read_at_the_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Caught while it is replaced, the file is tried again at the very next request, not a second later."""
+    now = [1000.0]
+    monkeypatch.setattr(kubeauth, "_clock", lambda: now[0])
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"tokenFile": "token"}))))
+    assert api._endpoint.headers() == {"Authorization": "Bearer first"}
+    token.unlink()
+    token.mkdir()  # there, but no file to read
+    now[0] += kubeauth.TOKEN_FILE_CHECK_SECONDS
+    assert api._endpoint.headers() == {"Authorization": "Bearer first"}  # kept while unreadable
+    token.rmdir()
+    token.write_text("second\n")
+
+    assert api._endpoint.headers() == {"Authorization": "Bearer second"}  # same moment: tried again
+
+
 def test_an_inline_token_is_sent_as_is(tmp_path: Path) -> None:
     api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"token": "abc"}))))
     assert api._endpoint.headers() == {"Authorization": "Bearer abc"}
@@ -159,6 +179,17 @@ def test_a_body_of_api_values_is_sent_the_same_by_either_encoder(tmp_path: Path)
     fast = KubeApi(load_configuration(kubeconfig), api_values_only=True)
 
     assert _body_sent(exact, body) == _body_sent(fast, body) == body
+    assert "näive".encode() in fast._request_options(None, body)["data"]  # orjson: UTF-8 as is
+    assert b"n\\u00e4ive" in exact._request_options(None, body)["data"]  # json: escaped
+
+
+def test_the_operators_encoder_falls_back_to_json_for_what_orjson_refuses(tmp_path: Path) -> None:
+    """A number past 64 bits may come from the API server (it keeps large numbers as float64 and writes
+    them without an exponent): copied into a body, it is written as it came, not a failed write."""
+    fast = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"token": "abc"}))), api_values_only=True)
+    sent = fast._request_options(None, {"spec": {"input": {"n": 20000000000000000000}}})["data"]
+
+    assert sent == b'{"spec":{"input":{"n":20000000000000000000}}}'
 
 
 def test_a_callers_value_past_64_bits_or_nan_is_never_changed_on_the_way(tmp_path: Path) -> None:

@@ -190,6 +190,18 @@ def test_a_run_comes_back_as_it_was_put_in_every_phase(phase: str) -> None:
     assert run.status.phase == phase
 
 
+def test_a_run_holding_an_int_past_64_bits_is_cached() -> None:
+    """kopf parses Run events with json, so a large number the API server sent arrives as a Python int
+    that orjson refuses: the Run is cached all the same (else no reconcile would ever see it)."""
+    runs = RunCache()
+    body = run_body("10")
+    body["spec"]["input"] = {"n": 20000000000000000000}
+
+    assert runs.put(body)
+    run = runs.get((NAMESPACE, RUN))
+    assert run is not None and run.spec.input == {"n": 20000000000000000000}
+
+
 def test_a_run_recreated_under_its_name_replaces_the_old_one_whatever_its_version() -> None:
     runs = RunCache()
     runs.put(run_body("10", uid="old"))
