@@ -36,6 +36,7 @@ __all__ = [
     "ApiError",
     "JsonDict",
     "KubeApi",
+    "api_json",
     "call_json",
     "load_configuration",
     "served_resources",
@@ -199,9 +200,10 @@ def _exact_json(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _fast_json(body: Any) -> bytes:
-    """orjson, and json for what orjson refuses (a key that is no plain str, an int past 64 bits), so
-    that a value the API server sent is never what fails a write."""
+def api_json(body: Any) -> bytes:
+    """Compact JSON of values the API server sent or the operator made (no NaN): orjson, and json for
+    what orjson refuses (a key that is no plain str, an int past 64 bits, which a large number the API
+    server keeps as float64 comes back as), so that such a value never fails a write."""
     try:
         return orjson.dumps(body)
     except TypeError:  # orjson.JSONEncodeError
@@ -227,7 +229,7 @@ class KubeApi:
         (no NaN), so orjson writes them, ten times faster than json (which writes what orjson refuses)."""
         self._endpoint = Endpoint.of(configuration or load_configuration())
         self._connections = threads
-        self._encode = _fast_json if api_values_only else _exact_json
+        self._encode = api_json if api_values_only else _exact_json
         self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sessions] = (
             weakref.WeakKeyDictionary()
         )

@@ -102,15 +102,24 @@ def _kubeconfig(tmp_path: Path, user: dict[str, str]) -> Path:
     return path
 
 
-def test_a_rotated_token_file_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bound service-account tokens rotate: the file's new token is sent from the first request after
-    the next look at the file (at most a second later)."""
+def _following_a_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[KubeApi, Path, list[float]]:
+    """A client whose kubeconfig names the tokenFile `token` (holding "first"), the file, and the clock
+    kubeauth looks at the file by (moved by the test)."""
     now = [1000.0]
     monkeypatch.setattr(kubeauth, "_clock", lambda: now[0])
     token = tmp_path / "token"
     token.write_text("first\n")
     api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"tokenFile": "token"}))))
     assert api._endpoint.headers() == {"Authorization": "Bearer first"}
+    return api, token, now
+
+
+def test_a_rotated_token_file_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound service-account tokens rotate: the file's new token is sent from the first request after
+    the next look at the file (at most a second later)."""
+    api, token, now = _following_a_token_file(tmp_path, monkeypatch)
     token.write_text("second\n")
     os.utime(token, (1, 1))  # a new modification time, whatever the file system's resolution
     assert api._endpoint.headers() == {"Authorization": "Bearer first"}  # looked at a moment ago
@@ -123,12 +132,7 @@ def test_a_token_file_that_cannot_be_read_is_read_at_the_next_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Caught while it is replaced, the file is tried again at the very next request, not a second later."""
-    now = [1000.0]
-    monkeypatch.setattr(kubeauth, "_clock", lambda: now[0])
-    token = tmp_path / "token"
-    token.write_text("first\n")
-    api = KubeApi(load_configuration(str(_kubeconfig(tmp_path, {"tokenFile": "token"}))))
-    assert api._endpoint.headers() == {"Authorization": "Bearer first"}
+    api, token, now = _following_a_token_file(tmp_path, monkeypatch)
     token.unlink()
     token.mkdir()  # there, but no file to read
     now[0] += kubeauth.TOKEN_FILE_CHECK_SECONDS

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any
 
-import orjson
-
 from agentrun.api import Run
 from agentrun.api.phases import STOPPED_PHASES, WAITING_PHASES
+from agentrun.kubeapi import api_json
 from agentrun.operator.cache import Key, version_of
 
 JsonDict = dict[str, Any]
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # Where a Run rests, until a person or its deadline moves it: the Runs kept for long are in these.
 AT_REST = STOPPED_PHASES | WAITING_PHASES
-
-
-def _dumps(body: JsonDict) -> bytes:
-    """orjson (5x faster), and json for an int past 64 bits: kopf parses Run events with json, and the API
-    server may send one (a number past int64 stored as a float64 and written without an exponent)."""
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 class RunCache:
@@ -57,7 +46,7 @@ class RunCache:
         kept = {k: v for k, v in metadata.items() if k != "managedFields"}
         if LAST_APPLIED in (kept.get("annotations") or {}):
             kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != LAST_APPLIED}
-        text = _dumps({**body, "metadata": kept})
+        text = api_json({**body, "metadata": kept})  # kopf parses with json: an int may pass 64 bits
         at_rest = (body.get("status") or {}).get("phase") in AT_REST
         uid = str(metadata.get("uid"))
         self._runs[key] = (version, uid, zlib.compress(text, 1) if at_rest else text, at_rest)
