@@ -259,7 +259,10 @@ def test_rendered_chart_is_accepted_by_the_api_server(
     applied = e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     kinds = {line.split("/")[0] for line in applied.stdout.splitlines()}
     assert {"deployment.apps", "serviceaccount"} <= kinds
-    cluster_scoped = {"customresourcedefinition.apiextensions.k8s.io", "clusterrole.rbac.authorization.k8s.io"}
+    cluster_scoped = {
+        "customresourcedefinition.apiextensions.k8s.io",
+        "clusterrole.rbac.authorization.k8s.io",
+    }
     if mode == "cluster-wide":
         assert cluster_scoped <= kinds
     else:  # nothing cluster-scoped unless asked: a namespace administrator can install it
