@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.api import CANCEL_FROZEN_PHASES, Resolution, Run, SideEffect, SideEffectState
+from agentrun.api import CANCEL_FROZEN_PHASES, ControlRecord, Resolution, Run, SideEffect, SideEffectState
 from agentrun.cli import config, render, timeline
 from agentrun.cli.app import parse
+from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands import compensate, effects, resume
+from agentrun.cli.commands.common import show_outcome
+from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
 from agentrun.cli.hints import Target
 from agentrun.cli.nextsteps import NEW_KEY_VERSION_DOC, run_steps
@@ -392,3 +395,27 @@ def test_raw_output_hides_managed_fields_unless_asked(fmt: str) -> None:
     assert printed(MANAGED, managed_fields=True) == MANAGED
     assert MANAGED["metadata"]["managedFields"], "the object itself is left as it was"
     assert parse(["get", "paint", "-o", fmt, "--show-managed-fields"]).show_managed_fields is True
+
+
+def test_a_rejected_request_points_at_the_report_of_its_namespace() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    ctx = Context(Cluster(None, NS), Output("table", out=out, err=err), target=Target(NS, context="ops"))  # type: ignore[arg-type]
+    record = ControlRecord.model_validate(
+        {
+            "idempotencyKey": "k-1",
+            "op": "Retry",
+            "digest": "sha256:" + "0" * 64,
+            "outcome": "Rejected",
+            "reason": "UnresolvedSideEffects",
+            "message": "resolve the side effects whose outcome is unknown first (sfx-t)",
+            "time": ts(1),
+        }
+    )
+    assert show_outcome(ctx, "paint", record, {}) == 1
+    assert out.getvalue() == (
+        "run paint: Retry k-1: Rejected, UnresolvedSideEffects: resolve the side effects whose outcome is "
+        "unknown first (sfx-t)\n"
+    )
+    assert err.getvalue() == (
+        "what the Run waits for, and the ways out: kubectl agentrun report paint -n team-a --context ops\n"
+    )

@@ -25,7 +25,11 @@ def show_outcome(
         ctx.out.obj(body)
     prefix = "already recorded: " if again else ""
     ctx.out.text(f"run {run_name}: {prefix}{render.control_line(record)}")
-    return EXIT_OK if record.outcome == ControlOutcome.ACCEPTED else EXIT_FAILED
+    if record.outcome == ControlOutcome.ACCEPTED:
+        return EXIT_OK
+    # the operator's message names no namespace: say where to look, with the flags to get there
+    ctx.out.note(f"what the Run waits for, and the ways out: {ctx.command('report', run_name)}")
+    return EXIT_FAILED
 
 
 async def await_outcome(
