@@ -96,8 +96,7 @@ def report_steps(
         steps.append(
             "Its compensation is incomplete: settle what is open (above); for an effect whose compensation "
             "could not run, fix the agent (register the compensation, fix its target; spec.agent.image), "
-            "then "
-            f"compensate again: {where.command('compensate', name)}"
+            f"then compensate again: {where.command('compensate', name)}"
         )
     elif s.phase in TERMINAL_PHASES and not live and any(e.name in compensable for e in effects):
         steps.append(f"Compensate with: {where.command('compensate', name)}")
