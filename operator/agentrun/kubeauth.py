@@ -24,36 +24,50 @@ import yaml
 from kubernetes import client, config
 
 
-def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
-    """KUBECONFIG (or the given file) when present, else the in-cluster service account."""
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> client.Configuration:
+    """KUBECONFIG (or the given file) when present, else the in-cluster service account; `context`
+    chooses a context other than the kubeconfig's current one."""
     configuration = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        config.load_kube_config(config_file=path, client_configuration=configuration)
-        if token_file := _token_file(path or os.path.expanduser("~/.kube/config")):
+        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+        if token_file := _token_file(path or os.path.expanduser("~/.kube/config"), context):
             _follow_token_file(configuration, token_file)
     else:
         config.load_incluster_config(client_configuration=configuration)
     return configuration
 
 
-def active_context(paths: str) -> dict[str, Any] | None:
-    """The current context of a kubeconfig ({cluster, user, namespace}), or None if it has none (or
-    cannot be read). `paths` may list several files, as KUBECONFIG does."""
+def active_context(paths: str, name: str | None = None) -> dict[str, Any] | None:
+    """The current context of a kubeconfig (or the one called `name`) as {cluster, user, namespace}, or
+    None if there is none (or it cannot be read). `paths` may list several files, as KUBECONFIG does."""
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=paths)
+    except (config.ConfigException, OSError):
+        return None
+    if name is not None:
+        active = next((c for c in contexts or [] if c.get("name") == name), None)
+    context = (active or {}).get("context")
+    return dict(context) if isinstance(context, dict) else None
+
+
+def current_context_name(paths: str) -> str | None:
+    """The name of a kubeconfig's current context, None if it has none (or cannot be read)."""
     try:
         _, active = config.list_kube_config_contexts(config_file=paths)
     except (config.ConfigException, OSError):
         return None
-    context = (active or {}).get("context")
-    return dict(context) if isinstance(context, dict) else None
+    name = (active or {}).get("name")
+    return str(name) if name else None
 
 
 # libyaml when the wheel has it: a kubeconfig is read at every process start (a worker, the CLI).
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _token_file(paths: str) -> Path | None:
-    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder).
+def _token_file(paths: str, chosen: str | None = None) -> Path | None:
+    """The current (or `chosen`) context's user's tokenFile, if it has one (relative to its kubeconfig's
+    folder).
     Each file is parsed once; in a KUBECONFIG list the first file to set a value wins, as in kubectl."""
     documents: list[tuple[Path, dict[str, Any]]] = []
     for path in paths.split(os.pathsep):
@@ -64,7 +78,7 @@ def _token_file(paths: str) -> Path | None:
             continue
         if isinstance(document, dict):
             documents.append((file, document))
-    current = next((d["current-context"] for _, d in documents if d.get("current-context")), None)
+    current = chosen or next((d["current-context"] for _, d in documents if d.get("current-context")), None)
     context = _first_named(documents, "contexts", current)
     user = _first_named(
         documents, "users", (context[1].get("context") or {}).get("user") if context else None
