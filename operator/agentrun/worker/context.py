@@ -7,8 +7,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
-
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Resend, Run, SideEffectState
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
 from agentrun.core import ledger, requests
@@ -325,6 +323,8 @@ class Context:
 def _check_answer(value: Any, schema: dict[str, Any] | None) -> None:
     if schema is None:
         return
+    import jsonschema  # noqa: PLC0415 (only an answer to a request with a schema needs it)
+
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
