@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
@@ -167,8 +166,8 @@ class Context:
         """Waits (on the Run watch, never polling) until the operator accepts an answer or the hold ends;
         then releases it with a write preconditioned on the newest Run seen. Exactly one of the two
         writes lands: a release that conflicts looks again at what the operator wrote."""
-        session, loop = self._session, asyncio.get_running_loop()
-        deadline = loop.time() + seconds
+        session = self._session
+        deadline = session.clock.monotonic() + seconds
         while True:
             session.changed.clear()  # before looking: a change after this wakes the wait below
             run = session.observed or await session.read_run()
@@ -180,7 +179,7 @@ class Context:
                 return True, value
             if state == requests.HoldState.ENDED:
                 return False, None
-            remaining = deadline - loop.time()
+            remaining = deadline - session.clock.monotonic()
             if remaining <= 0:
                 await session.release_hold(request_id)
                 continue  # released, or the Run changed first: decide on what is stored now
