@@ -65,6 +65,10 @@ BREACHES: dict[str, tuple[dict[str, str], str]] = {
         {"integrations/breach.py": "agentrun.operator"},
         "agentrun.integrations.breach -> agentrun.operator",
     ),
+    "integrations-on-the-public-sdk": (
+        {"integrations/breach.py": "agentrun.worker.session"},
+        "agentrun.integrations.breach -> agentrun.worker.session",
+    ),
     "api-declarative": ({"api/breach.py": "asyncio"}, "agentrun.api.breach -> asyncio"),
     "operator-runtime": ({"cli/breach.py": "kopf"}, "agentrun.cli.breach -> kopf"),
     "kubernetes-client": ({"worker/breach.py": "kubernetes"}, "agentrun.worker.breach -> kubernetes"),

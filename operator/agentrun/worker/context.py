@@ -15,6 +15,7 @@ from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError, TransientError
 from agentrun.worker.session import Session, refuse_over_budget
 from agentrun.worker.steps import Journal, run_step
+from agentrun.worker.store import RunStore, answered_request
 from agentrun.worker.usage import UsageMeter
 
 _KEEP = object()
@@ -31,6 +32,8 @@ SCHEMA_ADVICE = "ask for a smaller answer (a reference to large data), with a si
 class Context:
     def __init__(self, session: Session, run: Run, attempt: Attempt, resumed_from: Checkpoint | None) -> None:
         self._session = session
+        # The public port for framework integrations: fenced access to the Run (worker.RunStore).
+        self.store = RunStore(session)
         self._ledger = Ledger(session)
         self._latest = resumed_from
         me = session.me
@@ -328,9 +331,3 @@ def _check_answer(value: Any, schema: dict[str, Any] | None) -> None:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
         raise PermanentError(f"the resume value does not match the request's schema: {exc.message}") from None
-
-
-def answered_request(run: Run, attempt: Attempt) -> str | None:
-    """The id of the request this Attempt brings the answer to (core.requests.answered)."""
-    answer = requests.answered(run, attempt)
-    return answer.request_id if answer else None
