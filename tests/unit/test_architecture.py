@@ -128,4 +128,5 @@ def test_the_worker_sdk_loads_nothing_it_does_not_use() -> None:
     # OpenTelemetry (agentrun[otel]) only once an OTLP endpoint turns tracing on: nothing but the
     # empty namespace package its presence is looked up in
     assert {m for m in loaded if m.startswith("opentelemetry.")} == set()
-    assert {m for m in loaded if m.startswith(("agentrun.operator", "agentrun.cli", "agentrun.deploy"))} == set()
+    programs = ("agentrun.operator", "agentrun.cli", "agentrun.deploy")
+    assert {m for m in loaded if m.startswith(programs)} == set()
