@@ -17,7 +17,8 @@ from agentrun.cli.app import parse
 from agentrun.cli.commands import cancel, effects, resume, watch
 from agentrun.cli.errors import CliError, api_error_from, describe_api_error
 from agentrun.cli.hints import Target
-from agentrun.kubeapi import ApiError, to_api_error
+from agentrun.kubeapi import ApiError
+from support.blocking_api import to_api_error
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0b6c1f2e-8d3a-4c55-9e21-5f0a7b9c1d2e"

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
-import time
 from typing import Any
 
 from agentrun import kubewatch
@@ -24,6 +22,7 @@ from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.tracing import Tracing
+from agentrun.worker.clock import Clock, SystemClock, timestamp
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
 
@@ -37,11 +36,6 @@ STATE_ADVICE = "store large data elsewhere and checkpoint a reference to it (sta
 RESULT_ADVICE = "store large data elsewhere and return a reference to it (a URI and a digest)"
 
 
-def _now(micro: bool = False) -> str:
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.datetime.now(datetime.UTC).strftime(fmt)
-
-
 def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
     """Refuses, before anything is sent, a free-form value over its byte budget (agentrun.api.budgets):
     the API server would store the object only to have etcd refuse it, as an apparent outage."""
@@ -50,9 +44,11 @@ def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
 
 
 class Session:
-    def __init__(self, api: KubeApi, me: Identity) -> None:
+    def __init__(self, api: KubeApi, me: Identity, clock: Clock | None = None) -> None:
+        """clock: the one the whole Attempt reads (the machine's unless given: a test passes a fake)."""
         self.api = api
         self.me = me
+        self.clock: Clock = clock or SystemClock()
         self.run_path = api.custom_path("runs", me.namespace, me.run)
         self.lease_path = api.lease_path(me.namespace, lease_name(me.run))
         self.run: Run | None = None
@@ -137,14 +133,13 @@ class Session:
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
-    async def fenced_status_write(self, patch: JsonDict, what: str, *, reuse_read: bool = False) -> Run:
+    async def fenced_status_write(self, patch: JsonDict, what: str) -> Run:
         """Checks the fence on the newest Run seen and writes with its resourceVersion (one request).
 
         The epochs of a stored Run only grow, so a fence this worker fails on any version of the Run
         newer than its Pod stays failed: no read is needed to reject. A 409 means the Run changed since
         that version: the check is made again on the newer Run the watch delivers (else a read), and the
-        write tried again. (reuse_read is kept for callers; every write now starts from the newest Run.)"""
-        del reuse_read
+        write tried again."""
         run = self.observed or self.run or await self.read_run()
         for conflicts in range(MAX_CONFLICTS):
             if self.behind(run):
@@ -184,10 +179,9 @@ class Session:
 
     async def newer_run(self, than: Run) -> Run:
         """A version of the Run newer than `than`: the watch's, when it delivers one in time, else read."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WATCH_PATIENCE_SECONDS
+        deadline = self.clock.monotonic() + WATCH_PATIENCE_SECONDS
         while self.observed is None or _rv(self.observed) <= _rv(than):
-            remaining = deadline - loop.time()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return await self.read_run()
             self.changed.clear()
@@ -216,7 +210,11 @@ class Session:
 
     async def _record_rejection(self, reason: str, message: str) -> None:
         path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
-        patch = {"status": {"rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()}}}
+        patch = {
+            "status": {
+                "rejectedCommit": {"reason": reason, "message": message[:1024], "time": timestamp(self.clock)}
+            }
+        }
         try:
             await self.api.merge_patch(path, patch)
         except ApiError as exc:  # the record is for people; the refusal itself already happened
@@ -343,7 +341,10 @@ class Session:
                     )
                 assert lease is not None
                 self._lease_rv = lease["metadata"]["resourceVersion"]
-            patch = {"metadata": {"resourceVersion": self._lease_rv}, "spec": {"renewTime": _now(micro=True)}}
+            patch = {
+                "metadata": {"resourceVersion": self._lease_rv},
+                "spec": {"renewTime": timestamp(self.clock, micro=True)},
+            }
             try:
                 renewed = await self.api.merge_patch(self.lease_path, patch)
             except ApiError as exc:
@@ -364,19 +365,19 @@ class Session:
         Attempt (and passed its resourceVersion), so a renewal at start would cost a Lease write and an
         operator reconcile for nothing. Until then the fences keep a worker whose lease was taken over
         harmless: every write that changes official state is refused."""
-        last_renewal = time.monotonic()
+        last_renewal = self.clock.monotonic()
         while True:
             await asyncio.sleep(renew_seconds)
             try:
                 await self.renew_once()
-                last_renewal = time.monotonic()
+                last_renewal = self.clock.monotonic()
             except LeaseLost as exc:
                 log.warning("lease lost: %s", exc)
                 self.lost.set()
                 return
             except Exception as exc:
                 log.warning("lease renewal failed: %s", exc)
-                if time.monotonic() - last_renewal >= duration_seconds:
+                if self.clock.monotonic() - last_renewal >= duration_seconds:
                     self.lost.set()
                     return
 

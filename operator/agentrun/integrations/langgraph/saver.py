@@ -48,11 +48,10 @@ from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
 from agentrun.integrations.langgraph.serde import AllowListSerializer, TypeKey, type_key
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.worker.errors import PermanentError
+from agentrun.worker import PermanentError
 
 if TYPE_CHECKING:
-    from agentrun.worker.context import Context
-    from agentrun.worker.session import Session
+    from agentrun.worker import Context, RunStore
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")
@@ -132,13 +131,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self.attempt = attempt or f"{run}-{OUTSIDE_ATTEMPT}"
         self.lease_epoch = lease_epoch
         self.collection = api.custom_path("checkpoints", namespace)
-        self._session: Session | None = None
+        self._session: RunStore | None = None
         self._shared = _Shared()
 
     @classmethod
     def for_attempt(cls, ctx: Context, *, allowed_types: Iterable[TypeKey | type] = ()) -> AgentrunSaver:
         """The saver of this attempt Pod's Run: fenced, continuing from the Attempt's resume point."""
-        session: Session = ctx._session  # the SDK's own fenced writer (agentrun internals)
+        session = ctx.store  # the SDK's public port: fenced writes, as ctx.checkpoint makes them
         saver = cls(
             session.api,
             ctx.namespace,
@@ -148,7 +147,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             lease_epoch=ctx.lease_epoch,
         )
         saver._session = session
-        saver._shared.pointer = session.me.resume_from
+        saver._shared.pointer = session.resume_from
         if session.run is not None:
             saver._shared.run_uid = session.run.metadata.uid
         return saver
@@ -158,8 +157,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.paused.add(request_id)
 
     @property
-    def session(self) -> Session | None:
-        """The attempt Pod's session (for_attempt), or None outside an Attempt."""
+    def session(self) -> RunStore | None:
+        """The attempt Pod's fenced access to its Run (ctx.store, for_attempt), or None outside one."""
         return self._session
 
     @property
@@ -427,9 +426,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if self._session is not None and self._is_runs_thread(thread_id, ns):
             # The Run continues from here: moved with the fences of ctx.checkpoint. The Run this worker
             # wrote last is checked and written with its resourceVersion (no read when nothing changed).
-            run = await self._session.fenced_status_write(
-                {"latestCheckpoint": name}, f"checkpoint {name}", reuse_read=True
-            )
+            run = await self._session.fenced_status_write({"latestCheckpoint": name}, f"checkpoint {name}")
             self._shared.pointer = name
             pause = run.spec.pause
             if pause and pause.request_id not in self._shared.paused:
