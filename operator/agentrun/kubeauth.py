@@ -30,20 +30,6 @@ SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount
 DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 
 
-<<<<<<< HEAD
-def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> client.Configuration:
-    """KUBECONFIG (or the given file) when present, else the in-cluster service account; `context`
-    chooses a context other than the kubeconfig's current one."""
-    configuration = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
-        if token_file := _token_file(path or os.path.expanduser("~/.kube/config"), context):
-            _follow_token_file(configuration, token_file)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    return configuration
-=======
 class ConfigError(Exception):
     """A kubeconfig (or the Pod's service account) that does not say where or who: the message says
     what is missing, and where."""
@@ -67,67 +53,39 @@ class Configuration:
     authorization: Callable[[], str | None] = field(default=lambda: None)
 
 
-def load_configuration(kubeconfig: str | None = None) -> Configuration:
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Configuration:
     """KUBECONFIG (or the given file, or a list of them) when present, else ~/.kube/config when it
-    exists, else the in-cluster service account."""
+    exists, else the in-cluster service account; `context` chooses a context other than the
+    kubeconfig's current one."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path or os.path.exists(os.path.expanduser(DEFAULT_KUBECONFIG)):
-        return _from_kubeconfig(path or DEFAULT_KUBECONFIG)
+        return _from_kubeconfig(path or DEFAULT_KUBECONFIG, context)
     return _in_cluster(os.environ)
->>>>>>> fast-worker
 
 
 def active_context(paths: str, name: str | None = None) -> dict[str, Any] | None:
     """The current context of a kubeconfig (or the one called `name`) as {cluster, user, namespace}, or
     None if there is none (or it cannot be read). `paths` may list several files, as KUBECONFIG does."""
     try:
-        contexts, active = config.list_kube_config_contexts(config_file=paths)
-    except (config.ConfigException, OSError):
+        merged = _Merged.read(paths)
+        context = merged.named("contexts", name or merged.current_context())
+    except (ConfigError, OSError):
         return None
-    if name is not None:
-        active = next((c for c in contexts or [] if c.get("name") == name), None)
-    context = (active or {}).get("context")
-    return dict(context) if isinstance(context, dict) else None
+    body = context.entry.get("context")
+    return dict(body) if isinstance(body, dict) else None
 
 
 def current_context_name(paths: str) -> str | None:
     """The name of a kubeconfig's current context, None if it has none (or cannot be read)."""
     try:
-        merged = _Merged.read(paths)
-        context = merged.named("contexts", merged.current_context())
+        return _Merged.read(paths).current_context()
     except (ConfigError, OSError):
         return None
-<<<<<<< HEAD
-    name = (active or {}).get("name")
-    return str(name) if name else None
-=======
-    body = context.entry.get("context")
-    return dict(body) if isinstance(body, dict) else None
->>>>>>> fast-worker
 
 
 # ---- kubeconfig files ------------------------------------------------------------------------------
 
 
-<<<<<<< HEAD
-def _token_file(paths: str, chosen: str | None = None) -> Path | None:
-    """The current (or `chosen`) context's user's tokenFile, if it has one (relative to its kubeconfig's
-    folder).
-    Each file is parsed once; in a KUBECONFIG list the first file to set a value wins, as in kubectl."""
-    documents: list[tuple[Path, dict[str, Any]]] = []
-    for path in paths.split(os.pathsep):
-        try:
-            file = Path(path).expanduser()
-            document = yaml.load(file.read_text(), Loader=_YAML_LOADER) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(document, dict):
-            documents.append((file, document))
-    current = chosen or next((d["current-context"] for _, d in documents if d.get("current-context")), None)
-    context = _first_named(documents, "contexts", current)
-    user = _first_named(
-        documents, "users", (context[1].get("context") or {}).get("user") if context else None
-=======
 @dataclass(frozen=True)
 class _Named:
     """A named entry of a kubeconfig section, with the folder of the file that holds it."""
@@ -196,14 +154,14 @@ class _Merged:
         return found
 
 
-def _from_kubeconfig(paths: str) -> Configuration:
+def _from_kubeconfig(paths: str, chosen: str | None = None) -> Configuration:
     merged = _Merged.read(paths)
-    context = merged.named("contexts", merged.current_context()).body("context")
+    context = merged.named("contexts", chosen or merged.current_context()).body("context")
     cluster_entry = merged.named("clusters", context.get("cluster"))
     user_entry = merged.find("users", context.get("user")) if context.get("user") else None
     user = user_entry.body("user") if user_entry else {}
     if "auth-provider" in user or ("exec" in user and not (user.get("token") or user.get("tokenFile"))):
-        return _from_official_loader(paths)
+        return _from_official_loader(paths, chosen)
     cluster = cluster_entry.body("cluster")
     if not cluster.get("server"):
         raise ConfigError(f"cluster {cluster_entry.entry.get('name')!r} of the kubeconfig has no server")
@@ -262,14 +220,14 @@ def _existing(path: str) -> str:
     return path
 
 
-def _from_official_loader(paths: str) -> Configuration:
+def _from_official_loader(paths: str, context: str | None) -> Configuration:
     """An exec credential plugin or an auth provider: the official client's loader runs and renews
     them (imported here only: the rest of agentrun never loads it)."""
     from kubernetes import client, config  # noqa: PLC0415
 
     official = client.Configuration()
     try:
-        config.load_kube_config(config_file=paths, client_configuration=official)
+        config.load_kube_config(config_file=paths, context=context, client_configuration=official)
     except config.ConfigException as exc:
         raise ConfigError(str(exc)) from None
     return Configuration(
@@ -280,7 +238,6 @@ def _from_official_loader(paths: str) -> Configuration:
         verify_ssl=official.verify_ssl,
         tls_server_name=getattr(official, "tls_server_name", None) or None,
         authorization=lambda: official.get_api_key_with_prefix("authorization") or None,
->>>>>>> fast-worker
     )
 
 
