@@ -18,6 +18,7 @@ from agentrun.worker.errors import (
     KeyReused,
     PermanentError,
     RateLimited,
+    StateUnverifiable,
     TransientError,
     UnknownSideEffect,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "KeyReused",
     "PermanentError",
     "RateLimited",
+    "StateUnverifiable",
     "StepRetry",
     "TransientError",
     "UnknownSideEffect",
