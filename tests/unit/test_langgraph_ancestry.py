@@ -18,8 +18,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Overwrite, Send, interrupt
 from typing_extensions import TypedDict
 
+from agentrun.api import FailureClass
+from agentrun.api.run import DEFAULT_RETRY_ON
 from agentrun.integrations.langgraph.ancestry import Recorded, Stored, history, record, seed_by_walking
 from agentrun.worker.errors import StateUnverifiable
+from agentrun.worker.main import _termination
 
 
 def append(state: list[Any], writes: list[Any]) -> list[Any]:
@@ -334,3 +337,9 @@ def test_a_missing_target_is_state_unverifiable_and_no_channel_asks_nothing() ->
     assert history("absent", thread.states, thread.pending, []) == {}
     with pytest.raises(StateUnverifiable, match="absent is missing"):
         history("absent", thread.states, thread.pending, ["log"])
+
+
+def test_state_unverifiable_is_reported_deterministic_with_its_reason_never_transient() -> None:
+    report, code = _termination(StateUnverifiable("the state of checkpoint c-9 cannot be rebuilt"))
+    assert (report["class"], report["reason"], code) == ("deterministic", "StateUnverifiable", 1)
+    assert FailureClass.DETERMINISTIC not in DEFAULT_RETRY_ON
