@@ -22,6 +22,7 @@ from agentrun.worker.errors import (
     KeyReused,
     PermanentError,
     RateLimited,
+    StateUnverifiable,
     TransientError,
     UnknownSideEffect,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "PermanentError",
     "RateLimited",
     "RunStore",
+    "StateUnverifiable",
     "StepRetry",
     "TransientError",
     "UnknownSideEffect",
