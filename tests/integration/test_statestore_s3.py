@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "team-a"
 RUN_UID = "0b7e3a52-51c4-4c1e-9d0c-6f3f2f8f1a77"
 # Fail fast when the server is gone: one retry, a short budget (the error is awaited, not a duration).
-QUICK = StoreTimeouts(connect_seconds=1, request_seconds=5, retries=1, retry_budget_seconds=2)
+QUICK = StoreTimeouts(connect_seconds=1, request_seconds=2, retries=1, retry_budget_seconds=3)
 
 
 def versitygw_built() -> None:
@@ -186,6 +188,21 @@ def test_a_stopped_server_is_transient_and_nothing_is_lost_when_it_is_back(
     finally:
         server.start()
     assert asyncio.run(store.get(ref)) == data
+
+
+def test_a_server_that_does_not_answer_in_time_is_transient(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    store = blob_store(server, None)
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"written before the server hung"))
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)  # the process is there, the port open, no answer comes
+    try:
+        with pytest.raises(StoreUnavailable, match="timed out|timeout|error sending request"):
+            asyncio.run(store.get(ref))
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert asyncio.run(store.get(ref)) == b"written before the server hung"
 
 
 @pytest.mark.cluster

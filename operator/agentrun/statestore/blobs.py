@@ -245,6 +245,8 @@ def _status_part(message: str) -> str:
 
 def scrub(message: str) -> str:
     """message without any secret the client could have read from the environment, and bounded."""
+    # obstore appends the Rust error's debug dump after the message: long, and nothing the message lacks.
+    message = message.split("\n\nDebug source:", 1)[0].strip()
     for name in _SECRET_ENV:
         value = os.environ.get(name, "")
         if len(value) >= 4:
