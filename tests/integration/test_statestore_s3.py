@@ -216,6 +216,8 @@ def test_the_local_control_plane_runs_a_versioned_object_store(
         monkeypatch.setenv(name, value)
     store = BlobStore.from_url(local_cluster.state_store_url)
     ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"state of a Run on the local control plane"))
+    # a restart (as bench/chaos.py restarts components) keeps the port, the credentials and the blobs
+    local_cluster.restart_component("object-store")
     assert asyncio.run(store.get(ref)) == b"state of a Run on the local control plane"
     status, body = s3_request(
         "GET",

@@ -84,6 +84,20 @@ def test_opening_a_store_logs_where_it_is_and_no_credential_from_the_environment
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "s3://agent-state/runs?endpoint=https://s3.example.internal&region=eu-west-1",
+        "gs://state-bucket/runs",
+        "az://state/runs?account=acme01&endpoint=http://127.0.0.1:10000/acme01",
+        "memory://",
+    ],
+)
+def test_each_scheme_opens_its_client_without_a_request(url: str) -> None:
+    store = BlobStore.from_url(url)
+    assert str(store.location) == url
+
+
+@pytest.mark.parametrize(
     ("url", "message"),
     [
         ("", "empty"),

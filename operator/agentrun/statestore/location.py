@@ -69,7 +69,7 @@ class StoreLocation:
             base = f"{self.scheme}://{self.bucket}"
         if self.prefix:
             base += ("" if base.endswith("/") else "/") + quote(self.prefix)
-        query = urlencode(sorted(self.options.items()))
+        query = urlencode(sorted(self.options.items()), safe=":/")
         return f"{base}?{query}" if query else base
 
     def key(self, *segments: str) -> str:
