@@ -285,8 +285,12 @@ class LocalCluster:
         store = ObjectStoreProcess(
             self.state_dir / "object-store", self.state_dir / "logs" / "object-store.log", tie_to_parent=tie
         )
+        try:
+            argv = store.argv()
+        except ObjectStoreError as exc:
+            raise ClusterError(str(exc)) from None
         store.make_dirs()
-        self._launch("object-store", store.argv(), store.health_url, tie, env=store.process_env())
+        self._launch("object-store", argv, store.health_url, tie, env=store.process_env())
         self._wait_healthy(self.components[-1], deadline)
         try:
             store.prepare()
