@@ -72,6 +72,7 @@ BREACHES: dict[str, tuple[dict[str, str], str]] = {
     "api-declarative": ({"api/breach.py": "asyncio"}, "agentrun.api.breach -> asyncio"),
     "operator-runtime": ({"cli/breach.py": "kopf"}, "agentrun.cli.breach -> kopf"),
     "kubernetes-client": ({"worker/breach.py": "kubernetes"}, "agentrun.worker.breach -> kubernetes"),
+    "object-store-client": ({"worker/breach.py": "obstore"}, "agentrun.worker.breach -> obstore"),
 }
 
 
