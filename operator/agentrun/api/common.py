@@ -57,6 +57,9 @@ Message = Annotated[str, Field(max_length=MAX_MESSAGE_LENGTH)]
 Digest = Annotated[str, Field(max_length=71, pattern=DIGEST_PATTERN)]
 Fingerprint = Annotated[str, Field(min_length=1, max_length=MAX_FINGERPRINT_LENGTH)]
 Epoch = Annotated[int, Field(ge=0, le=MAX_EPOCH)]
+# A person as the API server knows them: request.userInfo.username (what `kubectl auth whoami` shows).
+MAX_USER_NAME_LENGTH = 128
+UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_NAME_LENGTH)]
 
 # Free-form JSON (any value) that the API server stores as sent. Such a field is invisible to CEL
 # rules, but whole-object equality (`self == oldSelf`) still compares it exactly.

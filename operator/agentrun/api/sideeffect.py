@@ -20,6 +20,7 @@ from agentrun.api.common import (
     Message,
     PrinterColumn,
     RunName,
+    UserName,
     cel,
     cel_list,
     validation_rules,
@@ -195,6 +196,11 @@ class Approval(ApiModel):
         "request's digest, so an approval of one request never approves another."
     )
     request_digest: Digest | None = Field(None, description="The spec.requestDigest that was approved.")
+    approved_by: UserName | None = Field(
+        None,
+        description="Who approved: the answer's spec.resume.answeredBy, checked by the API server against "
+        "the user who sent it.",
+    )
     time: datetime = Field(description="When the approval was recorded (RFC 3339).")
 
 
@@ -256,12 +262,11 @@ class SideEffectStatus(ApiModel):
     )
     attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
     lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")
-    resolved_by: str | None = Field(
+    resolved_by: UserName | None = Field(
         None,
-        min_length=1,
-        max_length=253,
-        description="Who or what resolved an Unknown outcome: a user name or a lookup. Required to leave "
-        "Unknown.",
+        description="Who or what resolved an Unknown outcome: required to leave Unknown. A person writes "
+        "their own user name as the API server knows it (kubectl auth whoami; any other name is refused "
+        "whenever it differs from what is stored); an attempt Pod writes lookup by <attempt>.",
     )
     approval: Approval | None = Field(None, description="The approval, for an action that required one.")
     sends: list[Send] | None = Field(
