@@ -78,10 +78,19 @@ CelReason = Literal["FieldValueInvalid", "FieldValueForbidden", "FieldValueRequi
 
 
 def cel(
-    rule: str, message: str, *, reason: CelReason | None = None, field_path: str | None = None
+    rule: str,
+    message: str,
+    *,
+    reason: CelReason | None = None,
+    field_path: str | None = None,
+    message_expression: str | None = None,
 ) -> JsonDict:
-    """One `x-kubernetes-validations` entry. A rule that mentions `oldSelf` only runs on updates."""
+    """One `x-kubernetes-validations` entry. A rule that mentions `oldSelf` only runs on updates.
+    `message_expression` (CEL yielding a string) words the refusal with the object's values; `message` is
+    what the API server says when that expression cannot be evaluated."""
     entry: JsonDict = {"rule": rule, "message": message}
+    if message_expression is not None:
+        entry["messageExpression"] = message_expression
     if reason is not None:
         entry["reason"] = reason
     if field_path is not None:

@@ -958,6 +958,30 @@ class Run(KubernetesObject):
                 reason="FieldValueForbidden",
                 field_path=".spec.cancelEpoch",
             ),
+            # One answer at a time: the second of two people answering at once is refused here (a merge
+            # patch would otherwise overwrite the first answer before the operator saw it). A key the
+            # operator processed is in spentKeys (as written when short) or in controls (the newest).
+            cel(
+                "!has(oldSelf.spec.resume)"
+                " || (has(self.spec.resume) && self.spec.resume == oldSelf.spec.resume)"
+                " || (has(oldSelf.status) && ((has(oldSelf.status.spentKeys)"
+                " && oldSelf.status.spentKeys.exists(k, k.key == oldSelf.spec.resume.idempotencyKey))"
+                " || (has(oldSelf.status.controls) && oldSelf.status.controls.exists("
+                "c, c.idempotencyKey == oldSelf.spec.resume.idempotencyKey))))",
+                "spec.resume holds an answer the operator has not processed yet: it cannot be replaced or "
+                "removed until its outcome is in status.controls; read the Run again and answer only if its "
+                "request is still pending",
+                reason="FieldValueForbidden",
+                field_path=".spec.resume",
+                message_expression=(
+                    "'spec.resume holds an answer to ' + oldSelf.spec.resume.requestId + ' (idempotencyKey '"
+                    " + oldSelf.spec.resume.idempotencyKey"
+                    " + (has(oldSelf.spec.resume.answeredBy) ? ', by ' + oldSelf.spec.resume.answeredBy : '')"
+                    " + ') that the operator has not processed yet: it cannot be replaced or removed until"
+                    " its outcome is in status.controls; read the Run again (kubectl agentrun describe '"
+                    " + self.metadata.name + ') and answer only if its request is still pending'"
+                ),
+            ),
             # The server-side backstop of the commit fence. A result that stays as it was, under the
             # same committedBy, stays valid when the epochs move on (a later takeover, a cancel).
             # committedBy must stay equal too because CEL compares free-form objects only by their
