@@ -394,11 +394,13 @@ def _stored_equal(path: str) -> str:
     return f"(request.operation == 'UPDATE' && {present(old)} && {present(new)} && {new} == {old})"
 
 
-def _names_the_sender(path: str) -> dict[str, str]:
-    """object.`path`, when set to something else than what is stored, is the requesting user's name."""
+def _names_the_sender(path: str, request: str | None = None) -> dict[str, str]:
+    """object.`path` is the requesting user's name unless the request that holds it (object.`request`,
+    by default the field itself) is exactly what is stored: a new request under someone else's name is
+    refused, an earlier one kept as it is is not."""
     field = f"object.{path}"
     return _validation(
-        f"!({present(field)}) || {field} == {USER} || {_stored_equal(path)}",
+        f"!({present(field)}) || {field} == {USER} || {_stored_equal(request or path)}",
         f"'NotTheSender: {path} names ' + {field} + ' but this request comes from ' + {USER}"
         f" + ': set {path} to ' + {USER} + ', {WHOAMI} (a bot acts for a person by impersonating them)'",
     )
@@ -419,7 +421,10 @@ def _run_requests(operator: str) -> list[Manifest]:
         rules=[_rule(GROUP, ["runs"], ["CREATE", "UPDATE"])],
         variables=[],
         validations=[
-            *(_names_the_sender(f"spec.{request}.{field}") for request, field in RUN_PERSON_FIELDS),
+            *(
+                _names_the_sender(f"spec.{request}.{field}", f"spec.{request}")
+                for request, field in RUN_PERSON_FIELDS
+            ),
             _validation(
                 f"!({present(resume)}) || !{resume}.requestId.startsWith('{APPROVAL_PREFIX}')"
                 f" || has({resume}.answeredBy) || {_stored_equal('spec.resume')}",
@@ -442,7 +447,7 @@ def _side_effect_decisions(operator: str) -> list[Manifest]:
         variables=[],
         validations=[
             _names_the_sender("status.resolvedBy"),
-            _names_the_sender("status.approval.approvedBy"),
+            _names_the_sender("status.approval.approvedBy", "status.approval"),
             _validation(
                 f"!({present(status + '.resolution')}) || {_stored_equal('status.resolution')}"
                 f" || ({present(status + '.resolvedBy')} && {status}.resolvedBy == {USER})",

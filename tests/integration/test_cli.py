@@ -309,7 +309,7 @@ def test_effects_report_and_resolving_an_unknown_effect(
     assert status["resolvedBy"] and status["resolvedBy"] != "kubectl-agentrun", (
         "the API server told us who we are"
     )
-    again = cli(kube, ns, "resolve-effect", "sfx-ticket", "--failed", "--by", "bob")
+    again = cli(kube, ns, "resolve-effect", "sfx-ticket", "--failed")
     assert again.returncode == 1 and "sfx-ticket is Confirmed: only an Unknown (or Pending)" in again.stderr
     assert "What cannot be undone (1):" in ok(cli(kube, ns, "report", "ledger"))
     ok(cli(kube, ns, "cancel", "ledger"))

@@ -154,7 +154,7 @@ def test_unknown_outcome_stops_automation_until_reconciled(
             "result": ticket,
         }
     }
-    kube.custom.patch_namespaced_custom_object_status(
+    kube.impersonating("alice").custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, ns, "sideeffects", effect["metadata"]["name"], resolution
     )
     retry = {"spec": {"retryRequest": {"idempotencyKey": "retry-2", "reason": "resolved by alice"}}}
@@ -205,3 +205,10 @@ def test_a_gated_action_waits_for_approval_before_it_runs(
     [effect] = side_effects(kube, ns, name)
     assert effect["status"]["approval"]["requestId"] == pending["requestId"]
     assert effect["status"]["state"] == "Confirmed"
+    # who approved (the answer's answeredBy, checked by the API server), wherever the approval shows
+    assert effect["status"]["approval"]["approvedBy"] == "alice"
+    assert [(i["requestId"], i["answeredBy"]) for i in done["status"]["inputs"]] == [
+        (pending["requestId"], "alice")
+    ]
+    [reported] = done["status"]["report"]["effects"]
+    assert reported["approvedBy"] == "alice"

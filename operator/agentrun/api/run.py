@@ -43,7 +43,7 @@ from agentrun.api.common import (
     validation_rules,
 )
 from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
-from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, MAX_TOOL_LENGTH, SideEffectState
+from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, MAX_TOOL_LENGTH, ResolverName, SideEffectState
 from agentrun.api.usage import Usage
 
 # status keeps the newest entries; Events and Attempts keep the rest, spentKeys every key. The bounds
@@ -765,7 +765,7 @@ class ReportedEffect(ApiModel):
     approved_by: UserName | None = Field(
         None, description="Who approved the effect before it was sent, for an effect that waited for one."
     )
-    resolved_by: UserName | None = Field(
+    resolved_by: ResolverName | None = Field(
         None,
         description="Who established an outcome nobody knew: a person's user name, or the lookup that "
         "found it (lookup by <attempt>).",

@@ -32,6 +32,8 @@ MAX_SENDS_KEPT = 64  # sends across fresh rounds (an Absent resolution); a full 
 MAX_SEND_DEADLINE_SECONDS = 86400
 MAX_TOOL_LENGTH = 128
 MAX_REFERENCE_LENGTH = 512  # the Run's report lists up to 50 of each inside its status budget
+# A person's user name or "lookup by <attempt>"; longer than a UserName, as it was before those existed.
+ResolverName = Annotated[str, Field(min_length=1, max_length=253)]
 
 
 class Resend(StrEnum):
@@ -262,7 +264,7 @@ class SideEffectStatus(ApiModel):
     )
     attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
     lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")
-    resolved_by: UserName | None = Field(
+    resolved_by: ResolverName | None = Field(
         None,
         description="Who or what resolved an Unknown outcome: required to leave Unknown. A person writes "
         "their own user name as the API server knows it (kubectl auth whoami; any other name is refused "

@@ -32,14 +32,5 @@ def default_namespace(kubeconfig: str | None) -> str:
     return "default"
 
 
-def context_user(kubeconfig: str | None) -> str | None:
-    """The user name of the current kubeconfig context (a fallback for who resolved a side effect)."""
-    path = kubeconfig_path(kubeconfig)
-    if not path:
-        return None
-    user = (active_context(path) or {}).get("user")
-    return str(user) if user else None
-
-
 def connect(kubeconfig: str | None) -> KubeApi:
     return KubeApi(load_configuration(kubeconfig_path(kubeconfig)), threads=4)

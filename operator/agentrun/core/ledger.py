@@ -21,6 +21,7 @@ from typing import Any
 from agentrun.api import (
     Attempt,
     AttemptReason,
+    RecordedInput,
     Resend,
     Resolution,
     Send,
@@ -446,11 +447,16 @@ def needs_approval(requires_approval: bool, reversible: bool, irreversible_gated
 
 
 def approvals_to_record(
-    side_effects: Iterable[SideEffect], attempts: Iterable[Attempt], now: str
+    side_effects: Iterable[SideEffect],
+    attempts: Iterable[Attempt],
+    now: str,
+    inputs: Iterable[RecordedInput] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(SideEffect name, status.approval) for each approval given (an Attempt resumed with an approving
-    answer to the request of the record's digest) but not yet recorded on it."""
+    answer to the request of the record's digest) but not yet recorded on it; `inputs` (the Run's
+    status.inputs) name who approved."""
     attempts = list(attempts)
+    approvers = {i.request_id: i.answered_by for i in inputs or [] if i.answered_by}
     found = []
     for effect in side_effects:
         if effect.status and effect.status.approval:
@@ -458,8 +464,12 @@ def approvals_to_record(
         name, digest = str(effect.metadata.name), effect.spec.request_digest
         request_id = approval_request_id(name, digest)
         if approved(approval_answer(attempts, request_id)):
-            approval = {"requestId": request_id, "time": now}
-            found.append((name, {**approval, "requestDigest": digest} if digest else approval))
+            approval: dict[str, Any] = {"requestId": request_id, "time": now}
+            if digest:
+                approval["requestDigest"] = digest
+            if request_id in approvers:
+                approval["approvedBy"] = approvers[request_id]
+            found.append((name, approval))
     return found
 
 

@@ -9,7 +9,6 @@ from typing import Any
 from agentrun.api import Resolution, Run, RunPhase, SideEffect, SideEffectState
 from agentrun.cli import render
 from agentrun.cli.commands import retry
-from agentrun.cli.config import context_user
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, EXIT_USAGE, CliError, describe_api_error
 from agentrun.cli.output import as_list
@@ -128,7 +127,12 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
             result = json.loads(args.result)
         except ValueError as exc:
             raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
-    who = args.by or await ctx.cluster.whoami() or context_user(ctx.kubeconfig) or "kubectl-agentrun"
+    who = await ctx.cluster.whoami()
+    if who is None:
+        raise CliError(
+            "the API server did not say who you are (SelfSubjectReview, as `kubectl auth whoami` asks): a "
+            "resolution names who made it, and only you may name yourself; nothing sent"
+        )
     before, effect, written = await _write_resolution(
         ctx, args.name, verdict, who=who, reference=args.reference, result=result, reason=args.reason
     )
