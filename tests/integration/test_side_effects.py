@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agentrun.core.ledger import approval_request_id, request_digest, side_effect_name
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
@@ -193,6 +194,13 @@ def test_a_gated_action_waits_for_approval_before_it_runs(
     assert pending["reason"] == "auth_required"
     assert "create_ticket" in pending["prompt"]
     assert tickets.creations() == [], "nothing runs before the approval"
+    # what is approved, shown with the request: its digest recomputed from it is the one approved
+    action = pending["action"]
+    assert action["tool"] == "create_ticket"
+    assert request_digest(action["tool"], action.get("target"), action["request"]) == action["requestDigest"]
+    assert pending["requestId"] == approval_request_id(
+        side_effect_name(name, action["idempotencyKey"]), action["requestDigest"]
+    )
     resume(kube, ns, name, pending, {"approved": approved, "comment": "checked by alice"}, key="approval")
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     if not approved:

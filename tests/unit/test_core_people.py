@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import ControlOp, ControlRecord, RecordedInput, SideEffect, json_digest
+from agentrun.api import ControlOp, ControlRecord, RecordedInput, RequestedAction, SideEffect, json_digest
+from agentrun.api.budgets import ACTION_REQUEST_BUDGET, stored_size
 from agentrun.core import controls, ledger, report
 from unit.factories import NOW, make_attempt, make_run, make_side_effect, run_status, ts
 
@@ -112,3 +113,31 @@ def test_the_report_names_who_approved_and_who_resolved() -> None:
     assert listed[str(approved.metadata.name)]["approvedBy"] == "alice"
     assert listed[resolved["metadata"]["name"]]["resolvedBy"] == "bob"
     assert {"approvedBy", "resolvedBy"}.isdisjoint(listed[str(plain.metadata.name)])
+
+
+def test_an_approval_shows_the_action_it_approves_and_its_digest_binds_it() -> None:
+    request = {"amount": 5, "to": "acct-1"}
+    digest = ledger.request_digest("pay", "acct-1", request)
+    action = ledger.approval_action("pay", "acct-1", "pay-1", request, digest, False)
+
+    assert action == {
+        "tool": "pay",
+        "target": "acct-1",
+        "idempotencyKey": "pay-1",
+        "request": request,
+        "requestDigest": digest,
+        "reversible": False,
+    }
+    assert ledger.request_digest(action["tool"], action["target"], action["request"]) == digest
+    RequestedAction.model_validate(action)
+
+
+def test_a_request_too_large_to_show_is_left_out_with_its_size() -> None:
+    request: dict[str, Any] = {"body": "x" * ACTION_REQUEST_BUDGET}
+    digest = ledger.request_digest("mail", None, request)
+    action = ledger.approval_action("mail", None, "mail-1", request, digest, True)
+
+    assert "request" not in action and "target" not in action
+    assert action["requestBytes"] == stored_size(request) > ACTION_REQUEST_BUDGET
+    assert action["requestDigest"] == digest
+    RequestedAction.model_validate(action)

@@ -29,6 +29,7 @@ from agentrun.api import (
     SideEffect,
     SideEffectState,
 )
+from agentrun.api.budgets import ACTION_REQUEST_BUDGET, stored_size
 from agentrun.api.sideeffect import MAX_SENDS_KEPT
 
 
@@ -419,6 +420,23 @@ def approval_request_id(side_effect: str, digest: str | None = None) -> str:
     the request of that digest: an approval of one request never approves another under the same key."""
     suffix = f"-{digest.removeprefix('sha256:')[:16]}" if digest else ""
     return f"approve-{side_effect}{suffix}"
+
+
+def approval_action(  # noqa: PLR0917 (the action's fields, in their order)
+    tool: str, target: str | None, key: str, request: Any, digest: str, reversible: bool
+) -> dict[str, Any]:
+    """pendingRequest.action: what the person approving is shown, so they approve what is sent. The
+    request goes inline within its budget, else only its size (its digest still binds the approval)."""
+    action: dict[str, Any] = {"tool": tool, "idempotencyKey": key, "requestDigest": digest}
+    if target is not None:
+        action["target"] = target
+    size = stored_size(request)
+    if size <= ACTION_REQUEST_BUDGET:
+        action["request"] = request
+    else:
+        action["requestBytes"] = size
+    action["reversible"] = reversible
+    return action
 
 
 def approval_answer(attempts: Iterable[Attempt], request_id: str) -> Any:
