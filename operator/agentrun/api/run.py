@@ -466,6 +466,20 @@ class CancelRequest(ApiModel):
     )
 
 
+MAX_SINK_LENGTH = 512
+
+
+class NotifySpec(ApiModel):
+    """Where the operator tells people that the Run waits for them."""
+
+    sink: Annotated[str, Field(max_length=MAX_SINK_LENGTH, pattern=r"^https?://[^\s]+$")] = Field(
+        description="URL that receives a CloudEvent (HTTP binary mode) when the Run waits for a person "
+        "(InputRequired, AuthRequired, an approval, NeedsReconciliation). Only a sink on the operator's "
+        "allow-list is used; any other is refused (a NotifySinkRefused Event on the Run) and the "
+        "operator's default sink, if any, is told instead."
+    )
+
+
 class RunSpec(ApiModel):
     """The desired state of a Run, owned by its user."""
 
@@ -529,6 +543,10 @@ class RunSpec(ApiModel):
         None,
         description="Run the compensations now, on a Succeeded, Failed or Cancelled Run (or one left "
         "NeedsReconciliation by an incomplete compensation); the Run returns to its phase afterwards.",
+    )
+    notify: NotifySpec | None = Field(
+        None,
+        description="Where to send the notifications of this Run (default: the operator's default sink).",
     )
     checkpoint_retention: int = Field(
         20,
