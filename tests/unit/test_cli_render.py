@@ -571,6 +571,10 @@ def test_control_lines() -> None:
     rejected = ControlRecord.model_validate(control("k2", "Rejected", "SchemaMismatch", "value at ...", 4))
     assert render.control_line(accepted) == "Resume k3: Accepted (answer to ask-r1 accepted)"
     assert render.control_line(rejected) == "Resume k2: Rejected, SchemaMismatch: value at ..."
+    named = ControlRecord.model_validate(
+        {**control("k4", "Accepted", "Accepted", "ok", 6), "requestedBy": "bob"}
+    )
+    assert render.control_line(named) == "Resume k4 by bob: Accepted (ok)"
 
 
 def test_the_report_separates_what_happened_from_what_cannot_be_undone() -> None:
