@@ -26,6 +26,7 @@ class FakeClock:
 
     moment: datetime = NOW
     slept: list[float] = field(default_factory=list)
+    meanwhile: Callable[[], None] | None = None  # what happens in the world while the notifier sleeps
 
     def now(self) -> datetime:
         return self.moment
@@ -33,6 +34,8 @@ class FakeClock:
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.moment += timedelta(seconds=seconds)
+        if self.meanwhile is not None:
+            self.meanwhile()
 
 
 @dataclass
@@ -118,9 +121,11 @@ def test_a_sink_that_never_answers_is_given_up_after_the_retry_time() -> None:
 
     async def check(sink: str) -> None:
         told = notifier(sink, clock, refusals, retry_seconds=30)
+        told.observe(waiting_body(sink))
         notice = _due(sink)
         assert notice is not None
         outcome.append(await told.deliver(notice))
+        await told.stop()
 
     asyncio.run(serving(receiver, check))
     assert outcome == [False]
@@ -136,12 +141,33 @@ def test_a_sink_off_the_allow_list_is_refused_recorded_once_and_never_called() -
         forged = _due(sink.replace("/events", "/elsewhere"))
         assert forged is not None
         outcome.extend([await told.deliver(forged), await told.deliver(forged)])
+        await told.stop()
 
     asyncio.run(serving(receiver, check))
     assert outcome == [False, False]
     assert receiver.seen == []
     [refusal] = refusals
     assert "/elsewhere is not on the operator's allow-list" in refusal
+
+
+def test_a_notification_whose_run_moved_on_is_not_retried() -> None:
+    clock, receiver, refusals = FakeClock(), Receiver(answers=[503]), list[str]()
+    outcome: list[bool] = []
+
+    async def check(sink: str) -> None:
+        told = notifier(sink, clock, refusals)
+        told.observe(waiting_body(sink))
+        notice = _due(sink)
+        assert notice is not None
+        answered = waiting_body(sink) | {"status": run_status("Running", current=2)}
+
+        clock.meanwhile = lambda: told.observe(answered)  # answered while the notifier waits to retry
+        outcome.append(await told.deliver(notice))
+        await told.stop()
+
+    asyncio.run(serving(receiver, check))
+    assert outcome == [False]
+    assert len(receiver.seen) == 1, "tried once, then dropped: nobody waits for it any more"
 
 
 def _due(sink: str) -> Notice | None:

@@ -71,6 +71,7 @@ class Notifier:
         self._labels, self._record_refusal, self._post = namespace_labels, record_refusal, post
         self._queue: asyncio.Queue[Notice] = asyncio.Queue(QUEUE_LIMIT)
         self._known: OrderedDict[str, None] = OrderedDict()
+        self._waiting: dict[str, str] = {}  # Run uid -> the id of what it waits for now
         self._refused: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -81,9 +82,14 @@ class Notifier:
         """A Run as the watch delivered it: queues the notification its state calls for, once per id in
         this process. Never waits."""
         if (body.get("status") or {}).get("phase") not in NOTIFY_PHASES:
-            return  # most events: parsing the Run is only worth it when it waits for someone
+            # most events: parsing the Run is only worth it when it waits for someone
+            self._waiting.pop((body.get("metadata") or {}).get("uid", ""), None)
+            return
         notice = notifications.due(Run.model_validate(body))
-        if notice is None or notice.id in self._known:
+        if notice is None:
+            return
+        self._waiting[notice.uid] = notice.id
+        if notice.id in self._known:
             return
         try:
             self._queue.put_nowait(notice)
@@ -95,6 +101,14 @@ class Notifier:
             self._known.popitem(last=False)
 
     # ---- delivery ----------------------------------------------------------------------------------
+
+    def forget(self, body: JsonDict) -> None:
+        """A Run was deleted: what it waited for is over (ids already sent stay known, bounded)."""
+        self._waiting.pop((body.get("metadata") or {}).get("uid", ""), None)
+
+    def still_due(self, notice: Notice) -> bool:
+        """Whether the Run still waits for what `notice` tells (as far as this process has seen)."""
+        return self._waiting.get(notice.uid) == notice.id
 
     def start(self) -> None:
         self._tasks = [
@@ -133,6 +147,9 @@ class Notifier:
         body = json.dumps(notifications.data(notice, self.config.console_url, with_prompt)).encode()
         started, tries = self.clock.now(), 0
         while True:
+            if tries and not self.still_due(notice):
+                log.info("notification %s dropped: its Run no longer waits for it", notice.id)
+                return False
             tries += 1
             outcome = await self._try(where.sink, notifications.headers(notice, self.clock.now()), body)
             if outcome is None:
@@ -181,14 +198,21 @@ class Notifier:
 
 
 def namespace_labels(api: KubeApi, clock: Clock) -> Labels:
-    """A namespace's labels, read at most once a minute per namespace."""
+    """A namespace's labels, read at most once a minute per namespace; none when they cannot be read (a
+    namespaced install may not read namespaces: its notifications then leave the prompt out)."""
     read: dict[str, tuple[datetime, Mapping[str, str]]] = {}
 
     async def labels(namespace: str) -> Mapping[str, str]:
         now = clock.now()
         if (known := read.get(namespace)) and (now - known[0]).total_seconds() < LABELS_SECONDS:
             return known[1]
-        body = await api.get(f"/api/v1/namespaces/{namespace}") or {}
+        try:
+            body = await api.get(f"/api/v1/namespaces/{namespace}") or {}
+        except ApiError as exc:
+            log.warning(
+                "labels of namespace %s not read (%s): its notifications leave the prompt out", namespace, exc
+            )
+            body = {}
         found: Mapping[str, str] = (body.get("metadata") or {}).get("labels") or {}
         read[namespace] = (now, found)
         return found

@@ -88,6 +88,7 @@ class Runtime:
         body = event["object"]
         if event.get("type") == "DELETED":
             self.reconciler.forget(self.runs.key_of(body))
+            self.notifier.forget(body)
         else:
             self.reconciler.run_seen(body)
             self.notifier.observe(body)  # queues only: a notification never holds up a Run
