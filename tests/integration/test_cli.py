@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands.cancel import Swap, compare_and_swap
@@ -379,3 +380,55 @@ def test_clear_errors_for_what_is_missing_or_forbidden(
         assert refused.stderr.startswith("error: forbidden: ")
         assert f'User "system:serviceaccount:{ns}:nobody" cannot list resource "runs"' in refused.stderr
         assert f'in the namespace "{ns}"' in refused.stderr
+
+
+def test_the_plugin_names_the_user_the_api_server_knows(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "carol"}})
+    rules = [
+        {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch"]},
+        {
+            "apiGroups": [GROUP],
+            "resources": ["attempts", "checkpoints", "sideeffects"],
+            "verbs": ["get", "list"],
+        },
+    ]
+    kube.rbac.create_namespaced_role(ns, {"metadata": {"name": "answerer"}, "rules": rules})
+    kube.rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "answerer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "answerer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "carol", "namespace": ns}],
+        },
+    )
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    carol = kube.with_token(
+        kube.core.create_namespaced_service_account_token("carol", ns, request).status.token
+    )
+    user = f"system:serviceaccount:{ns}:carol"
+    scenario = {"steps": 2, "ask": {"atStep": 1, "prompt": "Which priority?", "schema": PRIORITY}}
+    create_run(kube, ns, scenario_run("named", scenario))
+    wait_phase(kube, ns, "named", {"InputRequired"})
+
+    def readable() -> bool:
+        try:
+            return bool(get_run(carol, ns, "named"))
+        except ApiException as error:  # 403 until the API server's RBAC sees the new binding
+            if error.status != 403:
+                raise
+            return False
+
+    wait_for(readable, what="carol's role seen by the API server")
+
+    answered = ok(
+        cli(kube, ns, "resume", "named", "--value", '{"priority": "low"}', kubeconfig=carol.kubeconfig)
+    )
+    assert f"by {user}: Accepted" in answered
+    done = wait_phase(kube, ns, "named", {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    [recorded] = done["status"]["inputs"]
+    assert recorded["answeredBy"] == done["spec"]["resume"]["answeredBy"] == user
+    assert f"answered by {user}" in ok(cli(kube, ns, "describe", "named"))
