@@ -85,7 +85,11 @@ class Notifier:
             # most events: parsing the Run is only worth it when it waits for someone
             self._waiting.pop((body.get("metadata") or {}).get("uid", ""), None)
             return
-        notice = notifications.due(Run.model_validate(body))
+        try:
+            notice = notifications.due(Run.model_validate(body))
+        except ValueError as exc:  # a Run the operator cannot read is the reconciler's to report
+            log.warning("no notification for a Run that does not parse: %s", str(exc)[:200])
+            return
         if notice is None:
             return
         self._waiting[notice.uid] = notice.id
@@ -139,6 +143,8 @@ class Notifier:
             notice.requested_sink, self.config.notify_sinks, self.config.notify_default_sink
         )
         if where.refusal and (notice.uid, str(notice.requested_sink)) not in self._refused:
+            if len(self._refused) >= KNOWN_LIMIT:
+                self._refused.clear()  # at worst a refusal is recorded twice
             self._refused.add((notice.uid, str(notice.requested_sink)))
             await self._record_refusal(notice, where.refusal)
         if where.sink is None:
