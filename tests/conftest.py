@@ -16,7 +16,7 @@ from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
-from support.clusters import operator_identity, opt_in_for_attempts
+from support.clusters import CONSOLE_URL, operator_identity, opt_in_for_attempts
 from support.kube import Kube, wait_for
 
 
@@ -77,14 +77,30 @@ def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def notify_sink() -> str:
+    """The sink on the operator's notification allow-list; a test that expects notifications listens on it
+    (until then, deliveries to it are retried in the operator's background and never hold up a Run)."""
+    return f"http://127.0.0.1:{free_port()}/events"
+
+
+@pytest.fixture(scope="session")
 def operator(
-    kube: Kube, agentrun_crds: None, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+    kube: Kube,
+    agentrun_crds: None,
+    operator_kubeconfig: Path,
+    notify_sink: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     """The agentrun operator, running as its own process and ServiceAccount against the test cluster (not
     in a Pod, so it is told its account, as the chart's Deployment tells it through the downward API)."""
     # Metrics on a free port: the default, 8000, may be held by any other process on a shared machine,
     # and the operator then logs an ERROR that test_the_operator_starts_without_an_error would see.
-    env = {"AGENTRUN_METRICS_PORT": str(free_port()), **security.OPERATOR_ENV}
+    env = {
+        "AGENTRUN_METRICS_PORT": str(free_port()),
+        "AGENTRUN_NOTIFY_SINKS": notify_sink,
+        "AGENTRUN_CONSOLE_URL": CONSOLE_URL,
+        **security.OPERATOR_ENV,
+    }
     process = OperatorProcess(
         operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env
     )

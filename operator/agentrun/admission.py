@@ -9,7 +9,13 @@ never with what the same request writes. The policies apply to ServiceAccounts o
 (people are governed by RBAC); the Pod rule applies to everyone but the operator.
 
 Each refusal starts with its cause, so the SDK classifies a refused write without reading the Run:
-NotPodBound, NotOwnRun, NotCurrentAttempt, StaleAfterCancel, StaleWorker, NotWorkerField, NotOperator.
+NotPodBound, NotOwnRun, NotCurrentAttempt, StaleAfterCancel, StaleWorker, NotWorkerField, NotOperator;
+and for people: NotTheSender (a field names someone else), NotNamed (a decision names nobody).
+
+Who decided is checked the same way: a field that names a person (spec.resume.answeredBy, requestedBy
+of the cancel, retry and compensate requests, a SideEffect's resolvedBy and approval.approvedBy) must be
+the requesting user's own name whenever it differs from what is stored, so a colleague's later write, or
+a `kubectl apply` of the manifest, is never refused for someone else's earlier decision.
 """
 
 from __future__ import annotations
@@ -370,6 +376,104 @@ def _side_effect_status(operator: str) -> list[Manifest]:
     )
 
 
+# The Run's control requests that name who sent them: (field of spec, the field naming the person).
+RUN_PERSON_FIELDS: Final = (
+    ("resume", "answeredBy"),
+    ("cancelRequest", "requestedBy"),
+    ("retryRequest", "requestedBy"),
+    ("compensateRequest", "requestedBy"),
+)
+APPROVAL_PREFIX: Final = "approve-"  # the request ids of approvals (agentrun.core.requests: the same)
+WHOAMI: Final = "your user name as `kubectl auth whoami` shows it"
+USER: Final = "request.userInfo.username"
+
+
+def _stored_equal(path: str) -> str:
+    """CEL: the request keeps `path` (below object.) as stored: an update, present in both and equal."""
+    new, old = f"object.{path}", f"oldObject.{path}"
+    return f"(request.operation == 'UPDATE' && {present(old)} && {present(new)} && {new} == {old})"
+
+
+def _names_the_sender(path: str, request: str | None = None) -> dict[str, str]:
+    """object.`path` is the requesting user's name unless the request that holds it (object.`request`,
+    by default the field itself) is exactly what is stored: a new request under someone else's name is
+    refused, an earlier one kept as it is is not."""
+    field = f"object.{path}"
+    return _validation(
+        f"!({present(field)}) || {field} == {USER} || {_stored_equal(request or path)}",
+        f"'NotTheSender: {path} names ' + {field} + ' but this request comes from ' + {USER}"
+        f" + ': set {path} to ' + {USER} + ', {WHOAMI} (a bot acts for a person by impersonating them)'",
+    )
+
+
+def _not_operator(operator: str) -> list[dict[str, str]]:
+    exempt = _quoted((operator, *TRUSTED_CONTROLLERS))
+    return [{"name": "not-the-operator", "expression": f"!({USER} in {exempt})"}]
+
+
+def _run_requests(operator: str) -> list[Manifest]:
+    resume = "object.spec.resume"
+    return _policy(
+        f"run-requests.{GROUP}",
+        "A Run's control requests name who sent them: answeredBy and requestedBy are the requesting "
+        "user's own name whenever they differ from what is stored; an answer to an approval names who "
+        "approves.",
+        rules=[_rule(GROUP, ["runs"], ["CREATE", "UPDATE"])],
+        variables=[],
+        validations=[
+            *(
+                _names_the_sender(f"spec.{request}.{field}", f"spec.{request}")
+                for request, field in RUN_PERSON_FIELDS
+            ),
+            _validation(
+                f"!({present(resume)}) || !{resume}.requestId.startsWith('{APPROVAL_PREFIX}')"
+                f" || has({resume}.answeredBy) || {_stored_equal('spec.resume')}",
+                "'NotNamed: an answer to an approval names who approves: set spec.resume.answeredBy to '"
+                f" + {USER} + ', {WHOAMI}'",
+            ),
+        ],
+        match_conditions=_not_operator(operator),
+    )
+
+
+def _side_effect_decisions(operator: str) -> list[Manifest]:
+    status = "object.status"
+    return _policy(
+        f"sideeffects-decisions.{GROUP}",
+        "SideEffect status written by people (not by a Pod, nor the operator): a resolution names its "
+        "resolver, and resolvedBy and approval.approvedBy are the requesting user's own name whenever "
+        "they differ from what is stored.",
+        rules=[_rule(GROUP, ["sideeffects/status"], ["UPDATE"])],
+        variables=[],
+        validations=[
+            _names_the_sender("status.resolvedBy"),
+            _names_the_sender("status.approval.approvedBy", "status.approval"),
+            _validation(
+                f"!({present(status + '.resolution')}) || {_stored_equal('status.resolution')}"
+                f" || ({present(status + '.resolvedBy')} && {status}.resolvedBy == {USER})",
+                "'NotNamed: a resolution names who made it: set status.resolvedBy to ' + "
+                + USER
+                + f" + ', {WHOAMI}'",
+            ),
+            _validation(
+                f"!({present(status + '.approval')}) || {_stored_equal('status.approval')}"
+                f" || has({status}.approval.approvedBy)",
+                "'NotNamed: an approval names who gave it: set status.approval.approvedBy to ' + "
+                + USER
+                + f" + ', {WHOAMI}'",
+            ),
+        ],
+        match_conditions=[
+            *_not_operator(operator),
+            {
+                "name": "not-a-pod",
+                "expression": "!has(request.userInfo.extra)"
+                f" || !('{POD_NAME_EXTRA}' in request.userInfo.extra)",
+            },
+        ],
+    )
+
+
 LEASE_SPEC_FIELDS: Final = (
     "holderIdentity",
     "leaseDurationSeconds",
@@ -485,6 +589,8 @@ def admission_policies(operator: str) -> list[Manifest]:
         *_ledger_create("Checkpoint", "checkpoints", operator, "object.spec.attempt"),
         *_ledger_create("SideEffect", "sideeffects", operator, None),
         *_side_effect_status(operator),
+        *_run_requests(operator),
+        *_side_effect_decisions(operator),
         *_lease(operator),
         *_attempt_pods(operator),
         *_operator_scope(operator),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from agentrun.api import (
 )
 from support.agentrun import CRD_NAMES, Api, rule
 from support.corpus import CRD_DIR, PATCH_EXAMPLES, RUN_EXAMPLES, load_yaml, valid_object
-from support.kube import Kube
+from support.kube import PERSON, Kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("agentrun_crds")]
 
@@ -31,6 +31,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("agentrun_crds")]
 @pytest.fixture(scope="module")
 def api(kube: Kube, module_namespace: str) -> Api:
     return Api(kube, module_namespace)
+
+
+@pytest.fixture(scope="module")
+def person(kube: Kube, module_namespace: str) -> Api:
+    """The API as the person alice: a field that names a person names the user who writes it."""
+    return Api(kube.impersonating(PERSON), module_namespace)
 
 
 def unique(prefix: str) -> str:
@@ -371,8 +377,9 @@ TRANSITIONS = [(old, new) for old in SideEffectState for new in SideEffectState]
     ],
 )
 def test_the_side_effect_ledger_enforces_the_transition_table(
-    api: Api, old: SideEffectState, new: SideEffectState
+    person: Api, old: SideEffectState, new: SideEffectState
 ) -> None:
+    api = person
     assert set(SIDE_EFFECT_TRANSITIONS) == set(WAY_TO)
     name = unique("sfx")
     api.create(valid_object("SideEffect", name))
@@ -380,11 +387,7 @@ def test_the_side_effect_ledger_enforces_the_transition_table(
         api.patch_status("SideEffect", name, {"state": state})
     before = api.get("SideEffect", name)
     # leaving Unknown takes a resolver; that rule has its own cases in the corpus
-    status = (
-        {"state": new, "resolvedBy": "lookup:create_ticket"}
-        if old == SideEffectState.UNKNOWN
-        else {"state": new}
-    )
+    status = {"state": new, "resolvedBy": PERSON} if old == SideEffectState.UNKNOWN else {"state": new}
     if (old, new) == (SideEffectState.FAILED, SideEffectState.PENDING):
         # The table allows it only after a person's resolution Absent (the rule on the status says so);
         # its own cases follow below.
@@ -399,6 +402,9 @@ def test_the_side_effect_ledger_enforces_the_transition_table(
         assert api.get("SideEffect", name) == before
 
 
+# A spentKeys digest (sha256:<32 hex>) or a controls digest (sha256:<64 hex>), as the operator writes them.
+SOME_DIGEST = "sha256:" + "0" * 32
+SOME_FULL_DIGEST = "sha256:" + "0" * 64
 SEND = {"sendId": "op-1-s1", "attempt": "echo-a1", "time": "2026-01-01T00:00:00Z", "outcome": "Unknown"}
 
 
@@ -413,8 +419,9 @@ SEND = {"sendId": "op-1-s1", "attempt": "echo-a1", "time": "2026-01-01T00:00:00Z
     ids=["absent: sent afresh", "absent, sent since", "absent without its count", "failed for good"],
 )
 def test_a_failed_side_effect_is_sent_again_only_after_a_resolution_absent(
-    api: Api, resolution: dict[str, Any], sends_after: int, accepted: bool
+    person: Api, resolution: dict[str, Any], sends_after: int, accepted: bool
 ) -> None:
+    api = person
     name = unique("sfx")
     api.create(valid_object("SideEffect", name))
     api.patch_status("SideEffect", name, {"state": "Pending", "sends": [SEND]})
@@ -440,7 +447,8 @@ def test_a_resolution_names_who_made_it(api: Api) -> None:
     assert rule("SideEffect", ".status", "has(self.resolution)").message in message
 
 
-def test_a_side_effect_goes_unknown_then_resolved_then_compensated(api: Api) -> None:
+def test_a_side_effect_goes_unknown_then_resolved_then_compensated(person: Api) -> None:
+    api = person
     name = unique("sfx")
     api.create(valid_object("SideEffect", name))
     api.patch_status("SideEffect", name, {"state": "Pending", "attempt": "echo-a1", "leaseEpoch": 1})
@@ -502,6 +510,8 @@ def test_repeating_a_control_request_is_harmless_and_a_new_key_is_a_new_request(
     )
     same = api.patch("Run", name, {"spec": {"resume": resume, "retryRequest": retry, "pause": pause}})
     assert same["metadata"]["generation"] == 1
+    # the operator processed the answer (its key is spent): another answer may replace it now
+    api.patch_status("Run", name, {"spentKeys": [{"key": "k1", "op": "Resume", "digest": SOME_DIGEST}]})
     changed = api.patch(
         "Run",
         name,
@@ -541,3 +551,43 @@ def test_immutable_objects_still_take_labels_and_can_be_deleted(api: Api) -> Non
         assert labelled["metadata"]["labels"] == {"agentrun.dev/run": "echo"}
         api.kube.kubectl("delete", kind.lower(), name, namespace=api.namespace)
         assert api.get(kind, name) is None
+
+
+def _spent_as_a_key(key: str) -> dict[str, Any]:
+    return {"spentKeys": [{"key": key, "op": "Resume", "digest": SOME_DIGEST}]}
+
+
+def _spent_as_a_record(key: str) -> dict[str, Any]:
+    record = {
+        "idempotencyKey": key,
+        "op": "Resume",
+        "digest": SOME_FULL_DIGEST,
+        "outcome": "Rejected",
+        "reason": "NotWaiting",
+        "time": "2026-01-01T00:00:00Z",
+    }
+    return {"controls": [record]}
+
+
+@pytest.mark.parametrize(
+    ("key", "spent"),
+    [("alice-1", _spent_as_a_key), ("alice-" + "x" * 60, _spent_as_a_record)],
+    ids=["a short key, remembered in spentKeys", "a long key, found in controls"],
+)
+def test_an_answer_is_replaced_only_once_the_operator_processed_it(
+    api: Api, key: str, spent: Callable[[str], dict[str, Any]]
+) -> None:
+    name = unique("answer")
+    first = {"requestId": "r1", "checkpointId": "c1", "value": {"priority": "high"}, "idempotencyKey": key}
+    second = {**first, "value": {"priority": "low"}, "idempotencyKey": "bob-1"}
+    api.create(valid_object("Run", name, {".spec.resume": first}))
+
+    # a second person answering before the operator saw the first answer is refused, and told why
+    message = api.refusal(lambda: api.patch("Run", name, {"spec": {"resume": second}}))
+    assert f"spec.resume holds an answer to r1 (idempotencyKey {key}) that the operator has not" in message
+    assert f"read the Run again (kubectl agentrun describe {name})" in message
+    assert "has not processed yet" in api.refusal(lambda: api.patch("Run", name, {"spec": {"resume": None}}))
+    assert api.patch("Run", name, {"spec": {"resume": first}})["spec"]["resume"] == first, "a repeat is fine"
+
+    api.patch_status("Run", name, spent(key))  # the operator processed it
+    assert api.patch("Run", name, {"spec": {"resume": second}})["spec"]["resume"] == second

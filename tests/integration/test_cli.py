@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands.cancel import Swap, compare_and_swap
@@ -309,7 +310,7 @@ def test_effects_report_and_resolving_an_unknown_effect(
     assert status["resolvedBy"] and status["resolvedBy"] != "kubectl-agentrun", (
         "the API server told us who we are"
     )
-    again = cli(kube, ns, "resolve-effect", "sfx-ticket", "--failed", "--by", "bob")
+    again = cli(kube, ns, "resolve-effect", "sfx-ticket", "--failed")
     assert again.returncode == 1 and "sfx-ticket is Confirmed: only an Unknown (or Pending)" in again.stderr
     assert "What cannot be undone (1):" in ok(cli(kube, ns, "report", "ledger"))
     ok(cli(kube, ns, "cancel", "ledger"))
@@ -490,3 +491,55 @@ def test_a_failed_side_effect_can_be_resolved_absent_and_the_run_retried(
     retried = ok(cli(kube, None, *retry_words))
     assert ": Accepted (manual retry from" in retried
     assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=90)["status"]["phase"] == "Succeeded"
+
+
+def test_the_plugin_names_the_user_the_api_server_knows(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "carol"}})
+    rules = [
+        {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch"]},
+        {
+            "apiGroups": [GROUP],
+            "resources": ["attempts", "checkpoints", "sideeffects"],
+            "verbs": ["get", "list"],
+        },
+    ]
+    kube.rbac.create_namespaced_role(ns, {"metadata": {"name": "answerer"}, "rules": rules})
+    kube.rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "answerer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "answerer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "carol", "namespace": ns}],
+        },
+    )
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    carol = kube.with_token(
+        kube.core.create_namespaced_service_account_token("carol", ns, request).status.token
+    )
+    user = f"system:serviceaccount:{ns}:carol"
+    scenario = {"steps": 2, "ask": {"atStep": 1, "prompt": "Which priority?", "schema": PRIORITY}}
+    create_run(kube, ns, scenario_run("named", scenario))
+    wait_phase(kube, ns, "named", {"InputRequired"})
+
+    def readable() -> bool:
+        try:
+            return bool(get_run(carol, ns, "named"))
+        except ApiException as error:  # 403 until the API server's RBAC sees the new binding
+            if error.status != 403:
+                raise
+            return False
+
+    wait_for(readable, what="carol's role seen by the API server")
+
+    answered = ok(
+        cli(kube, ns, "resume", "named", "--value", '{"priority": "low"}', kubeconfig=carol.kubeconfig)
+    )
+    assert f"by {user}: Accepted" in answered
+    done = wait_phase(kube, ns, "named", {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    [recorded] = done["status"]["inputs"]
+    assert recorded["answeredBy"] == done["spec"]["resume"]["answeredBy"] == user
+    assert f"answered by {user}" in ok(cli(kube, ns, "describe", "named"))

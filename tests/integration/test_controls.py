@@ -4,8 +4,10 @@ resume and cancel."""
 from __future__ import annotations
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from devcluster.operator import OperatorProcess
+from support.agentrun import error_message
 from support.kube import Kube, wait_for
 from support.runs import (
     attempts,
@@ -105,3 +107,59 @@ def test_a_retry_of_a_running_run_is_refused_with_a_reason(
         e.reason for e in kube.core.list_namespaced_event(ns).items if e.involved_object.name == "busy"
     }
     assert "RetryRejected" in reasons
+
+
+def test_two_people_answering_at_once_one_answer_is_taken_and_the_other_is_told_why(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("both", {"steps": 2, "ask": {"atStep": 1, "prompt": "Go?"}}))
+    waiting = wait_phase(kube, ns, "both", {"InputRequired", "Failed"})
+    assert waiting["status"]["phase"] == "InputRequired", operator.log_tail()
+    pending = waiting["status"]["pendingRequest"]
+    operator.stop()  # both answers arrive before the operator sees either: the API server decides
+    try:
+        resume(kube, ns, "both", pending, {"go": True}, key="alice-go", by="alice")
+        with pytest.raises(ApiException) as refused:
+            resume(kube, ns, "both", pending, {"go": False}, key="bob-no", by="bob")
+    finally:
+        operator.start()
+        operator.wait_ready()
+    assert refused.value.status == 422
+    message = error_message(refused.value)
+    assert (
+        f"spec.resume holds an answer to {pending['requestId']} (idempotencyKey alice-go, by alice)"
+        in message
+    )
+    assert "cannot be replaced or removed until its outcome is in status.controls" in message
+
+    done = wait_phase(kube, ns, "both", {"Succeeded", "Failed"})
+    assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert done["status"]["result"]["answer"] == {"go": True}, "the first answer, never overwritten"
+    [answer] = done["status"]["inputs"]
+    assert (answer["idempotencyKey"], answer["answeredBy"]) == ("alice-go", "alice")
+    recorded = controls(kube, ns, "both")
+    assert (recorded["alice-go"]["outcome"], recorded["alice-go"]["requestedBy"]) == ("Accepted", "alice")
+    assert "bob-no" not in recorded, "refused by the API server: never written, nothing to judge"
+
+
+def test_every_control_request_records_who_sent_it(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("named", {"steps": 30, "stepSeconds": 0.2}))
+    wait_phase(kube, ns, "named", {"Running"})
+    carol = kube.impersonating("carol")
+    patch_spec(
+        carol,
+        ns,
+        "named",
+        {"cancelEpoch": 1, "cancelRequest": {"idempotencyKey": "stop", "requestedBy": "carol"}},
+    )
+    wait_for(lambda: "stop" in controls(kube, ns, "named"), what="the cancel recorded")
+    assert controls(kube, ns, "named")["stop"]["requestedBy"] == "carol"
+    wait_phase(kube, ns, "named", {"Cancelled"})
+    dave = kube.impersonating("dave")
+    patch_spec(dave, ns, "named", {"compensateRequest": {"idempotencyKey": "undo", "requestedBy": "dave"}})
+    wait_for(lambda: "undo" in controls(kube, ns, "named"), what="the compensate request recorded")
+    assert controls(kube, ns, "named")["undo"]["requestedBy"] == "dave"

@@ -7,7 +7,7 @@ Lease, a Pod, a Checkpoint) is never adopted: the Run fails and says what to del
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from agentrun.rbac import AGENT_ACCOUNT_PATCH
 from devcluster import security
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
+from support.agentrun import Api, error_message
 from support.corpus import BAD_POD_TEMPLATES, valid_object
 from support.kube import Kube, wait_for
 from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
@@ -272,3 +273,186 @@ def test_two_runs_with_the_same_key_keep_two_records_and_take_two_actions(
     created = tickets.creations()
     assert sorted(c["title"] for c in created) == ["[normal] ticket of first", "[normal] ticket of second"]
     assert {r["status"]["result"]["ticket"] for r in runs.values()} == {c["ticketId"] for c in created}
+
+
+# ---- who decided: a field that names a person names the user who writes it -------------------------
+
+
+def _refused_for(write: Callable[[], object]) -> str:
+    """The message of a write the admission policies refuse (403), as kubectl would print it."""
+    with pytest.raises(ApiException) as refused:
+        write()
+    assert refused.value.status == 403, refused.value.body
+    return error_message(refused.value)
+
+
+def _written_or_forbidden(write: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return write()
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        return None
+
+
+def _patch_run(kube: Kube, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    patched: dict[str, Any] = kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "runs", name, {"spec": spec}
+    )
+    return patched
+
+
+def test_an_answer_names_its_sender_and_a_later_colleague_is_not_refused_for_it(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    create_run(kube.impersonating("alice"), ns, scenario_run("decide", {"steps": 1}))
+    approve = {
+        "requestId": "approve-sfx-0123456789abcdef0123456789abcdef",
+        "checkpointId": "decide-a1-s1",
+        "value": {"approved": True},
+        "idempotencyKey": "bob-approves",
+    }
+    bob, carol, dave = (kube.impersonating(who) for who in ("bob", "carol", "dave"))
+
+    message = _refused_for(
+        lambda: _patch_run(bob, ns, "decide", {"resume": {**approve, "answeredBy": "alice"}})
+    )
+    assert message.endswith(
+        "NotTheSender: spec.resume.answeredBy names alice but this request comes from bob: set "
+        "spec.resume.answeredBy to bob, your user name as `kubectl auth whoami` shows it (a bot acts for a "
+        "person by impersonating them)"
+    ), message
+    message = _refused_for(lambda: _patch_run(bob, ns, "decide", {"resume": approve}))
+    assert (
+        "NotNamed: an answer to an approval names who approves: set spec.resume.answeredBy to bob" in message
+    )
+    assert (
+        _patch_run(bob, ns, "decide", {"resume": {**approve, "answeredBy": "bob"}})["spec"]["resume"][
+            "answeredBy"
+        ]
+        == "bob"
+    )
+
+    # carol cancels and dave re-applies the manifest: neither is refused for bob's answer, stored as it is
+    cancel = {"cancelEpoch": 1, "cancelRequest": {"idempotencyKey": "carol-stops", "requestedBy": "carol"}}
+    assert _patch_run(carol, ns, "decide", cancel)["spec"]["cancelRequest"]["requestedBy"] == "carol"
+    stored = get_run(kube, ns, "decide")["spec"]
+    assert _patch_run(dave, ns, "decide", stored)["spec"] == stored
+    message = _refused_for(
+        lambda: _patch_run(
+            dave, ns, "decide", {"cancelRequest": {"idempotencyKey": "x", "requestedBy": "carol"}}
+        )
+    )
+    assert "set spec.cancelRequest.requestedBy to dave" in message
+    message = _refused_for(
+        lambda: _patch_run(
+            dave, ns, "decide", {"retryRequest": {"idempotencyKey": "y", "requestedBy": "erin"}}
+        )
+    )
+    assert (
+        "NotTheSender: spec.retryRequest.requestedBy names erin but this request comes from dave" in message
+    )
+
+
+def test_a_resolution_and_an_approval_name_the_person_who_writes_them(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "sfx-0123456789abcdef0123456789abcdef"
+    api = Api(kube, ns)
+    api.create(valid_object("SideEffect", name))
+    api.patch_status("SideEffect", name, {"state": "Pending"})
+    api.patch_status("SideEffect", name, {"state": "Unknown"})
+    carol, erin = Api(kube.impersonating("carol"), ns), Api(kube.impersonating("erin"), ns)
+
+    confirmed = {
+        "state": "Confirmed",
+        "resolution": "Confirmed",
+        "resolvedBy": "dave",
+        "externalReference": "T-1",
+    }
+    message = _refused_for(lambda: carol.patch_status("SideEffect", name, confirmed))
+    assert "NotTheSender: status.resolvedBy names dave but this request comes from carol" in message
+    assert "set status.resolvedBy to carol, your user name as `kubectl auth whoami` shows it" in message
+    absent = {"state": "Failed", "resolution": "Absent", "resolvedBy": "carol", "resolvedSends": 0}
+    assert carol.patch_status("SideEffect", name, absent)["status"]["resolvedBy"] == "carol"
+
+    # erin changes the verdict: she names herself, carol's name is not hers to keep
+    message = _refused_for(lambda: erin.patch_status("SideEffect", name, {"resolution": "Failed"}))
+    assert "NotNamed: a resolution names who made it: set status.resolvedBy to erin" in message
+    approval = {"requestId": "approve-" + name, "time": "2026-01-01T00:00:00Z"}
+    message = _refused_for(lambda: erin.patch_status("SideEffect", name, {"approval": approval}))
+    assert "NotNamed: an approval names who gave it: set status.approval.approvedBy to erin" in message
+    message = _refused_for(
+        lambda: erin.patch_status("SideEffect", name, {"approval": {**approval, "approvedBy": "carol"}})
+    )
+    assert "NotTheSender: status.approval.approvedBy names carol but this request comes from erin" in message
+    assert (
+        erin.patch_status("SideEffect", name, {"resolution": "Failed", "resolvedBy": "erin"})["status"][
+            "resolvedBy"
+        ]
+        == "erin"
+    )
+
+
+def test_a_bot_answers_by_impersonating_the_person_it_acts_for(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    create_run(kube, ns, scenario_run("asked", {"steps": 1}))
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "bot"}})
+    answerer = [{"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "patch"]}]
+    kube.rbac.create_namespaced_role(ns, {"metadata": {"name": "answerer"}, "rules": answerer})
+    kube.rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "answerer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "answerer"},
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"},
+                {"kind": "ServiceAccount", "name": "bot", "namespace": ns},
+            ],
+        },
+    )
+    impersonate = f"impersonate-alice-{ns}"
+    rules = [
+        {"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["alice"]}
+    ]
+    kube.rbac.create_cluster_role({"metadata": {"name": impersonate}, "rules": rules})
+    kube.rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": impersonate},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": impersonate},
+            "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": ns}],
+        }
+    )
+    try:
+        token = kube.core.create_namespaced_service_account_token(
+            "bot", ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+        ).status.token
+        answer = {
+            "requestId": "approve-sfx-1",
+            "checkpointId": "asked-a1-s1",
+            "value": {"approved": True},
+            "idempotencyKey": "bot-approves",
+            "answeredBy": "alice",
+        }
+        itself = kube.with_token(token)
+
+        def refused_by_the_policy() -> str | None:  # RBAC's own 403 first, until the binding is seen
+            message = _refused_for(lambda: _patch_run(itself, ns, "asked", {"resume": answer}))
+            return message if "NotTheSender" in message else None
+
+        message = wait_for(refused_by_the_policy, what="the bot refused in alice's name, by the policy")
+        assert f"names alice but this request comes from system:serviceaccount:{ns}:bot" in message
+
+        for_alice = kube.with_token(token)
+        for_alice.api_client.set_default_header("Impersonate-User", "alice")  # kubectl --as=alice
+        written = wait_for(
+            lambda: _written_or_forbidden(lambda: _patch_run(for_alice, ns, "asked", {"resume": answer})),
+            what="the bot's answer for alice (RBAC just granted)",
+        )
+        assert written["spec"]["resume"]["answeredBy"] == "alice"
+    finally:
+        kube.rbac.delete_cluster_role_binding(impersonate)
+        kube.rbac.delete_cluster_role(impersonate)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agentrun.core.ledger import approval_request_id, request_digest, side_effect_name
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
@@ -154,7 +155,7 @@ def test_unknown_outcome_stops_automation_until_reconciled(
             "result": ticket,
         }
     }
-    kube.custom.patch_namespaced_custom_object_status(
+    kube.impersonating("alice").custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, ns, "sideeffects", effect["metadata"]["name"], resolution
     )
     retry = {"spec": {"retryRequest": {"idempotencyKey": "retry-2", "reason": "resolved by alice"}}}
@@ -193,6 +194,13 @@ def test_a_gated_action_waits_for_approval_before_it_runs(
     assert pending["reason"] == "auth_required"
     assert "create_ticket" in pending["prompt"]
     assert tickets.creations() == [], "nothing runs before the approval"
+    # what is approved, shown with the request: its digest recomputed from it is the one approved
+    action = pending["action"]
+    assert action["tool"] == "create_ticket"
+    assert request_digest(action["tool"], action.get("target"), action["request"]) == action["requestDigest"]
+    assert pending["requestId"] == approval_request_id(
+        side_effect_name(name, action["idempotencyKey"]), action["requestDigest"]
+    )
     resume(kube, ns, name, pending, {"approved": approved, "comment": "checked by alice"}, key="approval")
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     if not approved:
@@ -205,3 +213,10 @@ def test_a_gated_action_waits_for_approval_before_it_runs(
     [effect] = side_effects(kube, ns, name)
     assert effect["status"]["approval"]["requestId"] == pending["requestId"]
     assert effect["status"]["state"] == "Confirmed"
+    # who approved (the answer's answeredBy, checked by the API server), wherever the approval shows
+    assert effect["status"]["approval"]["approvedBy"] == "alice"
+    assert [(i["requestId"], i["answeredBy"]) for i in done["status"]["inputs"]] == [
+        (pending["requestId"], "alice")
+    ]
+    [reported] = done["status"]["report"]["effects"]
+    assert reported["approvedBy"] == "alice"

@@ -14,6 +14,9 @@ from devcluster.cluster import LocalCluster
 from support.agentrun import install_crds
 from support.kube import Kube
 
+# The console the operator's notifications link to (nothing listens there: the link is what is tested).
+CONSOLE_URL = "http://console.agentrun.test"
+
 
 def own_cluster(
     tmp_path_factory: pytest.TempPathFactory, name: str, *, instant: bool = False

@@ -34,19 +34,34 @@ def wait_for(
     raise Timeout(f"timed out after {timeout}s waiting for {what or probe!r}; last value: {last!r}")
 
 
+# A person the tests stand in for: the API server checks that a field naming a person names the user who
+# writes it, so a test that writes "alice" writes as alice (impersonated by the cluster's admin).
+PERSON = "alice"
+# What an impersonated person may do: everything, as the admin (RBAC is not what those tests are about).
+ADMINS = ("system:masters",)
+
+
 @dataclass
 class Kube:
     kubeconfig: Path
     kubectl_path: Path
+    user: str | None = None  # impersonated (with the groups in ADMINS), None: the kubeconfig's own
 
     def __post_init__(self) -> None:
         self.api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
+        if self.user is not None:
+            self.api_client.set_default_header("Impersonate-User", self.user)
+            self.api_client.set_default_header("Impersonate-Group", ADMINS[0])
         self.core = client.CoreV1Api(self.api_client)
         self.apps = client.AppsV1Api(self.api_client)
         self.coordination = client.CoordinationV1Api(self.api_client)
         self.rbac = client.RbacAuthorizationV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.extensions = client.ApiextensionsV1Api(self.api_client)
+
+    def impersonating(self, user: str = PERSON) -> Kube:
+        """The same cluster as the person `user` (with the admin's permissions), as `kubectl --as`."""
+        return Kube(self.kubeconfig, self.kubectl_path, user)
 
     def with_token(self, token: str) -> Kube:
         """The same cluster as another identity: a kubeconfig with `token` and no client certificate."""
@@ -60,6 +75,8 @@ class Kube:
         self, *args: str, input: str | None = None, check: bool = True, namespace: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         argv = [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}"]
+        if self.user is not None:
+            argv += [f"--as={self.user}", *(f"--as-group={group}" for group in ADMINS)]
         if namespace:
             argv.append(f"--namespace={namespace}")
         result = subprocess.run([*argv, *args], input=input, capture_output=True, text=True, check=False)

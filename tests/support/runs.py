@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrun.api import API_VERSION
 from agentrun.examples.manifests import IMAGE, agent_run
-from support.kube import Kube, wait_for
+from support.kube import PERSON, Kube, wait_for
 
 GROUP, VERSION = "agentrun.dev", "v1alpha1"
 
@@ -80,21 +80,23 @@ def wait_phase(
         raise AssertionError(f"{exc}\nstatus: {run.get('status')}") from None
 
 
-def resume_patch(pending: dict[str, Any], value: Any, key: str) -> dict[str, Any]:
-    """The spec patch that answers a Run's pending request (status.pendingRequest) with a value."""
-    return {
-        "resume": {
-            "requestId": pending["requestId"],
-            "checkpointId": pending["checkpointId"],
-            "value": value,
-            "idempotencyKey": key,
-        }
+def resume_patch(pending: dict[str, Any], value: Any, key: str, by: str | None = None) -> dict[str, Any]:
+    """The spec patch that answers a Run's pending request (status.pendingRequest) with a value, as the
+    person `by` (who must send it: the API server checks)."""
+    answer = {
+        "requestId": pending["requestId"],
+        "checkpointId": pending["checkpointId"],
+        "value": value,
+        "idempotencyKey": key,
     }
+    return {"resume": {**answer, "answeredBy": by} if by else answer}
 
 
-def resume(kube: Kube, namespace: str, name: str, pending: dict[str, Any], value: Any, *, key: str) -> None:
-    """Answer the Run's pending request, as `kubectl agentrun resume` does."""
-    patch_spec(kube, namespace, name, resume_patch(pending, value, key))
+def resume(
+    kube: Kube, namespace: str, name: str, pending: dict[str, Any], value: Any, *, key: str, by: str = PERSON
+) -> None:
+    """Answer the Run's pending request as the person `by`, as `kubectl agentrun resume` does."""
+    patch_spec(kube.impersonating(by), namespace, name, resume_patch(pending, value, key, by))
 
 
 def controls(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:

@@ -9,12 +9,15 @@ from typing import Any
 import pytest
 
 from agentrun.admission import (
+    APPROVAL_PREFIX,
+    RUN_PERSON_FIELDS,
     WORKER_ATTEMPT_FIELDS,
     WORKER_RUN_FIELDS,
     admission_policies,
     unchanged,
 )
-from agentrun.api import AttemptStatus, RunStatus
+from agentrun.api import AttemptStatus, RunSpec, RunStatus
+from agentrun.core import ledger, requests
 
 OPERATOR = "system:serviceaccount:agentrun-system:agentrun"
 DOCS = admission_policies(OPERATOR)
@@ -72,3 +75,49 @@ def test_each_refusal_names_its_cause_first() -> None:
             assert validation["messageExpression"].startswith("'Not") or validation[
                 "messageExpression"
             ].startswith("'Stale"), validation
+
+
+def test_every_field_of_a_run_request_that_names_a_person_is_the_senders() -> None:
+    """Each control request of the spec that names a person is checked against the requesting user."""
+    spec = RunSpec.model_fields
+    naming = {
+        (request.alias or name, "answeredBy" if "answered_by" in model.model_fields else "requestedBy")
+        for name, request in spec.items()
+        if (model := _model_of(request.annotation)) is not None
+        and ({"answered_by", "requested_by"} & set(model.model_fields))
+    }
+    expressions = _expressions("run-requests.agentrun.dev")
+
+    assert naming == set(RUN_PERSON_FIELDS)
+    for request, field in RUN_PERSON_FIELDS:
+        assert f"object.spec.{request}.{field} == request.userInfo.username" in expressions
+
+
+def test_people_decide_on_side_effects_in_their_own_name_and_pods_never_do() -> None:
+    policy = POLICIES["sideeffects-decisions.agentrun.dev"]["spec"]
+    expressions = _expressions("sideeffects-decisions.agentrun.dev")
+    conditions = " ".join(c["expression"] for c in policy["matchConditions"])
+
+    for field in ("resolvedBy", "approval.approvedBy"):
+        assert f"object.status.{field} == request.userInfo.username" in expressions
+    assert "authentication.kubernetes.io/pod-name" in conditions  # Pods: sideeffects-status.agentrun.dev
+
+
+def test_approvals_are_told_apart_by_the_prefix_the_worker_uses() -> None:
+    assert APPROVAL_PREFIX == requests.APPROVAL_PREFIX
+    assert ledger.approval_request_id("sfx-1", "sha256:" + "0" * 64).startswith(APPROVAL_PREFIX)
+
+
+def test_a_refusal_for_a_name_tells_what_to_set() -> None:
+    for policy in ("run-requests.agentrun.dev", "sideeffects-decisions.agentrun.dev"):
+        for validation in POLICIES[policy]["spec"]["validations"]:
+            message = validation["messageExpression"]
+            assert "kubectl auth whoami" in message and "+ request.userInfo.username +" in message, message
+
+
+def _model_of(annotation: Any) -> type[Any] | None:
+    """The pydantic model of an optional field (X | None), if it is one."""
+    for candidate in getattr(annotation, "__args__", (annotation,)):
+        if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+            return candidate
+    return None

@@ -187,8 +187,10 @@ def test_resolve_effect_needs_exactly_one_verdict(capsys: pytest.CaptureFixture[
             parse(argv)
         assert exit_.value.code == 2
     assert "--confirmed" in capsys.readouterr().err
-    args = parse(["resolve-effect", "sfx-1", "--confirmed", "--reference", "T-1", "--by", "alice"])
-    assert (args.name, args.confirmed, args.reference, args.by) == ("sfx-1", True, "T-1", "alice")
+    args = parse(["resolve-effect", "sfx-1", "--confirmed", "--reference", "T-1"])
+    assert (args.name, args.confirmed, args.reference) == ("sfx-1", True, "T-1")
+    with pytest.raises(SystemExit):  # who resolved is the user the API server knows, never a flag
+        parse(["resolve-effect", "sfx-1", "--failed", "--by", "alice"])
 
 
 def test_unknown_output_formats_are_usage_errors() -> None:
@@ -239,8 +241,8 @@ def test_compensate_keys_are_fresh_per_compensation_and_the_patch_replaces_the_e
     assert key != control_requests.compensate_key(compensated, ["a", "b"]), "after it ran, a new request"
     assert key != control_requests.compensate_key(done, [])
     assert re.fullmatch(IDENTIFIER_PATTERN, key) and len(key) <= 128
-    assert control_requests.compensate_patch(key, ["b", "a"]) == {
-        "spec": {"compensateRequest": {"idempotencyKey": key, "effects": ["a", "b"]}}
+    assert control_requests.compensate_patch(key, ["b", "a"], by="carol") == {
+        "spec": {"compensateRequest": {"idempotencyKey": key, "effects": ["a", "b"], "requestedBy": "carol"}}
     }
     assert control_requests.compensate_patch(key, [])["spec"]["compensateRequest"]["effects"] is None
 
@@ -272,7 +274,14 @@ def test_patches_say_exactly_what_is_asked() -> None:
     }
     # explicit nulls, so that a merge patch removes what an earlier request had set
     assert control_requests.retry_patch("k", None, None) == {
-        "spec": {"retryRequest": {"idempotencyKey": "k", "fromCheckpoint": None, "reason": None}}
+        "spec": {
+            "retryRequest": {
+                "idempotencyKey": "k",
+                "fromCheckpoint": None,
+                "reason": None,
+                "requestedBy": None,
+            }
+        }
     }
     # the answer replaces the previous one whole (a merge patch would mix the two values)
     assert control_requests.resume_operations("7", "r", "c", {"a": 1}, "k") == [
@@ -283,6 +292,35 @@ def test_patches_say_exactly_what_is_asked() -> None:
             "value": {"requestId": "r", "checkpointId": "c", "value": {"a": 1}, "idempotencyKey": "k"},
         },
     ]
+
+
+def test_every_request_names_its_sender_and_a_default_key_is_the_senders_own() -> None:
+    [_, answer] = control_requests.resume_operations("7", "r", "c", {"a": 1}, "k", by="carol")
+    assert answer["value"]["answeredBy"] == "carol"
+    assert control_requests.retry_patch("k", None, None, by="carol")["spec"]["retryRequest"][
+        "requestedBy"
+    ] == ("carol")
+    assert control_requests.cancel_request("k", "wrong input", by="carol") == {
+        "idempotencyKey": "k",
+        "reason": "wrong input",
+        "requestedBy": "carol",
+    }
+    run = make_run({"phase": "Failed", "attempts": 1})
+    value: dict[str, Any] = {"approved": True}
+    keys = [
+        (
+            control_requests.resume_key(UID, "r", "c", value, by=who),
+            control_requests.retry_key(run, None, None, by=who),
+        )
+        for who in ("carol", "dave")
+    ]
+    assert keys[0][0] != keys[1][0] and keys[0][1] != keys[1][1], "two people, two requests"
+    assert control_requests.cancel_key(run, 1, None, by="carol") != control_requests.cancel_key(
+        run, 1, None, by="dave"
+    )
+    assert control_requests.compensate_key(run, [], by="carol") != control_requests.compensate_key(
+        run, [], by="dave"
+    )
 
 
 def resume_args(**given: Any) -> argparse.Namespace:
@@ -536,6 +574,10 @@ def test_control_lines() -> None:
     rejected = ControlRecord.model_validate(control("k2", "Rejected", "SchemaMismatch", "value at ...", 4))
     assert render.control_line(accepted) == "Resume k3: Accepted (answer to ask-r1 accepted)"
     assert render.control_line(rejected) == "Resume k2: Rejected, SchemaMismatch: value at ..."
+    named = ControlRecord.model_validate(
+        {**control("k4", "Accepted", "Accepted", "ok", 6), "requestedBy": "bob"}
+    )
+    assert render.control_line(named) == "Resume k4 by bob: Accepted (ok)"
 
 
 def test_the_report_separates_what_happened_from_what_cannot_be_undone() -> None:

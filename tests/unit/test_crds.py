@@ -58,6 +58,7 @@ PRESERVE_UNKNOWN_FIELDS = {
         f"{POD_SPEC}.volumes[*].hostPath",
         ".status.result",
         ".status.pendingRequest.acceptedSchema",
+        ".status.pendingRequest.action.request",
     },
     "Attempt": {".spec.input"},
     "Checkpoint": {".spec.state"},

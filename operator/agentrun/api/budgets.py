@@ -26,13 +26,17 @@ ETCD_REQUEST_LIMIT: Final = 1536 * KIB
 # last-applied-configuration counts against); labels, owners, finalizers and managedFields the rest.
 METADATA_ALLOWANCE: Final = 320 * KIB
 
-# A Run's whole status, and an inline Checkpoint state (larger state goes to spec.stateRef).
-RUN_STATUS_BUDGET: Final = 256 * KIB
+# A Run's whole status (its declared maxima: who answered, approved and resolved, and the action an
+# approval shows, took it past 256 KiB; the Run still fits etcd), and an inline Checkpoint state (larger
+# state goes to spec.stateRef).
+RUN_STATUS_BUDGET: Final = 288 * KIB
 CHECKPOINT_STATE_BUDGET: Final = 256 * KIB
 
-# Free-form fields inside the Run status budget (the bounded rest of the status takes < 160 KiB).
+# Free-form fields inside the Run status budget (the bounded rest of the status takes < 200 KiB).
 RESULT_BUDGET: Final = 64 * KIB
 ACCEPTED_SCHEMA_BUDGET: Final = 16 * KIB
+# The request an approval shows (pendingRequest.action.request); a larger one is left out, its digest kept.
+ACTION_REQUEST_BUDGET: Final = 8 * KIB
 # Free-form fields of a Run's spec; with its bounded fields they leave the status budget free.
 RUN_INPUT_BUDGET: Final = 256 * KIB
 RESUME_VALUE_BUDGET: Final = 64 * KIB  # also an Attempt's spec.input, which carries the answer
@@ -47,6 +51,7 @@ FREE_JSON_BUDGETS: Final[dict[str, dict[str, int]]] = {
         ".spec.agent.podTemplate.spec": POD_SPEC_BUDGET,
         ".status.result": RESULT_BUDGET,
         ".status.pendingRequest.acceptedSchema": ACCEPTED_SCHEMA_BUDGET,
+        ".status.pendingRequest.action.request": ACTION_REQUEST_BUDGET,
     },
     "Attempt": {".spec.input": RESUME_VALUE_BUDGET},
     "Checkpoint": {".spec.state": CHECKPOINT_STATE_BUDGET},

@@ -57,6 +57,9 @@ Message = Annotated[str, Field(max_length=MAX_MESSAGE_LENGTH)]
 Digest = Annotated[str, Field(max_length=71, pattern=DIGEST_PATTERN)]
 Fingerprint = Annotated[str, Field(min_length=1, max_length=MAX_FINGERPRINT_LENGTH)]
 Epoch = Annotated[int, Field(ge=0, le=MAX_EPOCH)]
+# A person as the API server knows them: request.userInfo.username (what `kubectl auth whoami` shows).
+MAX_USER_NAME_LENGTH = 128
+UserName = Annotated[str, Field(min_length=1, max_length=MAX_USER_NAME_LENGTH)]
 
 # Free-form JSON (any value) that the API server stores as sent. Such a field is invisible to CEL
 # rules, but whole-object equality (`self == oldSelf`) still compares it exactly.
@@ -75,10 +78,19 @@ CelReason = Literal["FieldValueInvalid", "FieldValueForbidden", "FieldValueRequi
 
 
 def cel(
-    rule: str, message: str, *, reason: CelReason | None = None, field_path: str | None = None
+    rule: str,
+    message: str,
+    *,
+    reason: CelReason | None = None,
+    field_path: str | None = None,
+    message_expression: str | None = None,
 ) -> JsonDict:
-    """One `x-kubernetes-validations` entry. A rule that mentions `oldSelf` only runs on updates."""
+    """One `x-kubernetes-validations` entry. A rule that mentions `oldSelf` only runs on updates.
+    `message_expression` (CEL yielding a string) words the refusal with the object's values; `message` is
+    what the API server says when that expression cannot be evaluated."""
     entry: JsonDict = {"rule": rule, "message": message}
+    if message_expression is not None:
+        entry["messageExpression"] = message_expression
     if reason is not None:
         entry["reason"] = reason
     if field_path is not None:

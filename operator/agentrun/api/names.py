@@ -10,6 +10,8 @@ from agentrun.api.common import GROUP
 RUN_LABEL: Final = f"{GROUP}/run"
 # On a ServiceAccount an administrator lets attempt Pods run as (value "true").
 AGENT_LABEL: Final = f"{GROUP}/agent"
+# On a namespace, "true": the notifications of its Runs carry the agent's prompt (else ids and a link only).
+NOTIFY_PROMPT_LABEL: Final = f"{GROUP}/notify-prompt"
 
 # On every attempt Pod; the worker SDK reads them through the downward API.
 ATTEMPT_ANNOTATION: Final = f"{GROUP}/attempt"

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from agentrun.api.budgets import (
     ACCEPTED_SCHEMA_BUDGET,
+    ACTION_REQUEST_BUDGET,
     KIB,
     RESULT_BUDGET,
     RESUME_VALUE_BUDGET,
@@ -35,13 +36,14 @@ from agentrun.api.common import (
     ObjectName,
     PrinterColumn,
     Reason,
+    UserName,
     cel,
     cel_list,
     defaulted_object,
     validation_rules,
 )
 from agentrun.api.kube import EnvVar, PodTemplate, ResourceRequirements
-from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, SideEffectState
+from agentrun.api.sideeffect import MAX_REFERENCE_LENGTH, MAX_TOOL_LENGTH, ResolverName, SideEffectState
 from agentrun.api.usage import Usage
 
 # status keeps the newest entries; Events and Attempts keep the rest, spentKeys every key. The bounds
@@ -293,6 +295,14 @@ class ResumeRequest(ApiModel):
         description="Unique per answer (1 to 128 characters). Sending the same resume again is harmless; "
         "reusing the key with a different answer is refused."
     )
+    answered_by: UserName | None = Field(
+        None,
+        description="Who answers: your user name as the API server knows it (kubectl auth whoami). The "
+        "API server refuses any other name whenever this differs from what is stored, and requires it on "
+        "an answer to an approval (requestId approve-...). Recorded in status.inputs, status.controls and, "
+        "for an approval, on the SideEffect and in the report. A bot answers by impersonating the person "
+        "it acts for.",
+    )
 
 
 class RetryRequest(ApiModel):
@@ -319,6 +329,12 @@ class RetryRequest(ApiModel):
     )
     reason: FreeText | None = Field(
         None, description="Why the Run is retried, e.g. what was fixed; recorded with the new Attempt."
+    )
+    requested_by: UserName | None = Field(
+        None,
+        description="Who asks for the retry: your user name as the API server knows it (kubectl auth "
+        "whoami); any other name is refused whenever this differs from what is stored. Recorded in "
+        "status.controls.",
     )
 
 
@@ -388,6 +404,12 @@ class CompensateRequest(ApiModel):
         "empty or omitted: all of them. A key that names no side effect of the Run is Rejected.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    requested_by: UserName | None = Field(
+        None,
+        description="Who asks for the compensation: your user name as the API server knows it (kubectl "
+        "auth whoami); any other name is refused whenever this differs from what is stored. Recorded in "
+        "status.controls.",
+    )
 
 
 class PauseRequest(ApiModel):
@@ -436,6 +458,25 @@ class CancelRequest(ApiModel):
     )
     reason: FreeText | None = Field(
         None, description="Why the Run is cancelled; recorded in status.controls."
+    )
+    requested_by: UserName | None = Field(
+        None,
+        description="Who cancels: your user name as the API server knows it (kubectl auth whoami); any "
+        "other name is refused whenever this differs from what is stored. Recorded in status.controls.",
+    )
+
+
+MAX_SINK_LENGTH = 512
+
+
+class NotifySpec(ApiModel):
+    """Where the operator tells people that the Run waits for them."""
+
+    sink: Annotated[str, Field(max_length=MAX_SINK_LENGTH, pattern=r"^https?://[^\s]+$")] = Field(
+        description="URL that receives a CloudEvent (HTTP binary mode) when the Run waits for a person "
+        "(InputRequired, AuthRequired, an approval, NeedsReconciliation). Only a sink on the operator's "
+        "allow-list is used; any other is refused (a NotifySinkRefused Event on the Run) and the "
+        "operator's default sink, if any, is told instead."
     )
 
 
@@ -503,6 +544,10 @@ class RunSpec(ApiModel):
         description="Run the compensations now, on a Succeeded, Failed or Cancelled Run (or one left "
         "NeedsReconciliation by an incomplete compensation); the Run returns to its phase afterwards.",
     )
+    notify: NotifySpec | None = Field(
+        None,
+        description="Where to send the notifications of this Run (default: the operator's default sink).",
+    )
     checkpoint_retention: int = Field(
         20,
         ge=1,
@@ -517,6 +562,37 @@ class RunSpec(ApiModel):
 
 
 MAX_REQUEST_LIFETIME_SECONDS = 366 * 24 * 3600
+
+
+class RequestedAction(ApiModel):
+    """The side effect an approval request asks about: exactly what is sent once it is approved."""
+
+    tool: str = Field(min_length=1, max_length=MAX_TOOL_LENGTH, description="The tool or API to be called.")
+    target: str | None = Field(
+        None, max_length=MAX_REFERENCE_LENGTH, description="What the action acts on, e.g. a project or a URL."
+    )
+    idempotency_key: Identifier = Field(
+        description="The action's idempotency key: its SideEffect is sfx-<hash of the Run and this key>."
+    )
+    request: FreeJson = Field(
+        None,
+        description="What the agent asks to send (any JSON), shown to the person approving; at most "
+        f"{ACTION_REQUEST_BUDGET // KIB} KiB of JSON, else omitted (requestBytes says how large it is) "
+        "and only requestDigest binds it.",
+    )
+    request_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Set when the request was too large to show here: its size in bytes of JSON.",
+    )
+    request_digest: Digest = Field(
+        description="sha256:<hex> of the RFC 8785 canonical JSON of {tool, target, request}: the approval "
+        "binds to it (the request id carries its first digits), so an approval of one request never "
+        "approves another; recompute it before approving."
+    )
+    reversible: bool | None = Field(
+        None, description="Whether the action can be undone by a compensation; false: it cannot be undone."
+    )
 
 
 class PendingRequest(ApiModel):
@@ -549,6 +625,11 @@ class PendingRequest(ApiModel):
         description="After this time (RFC 3339) an answer is refused and the Run fails with class "
         "input_expired. Set by the operator from expiresInSeconds (never by a worker: clocks differ).",
     )
+    action: RequestedAction | None = Field(
+        None,
+        description="For an approval (reason auth_required, requestId approve-...): the action it "
+        "approves, written by the worker with the request.",
+    )
     hold_seconds: int | None = Field(
         None,
         ge=1,
@@ -571,6 +652,9 @@ class RecordedInput(ApiModel):
     checkpoint_id: Identifier = Field(description="The checkpoint the Run continued from.")
     digest: Digest = Field(description="sha256 of the canonical JSON of the answer (sha256:<hex>).")
     idempotency_key: Identifier = Field(description="The idempotencyKey of the resume.")
+    answered_by: UserName | None = Field(
+        None, description="Who answered (spec.resume.answeredBy, checked by the API server)."
+    )
     reason: InterruptReason | None = Field(
         None,
         description="The reason of the request it answered (input_required, auth_required, paused): an "
@@ -613,6 +697,11 @@ class ControlRecord(ApiModel):
     )
     message: str | None = Field(
         None, max_length=MAX_CONTROL_MESSAGE_LENGTH, description="What happened, for people."
+    )
+    requested_by: UserName | None = Field(
+        None,
+        description="Who sent the request, as it named them (spec.resume.answeredBy, or requestedBy of "
+        "spec.cancelRequest, spec.retryRequest or spec.compensateRequest; checked by the API server).",
     )
     time: datetime = Field(description="When the request was processed (RFC 3339).")
 
@@ -691,6 +780,14 @@ class ReportedEffect(ApiModel):
         max_length=MAX_REPORT_NOTE_LENGTH,
         description="For an effect whose outcome is not Confirmed: why, e.g. it was in flight when the Run "
         "was cancelled, or the reason the ledger stopped.",
+    )
+    approved_by: UserName | None = Field(
+        None, description="Who approved the effect before it was sent, for an effect that waited for one."
+    )
+    resolved_by: ResolverName | None = Field(
+        None,
+        description="Who established an outcome nobody knew: a person's user name, or the lookup that "
+        "found it (lookup by <attempt>).",
     )
 
 
@@ -879,6 +976,30 @@ class Run(KubernetesObject):
                 "while it is Compensating (a compensation runs to its end)",
                 reason="FieldValueForbidden",
                 field_path=".spec.cancelEpoch",
+            ),
+            # One answer at a time: the second of two people answering at once is refused here (a merge
+            # patch would otherwise overwrite the first answer before the operator saw it). A key the
+            # operator processed is in spentKeys (as written when short) or in controls (the newest).
+            cel(
+                "!has(oldSelf.spec.resume)"
+                " || (has(self.spec.resume) && self.spec.resume == oldSelf.spec.resume)"
+                " || (has(oldSelf.status) && ((has(oldSelf.status.spentKeys)"
+                " && oldSelf.status.spentKeys.exists(k, k.key == oldSelf.spec.resume.idempotencyKey))"
+                " || (has(oldSelf.status.controls) && oldSelf.status.controls.exists("
+                "c, c.idempotencyKey == oldSelf.spec.resume.idempotencyKey))))",
+                "spec.resume holds an answer the operator has not processed yet: it cannot be replaced or "
+                "removed until its outcome is in status.controls; read the Run again and answer only if its "
+                "request is still pending",
+                reason="FieldValueForbidden",
+                field_path=".spec.resume",
+                message_expression=(
+                    "'spec.resume holds an answer to ' + oldSelf.spec.resume.requestId + ' (idempotencyKey '"
+                    " + oldSelf.spec.resume.idempotencyKey"
+                    " + (has(oldSelf.spec.resume.answeredBy) ? ', by ' + oldSelf.spec.resume.answeredBy : '')"
+                    " + ') that the operator has not processed yet: it cannot be replaced or removed until"
+                    " its outcome is in status.controls; read the Run again (kubectl agentrun describe '"
+                    " + self.metadata.name + ') and answer only if its request is still pending'"
+                ),
             ),
             # The server-side backstop of the commit fence. A result that stays as it was, under the
             # same committedBy, stays valid when the epochs move on (a later takeover, a cancel).

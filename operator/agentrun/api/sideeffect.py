@@ -20,6 +20,7 @@ from agentrun.api.common import (
     Message,
     PrinterColumn,
     RunName,
+    UserName,
     cel,
     cel_list,
     validation_rules,
@@ -31,6 +32,8 @@ MAX_SENDS_KEPT = 64  # sends across fresh rounds (an Absent resolution); a full 
 MAX_SEND_DEADLINE_SECONDS = 86400
 MAX_TOOL_LENGTH = 128
 MAX_REFERENCE_LENGTH = 512  # the Run's report lists up to 50 of each inside its status budget
+# A person's user name or "lookup by <attempt>"; longer than a UserName, as it was before those existed.
+ResolverName = Annotated[str, Field(min_length=1, max_length=253)]
 
 
 class Resend(StrEnum):
@@ -195,6 +198,11 @@ class Approval(ApiModel):
         "request's digest, so an approval of one request never approves another."
     )
     request_digest: Digest | None = Field(None, description="The spec.requestDigest that was approved.")
+    approved_by: UserName | None = Field(
+        None,
+        description="Who approved: the answer's spec.resume.answeredBy, checked by the API server against "
+        "the user who sent it.",
+    )
     time: datetime = Field(description="When the approval was recorded (RFC 3339).")
 
 
@@ -256,12 +264,11 @@ class SideEffectStatus(ApiModel):
     )
     attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
     lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")
-    resolved_by: str | None = Field(
+    resolved_by: ResolverName | None = Field(
         None,
-        min_length=1,
-        max_length=253,
-        description="Who or what resolved an Unknown outcome: a user name or a lookup. Required to leave "
-        "Unknown.",
+        description="Who or what resolved an Unknown outcome: required to leave Unknown. A person writes "
+        "their own user name as the API server knows it (kubectl auth whoami; any other name is refused "
+        "whenever it differs from what is stored); an attempt Pod writes lookup by <attempt>.",
     )
     approval: Approval | None = Field(None, description="The approval, for an action that required one.")
     sends: list[Send] | None = Field(

@@ -216,7 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _timeout(p, 30, "with --retry: how long to wait for the operator's verdict")
     p.add_argument("--result", metavar="JSON", help="what the action returned, as JSON")
-    p.add_argument("--by", metavar="WHO", help="who established the outcome (default: your user name)")
 
     p = _add(sub, "report", inspect.report, "what a Run did: happened, compensated, cannot be undone")
     p.add_argument("run", metavar="RUN")

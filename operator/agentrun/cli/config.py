@@ -32,16 +32,6 @@ def default_namespace(kubeconfig: str | None, context: str | None = None) -> str
     return "default"
 
 
-def context_user(kubeconfig: str | None, context: str | None = None) -> str | None:
-    """The user name of the current (or chosen) kubeconfig context (a fallback for who resolved a side
-    effect)."""
-    path = kubeconfig_path(kubeconfig)
-    if not path:
-        return None
-    user = (active_context(path, context) or {}).get("user")
-    return str(user) if user else None
-
-
 def other_context(kubeconfig: str | None, context: str | None) -> str | None:
     """`context` when it is not the kubeconfig's current one (so a printed command must name it)."""
     if not context:

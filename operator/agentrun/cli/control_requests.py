@@ -1,6 +1,10 @@
 """The control requests the plugin writes: default keys, local checks and the patches themselves.
 
-Pure functions: the commands read the Run, ask these what to send, and send it.
+Pure functions: the commands read the Run, ask these what to send, and send it. `by` is the sender's
+user name as the API server knows it (SelfSubjectReview, what `kubectl auth whoami` shows): every request
+names its sender with it (the API server refuses any other name), and a default key covers it, so two
+people sending the same request at once send two requests and each sees the operator's verdict on their
+own.
 """
 
 from __future__ import annotations
@@ -31,22 +35,29 @@ def identifier_problem(value: str) -> str | None:
     return None
 
 
-def _short_hash(*parts: object) -> str:
-    return hashlib.sha256("\n".join(str(p) for p in parts).encode()).hexdigest()[:20]
+def _short_hash(*parts: object, by: str | None = None) -> str:
+    named = (*parts, by) if by else parts
+    return hashlib.sha256("\n".join(str(p) for p in named).encode()).hexdigest()[:20]
 
 
-def resume_key(run_uid: str, request_id: str, checkpoint_id: str, value: JsonValue) -> str:
-    """The default idempotency key of a resume: the same answer to the same request of the same Run
-    always gets the same key, so repeating a command changes nothing."""
-    return f"cli-resume-{_short_hash(run_uid, request_id, checkpoint_id, json_digest(value))}"
+def _named(request: dict[str, Any], field: str, by: str | None) -> dict[str, Any]:
+    return {**request, field: by} if by else request
 
 
-def retry_key(run: Run, from_checkpoint: str | None, reason: str | None) -> str:
+def resume_key(
+    run_uid: str, request_id: str, checkpoint_id: str, value: JsonValue, by: str | None = None
+) -> str:
+    """The default idempotency key of a resume: the same answer of the same person to the same request
+    of the same Run always gets the same key, so repeating a command changes nothing."""
+    return f"cli-resume-{_short_hash(run_uid, request_id, checkpoint_id, json_digest(value), by=by)}"
+
+
+def retry_key(run: Run, from_checkpoint: str | None, reason: str | None, by: str | None = None) -> str:
     """The default key of a manual retry: one per failure of the Run (its attempt count), so a double
     click asks for one Attempt, and a retry after the next failure is a new request."""
     failure = run.status.failure.fingerprint if run.status.failure else None
     parts = (run.metadata.uid, run.status.attempts or 0, failure, from_checkpoint or "", reason or "")
-    return f"cli-retry-{_short_hash(*parts)}"
+    return f"cli-retry-{_short_hash(*parts, by=by)}"
 
 
 def pause_request_id(run: Run, reason: str | None) -> str:
@@ -74,24 +85,32 @@ def recorded(run: Run, key: str) -> ControlRecord | None:
     return next((c for c in run.status.controls or [] if c.idempotency_key == key), None)
 
 
-def resume_operations(
-    resource_version: str, request_id: str, checkpoint_id: str, value: JsonValue, key: str
+def resume_operations(  # noqa: PLR0917 (the answer's fields, in their order)
+    resource_version: str,
+    request_id: str,
+    checkpoint_id: str,
+    value: JsonValue,
+    key: str,
+    by: str | None = None,
 ) -> list[dict[str, Any]]:
     """A JSON patch that sets spec.resume as a whole, only on the version of the Run it was judged on.
 
     Not a merge patch: that would merge an object value into the previous answer's value (keys of the
     old answer would survive in the new one).
     """
-    resume = {"requestId": request_id, "checkpointId": checkpoint_id, "value": value, "idempotencyKey": key}
+    answer = {"requestId": request_id, "checkpointId": checkpoint_id, "value": value, "idempotencyKey": key}
+    resume = _named(answer, "answeredBy", by)
     return [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "add", "path": "/spec/resume", "value": resume},
     ]
 
 
-def retry_patch(key: str, from_checkpoint: str | None, reason: str | None) -> dict[str, Any]:
+def retry_patch(
+    key: str, from_checkpoint: str | None, reason: str | None, by: str | None = None
+) -> dict[str, Any]:
     # Explicit nulls: a merge patch would otherwise keep fields of an earlier retryRequest.
-    request = {"idempotencyKey": key, "fromCheckpoint": from_checkpoint, "reason": reason}
+    request = {"idempotencyKey": key, "fromCheckpoint": from_checkpoint, "reason": reason, "requestedBy": by}
     return {"spec": {"retryRequest": request}}
 
 
@@ -99,20 +118,28 @@ def pause_patch(request_id: str, reason: str | None) -> dict[str, Any]:
     return {"spec": {"pause": {"requestId": request_id, "reason": reason}}}
 
 
-def compensate_key(run: Run, effects: list[str]) -> str:
+def compensate_key(run: Run, effects: list[str], by: str | None = None) -> str:
     """The default key of a compensate request: one per Attempt count and set of effects, so a repeat
     asks for one compensation, and a request after that compensation ran is a new one."""
-    return f"cli-compensate-{_short_hash(run.metadata.uid, run.status.attempts or 0, *sorted(effects))}"
+    parts = (run.metadata.uid, run.status.attempts or 0, *sorted(effects))
+    return f"cli-compensate-{_short_hash(*parts, by=by)}"
 
 
-def compensate_patch(key: str, effects: list[str]) -> dict[str, Any]:
-    # An explicit null: a merge patch would otherwise keep the effects of an earlier request.
-    return {"spec": {"compensateRequest": {"idempotencyKey": key, "effects": sorted(effects) or None}}}
+def compensate_patch(key: str, effects: list[str], by: str | None = None) -> dict[str, Any]:
+    # Explicit nulls: a merge patch would otherwise keep the effects (or the name) of an earlier request.
+    request = {"idempotencyKey": key, "effects": sorted(effects) or None, "requestedBy": by}
+    return {"spec": {"compensateRequest": request}}
 
 
-def cancel_key(run: Run, epoch: int, reason: str | None) -> str:
+def cancel_key(run: Run, epoch: int, reason: str | None, by: str | None = None) -> str:
     """The default key of a cancel: one per target epoch and reason, so a repeat sends the same request."""
-    return f"cli-cancel-{_short_hash(run.metadata.uid, epoch, reason or '')}"
+    return f"cli-cancel-{_short_hash(run.metadata.uid, epoch, reason or '', by=by)}"
+
+
+def cancel_request(key: str, reason: str | None, by: str | None = None) -> dict[str, Any]:
+    """spec.cancelRequest, for cancel_operations: the whole object (a JSON patch replaces it)."""
+    request = {"idempotencyKey": key, **({"reason": reason} if reason else {})}
+    return _named(request, "requestedBy", by)
 
 
 def cancel_operations(

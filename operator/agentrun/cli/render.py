@@ -140,8 +140,9 @@ def phase_line(run: Run) -> str:
 
 
 def control_line(record: ControlRecord) -> str:
-    """`Resume k3: Accepted (answer to ask-r1 accepted)` / `Resume k2: Rejected, SchemaMismatch: ...`."""
-    head = f"{record.op.value} {record.idempotency_key}: {record.outcome.value}"
+    """`Resume k3: Accepted (answer to ask-r1 accepted)`; `Resume k2 by bob: Rejected, SchemaMismatch: x`."""
+    by = f" by {record.requested_by}" if record.requested_by else ""
+    head = f"{record.op.value} {record.idempotency_key}{by}: {record.outcome.value}"
     if record.outcome == ControlOutcome.ACCEPTED:
         return f"{head} ({record.message})" if record.message else head
     detail = ": ".join(p for p in (record.reason, record.message) if p)

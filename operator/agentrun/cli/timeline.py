@@ -115,10 +115,12 @@ def _control_entries(run: Run, attempts: Sequence[Attempt]) -> list[Entry]:
             n = retried.get(record.time, LAST)
         reason = record.reason if record.reason != record.outcome.value else None
         why = ": ".join(p for p in (reason, record.message) if p)
-        detail = f"key {record.idempotency_key}" + (f", {why}" if why else "")
+        by = f" by {record.requested_by}" if record.requested_by else ""
+        detail = f"key {record.idempotency_key}{by}" + (f", {why}" if why else "")
         out.append(Entry(record.time, n, 0, f"{record.op.value.lower()} {record.outcome.value}", detail))
     for i in run.status.inputs or []:
         detail = f"request {i.request_id} at {i.checkpoint_id}, key {i.idempotency_key}, {i.digest[:19]}"
+        detail += f", answered by {i.answered_by}" if i.answered_by else ""
         out.append(Entry(i.time, resumed_by.get(i.request_id, LAST), 0, "input recorded", detail))
     return out
 

@@ -182,10 +182,31 @@ def control_record(op: ControlOp, key: str, digest: str, verdict: Verdict, now: 
     }
 
 
+def requester(run: Run, op: ControlOp, key: str) -> str | None:
+    """Who sent the request of the spec that `op` and `key` name, as it names them (the API server
+    checked that name against the user who wrote it): spec.resume.answeredBy, or the requestedBy of
+    spec.cancelRequest, spec.retryRequest or spec.compensateRequest. A pause names nobody."""
+    spec = run.spec
+    if op == ControlOp.RESUME and spec.resume and spec.resume.idempotency_key == key:
+        return spec.resume.answered_by
+    requests = {
+        ControlOp.CANCEL: spec.cancel_request,
+        ControlOp.RETRY: spec.retry_request,
+        ControlOp.COMPENSATE: spec.compensate_request,
+    }
+    request = requests.get(op)
+    if request is not None and request.idempotency_key == key:
+        return request.requested_by
+    return None
+
+
 def with_record(run: Run, record: dict[str, Any]) -> list[dict[str, Any]]:
     """status.controls with `record` appended (replacing the record of its key: one per key, and the
-    newest says how the last request with that key ended); only the newest MAX_RECORDS are kept."""
+    newest says how the last request with that key ended); only the newest MAX_RECORDS are kept. The
+    record names who sent the request, when the request names them."""
     key = record["idempotencyKey"]
+    if "requestedBy" not in record and (by := requester(run, ControlOp(record["op"]), key)):
+        record = {**record, "requestedBy": by}
     kept = [c.to_api() for c in run.status.controls or [] if c.idempotency_key != key]
     return [*kept, record][-MAX_RECORDS:]
 
@@ -202,6 +223,8 @@ def with_input(
     }
     if reason is not None:
         entry["reason"] = reason.value
+    if resume.answered_by:
+        entry["answeredBy"] = resume.answered_by
     kept = [i.to_api() for i in run.status.inputs or [] if i.request_id != resume.request_id]
     return [*kept, entry][-MAX_RECORDS:]
 

@@ -21,6 +21,7 @@ from typing import Any
 from agentrun.api import (
     Attempt,
     AttemptReason,
+    RecordedInput,
     Resend,
     Resolution,
     Send,
@@ -28,6 +29,7 @@ from agentrun.api import (
     SideEffect,
     SideEffectState,
 )
+from agentrun.api.budgets import ACTION_REQUEST_BUDGET, stored_size
 from agentrun.api.sideeffect import MAX_SENDS_KEPT
 
 
@@ -420,6 +422,23 @@ def approval_request_id(side_effect: str, digest: str | None = None) -> str:
     return f"approve-{side_effect}{suffix}"
 
 
+def approval_action(  # noqa: PLR0917 (the action's fields, in their order)
+    tool: str, target: str | None, key: str, request: Any, digest: str, reversible: bool
+) -> dict[str, Any]:
+    """pendingRequest.action: what the person approving is shown, so they approve what is sent. The
+    request goes inline within its budget, else only its size (its digest still binds the approval)."""
+    action: dict[str, Any] = {"tool": tool, "idempotencyKey": key, "requestDigest": digest}
+    if target is not None:
+        action["target"] = target
+    size = stored_size(request)
+    if size <= ACTION_REQUEST_BUDGET:
+        action["request"] = request
+    else:
+        action["requestBytes"] = size
+    action["reversible"] = reversible
+    return action
+
+
 def approval_answer(attempts: Iterable[Attempt], request_id: str) -> Any:
     """The accepted answer to approval request `request_id`: the input of the Attempt that resumed with
     it (None if it was not answered)."""
@@ -446,11 +465,16 @@ def needs_approval(requires_approval: bool, reversible: bool, irreversible_gated
 
 
 def approvals_to_record(
-    side_effects: Iterable[SideEffect], attempts: Iterable[Attempt], now: str
+    side_effects: Iterable[SideEffect],
+    attempts: Iterable[Attempt],
+    now: str,
+    inputs: Iterable[RecordedInput] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(SideEffect name, status.approval) for each approval given (an Attempt resumed with an approving
-    answer to the request of the record's digest) but not yet recorded on it."""
+    answer to the request of the record's digest) but not yet recorded on it; `inputs` (the Run's
+    status.inputs) name who approved."""
     attempts = list(attempts)
+    approvers = {i.request_id: i.answered_by for i in inputs or [] if i.answered_by}
     found = []
     for effect in side_effects:
         if effect.status and effect.status.approval:
@@ -458,8 +482,12 @@ def approvals_to_record(
         name, digest = str(effect.metadata.name), effect.spec.request_digest
         request_id = approval_request_id(name, digest)
         if approved(approval_answer(attempts, request_id)):
-            approval = {"requestId": request_id, "time": now}
-            found.append((name, {**approval, "requestDigest": digest} if digest else approval))
+            approval: dict[str, Any] = {"requestId": request_id, "time": now}
+            if digest:
+                approval["requestDigest"] = digest
+            if request_id in approvers:
+                approval["approvedBy"] = approvers[request_id]
+            found.append((name, approval))
     return found
 
 

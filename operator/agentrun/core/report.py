@@ -48,6 +48,17 @@ def _note(effect: SideEffect) -> str | None:
     return last[:MAX_REPORT_NOTE_LENGTH] if last else None
 
 
+def _deciders(effect: SideEffect) -> dict[str, str]:
+    """Who approved the effect and who established its outcome, as its record names them."""
+    status = effect.status
+    named: dict[str, str] = {}
+    if status and status.approval and status.approval.approved_by:
+        named["approvedBy"] = status.approval.approved_by
+    if status and status.resolved_by:
+        named["resolvedBy"] = status.resolved_by
+    return named
+
+
 def cannot_be_undone(effect: SideEffect) -> bool:
     """It happened and nothing undoes it: irreversible, or without a compensation."""
     return _state(effect) == SideEffectState.CONFIRMED and not (
@@ -90,6 +101,7 @@ def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
             ),
             "reversible": e.spec.reversible,
             **({"note": note} if (note := _note(e)) else {}),
+            **_deciders(e),
         }
         for e in ordered
     ]

@@ -16,6 +16,7 @@ from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
 from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.informers import Informers
+from agentrun.operator.notifier import Notifier, SystemClock, namespace_labels, refusal_event
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
@@ -59,12 +60,20 @@ class Runtime:
             wake=self.reconciler.wake,
             timeout_seconds=config.watch_timeout_seconds,
         )
+        clock = SystemClock()
+        self.notifier = Notifier(
+            config,
+            clock=clock,
+            namespace_labels=namespace_labels(api, clock),
+            record_refusal=refusal_event(api, clock),
+        )
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: WSGIServer | None = None
 
     def start(self) -> None:
         """Starts the informers; the reconcile workers start once every cache has synced."""
         self.informers.start()
+        self.notifier.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
         self._metrics_server = metrics.serve(self.config.metrics_port)
 
@@ -79,13 +88,16 @@ class Runtime:
         body = event["object"]
         if event.get("type") == "DELETED":
             self.reconciler.forget(self.runs.key_of(body))
+            self.notifier.forget(body)
         else:
             self.reconciler.run_seen(body)
+            self.notifier.observe(body)  # queues only: a notification never holds up a Run
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
         await self.informers.stop()
+        await self.notifier.stop()
         if self._metrics_server:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()

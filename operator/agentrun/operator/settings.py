@@ -48,6 +48,13 @@ class OperatorSettings:
     peering_lifetime: int = 60
     # Prometheus metrics on 0.0.0.0:<port>/metrics; 0 turns them off.
     metrics_port: int = 8000
+    # Notifications (CloudEvents) when a Run waits for a person: the sinks a Run may name in
+    # spec.notify.sink (any other is refused: no request forgery through the operator), the sink told
+    # when a Run names none, the console whose Run pages they link to, and how long a delivery is retried.
+    notify_sinks: tuple[str, ...] = ()
+    notify_default_sink: str | None = None
+    console_url: str | None = None
+    notify_retry_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.event_worker_idle_seconds <= 0:
@@ -68,6 +75,10 @@ class OperatorSettings:
             priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority))),
             peering_lifetime=int(env("AGENTRUN_PEERING_LIFETIME", cls.peering_lifetime)),
             metrics_port=int(env("AGENTRUN_METRICS_PORT", cls.metrics_port)),
+            notify_sinks=tuple(_sinks(env("AGENTRUN_NOTIFY_SINKS", ""))),
+            notify_default_sink=_sink(env("AGENTRUN_NOTIFY_DEFAULT_SINK", "")) or None,
+            console_url=env("AGENTRUN_CONSOLE_URL") or None,
+            notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
         )
 
 
@@ -77,6 +88,22 @@ class OperatorSettings:
 # are negative: a replica started with an explicit priority (0 and up) always takes precedence.
 # (Milliseconds with a random tie-breaker: distinct, and exact as a JSON number in any client.)
 _AUTO_PRIORITY = -(time.time_ns() // 1_000_000 * 1000 + random.randrange(1000))
+
+
+def _sinks(value: str) -> list[str]:
+    """AGENTRUN_NOTIFY_SINKS: URLs separated by commas or white space."""
+    return [sink for part in value.replace(",", " ").split() if (sink := _sink(part))]
+
+
+def _sink(value: str) -> str:
+    value = value.strip()
+    if not value:
+        return value
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"a notification sink is an http(s) URL, not {value!r}")
+    if "@" in value.split("/", 3)[2]:
+        raise ValueError("a notification sink URL carries no credentials (they would show in logs)")
+    return value
 
 
 def _priority(value: str) -> int:

@@ -126,9 +126,10 @@ class Context:
         expires_in: float | None,
         request_id: str | None,
         hold_seconds: float | None = None,
+        action: dict[str, Any] | None = None,
     ) -> Any:
-        """Saves the Checkpoint and the request; raises Interrupted (the Attempt ends), or returns the
-        answer accepted within the hold."""
+        """Saves the Checkpoint and the request (with the `action` an approval approves); raises
+        Interrupted (the Attempt ends), or returns the answer accepted within the hold."""
         if self._latest is None or self._latest.spec.state != self.state:
             self._latest = await self._session.save_checkpoint(
                 self.state, f"interrupt:{reason}", self._latest
@@ -149,6 +150,8 @@ class Context:
         if hold_seconds:
             pending["holdSeconds"] = max(1, math.ceil(hold_seconds))
             pending["heldBy"] = self.attempt
+        if action is not None:
+            pending["action"] = action
         await self._session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
         return await self.held_answer(request_id, hold_seconds)
 
@@ -230,7 +233,14 @@ class Context:
         """
         await self._boundary()  # before the send, never between the send and its confirmation
         if ledger.needs_approval(requires_approval, reversible, self._approve_irreversible):
-            await self._approve(tool, key, target, ledger.request_digest(tool, target, request))
+            digest = ledger.request_digest(tool, target, request)
+            await self._approve(
+                tool,
+                key,
+                target,
+                digest,
+                ledger.approval_action(tool, target, key, request, digest, reversible),
+            )
         with self._session.tracing.span("side effect", {"agentrun.tool": tool, "agentrun.key": key}):
             return await self._ledger.perform(
                 tool=tool,
@@ -289,7 +299,9 @@ class Context:
         """Adds to this Attempt's usage (in memory: written every few seconds at most, and at the end)."""
         self._usage.add(input_tokens, output_tokens, cost_usd, model_calls)
 
-    async def _approve(self, tool: str, key: str, target: str | None, digest: str) -> None:
+    async def _approve(
+        self, tool: str, key: str, target: str | None, digest: str, action: dict[str, Any]
+    ) -> None:
         """Returns once the gated action is approved (now or before); raises if it was refused.
 
         The approval is an interrupt whose request id names the action's SideEffect. Its answer comes
@@ -316,7 +328,7 @@ class Context:
                 'Answer {"approved": true} or false.'
             )
             await self._raise_interrupt(
-                InterruptReason.AUTH_REQUIRED, prompt, APPROVAL_SCHEMA, None, request_id
+                InterruptReason.AUTH_REQUIRED, prompt, APPROVAL_SCHEMA, None, request_id, action=action
             )
         if not ledger.approved(answer):
             raise PermanentError(f"{tool} (key {key}) was not approved")

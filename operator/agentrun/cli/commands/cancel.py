@@ -11,7 +11,7 @@ from agentrun.cli import render
 from agentrun.cli.cluster import Cluster, wait_for_run
 from agentrun.cli.commands.common import read_run
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import cancel_key, cancel_operations
+from agentrun.cli.control_requests import cancel_key, cancel_operations, cancel_request
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
@@ -64,11 +64,9 @@ async def cancel(ctx: Context, args: argparse.Namespace) -> int:
     else:
         observed = body.get("spec", {}).get("cancelEpoch")
         target = (observed or 0) + 1
-        request: dict[str, Any] = {
-            "idempotencyKey": args.idempotency_key or cancel_key(run, target, args.reason)
-        }
-        if args.reason:
-            request["reason"] = args.reason
+        by = await ctx.cluster.whoami()
+        key = args.idempotency_key or cancel_key(run, target, args.reason, by)
+        request = cancel_request(key, args.reason, by)
         swap = await compare_and_swap(
             ctx.cluster, args.run, observed, body["metadata"].get("resourceVersion"), request
         )

@@ -24,7 +24,8 @@ def compensable_now(run: Run) -> bool:
 async def compensate(ctx: Context, args: argparse.Namespace) -> int:
     body, run = await read_run(ctx, args.run)
     effects = list(args.effect or [])
-    key = args.key or compensate_key(run, effects)
+    by = await ctx.cluster.whoami()
+    key = args.key or compensate_key(run, effects, by)
     if (earlier := recorded(run, key)) is not None:
         return show_outcome(ctx, args.run, earlier, body, again=True)
     if not compensable_now(run):
@@ -34,7 +35,7 @@ async def compensate(ctx: Context, args: argparse.Namespace) -> int:
             "whose compensation was incomplete); nothing sent"
         )
     try:
-        await ctx.cluster.merge_patch_run(args.run, compensate_patch(key, effects))
+        await ctx.cluster.merge_patch_run(args.run, compensate_patch(key, effects, by))
     except ApiError as exc:
         raise CliError(describe_api_error(exc, f"cannot compensate run {args.run}")) from None
     code = await shown_outcome(ctx, args.run, key, args.timeout)

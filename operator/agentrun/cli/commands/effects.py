@@ -9,7 +9,6 @@ from typing import Any
 from agentrun.api import Resolution, Run, RunPhase, SideEffect, SideEffectState
 from agentrun.cli import render
 from agentrun.cli.commands import retry
-from agentrun.cli.config import context_user
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, EXIT_USAGE, CliError, describe_api_error
 from agentrun.cli.output import as_list
@@ -160,12 +159,12 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
             result = json.loads(args.result)
         except ValueError as exc:
             raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
-    who = (
-        args.by
-        or await ctx.cluster.whoami()
-        or context_user(ctx.kubeconfig, ctx.context)
-        or "kubectl-agentrun"
-    )
+    who = await ctx.cluster.whoami()
+    if who is None:
+        raise CliError(
+            "the API server did not say who you are (SelfSubjectReview, as `kubectl auth whoami` asks): a "
+            "resolution names who made it, and only you may name yourself; nothing sent"
+        )
     current = SideEffect.model_validate(await ctx.cluster.side_effect(args.name))
     if verdict == Resolution.ABSENT and already_absent(current):
         ctx.out.text(f"side effect {args.name}: already resolved Absent, nothing sent since; nothing written")

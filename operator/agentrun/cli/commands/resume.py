@@ -11,7 +11,7 @@ from typing import Any
 
 from agentrun.api import STOPPED_PHASES, ControlRecord, Run
 from agentrun.cli import render
-from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
+from agentrun.cli.commands.common import await_outcome, read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import recorded, resume_key, resume_operations, schema_problem
@@ -28,6 +28,20 @@ class Answer:
     checkpoint_id: str
     value: Any
     key: str
+    by: str | None = None  # the sender's user name (spec.resume.answeredBy)
+
+
+class AnswerInFlight(CliError):
+    """Another answer waits for the operator's verdict: the Run has one spec.resume, and the API server
+    refuses to replace an answer before it is processed."""
+
+    def __init__(self, run: str, key: str, by: str | None, where: Target) -> None:
+        sender = f", by {by}" if by else ""
+        super().__init__(
+            f"another answer (key {key}{sender}) awaits the operator's verdict; nothing sent. "
+            f"See: {where.command('describe', run)}"
+        )
+        self.key, self.by = key, by
 
 
 @dataclass(frozen=True)
@@ -63,9 +77,9 @@ def read_value(args: argparse.Namespace) -> Any:
     return value
 
 
-def plan_answer(run: Run, args: argparse.Namespace, value: Any) -> Answer:
+def plan_answer(run: Run, args: argparse.Namespace, value: Any, by: str | None = None) -> Answer:
     """Fills in what the user left out from the pending request (or, once answered, from spec.resume,
-    so that repeating a command finds the key it used before)."""
+    so that repeating a command finds the key it used before); `by` is who answers."""
     pending, sent = run.status.pending_request, run.spec.resume
     request_id = (
         args.request_id or (pending.request_id if pending else None) or (sent.request_id if sent else None)
@@ -81,8 +95,8 @@ def plan_answer(run: Run, args: argparse.Namespace, value: Any) -> Answer:
     checkpoint = checkpoint or run.status.latest_checkpoint
     if checkpoint is None:
         raise CliError(f"run {run.metadata.name} has no checkpoint to continue from: pass --checkpoint")
-    key = args.key or resume_key(str(run.metadata.uid), request_id, checkpoint, value)
-    return Answer(request_id, checkpoint, value, key)
+    key = args.key or resume_key(str(run.metadata.uid), request_id, checkpoint, value, by)
+    return Answer(request_id, checkpoint, value, key, by)
 
 
 def local_refusal(run: Run, answer: Answer, explicit_request: bool) -> str | None:
@@ -118,24 +132,24 @@ def check_sendable(run: Run, answer: Answer, args: argparse.Namespace, where: Ta
         and sent.idempotency_key != answer.key
         and recorded(run, sent.idempotency_key) is None
     ):
-        raise CliError(
-            f"another answer (key {sent.idempotency_key}) awaits the operator's verdict; nothing sent. "
-            f"See: {where.command('describe', str(run.metadata.name))}"
-        )
+        raise AnswerInFlight(str(run.metadata.name), sent.idempotency_key, sent.answered_by, where)
 
 
 async def send(ctx: Context, args: argparse.Namespace, value: Any) -> Answer | Control:
     """Writes spec.resume, guarded by the resourceVersion it was judged on: if the Run changed in the
     meantime (someone else answered?), it is read and judged again. Returns the recorded outcome
     instead when this very answer was processed before."""
+    by = await ctx.cluster.whoami()
     for _ in range(WRITES):
         body, run = await read_run(ctx, args.run)
-        answer = plan_answer(run, args, value)
+        answer = plan_answer(run, args, value, by)
         if (earlier := recorded(run, answer.key)) is not None:
             return Control(earlier, body)
         check_sendable(run, answer, args, ctx.where)
         version = str(body["metadata"]["resourceVersion"])
-        operations = resume_operations(version, answer.request_id, answer.checkpoint_id, value, answer.key)
+        operations = resume_operations(
+            version, answer.request_id, answer.checkpoint_id, value, answer.key, answer.by
+        )
         try:
             await ctx.cluster.json_patch_run(args.run, operations)
             return answer
@@ -150,7 +164,18 @@ async def send(ctx: Context, args: argparse.Namespace, value: Any) -> Answer | C
 
 
 async def resume(ctx: Context, args: argparse.Namespace) -> int:
-    sent = await send(ctx, args, read_value(args))
+    try:
+        sent = await send(ctx, args, read_value(args))
+    except AnswerInFlight as first:
+        # Someone answered first: wait for the operator's verdict on their answer and show it.
+        _, record = await await_outcome(ctx, args.run, first.key, args.timeout)
+        if record is None:
+            raise
+        who = first.by or "someone else"
+        ctx.out.text(
+            f"run {args.run}: {who} answered first: {render.control_line(record)}; yours was not sent"
+        )
+        return EXIT_FAILED
     if isinstance(sent, Control):
         return show_outcome(ctx, args.run, sent.record, sent.body, again=True)  # the same answer: a no-op
     code = await shown_outcome(ctx, args.run, sent.key, args.timeout)

@@ -32,7 +32,8 @@ async def retry(ctx: Context, args: argparse.Namespace) -> int:
         record = recorded(run, request.idempotency_key)
         assert record is not None
         return show_outcome(ctx, args.run, record, body, again=True)
-    key = args.key or retry_key(run, args.from_checkpoint, args.reason)
+    by = await ctx.cluster.whoami()
+    key = args.key or retry_key(run, args.from_checkpoint, args.reason, by)
     if (earlier := recorded(run, key)) is not None:
         return show_outcome(ctx, args.run, earlier, body, again=True)
     if run.status.phase in CANCEL_FROZEN_PHASES:
@@ -41,7 +42,7 @@ async def retry(ctx: Context, args: argparse.Namespace) -> int:
             "retried; nothing sent"
         )
     try:
-        await ctx.cluster.merge_patch_run(args.run, retry_patch(key, args.from_checkpoint, args.reason))
+        await ctx.cluster.merge_patch_run(args.run, retry_patch(key, args.from_checkpoint, args.reason, by))
     except ApiError as exc:
         raise CliError(describe_api_error(exc, f"cannot retry run {args.run}")) from None
     code = await shown_outcome(ctx, args.run, key, args.timeout)

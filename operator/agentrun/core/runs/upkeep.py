@@ -19,7 +19,7 @@ def upkeep(world: World) -> Plan:
     """Approvals to record on their SideEffects, Checkpoints past retention, the Run's usage sum."""
     plan = Plan()
     for effect, approval in ledger.approvals_to_record(
-        world.side_effects, world.attempts.values(), rfc3339(world.now)
+        world.side_effects, world.attempts.values(), rfc3339(world.now), world.run.status.inputs
     ):
         plan.add(PatchSideEffectStatus(effect, {"approval": approval}))
     for name in retention.prunable(world.run, world.checkpoints, world.attempts.values()):
