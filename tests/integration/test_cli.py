@@ -18,10 +18,13 @@ from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands.cancel import Swap, compare_and_swap
 from agentrun.kubeapi import KubeApi, load_configuration
 from devcluster.operator import OperatorProcess
+from devcluster.pki import ADMIN as ADMIN_IDENTITY
 from support.kube import Kube, wait_for
 from support.runs import GROUP, PRIORITY, VERSION, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
+
+ADMIN = ADMIN_IDENTITY.common_name  # who the CLI says answered: the user the API server knows
 
 
 def env_for(kubeconfig: Path) -> dict[str, str]:
@@ -157,7 +160,7 @@ def test_watch_until_it_waits_then_resume_checked_locally_and_idempotent(
     wrong = cli(kube, ns, "resume", "ask", "--value", '{"priority": "low", "note": "x"}', *other)
     assert wrong.returncode == 1
     assert (
-        "run ask: Resume k-other: Rejected, UnknownRequest: request other is not the pending one"
+        f"run ask: Resume k-other by {ADMIN}: Rejected, UnknownRequest: request other is not the pending one"
         in wrong.stdout
     )
 
@@ -165,13 +168,13 @@ def test_watch_until_it_waits_then_resume_checked_locally_and_idempotent(
     accepted = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}'))
     assert (
         accepted.startswith("run ask: Resume cli-resume-")
-        and ": Accepted (answer to ask-r1 accepted)" in accepted
+        and f" by {ADMIN}: Accepted (answer to ask-r1 accepted)" in accepted
     )
     sent = get_run(kube, ns, "ask")
     key = sent["spec"]["resume"]["idempotencyKey"]
 
     again = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}'))
-    assert f"already recorded: Resume {key}: Accepted" in again
+    assert f"already recorded: Resume {key} by {ADMIN}: Accepted" in again
     done = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
     assert done["status"]["result"]["answer"] == {"priority": "high"}
