@@ -15,6 +15,9 @@ help: ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# the distribution was called agentrun before it became agentrun-k8s: drop that install of this checkout
+	$(PY) -m pip uninstall --quiet --yes agentrun 2>/dev/null || true
+	rm -rf operator/agentrun.egg-info
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 

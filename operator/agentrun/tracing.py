@@ -1,5 +1,5 @@
 """OpenTelemetry spans over OTLP, for the operator and the SDK: on only when OTEL_EXPORTER_OTLP_ENDPOINT is
-set and the optional extra agentrun[otel] is installed; otherwise every call here is a no-op.
+set and the optional extra agentrun-k8s[otel] is installed; otherwise every call here is a no-op.
 
 Spans go to the collector, never to the API server: tracing costs no Kubernetes request. The ids of the
 Run's and the Attempts' spans are derived (agentrun.core.traces), so the operator records those spans
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrun.core.traces import TRACEPARENT_ENV, SpanRef, parse_traceparent
 
-try:  # the optional extra agentrun[otel]
+try:  # the optional extra agentrun-k8s[otel]
     from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -59,7 +59,7 @@ class Tracing:
         if not env.get(ENDPOINT_ENV):
             return
         if not HAVE_OPENTELEMETRY:
-            log.warning("%s is set, but OpenTelemetry is not installed: agentrun[otel]", ENDPOINT_ENV)
+            log.warning("%s is set, but OpenTelemetry is not installed: agentrun-k8s[otel]", ENDPOINT_ENV)
             return
         resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service_name})
         self._provider = TracerProvider(resource=resource)
