@@ -5,16 +5,22 @@ errors classed so that an outage is retried rather than taken for the agent's ow
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import importlib.util
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic_ai import Agent
+from pydantic_ai.models.function import FunctionModel
 
 from agentrun import worker
 from agentrun.examples import manifests, ticket_ledger, tickets
+from agentrun.examples.pydantic_ai_agent import scripted_model
+from agentrun.integrations.pydantic_ai import AgentrunDurability
 from agentrun.rbac import ATTEMPT_POD_RULES
 from devcluster.processes import free_port
 from support.corpus import REPO
@@ -191,3 +197,19 @@ def test_service_url(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert tickets.service_url() == url
+
+
+def test_a_tool_of_a_pydantic_ai_agent_hands_the_outage_on_as_transient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pydantic AI passes a tool's TransientError on as it is, so the ledger sends the create again (and
+    the Attempt ends transient, retried) instead of a deterministic failure."""
+    monkeypatch.setenv("TICKET_SERVICE_URL", f"http://127.0.0.1:{free_port()}")
+    agent = Agent(FunctionModel(scripted_model), name="outage", capabilities=[AgentrunDurability()])
+
+    @agent.tool_plain
+    def create_ticket(title: str) -> dict[str, Any]:
+        return ticket_ledger.create("outage-key", title, "")
+
+    with pytest.raises(worker.TransientError, match="unreachable"):
+        asyncio.run(agent.run("Printer on fire"))
