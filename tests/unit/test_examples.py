@@ -56,6 +56,16 @@ def test_example_run_uses_the_agent_image_and_the_agents_service_account(path: P
     assert importlib.util.find_spec(module) is not None, f"{path.name} runs {module}, which does not exist"
 
 
+def test_the_ticket_examples_get_the_ticket_services_address_from_its_service() -> None:
+    """agentrun turns a Pod's Service variables off by default; the ticket examples turn them on, so
+    TICKETS_SERVICE_HOST/PORT reach the agent on any node (the local one has no cluster DNS)."""
+    for path in RUNS:
+        run = yaml.safe_load(path.read_text())
+        wants_tickets = "ticket" in run["metadata"]["name"]
+        template = run["spec"]["agent"].get("podTemplate", {}).get("spec", {})
+        assert template.get("enableServiceLinks", False) is wants_tickets, path.name
+
+
 def test_every_image_the_repository_names_is_the_versioned_one() -> None:
     version = chart_app_version()
     named = {
