@@ -12,9 +12,11 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +117,25 @@ def run_quickstart(name: str, state_dir: Path, helm_home: Path) -> Outcome:
     return Outcome(state_dir, log, seconds)
 
 
+# What the quickstart's Pods listen on, on this machine's one network: the example ticket service, and the
+# chart's operator (health, metrics). A port another process holds would serve the wrong thing.
+PORTS = {8088: "the example ticket service", 8080: "the chart's health port", 8000: "the metrics port"}
+
+
+def _taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
 @pytest.fixture(params=["local", "helm"])
 def outcome(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outcome]:
+    taken = {port: what for port, what in PORTS.items() if _taken(port)}
+    assert not taken, f"ports the quickstart's Pods listen on are taken on this machine: {taken}"
     state_dir = tmp_path / "devcluster"
     try:
         yield run_quickstart(request.param, state_dir, tmp_path / "helm")
@@ -139,6 +158,10 @@ def test_quickstart_runs_as_written(outcome: Outcome) -> None:
         ("Confirmed", "T-1")
     ]
     assert "kubectl agentrun report" in outcome.log and "T-1" in outcome.log  # the report was shown
+    # the ticket service the quickstart deployed (its Pod listens on this machine) opened that one ticket
+    with urllib.request.urlopen("http://127.0.0.1:8088/tickets", timeout=10) as response:
+        opened = json.load(response)
+    assert [(t["id"], t["title"], t["status"]) for t in opened] == [("T-1", "Printer on fire", "open")]
     cancelled = outcome.run("langgraph-ticket")
     assert cancelled["status"]["phase"] == "Cancelled"
     assert outcome.side_effects("langgraph-ticket") == []  # cancelled while it asked: nothing was done
