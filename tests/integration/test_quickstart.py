@@ -62,16 +62,22 @@ class Outcome:
     log: str
     seconds: float
 
-    def kubectl_json(self, *args: str) -> Any:
+    def sh(self, command: str) -> str:
+        """A command in a shell that sourced the cluster's env file, as the quickstart's shell did."""
         out = subprocess.run(
-            f"source {self.state_dir / 'env'} && kubectl {' '.join(args)} -o json",
+            f"source {shlex.quote(str(self.state_dir / 'env'))} && {command}",
             shell=True,
             executable="/bin/bash",
             capture_output=True,
             text=True,
-            check=True,
+            timeout=300,
+            check=False,
         )
-        return json.loads(out.stdout)
+        assert out.returncode == 0, f"{command} failed:\n{out.stdout}{out.stderr}"
+        return out.stdout
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.sh(f"kubectl {shlex.join(args)} -o json"))
 
     def run(self, name: str) -> dict[str, Any]:
         run: dict[str, Any] = self.kubectl_json("get", "run", "-n", "agents", name)
@@ -165,3 +171,13 @@ def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     cancelled = outcome.run("langgraph-ticket")
     assert cancelled["status"]["phase"] == "Cancelled"
     assert outcome.side_effects("langgraph-ticket") == []  # cancelled while it asked: nothing was done
+
+    # The report offered `kubectl agentrun compensate`: the example registers the compensation it names,
+    # so following the hint closes the ticket, once, and the Run returns to Succeeded.
+    assert re.search(r"Compensate with: kubectl agentrun compensate .*pydantic-ai-ticket", outcome.log)
+    outcome.sh("kubectl agentrun compensate -n agents pydantic-ai-ticket --wait --timeout 120")
+    assert outcome.run("pydantic-ai-ticket")["status"]["phase"] == "Succeeded"
+    states = {e["spec"]["tool"]: e["status"]["state"] for e in outcome.side_effects("pydantic-ai-ticket")}
+    assert states == {"create_ticket": "Compensated", "close_ticket": "Confirmed"}
+    with urllib.request.urlopen("http://127.0.0.1:8088/tickets/T-1", timeout=10) as response:
+        assert json.load(response)["status"] == "closed"
