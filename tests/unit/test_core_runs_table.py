@@ -16,6 +16,7 @@ from agentrun.api import (
 )
 from agentrun.core import report
 from agentrun.core.plan import (
+    Action,
     CreateAttempt,
     CreatePod,
     DeleteCheckpoint,
@@ -25,6 +26,7 @@ from agentrun.core.plan import (
 )
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, decide
 from agentrun.core.runs.chain import Chain, Rule
+from agentrun.core.runs.transition import Transition as RuleTransition
 from unit.factories import (
     GENERATION,
     NO_SIDE_EFFECTS,
@@ -1174,11 +1176,11 @@ def test_the_rule_that_decides(case: str, rule: str) -> None:
 def test_a_chain_prepends_the_upkeep_only_to_the_rules_that_ask_for_it() -> None:
     kept, decided = DeleteCheckpoint("old"), DeletePod("p")
 
-    def decides(world: World) -> Plan | None:
-        return Plan([decided], requeue_after=1.0)
+    def decides(world: World) -> RuleTransition | None:
+        return RuleTransition(steps=(decided,), requeue_after=1.0)
 
-    def upkeep(world: World) -> Plan:
-        return Plan([kept])
+    def upkeep(world: World) -> tuple[Action, ...]:
+        return (kept,)
 
     world = make_world(make_run())
     assert Chain((Rule("Decides", decides),), upkeep).evaluate(world) == Plan([kept, decided], 1.0)

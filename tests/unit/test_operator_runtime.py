@@ -10,13 +10,23 @@ from typing import Any
 import pytest
 
 from agentrun.api import Run, RunPhase
-from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
+from agentrun.core.plan import (
+    Consistency,
+    DeletePod,
+    PatchAttemptStatus,
+    PatchRunStatus,
+    Plan,
+    RecordEvent,
+    WriteLease,
+    consistency_of,
+)
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
 from agentrun.operator.cache import AgentAccounts, OwnedObjects
-from agentrun.operator.reconciler import Reconciler, trusts_cached_run
+from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
+from support.clock import FakeClock
 from unit.factories import (
     NAMESPACE,
     RUN,
@@ -44,6 +54,13 @@ def supervising(pod: Any, **status: Any) -> World:
 # ---- which view of the Run a plan may be carried out from --------------------------------------------
 
 
+def trusts_cached_run(plan: Plan, run: Run) -> bool:
+    """What core states for a plan decided on `run` (core.plan.consistency_of): the cached view will do."""
+    return (
+        consistency_of(plan.actions, committed=run.status.committed_by is not None) == Consistency.CACHED_RUN
+    )
+
+
 @pytest.mark.parametrize(
     "world",
     [
@@ -59,6 +76,7 @@ def test_an_attempt_ended_from_pod_evidence_without_a_commit_seen_is_never_decid
 
     assert plan.actions
     assert not trusts_cached_run(plan, world.run)
+    assert plan.needs_fresh_run  # as the decision states it
 
 
 def test_an_attempt_ended_after_the_commit_seen_is_decided_on_the_cached_run() -> None:
@@ -67,6 +85,7 @@ def test_an_attempt_ended_after_the_commit_seen_is_decided_on_the_cached_run() -
 
     assert attempt_phases(plan) == ["Succeeded"]
     assert trusts_cached_run(plan, world.run)
+    assert not plan.needs_fresh_run
 
 
 def test_nothing_to_write_needs_no_read() -> None:
@@ -230,7 +249,7 @@ def attempt(name: str, rv: str, uid: str = "a-uid", phase: str = "Running") -> J
 
 
 def test_a_watched_version_is_news_only_when_newer_than_the_cached_one() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "5"))  # the create's response
 
     assert cache.take("attempts", attempt(f"{RUN}-a1", "5"))[2] is False  # its ADDED event: an echo
@@ -241,7 +260,7 @@ def test_a_watched_version_is_news_only_when_newer_than_the_cached_one() -> None
 
 
 def test_a_relist_drops_what_is_gone_but_keeps_what_we_created_after_its_snapshot() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "5"))
     cache.put("attempts", attempt(f"{RUN}-a2", "12"))  # created by us after the list's snapshot (10)
     cache.put("attempts", attempt(f"{RUN}-a0", "7"))  # gone before the list: missing from it
@@ -254,7 +273,7 @@ def test_a_relist_drops_what_is_gone_but_keeps_what_we_created_after_its_snapsho
 
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     elsewhere = attempt(f"{RUN}-a1", "5")
     elsewhere["metadata"]["namespace"] = "team-b"
     cache.put("attempts", elsewhere)
@@ -268,7 +287,7 @@ def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
 
 
 def test_a_deleted_event_of_an_older_object_of_that_name_keeps_the_new_one() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "9", uid="new"))
     cache.remove("attempts", attempt(f"{RUN}-a1", "8", uid="old"))
     assert len(cache.of("attempts", (NAMESPACE, RUN))) == 1
@@ -340,6 +359,7 @@ def test_the_reconciler_reads_the_very_caches_it_is_given_even_empty_ones() -> N
     place of the empty accounts cache the informers fill, and read every account from the API."""
 
     runs, accounts = RunCache(), AgentAccounts()
-    reconciler = Reconciler(None, OwnedObjects(), runs=runs, accounts=accounts)  # type: ignore[arg-type]
+    clock = FakeClock()
+    reconciler = Reconciler(None, OwnedObjects(clock), runs=runs, accounts=accounts, clock=clock)  # type: ignore[arg-type]
 
     assert reconciler.runs is runs and reconciler.accounts is accounts

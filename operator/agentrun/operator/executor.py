@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 from typing import Any
 
 from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
 from agentrun.api.names import LEASE_VERSION_ANNOTATION
+from agentrun.clock import Clock
 from agentrun.core import plan as p
 from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
@@ -47,10 +47,6 @@ def _version(obj: JsonDict | None) -> str | None:
     return None if version is None else str(version)
 
 
-def _now_micro() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class Executor:
     def __init__(
         self,
@@ -59,10 +55,12 @@ class Executor:
         metrics: OperatorMetrics | None = None,
         spans: RunSpans | None = None,
         *,
+        clock: Clock,
         runs: RunCache | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
+        self.clock = clock
         self.runs = runs
         self.metrics = metrics or OperatorMetrics(registry=None)
         self.spans = spans or RunSpans(Tracing("agentrun-operator", env={}))
@@ -195,8 +193,8 @@ class Executor:
             "holderIdentity": action.holder,
             "leaseDurationSeconds": action.duration_seconds,
             "leaseTransitions": action.epoch,
-            "acquireTime": _now_micro(),
-            "renewTime": _now_micro(),
+            "acquireTime": self._now_micro(),
+            "renewTime": self._now_micro(),
         }
         if action.expected_resource_version is None:
             owner = {
@@ -263,7 +261,7 @@ class Executor:
                 patch = {
                     "status": {
                         "phase": "Failed",
-                        "completionTime": _now_micro()[:19] + "Z",
+                        "completionTime": self._now_micro()[:19] + "Z",
                         "failure": bad.to_api(),
                     }
                 }
@@ -272,6 +270,9 @@ class Executor:
                 return True
             raise
         return True
+
+    def _now_micro(self) -> str:
+        return self.clock.now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     @staticmethod
     def _log_phase(run: Run, patch: JsonDict) -> None:
@@ -313,7 +314,7 @@ class Executor:
                 regarding["uid"] = attempt["metadata"]["uid"]
         else:
             regarding["uid"] = run.metadata.uid
-        now = _now_micro()
+        now = self._now_micro()
         body = {
             "apiVersion": "v1",
             "kind": "Event",

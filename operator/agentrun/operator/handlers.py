@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 
 from agentrun.api import GROUP, VERSION
+from agentrun.clock import SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.runtime import Runtime
 from agentrun.operator.settings import OperatorSettings, apply_settings, own_account
@@ -34,6 +35,7 @@ def registry(namespaces: Sequence[str]) -> kopf.OperatorRegistry:
             namespaces,
             operator_account=own_account(),
             tracing=Tracing("agentrun-operator"),  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
+            clock=SystemClock(),  # the one clock of the operator: every collaborator is given it
         )
         runtime.start()
         memo.runtime = runtime

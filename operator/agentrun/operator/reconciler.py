@@ -1,44 +1,23 @@
 """Reconciling one Run: take it and what it owns from the cache, decide, write.
 
-Which view of the Run a decision may be carried out from (the rule, tested in
-tests/unit/test_operator_runtime.py): the cached Run (the last watch event or our own write's response)
-may be behind the API server, e.g. the worker's commit may have landed since. The writes of a plan are
-carried out from the cached Run, unread, only while they come before nothing that view could get wrong:
-
-- the Run's status patch is preconditioned on the resourceVersion the decision saw: a stale view ends in
-  a 409 there, before any later write, and the Run is read again for the next decision. A plan led by
-  it is carried out as it is.
-- an Attempt status patch that does not end the Attempt (Pending, Running, usage) records what its Pod
-  shows, true whatever the Run says since; one that ends it is trusted only if the cached Run already
-  shows the commit (a commit is never undone). Ending an Attempt from Pod evidence alone (an exit code,
-  the Pod gone) while no commit is seen must not be decided on a stale Run: the commit may have landed.
-
-- a Lease created where none existed (a Run's first grant) ahead of the Run's status patch: the create
-  cannot overwrite anything (a Lease already there is a 409), and the holder it names can do nothing
-  until the preconditioned Run patch after it records its epoch and the Attempt and Pod are created
-  (only the Pod named after the holder may renew; no such Pod exists before). If that patch loses to
-  a newer Run, the Lease is left naming an Attempt nobody started: the next grant of that Attempt adopts
-  its epoch (core.lease.epoch_for_grant), any other takes the next epoch, so no epoch is reused, and a
-  Run that ends instead leaves the Lease to go with it (it is owned by the Run).
-
-Any other write ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
-created, a Pod deleted, an Event, a side-effect record) would be written from a view nobody verified:
-the Run is read first, and if it moved, decided again on what was read. A Run with no cached view, or
-one whose write just lost a race, is read too.
+The cached Run (the last watch event or our own write's response) may be behind the API server, e.g. the
+worker's commit may have landed since. Each Plan states from which view it may be written
+(core.plan.Consistency, decided in core): one that needs a freshly read Run is written only after the
+Run was read, and if the Run moved, decided again on what was read. A Run with no cached view, or one
+whose write just lost a race, is read too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import time
 from typing import Any, Final
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
-from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -60,21 +39,6 @@ def _fields(key: Key) -> dict[str, str]:
     return {"namespace": key[0], "run": key[1]}
 
 
-def trusts_cached_run(plan: Plan, run: Run) -> bool:
-    """Whether the plan may be carried out from `run`, the cached view, unread (the module docstring)."""
-    for action in plan.actions:
-        if isinstance(action, PatchRunStatus):
-            return True
-        if isinstance(action, WriteLease) and action.expected_resource_version is None:
-            continue  # a first Lease, created: harmless from a stale view (the module docstring)
-        if not isinstance(action, PatchAttemptStatus):
-            return False
-        ends = action.patch.get("phase") in FINISHED_ATTEMPT_PHASES
-        if ends and run.status.committed_by is None:
-            return False
-    return True
-
-
 class Reconciler:
     def __init__(
         self,
@@ -87,9 +51,11 @@ class Reconciler:
         accounts: AgentAccounts | None = None,
         operator_account: Account | None = None,
         tracing: Tracing | None = None,
+        clock: Clock,
     ) -> None:
         self.api = api
         self.cache = cache
+        self.clock = clock
         # `is None`, not `or`: an empty cache is falsy (it has a length), and a fresh one in its place
         # would never be filled (the informers fill the one they were given).
         self.runs = RunCache() if runs is None else runs
@@ -102,6 +68,7 @@ class Reconciler:
             cache,
             self.metrics,
             RunSpans(tracing or Tracing("agentrun-operator", {})),
+            clock=clock,
             runs=self.runs,
         )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
@@ -146,10 +113,10 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
-            started = time.perf_counter()
+            started = self.clock.monotonic()
             with logs.bound(namespace=key[0], run=key[1]):
                 outcome = await self._process(key)
-            self.metrics.reconciled(outcome, time.perf_counter() - started)
+            self.metrics.reconciled(outcome, self.clock.monotonic() - started)
             self.queue.done(key)
 
     async def _process(self, key: Key) -> str:
@@ -205,7 +172,7 @@ class Reconciler:
         if run is None:
             return
         plan = decide(await self._world(key, run))
-        if cached is not None and not trusts_cached_run(plan, run):
+        if cached is not None and plan.needs_fresh_run:
             current = await self._read(key)
             if current is None:
                 return
@@ -261,7 +228,7 @@ class Reconciler:
             attempts=attempts,
             pods=pods,
             lease=lease,
-            now=datetime.datetime.now(datetime.UTC),
+            now=self.clock.now(),
             lease_expires_in=self._lease_expires_in(key, lease),
             side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
             checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
@@ -302,7 +269,7 @@ class Reconciler:
         duration = self._leases[key][1]
         sighting = self.cache.sighting(key[0], lease_name(key[1]))
         started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
-        return seconds_until_expiry(sighting, duration, time.monotonic(), started)
+        return seconds_until_expiry(sighting, duration, self.clock.monotonic(), started)
 
     def _lease_due(self, key: Key) -> float | None:
         """The holder's Lease was due to expire. Renewed since (as a healthy worker does every

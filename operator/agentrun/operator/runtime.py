@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
@@ -35,10 +35,11 @@ class Runtime:
         operator_account: Account | None = None,
         tracing: Tracing | None = None,
         operator_metrics: metrics.OperatorMetrics = metrics.METRICS,
+        clock: Clock,
     ) -> None:
-        self.api, self.config = api, config
+        self.api, self.config, self.clock = api, config, clock
         self.tracing = tracing or Tracing("agentrun-operator", {})
-        self.cache = OwnedObjects(on_put=operator_metrics.cached)
+        self.cache = OwnedObjects(clock, on_put=operator_metrics.cached)
         self.runs = RunCache()
         self.accounts = AgentAccounts()
         self.reconciler = Reconciler(
@@ -50,6 +51,7 @@ class Runtime:
             accounts=self.accounts,
             operator_account=operator_account,
             tracing=self.tracing,
+            clock=clock,
         )
         self.informers = Informers(
             api,
@@ -69,9 +71,9 @@ class Runtime:
         self._metrics_server = metrics.serve(self.config.metrics_port)
 
     async def _reconcile_when_synced(self) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         await self.informers.synced.wait()
-        log.info("caches synced in %.1fs: %s", time.monotonic() - started, self.cache.size())
+        log.info("caches synced in %.1fs: %s", self.clock.monotonic() - started, self.cache.size())
         await self.reconciler.run()
 
     def run_event(self, event: JsonDict) -> None:

@@ -1,16 +1,16 @@
-"""Builds the Plan of one rule: the Run status patch every transition writes, grants, Attempt ends.
+"""Builds the Transition of one rule: phase changes, grants, Attempt ends, as steps (core.runs.transition).
 
 A Builder belongs to one rule's evaluation and is dropped with it: no rule sees another's Builder.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Literal
 
 from agentrun.api import (
     FINISHED_ATTEMPT_PHASES,
     RUN_LABEL,
-    STOPPED_PHASES,
     Attempt,
     AttemptFailure,
     AttemptPhase,
@@ -19,8 +19,7 @@ from agentrun.api import (
     StartReason,
     attempt_name,
 )
-from agentrun.core import compensation, controls, report
-from agentrun.core.conditions import conditions_for
+from agentrun.core import controls
 from agentrun.core.failures import fingerprint
 from agentrun.core.identity import NOT_ALLOWED
 from agentrun.core.lease import epoch_for_grant
@@ -28,15 +27,13 @@ from agentrun.core.plan import (
     CreateAttempt,
     CreatePod,
     DeletePod,
-    PatchAttemptStatus,
     PatchRunStatus,
-    Plan,
     RecordEvent,
     WriteLease,
 )
 from agentrun.core.pods import attempt_pod, owner_reference
-from agentrun.core.runs.world import World, rfc3339
-from agentrun.core.traces import run_trace
+from agentrun.core.runs.transition import EndAttempt, SetPhase, Steps, Transition, trace_of
+from agentrun.core.runs.world import World
 
 
 def failure_fields(
@@ -52,43 +49,21 @@ def failure_fields(
 
 
 class Builder:
-    """Collects one Plan; helpers for the writes the transitions share."""
+    """Collects the steps of one rule's Transition; helpers for the steps the transitions share."""
 
     def __init__(self, world: World) -> None:
         self.w = world
         self.run = world.run
         self.status = world.run.status
-        self.plan = Plan()
+        self.plan = Steps()
 
-    # ---- writes --------------------------------------------------------------------------------------
+    def transition(self) -> Transition:
+        return self.plan.transition()
+
+    # ---- steps ---------------------------------------------------------------------------------------
 
     def set_phase(self, phase: RunPhase, reason: str, message: str, **fields: Any) -> None:
-        # Cancelled or Failed under spec.compensation: first Compensating (core.compensation).
-        phase, fields = compensation.redirect(self.w, phase, reason, fields)
-        generation = self.run.metadata.generation
-        patch: dict[str, Any] = {
-            "phase": phase.value,
-            "message": message[:1024],
-            "observedGeneration": generation,
-            "conditions": conditions_for(
-                phase,
-                reason,
-                message,
-                generation=generation,
-                previous=self.status.conditions,
-                now=self.w.now,
-                between_attempts=fields.get("nextAttemptTime", self.status.next_attempt_time) is not None,
-            ),
-            "sideEffects": report.side_effect_counts(self.w.side_effects),
-        }
-        if self.status.phase is None:
-            # The Run's first status write: the cancelEpoch it was created with is no cancel request, and
-            # the counters start at zero even when the Run fails before any grant (nothing was started).
-            patch.update(observedCancelEpoch=self.run.spec.cancel_epoch, attempts=0, leaseEpoch=0)
-        patch.update(fields)
-        if phase in STOPPED_PHASES:
-            patch["report"] = report.run_report(self.w.side_effects)
-        self.plan.add(PatchRunStatus(patch))
+        self.plan.add(SetPhase(phase, reason, message, MappingProxyType(fields)))
 
     def record_control(self, record: dict[str, Any], spent: list[dict[str, Any]] | None = None) -> None:
         """A refused (or merely noted) control request: recorded (its key spent, when `spent` is the new
@@ -109,19 +84,16 @@ class Builder:
     @property
     def trace_id(self) -> str:
         """The Run's trace (core.traces): recorded on each Attempt with a write made anyway."""
-        meta = self.run.metadata
-        return run_trace(str(meta.uid or meta.name), meta.annotations).run.trace_id
+        return trace_of(self.w)
 
     def finish_attempt(self, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None) -> None:
         if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
             return  # history is never rewritten
-        patch: dict[str, Any] = {"phase": phase.value, "completionTime": rfc3339(self.w.now)}
-        if failure is not None:
-            patch["failure"] = failure.to_api()
-        if attempt.status.trace_id is None:  # it ended before it was seen running
-            patch["traceId"] = self.trace_id
+        trace = (
+            self.trace_id if attempt.status.trace_id is None else None
+        )  # it ended before it was seen running
         rv = attempt.metadata.resource_version
-        self.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch, rv))
+        self.plan.add(EndAttempt(str(attempt.metadata.name), phase, failure, rv, trace))
 
     # ---- grants --------------------------------------------------------------------------------------
 

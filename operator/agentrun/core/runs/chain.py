@@ -1,23 +1,27 @@
-"""A chain of named rules, evaluated in order: the first rule that returns a Plan decides.
+"""A chain of named rules, evaluated in order: the first rule that returns a Transition decides.
 
 In the style of cert-manager's certificate trigger policies: every rule is a pure function of one input
-(the World), so the chain reads as the table of the state machine, one line per rule.
+(the World), so the chain reads as the table of the state machine, one line per rule. After the rule,
+the chain's rewrites (each a named row too) may change the transition it chose, in the open: the
+compensation a Run's policy asks for before it ends is one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from agentrun.core.plan import Plan
+from agentrun.core.plan import Action, Plan
+from agentrun.core.runs.transition import Transition, render
 from agentrun.core.runs.world import World
 
-Policy = Callable[[World], Plan | None]
+Policy = Callable[[World], Transition | None]
+Upkeep = Callable[[World], tuple[Action, ...]]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One line of the table: `when` returns the rule's Plan when the rule applies, else None.
+    """One line of the table: `when` returns the rule's Transition when the rule applies, else None.
 
     Unless `upkeep` is False, the writes every reconcile makes anyway (core.runs.upkeep) go first."""
 
@@ -27,21 +31,39 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """A line applied to the transition a rule chose: `when` returns it changed, or None to leave it."""
+
+    name: str
+    when: Callable[[World, Transition], Transition | None]
+
+
+@dataclass(frozen=True)
 class Chain:
     rules: tuple[Rule, ...]
-    upkeep: Callable[[World], Plan]
+    upkeep: Upkeep
+    rewrites: tuple[Rewrite, ...] = ()
+
+    def transition(self, world: World) -> tuple[Rule, Transition]:
+        """The first rule that applies, and its Transition (the upkeep's writes first, when it has them),
+        named by the rule and the rewrites that changed it."""
+        for rule in self.rules:
+            chosen = rule.when(world)
+            if chosen is None:
+                continue
+            chosen = replace(chosen, rule=rule.name)
+            for rewrite in self.rewrites:
+                if (changed := rewrite.when(world, chosen)) is not None:
+                    chosen = replace(changed, rule=f"{chosen.rule}+{rewrite.name}")
+            if rule.upkeep:
+                chosen = chosen.after(self.upkeep(world))
+            return rule, chosen
+        raise LookupError("no rule applies: the table's last rule must apply to every World")
 
     def first(self, world: World) -> tuple[Rule, Plan]:
-        """The first rule that applies, and its Plan (the upkeep's writes first, when it has them)."""
-        for rule in self.rules:
-            plan = rule.when(world)
-            if plan is None:
-                continue
-            if rule.upkeep:
-                kept = self.upkeep(world)
-                plan = Plan([*kept.actions, *plan.actions], plan.requeue_after, plan.lease_expires_in)
-            return rule, plan
-        raise LookupError("no rule applies: the table's last rule must apply to every World")
+        """The first rule that applies, and its Plan."""
+        rule, transition = self.transition(world)
+        return rule, render(world, transition)
 
     def evaluate(self, world: World) -> Plan:
         return self.first(world)[1]

@@ -3,7 +3,9 @@ their own budget, and spec.compensateRequest judged (the decisions themselves: c
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 from agentrun.api import (
@@ -20,14 +22,15 @@ from agentrun.api import (
 from agentrun.core import compensation, controls, failures
 from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
 from agentrun.core.controls import KeyUse
-from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, Plan, WriteLease
+from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, WriteLease
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
 from agentrun.core.runs.builder import Builder, failure_fields
+from agentrun.core.runs.transition import SetPhase, Step, Transition
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
 
-def compensating(w: World) -> Plan | None:
+def compensating(w: World) -> Transition | None:
     """Compensating -> the compensation Attempts followed: the first granted once no earlier Attempt's Pod
     is left, each one's end concluded (back to the Run's phase, another after a backoff, or
     NeedsReconciliation CompensationIncomplete). Neither a cancel nor the deadline stops it."""
@@ -35,7 +38,22 @@ def compensating(w: World) -> Plan | None:
         return None
     b = Builder(w)
     supervise(b, w.current, w.current_pod)
-    return b.plan
+    return b.transition()
+
+
+def compensate_first(w: World, t: Transition) -> Transition | None:
+    """A transition to Cancelled or Failed whose Run's policy compensates on it, with something to undo
+    -> Compensating first, the transition's reason and message kept; the Run returns to that phase after
+    (core.compensation.redirect). Applied to every rule's transition: no path to the end bypasses it."""
+    steps: list[Step] = []
+    for step in t.steps:
+        if isinstance(step, SetPhase):
+            phase, fields = compensation.redirect(w, step.phase, step.reason, dict(step.fields))
+            if phase != step.phase:
+                steps.append(SetPhase(phase, step.reason, step.message, MappingProxyType(fields)))
+                continue
+        steps.append(step)
+    return replace(t, steps=tuple(steps)) if tuple(steps) != t.steps else None
 
 
 def judge_request(b: Builder) -> bool:

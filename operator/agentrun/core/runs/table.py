@@ -16,8 +16,9 @@ from agentrun.core import identity
 from agentrun.core.plan import Plan
 from agentrun.core.runs import compensating, rules
 from agentrun.core.runs.builder import Builder, failure_fields
-from agentrun.core.runs.chain import Chain, Rule
+from agentrun.core.runs.chain import Chain, Rewrite, Rule
 from agentrun.core.runs.stopping import revoke_lease
+from agentrun.core.runs.transition import render
 from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
 
@@ -42,6 +43,7 @@ TABLE: Final = Chain(
         Rule("Resting", rules.resting),
     ),
     upkeep=upkeep,
+    rewrites=(Rewrite("CompensateFirst", compensating.compensate_first),),
 )
 
 
@@ -56,11 +58,12 @@ def fail_squatted(world: World, message: str) -> Plan:
     Lease, if any, is revoked first, so no Pod, however named, writes for it any more."""
     b = Builder(world)
     if world.run.status.phase in TERMINAL_PHASES:
-        return b.plan
+        return render(world, b.transition())
     fields = {"leaseEpoch": revoke_lease(b)} if world.lease is not None else {}
     failure = failure_fields(FailureClass.DETERMINISTIC, identity.NAME_SQUATTED, message)
     b.set_phase(
         RunPhase.FAILED, identity.NAME_SQUATTED, message, failure=failure, nextAttemptTime=None, **fields
     )
     b.event("Warning", identity.NAME_SQUATTED, message)
-    return b.plan
+    # Not redirected to Compensating (core.compensation.NO_PODS): no Pod may run for the Run.
+    return render(world, b.transition())
