@@ -35,7 +35,8 @@ def ended(exit_code: int, **status: Any) -> Any:
 def test_a_transition_says_its_rule_phase_reason_and_what_happens_to_the_attempt() -> None:
     rule, transition = TABLE.transition(ended(137))  # killed: infrastructure, retried
 
-    assert rule.name == transition.rule == "Running"
+    assert rule.name == "Running"
+    assert transition.rule == "Running/PodEnded"  # the row of the Running sub-table
     assert transition.phase == RunPhase.RETRY_BACKOFF
     assert transition.reason == "RetryScheduled"
     assert [(e.attempt, e.phase) for e in transition.attempt_ends] == [("triage-a1", AttemptPhase.FAILED)]
@@ -90,7 +91,7 @@ def test_the_compensation_before_an_end_is_a_named_row() -> None:
     rule, transition = TABLE.transition(world)
 
     assert rule.name == "Running"
-    assert transition.rule == "Running+CompensateFirst"
+    assert transition.rule == "Running/PodEnded+CompensateFirst"
     assert transition.phase == RunPhase.COMPENSATING
     assert transition.phase_change is not None
     assert transition.phase_change.fields["compensating"] == {"returnPhase": "Failed", "firstAttempt": 2}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from agentrun.api import (
     Attempt,
@@ -17,65 +17,177 @@ from agentrun.core import failures
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.pods import PodView
 from agentrun.core.runs.builder import Builder
+from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.failing import after_failure
 from agentrun.core.runs.promises import create_promised
 from agentrun.core.runs.stopping import finish_lost, lease_lost, revoke_lease
+from agentrun.core.runs.transition import Transition
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
-
-def supervise(b: Builder, number: int, attempt: Attempt | None, pod: PodView | None) -> None:
-    """A Running Run: follow its current Attempt `number` (seen as `attempt`, run by `pod`)."""
-    if attempt is None:
-        b.ensure_pod(create_promised(b, number))
-    elif attempt.status.phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING, None):
-        if pod is None:
-            _pod_missing(b, attempt)
-        elif pod.finished:
-            conclude(b, attempt, pod)
-        else:
-            _watch_live(b, attempt, pod)
-    elif attempt.status.phase == AttemptPhase.LEASE_LOST and b.w.lease is not None:
-        # The loss was recorded and the operator stopped before the takeover: finish it first.
-        take_over(b, attempt, pod, attempt.status.failure or lease_lost(b))
-    else:
-        after_attempt(b, attempt, attempt.status.failure)
+# ---- the Running sub-table: one row per situation of the current Attempt, tried in order ---------------
 
 
-def _pod_missing(b: Builder, attempt: Attempt) -> None:
-    if attempt.status.start_time is None:
-        b.ensure_pod(attempt)  # not created yet, or not in the cache yet: creating is idempotent
-        return
+def _live(w: World) -> Attempt | None:
+    """The current Attempt, while it has not ended (no phase yet: pending)."""
+    attempt = w.current
+    if attempt is None or attempt.status.phase not in (AttemptPhase.PENDING, AttemptPhase.RUNNING, None):
+        return None
+    return attempt
+
+
+def _live_pod(w: World) -> tuple[Attempt, PodView] | None:
+    """The current Attempt and its Pod, while both go on."""
+    attempt, pod = _live(w), w.current_pod
+    if attempt is None or pod is None or pod.finished:
+        return None
+    return attempt, pod
+
+
+def attempt_promised(w: World) -> Transition | None:
+    """The current Attempt not seen -> a grant interrupted after its Run write: the Attempt it promised
+    created now, then its Pod."""
+    if w.current is not None:
+        return None
+    b = Builder(w)
+    b.ensure_pod(create_promised(b, w.run.status.current_attempt or 0))
+    return b.transition()
+
+
+def pod_not_created(w: World) -> Transition | None:
+    """Not started and no Pod seen -> its Pod created (not created yet, or not in the cache yet: creating
+    is idempotent)."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    b = Builder(w)
+    b.ensure_pod(attempt)
+    return b.transition()
+
+
+def pod_lost(w: World) -> Transition | None:
+    """Started, and its Pod is gone -> the Attempt Failed (pod lost); the Run retries, waits or fails."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None:
+        return None
+    b = Builder(w)
     failure = failures.pod_lost()
     b.finish_attempt(attempt, AttemptPhase.FAILED, failure)
     after_failure(b, attempt.spec.number, failure, AttemptPhase.FAILED)
+    return b.transition()
 
 
-def _watch_live(b: Builder, attempt: Attempt, pod: PodView) -> None:
-    w, name = b.w, str(attempt.metadata.name)
+def pod_ended(w: World) -> Transition | None:
+    """Its agent container ended -> Succeeded (it committed), waiting (it asked a question), or Failed."""
+    attempt, pod = _live(w), w.current_pod
+    if attempt is None or pod is None or not pod.finished:
+        return None
+    b = Builder(w)
+    conclude(b, attempt, pod)
+    return b.transition()
+
+
+def holding(w: World) -> Transition | None:
+    """Its Pod runs and holds the pending request (hold_seconds) -> the Run waits, the Attempt lives on."""
+    live = _live_pod(w)
+    pending = w.run.status.pending_request
+    if live is None or pending is None or pending.held_by != live[0].metadata.name:
+        return None
+    b = _seen_running(w, *live)
+    name = str(live[0].metadata.name)
+    message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
+    b.set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(b, pending))
+    b.event("Normal", "Holding", message, name)
+    return b.transition()
+
+
+def revoked_unfinished(w: World) -> Transition | None:
+    """Its Lease revoked (nobody holds it, a newer epoch) but the Run not written -> the takeover finished."""
+    live, lease = _live_pod(w), w.lease
+    if live is None or lease is None or lease.holder is not None or lease.epoch <= live[0].spec.lease_epoch:
+        return None
+    b = _seen_running(w, *live)
+    take_over(b, live[0], live[1], lease_lost(b))
+    return b.transition()
+
+
+def lease_expired(w: World) -> Transition | None:
+    """Its agent runs and its Lease ran out -> taken over: a new epoch, the Attempt LeaseLost, a retry."""
+    live = _live_pod(w)
+    if live is None or not _judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
+        return None
+    b = _seen_running(w, *live)
+    take_over(b, live[0], live[1], lease_lost(b))
+    return b.transition()
+
+
+def live(w: World) -> Transition | None:
+    """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out
+    (the lease is judged once the agent runs: image pulls and scheduling do not count against it)."""
+    live = _live_pod(w)
+    if live is None:
+        return None
+    b = _seen_running(w, *live)
+    if not _judged(w, *live) or w.lease_expires_in is None:
+        b.plan.wake_in(RECHECK_SECONDS)
+    else:
+        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+    return b.transition()
+
+
+def lost_unfinished(w: World) -> Transition | None:
+    """Recorded LeaseLost, and the operator stopped before the takeover -> the takeover finished first."""
+    attempt = w.current
+    if attempt is None or attempt.status.phase != AttemptPhase.LEASE_LOST or w.lease is None:
+        return None
+    b = Builder(w)
+    take_over(b, attempt, w.current_pod, attempt.status.failure or lease_lost(b))
+    return b.transition()
+
+
+def attempt_ended(w: World) -> Transition:
+    """Its end recorded (a commit, a refusal, an interrupt, ...) -> the Run moves on from it."""
+    attempt = w.current
+    assert attempt is not None
+    b = Builder(w)
+    after_attempt(b, attempt, attempt.status.failure)
+    return b.transition()
+
+
+def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Builder:
+    """A Builder whose first step records that the agent runs, if its Pod shows it and the Attempt not."""
+    b = Builder(w)
     if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
         started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
         started["traceId"] = b.trace_id
-        b.plan.add(PatchAttemptStatus(name, started, attempt.metadata.resource_version))
-    pending = b.status.pending_request
-    if pending is not None and pending.held_by == name:
-        # The worker saved its request and holds it (hold_seconds): the Run waits, the Attempt lives on.
-        message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
-        b.set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(b, pending))
-        b.event("Normal", "Holding", message, name)
-        return
+        b.plan.add(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
+    return b
+
+
+def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
+    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
     lease = w.lease
-    if lease is not None and lease.holder is None and lease.epoch > attempt.spec.lease_epoch:
-        # Revoked, and the operator stopped before writing the Run: finish the takeover.
-        take_over(b, attempt, pod, lease_lost(b))
-        return
-    holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    if not holds_lease or w.lease_expires_in is None or not pod.running_since:
-        # The lease is judged once the agent runs: image pulls and scheduling do not count against it.
-        b.plan.wake_in(RECHECK_SECONDS)
-    elif w.lease_expires_in <= 0:
-        take_over(b, attempt, pod, lease_lost(b))
-    else:
-        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+    holds = (
+        lease is not None
+        and lease.holder == attempt.metadata.name
+        and lease.epoch == attempt.spec.lease_epoch
+    )
+    return holds and bool(pod.running_since)
+
+
+RUNNING: Final = SubTable(
+    (
+        Rule("AttemptPromised", attempt_promised),
+        Rule("PodNotCreated", pod_not_created),
+        Rule("PodLost", pod_lost),
+        Rule("PodEnded", pod_ended),
+        Rule("Holding", holding),
+        Rule("RevokedUnfinished", revoked_unfinished),
+        Rule("LeaseExpired", lease_expired),
+        Rule("Live", live),
+        Rule("LostUnfinished", lost_unfinished),
+        Rule("AttemptEnded", attempt_ended),
+    )
+)
 
 
 def take_over(b: Builder, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:

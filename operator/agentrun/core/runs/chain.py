@@ -28,6 +28,8 @@ class Rule:
     name: str
     when: Policy
     upkeep: bool = True
+    # The named rows the rule decides by (the Running and Compensating phases), for the documentation.
+    table: SubTable | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Chain:
             chosen = rule.when(world)
             if chosen is None:
                 continue
-            chosen = replace(chosen, rule=rule.name)
+            chosen = replace(chosen, rule=f"{rule.name}/{chosen.rule}" if chosen.rule else rule.name)
             for rewrite in self.rewrites:
                 if (changed := rewrite.when(world, chosen)) is not None:
                     chosen = replace(changed, rule=f"{chosen.rule}+{rewrite.name}")
@@ -71,3 +73,22 @@ class Chain:
     @property
     def names(self) -> list[str]:
         return [rule.name for rule in self.rules]
+
+
+@dataclass(frozen=True)
+class SubTable:
+    """The rows of one phase's rule (Running, Compensating), tried in order: the first that applies gives
+    the rule's Transition, named after the row."""
+
+    rows: tuple[Rule, ...]
+
+    def decide(self, world: World) -> Transition:
+        """The first row that applies (the last row must apply to every World its rule passes on)."""
+        for row in self.rows:
+            if (chosen := row.when(world)) is not None:
+                return replace(chosen, rule=row.name)
+        raise LookupError("no row applies: a sub-table's last row must apply to what its rule passes on")
+
+    @property
+    def names(self) -> list[str]:
+        return [row.name for row in self.rows]

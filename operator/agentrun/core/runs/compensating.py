@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from agentrun.api import (
     FINISHED_ATTEMPT_PHASES,
@@ -26,6 +26,7 @@ from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, Wri
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
 from agentrun.core.runs.builder import Builder, failure_fields
+from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.transition import SetPhase, Step, Transition
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
@@ -36,9 +37,7 @@ def compensating(w: World) -> Transition | None:
     NeedsReconciliation CompensationIncomplete). Neither a cancel nor the deadline stops it."""
     if w.run.status.phase != RunPhase.COMPENSATING:
         return None
-    b = Builder(w)
-    supervise(b, w.current, w.current_pod)
-    return b.transition()
+    return COMPENSATING.decide(w)
 
 
 def compensate_first(w: World, t: Transition) -> Transition | None:
@@ -97,66 +96,176 @@ def judge_request(b: Builder) -> bool:
     return True
 
 
-def supervise(b: Builder, attempt: Attempt | None, pod: PodView | None) -> None:
-    """Phase Compensating: start, watch and conclude compensation Attempts within their own budget."""
-    progress = b.status.compensating
-    if progress is None:  # written by hand or by an older operator: nothing says where to return
-        _incomplete(b, "the Run is Compensating without status.compensating: nothing says what to undo")
-        return
-    current, first = b.status.current_attempt or 0, progress.first_attempt
-    if _earlier_still_running(b, first):
-        return  # an Attempt still sending could race the compensation: it goes first
-    if current < first:
-        _grant(b, first, progress)
-    elif attempt is None:  # a grant interrupted after the Run's write: create what it promised
-        epoch, reason = b.status.lease_epoch or 0, AttemptReason.COMPENSATE
-        promised = b.attempt_object(current, epoch, reason, attempt_input(progress), None)
-        b.plan.add(CreateAttempt(promised.to_api()))
-        b.ensure_pod(promised)
-    elif attempt.status.phase in FINISHED_ATTEMPT_PHASES:
-        ok = attempt.status.phase == AttemptPhase.SUCCEEDED
-        _after(b, attempt, None if ok else attempt.status.failure or failures.pod_lost(), progress, seen=True)
-    elif pod is None:
-        if attempt.status.start_time is None:
-            b.ensure_pod(attempt)  # not created yet, or not in the cache yet: creating is idempotent
-        else:
-            _end(b, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
-    elif pod.finished:
-        end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
-        failure = failures.classify_exit(end)
-        _end(b, attempt, AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED, failure, progress)
+# ---- the Compensating sub-table: one row per situation of the compensation, tried in order ------------
+
+
+def no_progress(w: World) -> Transition | None:
+    """No status.compensating (written by hand or by an older operator) -> NeedsReconciliation: nothing
+    says where to return."""
+    if w.run.status.compensating is not None:
+        return None
+    b = Builder(w)
+    _incomplete(b, "the Run is Compensating without status.compensating: nothing says what to undo")
+    return b.transition()
+
+
+def earlier_running(w: World) -> Transition | None:
+    """A Pod of an Attempt before the compensation is still there -> it is stopped (and its Attempt
+    aborted) first: an Attempt still sending could race the compensation."""
+    progress = w.run.status.compensating
+    assert progress is not None
+    if not _earlier_pods(w, progress):
+        return None
+    b = _earlier_aborted(w, progress, stop_pods=True)
+    b.plan.wake_in(RECHECK_SECONDS)  # the Pod's end wakes us sooner
+    return b.transition()
+
+
+def first_grant(w: World) -> Transition | None:
+    """No compensation Attempt yet -> the first one granted (reason compensate)."""
+    progress = w.run.status.compensating
+    assert progress is not None
+    if (w.run.status.current_attempt or 0) >= progress.first_attempt:
+        return None
+    b = _earlier_aborted(w, progress)
+    _grant(b, progress.first_attempt, progress)
+    return b.transition()
+
+
+def attempt_promised(w: World) -> Transition | None:
+    """The current compensation Attempt not seen -> a grant interrupted after the Run's write: the
+    Attempt it promised created now, then its Pod."""
+    progress = w.run.status.compensating
+    assert progress is not None
+    if w.current is not None:
+        return None
+    b = _earlier_aborted(w, progress)
+    epoch, reason = b.status.lease_epoch or 0, AttemptReason.COMPENSATE
+    promised = b.attempt_object(b.status.current_attempt or 0, epoch, reason, attempt_input(progress), None)
+    b.plan.add(CreateAttempt(promised.to_api()))
+    b.ensure_pod(promised)
+    return b.transition()
+
+
+def attempt_ended(w: World) -> Transition | None:
+    """The compensation Attempt's end recorded -> back to the Run's phase, the next one when its backoff
+    is due, or NeedsReconciliation."""
+    progress, attempt = w.run.status.compensating, w.current
+    assert progress is not None and attempt is not None
+    if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
+        return None
+    b = _earlier_aborted(w, progress)
+    ok = attempt.status.phase == AttemptPhase.SUCCEEDED
+    _after(b, attempt, None if ok else attempt.status.failure or failures.pod_lost(), progress, seen=True)
+    return b.transition()
+
+
+def pod_not_created(w: World) -> Transition | None:
+    """Not started and no Pod seen -> its Pod created (creating is idempotent)."""
+    progress, attempt = w.run.status.compensating, w.current
+    assert progress is not None and attempt is not None
+    if w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    b = _earlier_aborted(w, progress)
+    b.ensure_pod(attempt)
+    return b.transition()
+
+
+def pod_lost(w: World) -> Transition | None:
+    """Started, and its Pod is gone -> the compensation Attempt Failed (pod lost), concluded."""
+    progress, attempt = w.run.status.compensating, w.current
+    assert progress is not None and attempt is not None
+    if w.current_pod is not None:
+        return None
+    b = _earlier_aborted(w, progress)
+    _end(b, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
+    return b.transition()
+
+
+def pod_ended(w: World) -> Transition | None:
+    """Its container ended -> Succeeded (exit 0) or Failed, concluded."""
+    progress, attempt, pod = w.run.status.compensating, w.current, w.current_pod
+    assert progress is not None and attempt is not None and pod is not None
+    if not pod.finished:
+        return None
+    b = _earlier_aborted(w, progress)
+    end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
+    failure = failures.classify_exit(end)
+    _end(b, attempt, AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED, failure, progress)
+    return b.transition()
+
+
+def lease_expired(w: World) -> Transition | None:
+    """Its agent runs and its Lease ran out -> revoked (a late write of the frozen worker is refused), its
+    Pod stopped, the Attempt LeaseLost, concluded."""
+    progress, attempt, pod, lease = w.run.status.compensating, w.current, w.current_pod, w.lease
+    assert progress is not None and attempt is not None and pod is not None
+    if not _judged(w, attempt, pod) or w.lease_expires_in is None or w.lease_expires_in > 0:
+        return None
+    assert lease is not None
+    b = _seen_running(w, attempt, pod, progress)
+    epoch = lease.epoch + 1
+    b.plan.add(WriteLease(None, epoch, b.run.spec.lease.duration_seconds, lease.resource_version))
+    b.plan.add(DeletePod(pod.name, grace_seconds=0))
+    lost = failures.lease_lost(b.run.spec.lease.duration_seconds)
+    _end(b, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch)
+    return b.transition()
+
+
+def live(w: World) -> Transition:
+    """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out."""
+    progress, attempt, pod = w.run.status.compensating, w.current, w.current_pod
+    assert progress is not None and attempt is not None and pod is not None
+    b = _seen_running(w, attempt, pod, progress)
+    if not _judged(w, attempt, pod) or w.lease_expires_in is None:
+        b.plan.wake_in(RECHECK_SECONDS)
     else:
-        _watch(b, attempt, pod, progress)
+        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+    return b.transition()
 
 
-def _earlier_still_running(b: Builder, first: int) -> bool:
-    """Ends the Attempts before the compensation that have not ended (aborted, their Pods stopped); True
-    while one of their Pods is still there."""
-    waiting = False
-    for number, attempt in b.w.attempts.items():
-        if number >= first:
+COMPENSATING: Final = SubTable(
+    (
+        Rule("NoProgress", no_progress),
+        Rule("EarlierRunning", earlier_running),
+        Rule("FirstGrant", first_grant),
+        Rule("AttemptPromised", attempt_promised),
+        Rule("AttemptEnded", attempt_ended),
+        Rule("PodNotCreated", pod_not_created),
+        Rule("PodLost", pod_lost),
+        Rule("PodEnded", pod_ended),
+        Rule("LeaseExpired", lease_expired),
+        Rule("Live", live),
+    )
+)
+
+
+def _earlier_pods(w: World, progress: CompensationProgress) -> list[PodView]:
+    """The Pods still there of the Attempts before the compensation."""
+    pods = (w.pods.get(str(a.metadata.name)) for n, a in w.attempts.items() if n < progress.first_attempt)
+    return [pod for pod in pods if pod is not None and not pod.finished]
+
+
+def _earlier_aborted(w: World, progress: CompensationProgress, *, stop_pods: bool = False) -> Builder:
+    """A Builder whose first steps abort the Attempts before the compensation that have not ended (and
+    stop their Pods still there, with `stop_pods`)."""
+    b = Builder(w)
+    for number, attempt in w.attempts.items():
+        if number >= progress.first_attempt:
             continue
         if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
             b.finish_attempt(
                 attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, "the Run compensates")
             )
-        pod = b.w.pods.get(str(attempt.metadata.name))
-        if pod is not None and not pod.finished:
-            if not pod.deleting:
-                b.plan.add(DeletePod(pod.name))
-            waiting = True
-    if waiting:
-        b.plan.wake_in(RECHECK_SECONDS)  # the Pod's end wakes us sooner
-    return waiting
+        pod = w.pods.get(str(attempt.metadata.name))
+        if stop_pods and pod is not None and not pod.finished and not pod.deleting:
+            b.plan.add(DeletePod(pod.name))
+    return b
 
 
-def _grant(b: Builder, number: int, progress: CompensationProgress) -> None:
-    b.grant(number, AttemptReason.COMPENSATE, attempt_input(progress), phase=RunPhase.COMPENSATING)
-
-
-def _watch(b: Builder, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> None:
-    """A compensation Attempt at work: record that it runs, and take its lease over when it expires."""
-    name, w = str(attempt.metadata.name), b.w
+def _seen_running(w: World, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> Builder:
+    """_earlier_aborted, then the agent's start recorded if its Pod shows it and the Attempt not."""
+    b = _earlier_aborted(w, progress)
     if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
         patch = {
             "phase": "Running",
@@ -164,20 +273,19 @@ def _watch(b: Builder, attempt: Attempt, pod: PodView, progress: CompensationPro
             "podName": pod.name,
             "traceId": b.trace_id,
         }
-        b.plan.add(PatchAttemptStatus(name, patch, attempt.metadata.resource_version))
-    lease = w.lease
+        b.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch, attempt.metadata.resource_version))
+    return b
+
+
+def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
+    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
+    lease, name = w.lease, attempt.metadata.name
     holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    if not holds or w.lease_expires_in is None or not pod.running_since:
-        b.plan.wake_in(RECHECK_SECONDS)
-    elif w.lease_expires_in > 0:
-        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
-    else:
-        assert lease is not None
-        epoch = lease.epoch + 1  # revoked: a late write of the frozen worker is refused
-        b.plan.add(WriteLease(None, epoch, b.run.spec.lease.duration_seconds, lease.resource_version))
-        b.plan.add(DeletePod(pod.name, grace_seconds=0))
-        lost = failures.lease_lost(b.run.spec.lease.duration_seconds)
-        _end(b, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch)
+    return holds and bool(pod.running_since)
+
+
+def _grant(b: Builder, number: int, progress: CompensationProgress) -> None:
+    b.grant(number, AttemptReason.COMPENSATE, attempt_input(progress), phase=RunPhase.COMPENSATING)
 
 
 def _end(

@@ -187,9 +187,7 @@ def running(w: World) -> Transition | None:
     number = w.run.status.current_attempt
     if w.run.status.phase != RunPhase.RUNNING or not number:
         return None
-    b = Builder(w)
-    attempts.supervise(b, number, w.current, w.current_pod)
-    return _deadline_wake(w, b.transition())
+    return _deadline_wake(w, attempts.RUNNING.decide(w))
 
 
 def cancelling(w: World) -> Transition | None:

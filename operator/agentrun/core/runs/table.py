@@ -14,7 +14,7 @@ from typing import Final
 from agentrun.api import TERMINAL_PHASES, FailureClass, RunPhase
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import compensating, rules
+from agentrun.core.runs import attempts, compensating, rules
 from agentrun.core.runs.builder import Builder, failure_fields
 from agentrun.core.runs.chain import Chain, Rewrite, Rule
 from agentrun.core.runs.stopping import revoke_lease
@@ -27,7 +27,7 @@ TABLE: Final = Chain(
         Rule("Deleted", rules.deleted, upkeep=False),
         Rule("CommitRefused", rules.commit_refused, upkeep=False),
         Rule("Committed", rules.committed),
-        Rule("Compensating", compensating.compensating),
+        Rule("Compensating", compensating.compensating, table=compensating.COMPENSATING),
         Rule("CancelAsked", rules.cancel_asked),
         Rule("DeadlinePassed", rules.deadline_passed),
         Rule("HoldEnding", rules.hold_ending),
@@ -38,7 +38,7 @@ TABLE: Final = Chain(
         Rule("TakeoverUnfinished", rules.takeover_unfinished),
         Rule("RetryDue", rules.retry_due),
         Rule("BackingOff", rules.backing_off),
-        Rule("Running", rules.running),
+        Rule("Running", rules.running, table=attempts.RUNNING),
         Rule("Cancelling", rules.cancelling),
         Rule("Resting", rules.resting),
     ),
