@@ -26,6 +26,7 @@ from agentrun.core.plan import (
 )
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, decide
 from agentrun.core.runs.chain import Chain, Rule
+from agentrun.core.runs.transition import SetPhase
 from agentrun.core.runs.transition import Transition as RuleTransition
 from unit.factories import (
     GENERATION,
@@ -1187,3 +1188,19 @@ def test_a_chain_prepends_the_upkeep_only_to_the_rules_that_ask_for_it() -> None
     assert Chain((Rule("Decides", decides, upkeep=False),), upkeep).evaluate(world) == Plan([decided], 1.0)
     with pytest.raises(LookupError):
         Chain((Rule("Never", lambda world: None),), upkeep).evaluate(world)
+
+
+@pytest.mark.parametrize("case", TRANSITIONS.values(), ids=TRANSITIONS.keys())
+def test_every_move_is_one_its_rule_declares(case: Transition) -> None:
+    """The diagram of docs/state-machine.md is drawn from the rules' applies_in and moves_to: every
+    decision of these cases keeps to them, rewrites (CompensateFirst) included."""
+    world = case.world
+    rule, transition = TABLE.transition(world)
+    before = world.run.status.phase
+    turns = {turn for rewrite in TABLE.rewrites for turn in rewrite.turns}
+
+    assert before in rule.applies_in, rule.name
+    for change in (s for s in transition.steps if isinstance(s, SetPhase)):
+        declared = change.phase == before or (before, change.phase) in rule.moves
+        rewritten = any(to == change.phase and (before, source) in rule.moves for source, to in turns)
+        assert declared or rewritten, (rule.name, before, change.phase)

@@ -9,13 +9,17 @@ compensation a Run's policy asks for before it ends is one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from agentrun.api import RunPhase
 from agentrun.core.plan import Action, Plan
 from agentrun.core.runs.transition import Transition, render
 from agentrun.core.runs.world import World
 
 Policy = Callable[[World], Transition | None]
+# The phases of a Run; None: a Run not seen yet (no phase written).
+Phases = frozenset[RunPhase | None]
+ANY_PHASE: Phases = frozenset([None, *RunPhase])
 Upkeep = Callable[[World], tuple[Action, ...]]
 
 
@@ -30,6 +34,26 @@ class Rule:
     upkeep: bool = True
     # The named rows the rule decides by (the Running and Compensating phases), for the documentation.
     table: SubTable | None = None
+    # The phases the rule applies in, and those it moves the Run to (a phase change to the same phase,
+    # e.g. a grant while Running, is no move): the diagram of docs/state-machine.md, checked against
+    # the decisions of the table's tests.
+    applies_in: Phases = ANY_PHASE
+    moves_to: frozenset[RunPhase] = field(default_factory=frozenset)
+    # The moves it makes, (from, to), when not every phase it applies in moves to every one of moves_to
+    # (a control request: a retry moves Failed to Running, a resume InputRequired to Running, ...).
+    only: frozenset[tuple[RunPhase | None, RunPhase]] | None = None
+
+    @property
+    def moves(self) -> list[tuple[RunPhase | None, RunPhase]]:
+        """(from, to) of every move the rule makes, in the order of the phases."""
+        order = [None, *RunPhase]
+        pairs = [(a, b) for a in order if a in self.applies_in for b in RunPhase if b in self.moves_to]
+        return [(a, b) for a, b in pairs if a != b and (self.only is None or (a, b) in self.only)]
+
+
+def pairs(sources: Phases, targets: frozenset[RunPhase]) -> frozenset[tuple[RunPhase | None, RunPhase]]:
+    """Every move from one of `sources` to one of `targets`."""
+    return frozenset((a, b) for a in sources for b in targets)
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,8 @@ class Rewrite:
 
     name: str
     when: Callable[[World, Transition], Transition | None]
+    # Which phases it turns into which (for the documentation, like Rule.moves_to).
+    turns: tuple[tuple[RunPhase, RunPhase], ...] = ()
 
 
 @dataclass(frozen=True)
