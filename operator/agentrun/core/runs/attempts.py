@@ -1,4 +1,5 @@
-"""Watching the current Attempt: its Pod starts, holds a request, ends, or loses its lease."""
+"""Watching the current Attempt of a Running Run (the Running sub-table): its Pod starts, holds a
+request, ends, or loses its lease; and how the Run moves on from an Attempt's end."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ from agentrun.api import (
 from agentrun.core import failures
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.pods import PodView
-from agentrun.core.runs.builder import Builder
 from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.failing import after_failure
+from agentrun.core.runs.grants import pod_created
 from agentrun.core.runs.promises import create_promised
-from agentrun.core.runs.stopping import finish_lost, lease_lost, revoke_lease
-from agentrun.core.runs.transition import Transition
+from agentrun.core.runs.stopping import finish_lost, lease_lost, revoked
+from agentrun.core.runs.transition import (
+    NOTHING,
+    Transition,
+    event,
+    finish_attempt,
+    set_phase,
+    trace_of,
+    wake_in,
+    writes,
+)
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
 # ---- the Running sub-table: one row per situation of the current Attempt, tried in order ---------------
@@ -48,9 +58,8 @@ def attempt_promised(w: World) -> Transition | None:
     created now, then its Pod."""
     if w.current is not None:
         return None
-    b = Builder(w)
-    b.ensure_pod(create_promised(b, w.run.status.current_attempt or 0))
-    return b.transition()
+    promised, created = create_promised(w, w.run.status.current_attempt or 0)
+    return created.then(pod_created(w, promised))
 
 
 def pod_not_created(w: World) -> Transition | None:
@@ -59,9 +68,7 @@ def pod_not_created(w: World) -> Transition | None:
     attempt = _live(w)
     if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
         return None
-    b = Builder(w)
-    b.ensure_pod(attempt)
-    return b.transition()
+    return pod_created(w, attempt)
 
 
 def pod_lost(w: World) -> Transition | None:
@@ -69,11 +76,10 @@ def pod_lost(w: World) -> Transition | None:
     attempt = _live(w)
     if attempt is None or w.current_pod is not None:
         return None
-    b = Builder(w)
     failure = failures.pod_lost()
-    b.finish_attempt(attempt, AttemptPhase.FAILED, failure)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.FAILED)
-    return b.transition()
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
 
 
 def pod_ended(w: World) -> Transition | None:
@@ -81,9 +87,7 @@ def pod_ended(w: World) -> Transition | None:
     attempt, pod = _live(w), w.current_pod
     if attempt is None or pod is None or not pod.finished:
         return None
-    b = Builder(w)
-    conclude(b, attempt, pod)
-    return b.transition()
+    return conclude(w, attempt, pod)
 
 
 def holding(w: World) -> Transition | None:
@@ -92,12 +96,12 @@ def holding(w: World) -> Transition | None:
     pending = w.run.status.pending_request
     if live is None or pending is None or pending.held_by != live[0].metadata.name:
         return None
-    b = _seen_running(w, *live)
     name = str(live[0].metadata.name)
     message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
-    b.set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(b, pending))
-    b.event("Normal", "Holding", message, name)
-    return b.transition()
+    return _seen_running(w, *live).then(
+        set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(w, pending)),
+        event("Normal", "Holding", message, name),
+    )
 
 
 def revoked_unfinished(w: World) -> Transition | None:
@@ -105,9 +109,7 @@ def revoked_unfinished(w: World) -> Transition | None:
     live, lease = _live_pod(w), w.lease
     if live is None or lease is None or lease.holder is not None or lease.epoch <= live[0].spec.lease_epoch:
         return None
-    b = _seen_running(w, *live)
-    take_over(b, live[0], live[1], lease_lost(b))
-    return b.transition()
+    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
 
 def lease_expired(w: World) -> Transition | None:
@@ -115,9 +117,7 @@ def lease_expired(w: World) -> Transition | None:
     live = _live_pod(w)
     if live is None or not _judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
         return None
-    b = _seen_running(w, *live)
-    take_over(b, live[0], live[1], lease_lost(b))
-    return b.transition()
+    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
 
 def live(w: World) -> Transition | None:
@@ -126,12 +126,10 @@ def live(w: World) -> Transition | None:
     live = _live_pod(w)
     if live is None:
         return None
-    b = _seen_running(w, *live)
+    seen = _seen_running(w, *live)
     if not _judged(w, *live) or w.lease_expires_in is None:
-        b.plan.wake_in(RECHECK_SECONDS)
-    else:
-        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
-    return b.transition()
+        return seen.then(wake_in(RECHECK_SECONDS))
+    return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
 
 def lost_unfinished(w: World) -> Transition | None:
@@ -139,38 +137,29 @@ def lost_unfinished(w: World) -> Transition | None:
     attempt = w.current
     if attempt is None or attempt.status.phase != AttemptPhase.LEASE_LOST or w.lease is None:
         return None
-    b = Builder(w)
-    take_over(b, attempt, w.current_pod, attempt.status.failure or lease_lost(b))
-    return b.transition()
+    return take_over(w, attempt, w.current_pod, attempt.status.failure or lease_lost(w))
 
 
 def attempt_ended(w: World) -> Transition:
     """Its end recorded (a commit, a refusal, an interrupt, ...) -> the Run moves on from it."""
     attempt = w.current
     assert attempt is not None
-    b = Builder(w)
-    after_attempt(b, attempt, attempt.status.failure)
-    return b.transition()
+    return after_attempt(w, attempt, attempt.status.failure)
 
 
-def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Builder:
-    """A Builder whose first step records that the agent runs, if its Pod shows it and the Attempt not."""
-    b = Builder(w)
-    if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
-        started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
-        started["traceId"] = b.trace_id
-        b.plan.add(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
-    return b
+def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
+    """The agent's start recorded, if its Pod shows it and the Attempt does not yet."""
+    if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
+        return NOTHING
+    started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
+    started["traceId"] = trace_of(w)
+    return writes(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
 
 
 def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
     """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
-    lease = w.lease
-    holds = (
-        lease is not None
-        and lease.holder == attempt.metadata.name
-        and lease.epoch == attempt.spec.lease_epoch
-    )
+    lease, name = w.lease, attempt.metadata.name
+    holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
     return holds and bool(pod.running_since)
 
 
@@ -190,38 +179,44 @@ RUNNING: Final = SubTable(
 )
 
 
-def take_over(b: Builder, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
+# ---- how the Run moves on from an Attempt -------------------------------------------------------------
+
+
+def take_over(w: World, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> Transition:
     """The Attempt lost its lease. Take the lease over now, not at the next grant: a frozen worker that
     wakes up during the backoff must already find its epoch stale. The Run's status write (the new
     epoch, preconditioned) is the point that decides between the takeover and a commit racing it: the
     Attempt is marked LeaseLost only after it, so an Attempt whose commit came first is never recorded
     as having lost. Then its Pod is stopped (a takeover interrupted after the Run's write is finished
     by the backoff)."""
-    epoch = revoke_lease(b)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
-    finish_lost(b, attempt, pod, failure)
+    epoch, revoke = revoked(w)
+    return revoke.then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch),
+        finish_lost(w, attempt, pod, failure),
+    )
 
 
-def conclude(b: Builder, attempt: Attempt, pod: PodView) -> None:
+def conclude(w: World, attempt: Attempt, pod: PodView) -> Transition:
     """The agent container ended: what did the Attempt achieve?"""
-    status, name = b.status, str(attempt.metadata.name)
+    status, name = w.run.status, str(attempt.metadata.name)
     failure = failures.classify_exit(container_end(pod))
     if failure is None:
         if status.committed_by is not None and status.committed_by.attempt == name:
-            b.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
-            after_attempt(b, attempt, None, phase=AttemptPhase.SUCCEEDED)
-            return
+            return finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
+                after_attempt(w, attempt, None, phase=AttemptPhase.SUCCEEDED)
+            )
         if status.pending_request is not None:
-            b.finish_attempt(attempt, AttemptPhase.INTERRUPTED, None)
-            after_attempt(b, attempt, None, phase=AttemptPhase.INTERRUPTED)
-            return
+            return finish_attempt(w, attempt, AttemptPhase.INTERRUPTED, None).then(
+                after_attempt(w, attempt, None, phase=AttemptPhase.INTERRUPTED)
+            )
         failure = failures.failure(
             FailureClass.DETERMINISTIC,
             "the agent exited 0 without committing a result or an input request (use agentrun.worker)",
             0,
         )
-    b.finish_attempt(attempt, AttemptPhase.FAILED, failure)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.FAILED)
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
 
 
 def container_end(pod: PodView) -> failures.ContainerExit:
@@ -230,26 +225,26 @@ def container_end(pod: PodView) -> failures.ContainerExit:
 
 
 def after_attempt(
-    b: Builder, attempt: Attempt, failure: AttemptFailure | None, phase: AttemptPhase | None = None
-) -> None:
+    w: World, attempt: Attempt, failure: AttemptFailure | None, phase: AttemptPhase | None = None
+) -> Transition:
     """Moves the Run on from an Attempt whose end is already recorded (or being recorded now)."""
     phase = phase or attempt.status.phase
     name = str(attempt.metadata.name)
     if phase == AttemptPhase.SUCCEEDED:
         # No Event: a success asks nothing of a person, and the Run's phase, its Succeeded condition and
         # committedBy say it (an Event per Run would be an API request per Run for nobody).
-        b.set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
-    elif phase == AttemptPhase.INTERRUPTED:
-        request = b.status.pending_request
+        return set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
+    if phase == AttemptPhase.INTERRUPTED:
+        request = w.run.status.pending_request
         assert request is not None
         waiting = waiting_phase(request)
         message = f"waiting for request {request.request_id} ({request.reason.value})"
-        b.set_phase(waiting, waiting.value, message, **expiry(b, request))
-        b.event("Normal", "Interrupted", message, name)
-    elif failure is not None:
-        after_failure(b, attempt.spec.number, failure, phase or AttemptPhase.FAILED)
-    else:
-        after_failure(b, attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
+        return set_phase(waiting, waiting.value, message, **expiry(w, request)).then(
+            event("Normal", "Interrupted", message, name)
+        )
+    if failure is not None:
+        return after_failure(w, attempt.spec.number, failure, phase or AttemptPhase.FAILED)
+    return after_failure(w, attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
 
 
 def waiting_phase(request: PendingRequest) -> RunPhase:
@@ -260,12 +255,12 @@ def waiting_phase(request: PendingRequest) -> RunPhase:
     }[request.reason.value]
 
 
-def expiry(b: Builder, request: PendingRequest) -> dict[str, Any]:
+def expiry(w: World, request: PendingRequest) -> dict[str, Any]:
     """The request's expiresAt, on the operator's clock, from the expiresInSeconds its worker asked for
     (a worker's clock may be off by any amount; DESIGN: expiry is judged on the operator's own clock)."""
     if request.expires_in_seconds is None or request.expires_at is not None:
         return {}
-    expires_at = b.w.now + timedelta(seconds=request.expires_in_seconds)
+    expires_at = w.now + timedelta(seconds=request.expires_in_seconds)
     return {"pendingRequest": {"expiresAt": rfc3339(expires_at)}}
 
 
@@ -284,19 +279,19 @@ def hold_expired(w: World, attempt: Attempt) -> bool:
     )
 
 
-def end_of_hold(b: Builder, attempt: Attempt, pod: PodView | None) -> None:
+def end_of_hold(w: World, attempt: Attempt, pod: PodView | None) -> Transition:
     """The Attempt that held the request ended (or its lease ran out): recorded now; the request stands,
     so the Run keeps waiting for its answer, which then starts a new Attempt."""
-    pending, name = b.status.pending_request, str(attempt.metadata.name)
+    pending, name = w.run.status.pending_request, str(attempt.metadata.name)
+    t = NOTHING
     if pending is not None and pending.held_by == name:  # the hold ends with its Attempt
-        b.plan.add(PatchRunStatus({"pendingRequest": {"heldBy": None}}))
-    if hold_expired(b.w, attempt):
+        t = t.then(PatchRunStatus({"pendingRequest": {"heldBy": None}}))
+    if hold_expired(w, attempt):
         if pod is not None and not pod.finished:
-            b.plan.add(DeletePod(pod.name, grace_seconds=0))
-        b.finish_attempt(attempt, AttemptPhase.LEASE_LOST, lease_lost(b))
-    elif pod is None:
-        b.finish_attempt(attempt, AttemptPhase.FAILED, failures.pod_lost())
-    else:
-        failure = failures.classify_exit(container_end(pod))
-        phase = AttemptPhase.INTERRUPTED if failure is None else AttemptPhase.FAILED
-        b.finish_attempt(attempt, phase, failure)
+            t = t.then(DeletePod(pod.name, grace_seconds=0))
+        return t.then(finish_attempt(w, attempt, AttemptPhase.LEASE_LOST, lease_lost(w)))
+    if pod is None:
+        return t.then(finish_attempt(w, attempt, AttemptPhase.FAILED, failures.pod_lost()))
+    failure = failures.classify_exit(container_end(pod))
+    phase = AttemptPhase.INTERRUPTED if failure is None else AttemptPhase.FAILED
+    return t.then(finish_attempt(w, attempt, phase, failure))

@@ -1,5 +1,6 @@
-"""The Compensating phase in the Run's table: compensation Attempts started, watched and concluded within
-their own budget, and spec.compensateRequest judged (the decisions themselves: core.compensation)."""
+"""The Compensating phase in the Run's table (its sub-table): compensation Attempts started, watched and
+concluded within their own budget; and the CompensateFirst rewrite that sends a Run there before it
+ends (the decisions themselves: core.compensation)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,27 @@ from agentrun.api import (
     AttemptPhase,
     AttemptReason,
     CompensationProgress,
-    ControlOp,
     FailureClass,
     RunPhase,
 )
-from agentrun.core import compensation, controls, failures
+from agentrun.core import compensation, failures
 from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
-from agentrun.core.controls import KeyUse
 from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, WriteLease
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
-from agentrun.core.runs.builder import Builder, failure_fields
 from agentrun.core.runs.chain import Rule, SubTable
-from agentrun.core.runs.transition import SetPhase, Step, Transition
+from agentrun.core.runs.grants import attempt_object, failure_fields, grant, pod_created
+from agentrun.core.runs.transition import (
+    NOTHING,
+    SetPhase,
+    Step,
+    Transition,
+    event,
+    finish_attempt,
+    set_phase,
+    trace_of,
+    wake_in,
+)
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
 
@@ -55,48 +64,13 @@ def compensate_first(w: World, t: Transition) -> Transition | None:
     return replace(t, steps=tuple(steps)) if tuple(steps) != t.steps else None
 
 
-def judge_request(b: Builder) -> bool:
-    """Judges spec.compensateRequest once per key (like the other control requests); True when it was,
-    so the Run waits for that write."""
-    run = b.run
-    request = run.spec.compensate_request
-    if request is None:
-        return False
-    key, digest = request.idempotency_key, compensation.request_digest(request.effects)
-    use = controls.key_use(run, key, ControlOp.COMPENSATE, digest)
-    if use == KeyUse.REPEAT:
-        return False
-    if use == KeyUse.NEW:
-        verdict, started = compensation.judge(run, b.w.side_effects)
-    else:
-        verdict, started = controls.key_refusal(use, key), None
-    record = controls.control_record(ControlOp.COMPENSATE, key, digest, verdict, b.w.now)
-    spent = controls.with_spent(run, key, ControlOp.COMPENSATE, digest) if use == KeyUse.NEW else None
-    progress = b.status.compensating
-    if started is None and verdict.accepted and progress is not None and compensation.is_incomplete(run):
-        # An incomplete compensation with nothing left to settle or undo (a person resolved the records,
-        # or the last Attempt finished its work but not its exit): it is complete, the Run goes back.
-        _return(b, progress, controls=controls.with_record(run, record), spentKeys=spent)
-        return True
-    if started is None:
-        b.record_control(record, spent=spent)
-        if not verdict.accepted:
-            b.event("Warning", "CompensateRejected", f"{verdict.reason}: {verdict.message}")
-        return True
-    b.set_phase(
-        RunPhase.COMPENSATING,
-        "CompensateRequested",
-        verdict.message,
-        controls=controls.with_record(run, record),
-        spentKeys=spent,
-        compensating=started,
-        nextAttemptTime=None,
-    )
-    b.event("Normal", "CompensateRequested", verdict.message)
-    return True
-
-
 # ---- the Compensating sub-table: one row per situation of the compensation, tried in order ------------
+
+
+def _progress(w: World) -> CompensationProgress:
+    progress = w.run.status.compensating
+    assert progress is not None  # the NoProgress row comes first
+    return progress
 
 
 def no_progress(w: World) -> Transition | None:
@@ -104,124 +78,109 @@ def no_progress(w: World) -> Transition | None:
     says where to return."""
     if w.run.status.compensating is not None:
         return None
-    b = Builder(w)
-    _incomplete(b, "the Run is Compensating without status.compensating: nothing says what to undo")
-    return b.transition()
+    return incomplete(w, "the Run is Compensating without status.compensating: nothing says what to undo")
 
 
 def earlier_running(w: World) -> Transition | None:
     """A Pod of an Attempt before the compensation is still there -> it is stopped (and its Attempt
     aborted) first: an Attempt still sending could race the compensation."""
-    progress = w.run.status.compensating
-    assert progress is not None
+    progress = _progress(w)
     if not _earlier_pods(w, progress):
         return None
-    b = _earlier_aborted(w, progress, stop_pods=True)
-    b.plan.wake_in(RECHECK_SECONDS)  # the Pod's end wakes us sooner
-    return b.transition()
+    # The Pod's end wakes us sooner than the recheck.
+    return _earlier_aborted(w, progress, stop_pods=True).then(wake_in(RECHECK_SECONDS))
 
 
 def first_grant(w: World) -> Transition | None:
     """No compensation Attempt yet -> the first one granted (reason compensate)."""
-    progress = w.run.status.compensating
-    assert progress is not None
+    progress = _progress(w)
     if (w.run.status.current_attempt or 0) >= progress.first_attempt:
         return None
-    b = _earlier_aborted(w, progress)
-    _grant(b, progress.first_attempt, progress)
-    return b.transition()
+    return _earlier_aborted(w, progress).then(_grant(w, progress.first_attempt, progress))
 
 
 def attempt_promised(w: World) -> Transition | None:
     """The current compensation Attempt not seen -> a grant interrupted after the Run's write: the
     Attempt it promised created now, then its Pod."""
-    progress = w.run.status.compensating
-    assert progress is not None
+    progress, status = _progress(w), w.run.status
     if w.current is not None:
         return None
-    b = _earlier_aborted(w, progress)
-    epoch, reason = b.status.lease_epoch or 0, AttemptReason.COMPENSATE
-    promised = b.attempt_object(b.status.current_attempt or 0, epoch, reason, attempt_input(progress), None)
-    b.plan.add(CreateAttempt(promised.to_api()))
-    b.ensure_pod(promised)
-    return b.transition()
+    epoch, reason = status.lease_epoch or 0, AttemptReason.COMPENSATE
+    number, effects = status.current_attempt or 0, attempt_input(progress)
+    promised = attempt_object(w, number, epoch, reason, effects, resume_from=None)
+    return _earlier_aborted(w, progress).then(CreateAttempt(promised.to_api()), pod_created(w, promised))
 
 
 def attempt_ended(w: World) -> Transition | None:
     """The compensation Attempt's end recorded -> back to the Run's phase, the next one when its backoff
     is due, or NeedsReconciliation."""
-    progress, attempt = w.run.status.compensating, w.current
-    assert progress is not None and attempt is not None
+    progress, attempt = _progress(w), w.current
+    assert attempt is not None
     if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
         return None
-    b = _earlier_aborted(w, progress)
     ok = attempt.status.phase == AttemptPhase.SUCCEEDED
-    _after(b, attempt, None if ok else attempt.status.failure or failures.pod_lost(), progress, seen=True)
-    return b.transition()
+    failure = None if ok else attempt.status.failure or failures.pod_lost()
+    return _earlier_aborted(w, progress).then(_after(w, attempt, failure, progress, seen=True))
 
 
 def pod_not_created(w: World) -> Transition | None:
     """Not started and no Pod seen -> its Pod created (creating is idempotent)."""
-    progress, attempt = w.run.status.compensating, w.current
-    assert progress is not None and attempt is not None
+    progress, attempt = _progress(w), w.current
+    assert attempt is not None
     if w.current_pod is not None or attempt.status.start_time is not None:
         return None
-    b = _earlier_aborted(w, progress)
-    b.ensure_pod(attempt)
-    return b.transition()
+    return _earlier_aborted(w, progress).then(pod_created(w, attempt))
 
 
 def pod_lost(w: World) -> Transition | None:
     """Started, and its Pod is gone -> the compensation Attempt Failed (pod lost), concluded."""
-    progress, attempt = w.run.status.compensating, w.current
-    assert progress is not None and attempt is not None
+    progress, attempt = _progress(w), w.current
+    assert attempt is not None
     if w.current_pod is not None:
         return None
-    b = _earlier_aborted(w, progress)
-    _end(b, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
-    return b.transition()
+    return _earlier_aborted(w, progress).then(
+        _end(w, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
+    )
 
 
 def pod_ended(w: World) -> Transition | None:
     """Its container ended -> Succeeded (exit 0) or Failed, concluded."""
-    progress, attempt, pod = w.run.status.compensating, w.current, w.current_pod
-    assert progress is not None and attempt is not None and pod is not None
+    progress, attempt, pod = _progress(w), w.current, w.current_pod
+    assert attempt is not None and pod is not None
     if not pod.finished:
         return None
-    b = _earlier_aborted(w, progress)
     end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
     failure = failures.classify_exit(end)
-    _end(b, attempt, AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED, failure, progress)
-    return b.transition()
+    phase = AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED
+    return _earlier_aborted(w, progress).then(_end(w, attempt, phase, failure, progress))
 
 
 def lease_expired(w: World) -> Transition | None:
     """Its agent runs and its Lease ran out -> revoked (a late write of the frozen worker is refused), its
     Pod stopped, the Attempt LeaseLost, concluded."""
-    progress, attempt, pod, lease = w.run.status.compensating, w.current, w.current_pod, w.lease
-    assert progress is not None and attempt is not None and pod is not None
+    progress, attempt, pod, lease = _progress(w), w.current, w.current_pod, w.lease
+    assert attempt is not None and pod is not None
     if not _judged(w, attempt, pod) or w.lease_expires_in is None or w.lease_expires_in > 0:
         return None
     assert lease is not None
-    b = _seen_running(w, attempt, pod, progress)
     epoch = lease.epoch + 1
-    b.plan.add(WriteLease(None, epoch, b.run.spec.lease.duration_seconds, lease.resource_version))
-    b.plan.add(DeletePod(pod.name, grace_seconds=0))
-    lost = failures.lease_lost(b.run.spec.lease.duration_seconds)
-    _end(b, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch)
-    return b.transition()
+    duration = w.run.spec.lease.duration_seconds
+    lost = failures.lease_lost(duration)
+    return _seen_running(w, attempt, pod, progress).then(
+        WriteLease(None, epoch, duration, lease.resource_version),
+        DeletePod(pod.name, grace_seconds=0),
+        _end(w, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch),
+    )
 
 
 def live(w: World) -> Transition:
     """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out."""
-    progress, attempt, pod = w.run.status.compensating, w.current, w.current_pod
-    assert progress is not None and attempt is not None and pod is not None
-    b = _seen_running(w, attempt, pod, progress)
+    progress, attempt, pod = _progress(w), w.current, w.current_pod
+    assert attempt is not None and pod is not None
+    seen = _seen_running(w, attempt, pod, progress)
     if not _judged(w, attempt, pod) or w.lease_expires_in is None:
-        b.plan.wake_in(RECHECK_SECONDS)
-    else:
-        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
-    return b.transition()
+        return seen.then(wake_in(RECHECK_SECONDS))
+    return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
 
 COMPENSATING: Final = SubTable(
@@ -246,35 +205,29 @@ def _earlier_pods(w: World, progress: CompensationProgress) -> list[PodView]:
     return [pod for pod in pods if pod is not None and not pod.finished]
 
 
-def _earlier_aborted(w: World, progress: CompensationProgress, *, stop_pods: bool = False) -> Builder:
-    """A Builder whose first steps abort the Attempts before the compensation that have not ended (and
-    stop their Pods still there, with `stop_pods`)."""
-    b = Builder(w)
+def _earlier_aborted(w: World, progress: CompensationProgress, *, stop_pods: bool = False) -> Transition:
+    """The Attempts before the compensation that have not ended, aborted (and their Pods still there
+    stopped, with `stop_pods`)."""
+    t = NOTHING
     for number, attempt in w.attempts.items():
         if number >= progress.first_attempt:
             continue
         if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
-            b.finish_attempt(
-                attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, "the Run compensates")
-            )
+            aborted = failures.failure(FailureClass.CANCELLED, "the Run compensates")
+            t = t.then(finish_attempt(w, attempt, AttemptPhase.ABORTED, aborted))
         pod = w.pods.get(str(attempt.metadata.name))
         if stop_pods and pod is not None and not pod.finished and not pod.deleting:
-            b.plan.add(DeletePod(pod.name))
-    return b
+            t = t.then(DeletePod(pod.name))
+    return t
 
 
-def _seen_running(w: World, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> Builder:
+def _seen_running(w: World, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> Transition:
     """_earlier_aborted, then the agent's start recorded if its Pod shows it and the Attempt not."""
-    b = _earlier_aborted(w, progress)
-    if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
-        patch = {
-            "phase": "Running",
-            "startTime": pod.running_since,
-            "podName": pod.name,
-            "traceId": b.trace_id,
-        }
-        b.plan.add(PatchAttemptStatus(str(attempt.metadata.name), patch, attempt.metadata.resource_version))
-    return b
+    t = _earlier_aborted(w, progress)
+    if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
+        return t
+    patch = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name, "traceId": trace_of(w)}
+    return t.then(PatchAttemptStatus(str(attempt.metadata.name), patch, attempt.metadata.resource_version))
 
 
 def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
@@ -284,100 +237,99 @@ def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
     return holds and bool(pod.running_since)
 
 
-def _grant(b: Builder, number: int, progress: CompensationProgress) -> None:
-    b.grant(number, AttemptReason.COMPENSATE, attempt_input(progress), phase=RunPhase.COMPENSATING)
+def _grant(w: World, number: int, progress: CompensationProgress) -> Transition:
+    return grant(w, number, AttemptReason.COMPENSATE, attempt_input(progress), phase=RunPhase.COMPENSATING)
+
+
+# ---- how a compensation Attempt's end moves the Run on ------------------------------------------------
 
 
 def _end(
-    b: Builder,
+    w: World,
     attempt: Attempt,
     phase: AttemptPhase,
     failure: AttemptFailure | None,
     progress: CompensationProgress,
     **fields: Any,
-) -> None:
-    b.finish_attempt(attempt, phase, failure)
+) -> Transition:
     ok = phase == AttemptPhase.SUCCEEDED
-    _after(b, attempt, None if ok else failure or failures.pod_lost(), progress, seen=False, **fields)
+    return finish_attempt(w, attempt, phase, failure).then(
+        _after(w, attempt, None if ok else failure or failures.pod_lost(), progress, seen=False, **fields)
+    )
 
 
 def _after(
-    b: Builder,
+    w: World,
     attempt: Attempt,
     failure: AttemptFailure | None,
     progress: CompensationProgress,
     *,
     seen: bool,
     **fields: Any,
-) -> None:
+) -> Transition:
     """The compensation Attempt ended (failure None: it did all it had to), recorded now or `seen`
     recorded before: back to the Run's phase, another compensation Attempt after a backoff, or
     NeedsReconciliation. The worker ends a compensation Attempt well only when everything in its scope
     is settled and compensated; anything left open makes it fail with unknown_side_effect."""
-    if failure is None or not compensation.needs_compensation(b.w.side_effects, progress.effects):
+    if failure is None or not compensation.needs_compensation(w.side_effects, progress.effects):
         # Ended well, or failed after doing all it had to (killed once the last record was marked
         # Compensated): nothing is left to settle or undo, so no other Attempt and no person is needed.
-        _return(b, progress, **fields)
-        return
-    due = b.status.next_attempt_time
+        return returned(w, progress, **fields)
+    due = w.run.status.next_attempt_time
     if seen and due is not None:
-        if b.w.now >= due:
-            _grant(b, attempt.spec.number + 1, progress)
-        else:
-            b.plan.wake_in((due - b.w.now).total_seconds())
-        return
-    retry, message = retry_after_failure(b, attempt.spec.number, failure, progress)
+        if w.now >= due:
+            return _grant(w, attempt.spec.number + 1, progress)
+        return wake_in((due - w.now).total_seconds())
+    retry, message = retry_after_failure(w, attempt.spec.number, failure, progress)
     if retry is None:
-        _incomplete(b, message, **fields)
-        return
-    at = b.w.now + timedelta(seconds=retry)
+        return incomplete(w, message, **fields)
+    at = w.now + timedelta(seconds=retry)
     if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
         at = at.replace(microsecond=0) + timedelta(seconds=1)
     text = f"compensation Attempt {attempt.spec.number} failed ({failure.failure_class}: {failure.message}); "
-    b.set_phase(
+    return set_phase(
         RunPhase.COMPENSATING,
         "CompensationRetry",
         text + f"the next starts at {rfc3339(at)}",
         nextAttemptTime=rfc3339(at),
         **fields,
-    )
-    b.event("Normal", "CompensationRetry", message)
-    b.plan.wake_in((at - b.w.now).total_seconds())
+    ).then(event("Normal", "CompensationRetry", message), wake_in((at - w.now).total_seconds()))
 
 
 def retry_after_failure(
-    b: Builder, number: int, failure: AttemptFailure, progress: CompensationProgress
+    w: World, number: int, failure: AttemptFailure, progress: CompensationProgress
 ) -> tuple[float | None, str]:
     """(seconds until the next compensation Attempt, or None: give up; why). The Run's retry policy
     decides with spec.compensation.maxAttempts as the budget; an open or conflicting record
     (unknown_side_effect) needs a person, never another try."""
     if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
         return None, failure.message or "a side effect could not be settled or compensated"
-    budget = policy_of(b.run).max_attempts
-    policy = b.run.spec.retry.model_copy(update={"max_attempts": budget})
-    history = [b.w.failure_of(n) for n in range(progress.first_attempt, number)] + [failure]
-    decision = decide_retry(
-        policy, number - progress.first_attempt + 1, history, seed=str(b.run.metadata.uid)
-    )
+    run = w.run
+    budget = policy_of(run).max_attempts
+    policy = run.spec.retry.model_copy(update={"max_attempts": budget})
+    history = [w.failure_of(n) for n in range(progress.first_attempt, number)] + [failure]
+    decision = decide_retry(policy, number - progress.first_attempt + 1, history, seed=str(run.metadata.uid))
     if not decision.retry:
         return None, f"{decision.message}; last failure: {failure.message}"
     return max(decision.delay_seconds, float(failure.retry_after_seconds or 0)), decision.message
 
 
-def _return(b: Builder, progress: CompensationProgress, **fields: Any) -> None:
+def returned(w: World, progress: CompensationProgress, **fields: Any) -> Transition:
+    """The compensation is complete: the Run is back in the phase it compensated from."""
     phase = RunPhase(progress.return_phase)
     message = f"side effects compensated; the Run is {phase.value} again"
-    failure = b.status.failure
+    failure = w.run.status.failure
     if failure is not None and failure.reason == INCOMPLETE and phase != RunPhase.FAILED:
         fields["failure"] = None  # the incomplete compensation was completed: nothing failed
-    b.set_phase(phase, "Compensated", message, compensating=None, nextAttemptTime=None, **fields)
-    b.event("Normal", "Compensated", message)
+    return set_phase(phase, "Compensated", message, compensating=None, nextAttemptTime=None, **fields).then(
+        event("Normal", "Compensated", message)
+    )
 
 
-def _incomplete(b: Builder, message: str, **fields: Any) -> None:
+def incomplete(w: World, message: str, **fields: Any) -> Transition:
+    """What is left can be neither settled nor compensated by an Attempt: a person decides."""
     text = f"{INCOMPLETE}: {message}; resolve the SideEffects, then ask again (spec.compensateRequest)"
     failure = failure_fields(FailureClass.UNKNOWN_SIDE_EFFECT, INCOMPLETE, message)
-    b.set_phase(
+    return set_phase(
         RunPhase.NEEDS_RECONCILIATION, INCOMPLETE, text, failure=failure, nextAttemptTime=None, **fields
-    )
-    b.event("Warning", INCOMPLETE, text)
+    ).then(event("Warning", INCOMPLETE, text))

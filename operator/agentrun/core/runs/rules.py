@@ -22,9 +22,9 @@ from agentrun.api import (
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
 from agentrun.core.runs import attempts, external, stopping
-from agentrun.core.runs.builder import Builder, failure_fields
+from agentrun.core.runs.grants import failure_fields, grant
 from agentrun.core.runs.promises import automatic_retry, or_promised
-from agentrun.core.runs.transition import Transition
+from agentrun.core.runs.transition import Transition, event, finish_attempt, set_phase, wake_in
 from agentrun.core.runs.upkeep import rejections
 from agentrun.core.runs.world import RECHECK_SECONDS, World
 
@@ -51,12 +51,12 @@ def committed(w: World) -> Transition | None:
         return None
     if w.run.status.phase not in ATTEMPT_RUNS_IN:
         return None
-    b = Builder(w)
-    b.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
-    attempts.after_attempt(b, attempt, None, phase=AttemptPhase.SUCCEEDED)
+    t = finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
+        attempts.after_attempt(w, attempt, None, phase=AttemptPhase.SUCCEEDED)
+    )
     if w.run.spec.cancel_epoch > by.cancel_epoch:
-        b.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
-    return b.transition()
+        t = t.then(event("Normal", "CancelTooLate", "the result was committed before the cancel arrived"))
+    return t
 
 
 def cancel_asked(w: World) -> Transition | None:
@@ -67,18 +67,16 @@ def cancel_asked(w: World) -> Transition | None:
         return None
     if w.run.spec.cancel_epoch <= (status.observed_cancel_epoch or 0):
         return None
-    b = Builder(w)
-    stopping.request_cancel(b, or_promised(b, w.current), w.current_pod)
-    return b.transition()
+    attempt, promised = or_promised(w, w.current)
+    return promised.then(stopping.request_cancel(w, attempt, w.current_pod))
 
 
 def deadline_passed(w: World) -> Transition | None:
     """Not stopped, past spec.deadlineSeconds -> Failed (DeadlineExceeded), the Lease revoked."""
     if w.run.status.phase in STOPPED_PHASES or not stopping.deadline_passed(w):
         return None
-    b = Builder(w)
-    stopping.stop_for_deadline(b, or_promised(b, w.current), w.current_pod)
-    return b.transition()
+    attempt, promised = or_promised(w, w.current)
+    return promised.then(stopping.stop_for_deadline(w, attempt, w.current_pod))
 
 
 def hold_ending(w: World) -> Transition | None:
@@ -87,21 +85,17 @@ def hold_ending(w: World) -> Transition | None:
     attempt = _waiting_attempt(w)
     if attempt is None or _holds_alive(w):
         return None
-    b, pod = Builder(w), w.current_pod
+    pod = w.current_pod
     if pod is None or pod.finished or attempts.hold_expired(w, attempt):
-        attempts.end_of_hold(b, attempt, pod)
-    else:
-        b.plan.wake_in(RECHECK_SECONDS)  # released: its Pod's end wakes us sooner
-    return b.transition()
+        return attempts.end_of_hold(w, attempt, pod)
+    return wake_in(RECHECK_SECONDS)  # released: its Pod's end wakes us sooner
 
 
 def control_request(w: World) -> Transition | None:
     """A retry, cancel, pause or resume request not judged yet -> judged and recorded once per key: a
     resume or a retry accepted starts the next Attempt (or continues the holding one)."""
-    b = Builder(w)
-    if not external.judge_requests(b, w.run.status.current_attempt or 0):
-        return None
-    return _hold_wake(w, b.transition())
+    judged = external.judge_requests(w, w.run.status.current_attempt or 0)
+    return None if judged is None else _hold_wake(w, judged)
 
 
 def stopped(w: World) -> Transition | None:
@@ -109,11 +103,7 @@ def stopped(w: World) -> Transition | None:
     Pending SideEffects settled, the report kept current; only a manual retry moves it on."""
     if w.run.status.phase not in STOPPED_PHASES:
         return None
-    b = Builder(w)
-    stopping.abort_leftovers(b)
-    stopping.settle_after_cancel(b)
-    stopping.refresh_report(b)
-    return b.transition()
+    return stopping.abort_leftovers(w).then(stopping.settle_after_cancel(w), stopping.refresh_report(w))
 
 
 def request_expired(w: World) -> Transition | None:
@@ -123,9 +113,7 @@ def request_expired(w: World) -> Transition | None:
         return None
     if w.now < request.expires_at:
         return None
-    b = Builder(w)
-    external.fail_expired_request(b)
-    return _hold_wake(w, b.transition())
+    return _hold_wake(w, external.fail_expired_request(w))
 
 
 # ---- rules by phase ----------------------------------------------------------------------------------
@@ -136,15 +124,12 @@ def first_attempt(w: World) -> Transition | None:
     the spec is over a byte budget or its Pods may not run as its ServiceAccount."""
     if w.run.status.phase not in (None, RunPhase.QUEUED):
         return None
-    b = Builder(w)
     if over := spec_over_budget(w.run.spec):
         reason, message = over
         failure = failure_fields(FailureClass.DETERMINISTIC, reason, message)
-        b.set_phase(RunPhase.FAILED, reason, message, failure=failure)
-        b.event("Warning", reason, message)
-    else:
-        b.grant(1, AttemptReason.INITIAL)
-    return _deadline_wake(w, b.transition())
+        over_budget = set_phase(RunPhase.FAILED, reason, message, failure=failure)
+        return _deadline_wake(w, over_budget.then(event("Warning", reason, message)))
+    return _deadline_wake(w, grant(w, 1, AttemptReason.INITIAL))
 
 
 def takeover_unfinished(w: World) -> Transition | None:
@@ -155,11 +140,9 @@ def takeover_unfinished(w: World) -> Transition | None:
         return None
     if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
         return None
-    b = Builder(w)
-    stopping.finish_lost(b, attempt, w.current_pod, stopping.lease_lost(b))
     due = w.run.status.next_attempt_time
-    b.plan.wake_in(0 if due is None else (due - w.now).total_seconds())
-    return _deadline_wake(w, b.transition())
+    lost = stopping.finish_lost(w, attempt, w.current_pod, stopping.lease_lost(w))
+    return _deadline_wake(w, lost.wake_in(0 if due is None else (due - w.now).total_seconds()))
 
 
 def retry_due(w: World) -> Transition | None:
@@ -167,10 +150,8 @@ def retry_due(w: World) -> Transition | None:
     due = w.run.status.next_attempt_time
     if w.run.status.phase != RunPhase.RETRY_BACKOFF or (due is not None and w.now < due):
         return None
-    b = Builder(w)
     number = (w.run.status.current_attempt or 0) + 1
-    b.grant(number, *automatic_retry(w, number))
-    return _deadline_wake(w, b.transition())
+    return _deadline_wake(w, grant(w, number, *automatic_retry(w, number)))
 
 
 def backing_off(w: World) -> Transition | None:
@@ -194,9 +175,7 @@ def cancelling(w: World) -> Transition | None:
     """CancelRequested -> Cancelled once the Attempt's Pod is gone (its stop repeated if it was lost)."""
     if w.run.status.phase != RunPhase.CANCEL_REQUESTED:
         return None
-    b = Builder(w)
-    stopping.finish_cancel(b, w.current, w.current_pod)
-    return _deadline_wake(w, b.transition())
+    return _deadline_wake(w, stopping.finish_cancel(w, w.current, w.current_pod))
 
 
 def resting(w: World) -> Transition:

@@ -9,6 +9,7 @@ rule's docstring (core.runs.rules) says its transition.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Final
 
 from agentrun.api import (
@@ -23,10 +24,10 @@ from agentrun.api import (
 from agentrun.core import identity
 from agentrun.core.plan import Plan
 from agentrun.core.runs import attempts, compensating, rules
-from agentrun.core.runs.builder import Builder, failure_fields
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
-from agentrun.core.runs.stopping import revoke_lease
-from agentrun.core.runs.transition import render
+from agentrun.core.runs.grants import failure_fields
+from agentrun.core.runs.stopping import revoked
+from agentrun.core.runs.transition import NOTHING, event, render, set_phase
 from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
 
@@ -127,15 +128,15 @@ def decide(world: World) -> Plan:
 def fail_squatted(world: World, message: str) -> Plan:
     """An object this Run needs (its Lease, an Attempt, an Attempt's Pod) exists under its name but is not
     the Run's: it is never adopted, nor written or deleted. The Run fails and says what to delete; its own
-    Lease, if any, is revoked first, so no Pod, however named, writes for it any more."""
-    b = Builder(world)
+    Lease, if any, is revoked first, so no Pod, however named, writes for it any more. Not redirected to
+    Compensating (core.compensation.NO_PODS): no Pod may run for the Run."""
     if world.run.status.phase in TERMINAL_PHASES:
-        return render(world, b.transition())
-    fields = {"leaseEpoch": revoke_lease(b)} if world.lease is not None else {}
+        return render(world, NOTHING)
+    epoch, revoke = revoked(world) if world.lease is not None else (None, NOTHING)
+    fields = {"leaseEpoch": epoch} if epoch is not None else {}
     failure = failure_fields(FailureClass.DETERMINISTIC, identity.NAME_SQUATTED, message)
-    b.set_phase(
+    failed = set_phase(
         RunPhase.FAILED, identity.NAME_SQUATTED, message, failure=failure, nextAttemptTime=None, **fields
     )
-    b.event("Warning", identity.NAME_SQUATTED, message)
-    # Not redirected to Compensating (core.compensation.NO_PODS): no Pod may run for the Run.
-    return render(world, b.transition())
+    squatted = revoke.then(failed, event("Warning", identity.NAME_SQUATTED, message))
+    return render(world, replace(squatted, rule="NameSquatted"))

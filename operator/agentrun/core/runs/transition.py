@@ -11,12 +11,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, Literal
 
-from agentrun.api import STOPPED_PHASES, AttemptFailure, AttemptPhase, RunPhase
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    STOPPED_PHASES,
+    Attempt,
+    AttemptFailure,
+    AttemptPhase,
+    RunPhase,
+)
 from agentrun.core import report
 from agentrun.core.conditions import conditions_for
-from agentrun.core.plan import Action, PatchAttemptStatus, PatchRunStatus, Plan, consistency_of
+from agentrun.core.plan import (
+    Action,
+    PatchAttemptStatus,
+    PatchRunStatus,
+    Plan,
+    RecordEvent,
+    consistency_of,
+)
 from agentrun.core.runs.world import World, rfc3339
 from agentrun.core.traces import run_trace
 
@@ -102,27 +116,54 @@ class Transition:
         """The same transition with `steps` written first."""
         return replace(self, steps=(*steps, *self.steps))
 
+    def then(self, *others: Transition | Step) -> Transition:
+        """This transition's steps, then the others' (a Step alone is one); the earliest look again, and
+        the last lease expiry given."""
+        result = self
+        for other in others:
+            if not isinstance(other, Transition):
+                result = replace(result, steps=(*result.steps, other))
+                continue
+            earliest = result.requeue_after
+            if other.requeue_after is not None:
+                earliest = other.requeue_after if earliest is None else min(earliest, other.requeue_after)
+            expiry = result.lease_expires_in if other.lease_expires_in is None else other.lease_expires_in
+            result = Transition(result.rule, (*result.steps, *other.steps), earliest, expiry)
+        return result
 
-@dataclass
-class Steps:
-    """Collects the steps of one rule's evaluation (dropped with it: no rule sees another's)."""
 
-    steps: list[Step] = field(default_factory=list)
-    requeue_after: float | None = None
-    lease_expires_in: float | None = None
+NOTHING: Final = Transition()
 
-    def add(self, *steps: Step) -> None:
-        self.steps.extend(steps)
 
-    def wake_in(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+def set_phase(phase: RunPhase, reason: str, message: str, **fields: Any) -> Transition:
+    """The Run moves to `phase`, writing `fields` with it."""
+    return Transition(steps=(SetPhase(phase, reason, message, MappingProxyType(fields)),))
 
-    def wake_at_lease_expiry(self, seconds: float) -> None:
-        self.lease_expires_in = max(seconds, 0.0)
 
-    def transition(self) -> Transition:
-        return Transition("", tuple(self.steps), self.requeue_after, self.lease_expires_in)
+def event(
+    type_: Literal["Normal", "Warning"], reason: str, message: str, attempt: str | None = None
+) -> Transition:
+    return Transition(steps=(RecordEvent(type_, reason, message, attempt),))
+
+
+def writes(*actions: Action) -> Transition:
+    return Transition(steps=actions)
+
+
+def wake_in(seconds: float) -> Transition:
+    return NOTHING.wake_in(seconds)
+
+
+def finish_attempt(
+    world: World, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None
+) -> Transition:
+    """The Attempt ends in `phase`; nothing if it has ended already (history is never rewritten)."""
+    if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
+        return NOTHING
+    # The trace is recorded on an Attempt that ended before it was seen running.
+    trace = trace_of(world) if attempt.status.trace_id is None else None
+    rv = attempt.metadata.resource_version
+    return Transition(steps=(EndAttempt(str(attempt.metadata.name), phase, failure, rv, trace),))
 
 
 def render(world: World, transition: Transition) -> Plan:
