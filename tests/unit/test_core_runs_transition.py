@@ -3,14 +3,15 @@ the consistency the Plan states for them: all decided in core."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from agentrun.api import AttemptPhase, RejectedCommitReason, RunPhase
+from agentrun.api import AttemptPhase, FailureClass, RejectedCommitReason, RunPhase
 from agentrun.api.causes import RefusalCause
 from agentrun.core.fence import refusal_cause
-from agentrun.core.plan import Consistency, PatchRunStatus, WriteLease
+from agentrun.core.plan import Consistency, CreatePod, PatchRunStatus, WriteLease
 from agentrun.core.runs import TABLE, decide
 from agentrun.core.runs.transition import EndAttempt, SetPhase, Transition, render
 from unit.factories import (
@@ -118,3 +119,60 @@ def test_only_the_lost_fences_are_recorded_as_rejected_commits() -> None:
         RefusalCause.STALE_WORKER: RejectedCommitReason.STALE_WORKER,
         RefusalCause.NOT_CURRENT_ATTEMPT: RejectedCommitReason.STALE_WORKER,
     }
+
+
+# ---- a Pod the API server refused: an observation, decided in core -------------------------------------
+
+
+def refused_pod_world(phase: str = "Running", **spec: Any) -> Any:
+    """Attempt 1 granted (not started), its Pod refused as invalid by the API server."""
+    run = make_run(run_status(phase, current=1, lease_epoch=1), spec=spec or None)
+    world = make_world(run, attempts=[make_attempt(1, phase=None, started=False)], lease=held_by(1))
+    return replace(world, refused_pods={"triage-a1": 'Pod "triage-a1" is invalid: spec.containers: Required'})
+
+
+def test_a_refused_pod_fails_its_attempt_in_core() -> None:
+    world = refused_pod_world()
+    transition = TABLE.transition(world)[1]
+    plan = decide(world)
+
+    assert transition.rule == "Running/PodRefused"
+    [ended] = transition.attempt_ends
+    assert (ended.attempt, ended.phase) == ("triage-a1", AttemptPhase.FAILED)
+    assert ended.failure is not None and ended.failure.failure_class == FailureClass.DETERMINISTIC
+    refusal = 'Pod "triage-a1" is invalid: spec.containers: Required'
+    assert ended.failure.message == f"the attempt Pod was refused: {refusal}"
+    assert transition.phase == RunPhase.FAILED  # deterministic: not retried
+    assert plan.needs_fresh_run  # the Attempt ends from the API server's word alone: read the Run first
+    assert not any(isinstance(a, CreatePod) for a in plan.actions)  # not asked for again
+
+
+def test_without_the_refusal_the_pod_is_created() -> None:
+    world = replace(refused_pod_world(), refused_pods={})
+
+    assert TABLE.transition(world)[1].rule == "Running/PodNotCreated"
+    assert any(isinstance(a, CreatePod) for a in decide(world).actions)
+
+
+def test_a_refused_compensation_pod_fails_the_compensation_attempt() -> None:
+    run = make_run(
+        run_status(
+            "Compensating",
+            current=1,
+            lease_epoch=1,
+            compensating={"returnPhase": "Failed", "firstAttempt": 1},
+        ),
+    )
+    world = make_world(
+        run,
+        attempts=[make_attempt(1, phase=None, started=False, reason="compensate")],
+        lease=held_by(1),
+        side_effects=[make_side_effect("ticket", "Confirmed", reversible=True)],
+    )
+    world = replace(world, refused_pods={"triage-a1": "invalid"})
+    transition = TABLE.transition(world)[1]
+
+    assert transition.rule == "Compensating/PodRefused"
+    assert [(e.phase, e.failure and e.failure.message) for e in transition.attempt_ends] == [
+        (AttemptPhase.FAILED, "the attempt Pod was refused: invalid")
+    ]

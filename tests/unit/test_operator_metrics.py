@@ -309,7 +309,7 @@ def test_executor_counts_attempts_once_and_lease_takeovers(
 ) -> None:
     run = make_run({"phase": "Running"})
     api, cache = MemoryApi(), OwnedObjects(FakeClock())
-    executor = Executor(api, cache, m, clock=FakeClock())
+    executor = Executor(api, cache, clock=FakeClock(), observers=[m])
     body = {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "Attempt",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -38,7 +38,11 @@ from agentrun.api import (
     Usage,
 )
 from agentrun.api.usage import MICRO
-from agentrun.core.plan import PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+
+if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
+    from agentrun.api import Run
+    from agentrun.operator.executor import Written
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -292,6 +296,19 @@ class OperatorMetrics:
     def lease_written(self, previous: JsonDict | None, action: WriteLease) -> None:
         if kind := lease_takeover_kind(previous, action):
             self.lease_takeovers.labels(kind).inc()
+
+    def written(self, run: Run, written: Written) -> None:
+        """An observer of the executor: what a write means for the counters."""
+        match written.action:
+            case PatchRunStatus(patch=patch) if "usage" in patch:
+                before = run.status.usage
+                self.usage_added(str(run.metadata.namespace), before, Usage.model_validate(patch["usage"]))
+            case WriteLease():
+                self.lease_written(written.before, written.action)
+            case CreateAttempt(body=body) if written.created:
+                self.attempt_started(str(body["spec"]["reason"]))
+            case PatchAttemptStatus(patch=patch) if written.after is not None:
+                self.attempt_status_written(patch)
 
     def cached(self, kind: str, previous: JsonDict | None, obj: JsonDict) -> None:
         """The cache took in obj (replacing previous): an Attempt first seen with a rejected commit."""

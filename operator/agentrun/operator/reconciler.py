@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any, Final
 
-from agentrun.api import Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
@@ -23,7 +23,7 @@ from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
-from agentrun.operator.executor import Executor, NameSquatted, Superseded
+from agentrun.operator.executor import Executor, NameSquatted, PhaseLog, Superseded
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
@@ -63,19 +63,18 @@ class Reconciler:
         self.operator_account = operator_account
         self.queue: WorkQueue[Key] = WorkQueue(lease_due=self._lease_due)
         self.metrics = metrics or OperatorMetrics(registry=None)
+        self.spans = RunSpans(tracing or Tracing("agentrun-operator", {}))
         self.executor = Executor(
-            api,
-            cache,
-            self.metrics,
-            RunSpans(tracing or Tracing("agentrun-operator", {})),
-            clock=clock,
-            runs=self.runs,
+            api, cache, clock=clock, runs=self.runs, observers=(self.metrics, self.spans, PhaseLog())
         )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
+        # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
+        # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
+        self._refused_pods: dict[Key, dict[str, str]] = {}
         # The uid and spec.lease.durationSeconds of each Run, as last decided on: the lease check between
         # reconciles reads no Run, and never the Lease's own leaseDurationSeconds (its holder may write it).
         self._leases: dict[Key, tuple[str, int]] = {}
@@ -104,6 +103,7 @@ class Reconciler:
         self._leases.pop(key, None)
         self._stale.discard(key)
         self._refused.pop(key, None)
+        self._refused_pods.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
 
@@ -201,15 +201,20 @@ class Reconciler:
 
     async def _execute(self, plan: Plan, run: Run) -> bool:
         """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
-        Returns whether it changed an object the operator watches."""
+        Returns whether it changed an object the operator watches, or observed what core decides on
+        (a refused Pod): either way the Run is decided again."""
         started, error = now(), None
         try:
-            return await self.executor.execute(plan, run)
+            executed = await self.executor.execute(plan, run)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self.executor.spans.decided(run, plan, started, error)
+            self.spans.decided(run, plan, started, error)
+        if executed.refused_pods:
+            key = (str(run.metadata.namespace), str(run.metadata.name))
+            self._refused_pods.setdefault(key, {}).update(executed.refused_pods)
+        return executed.changed or bool(executed.refused_pods)
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
@@ -223,6 +228,9 @@ class Reconciler:
         }
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
         lease = self._cached_lease(key)
+        refused = self._refused_pods.get(key, {})
+        for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
+            refused.pop(str(ended.metadata.name), None)
         return World(
             run=run,
             attempts=attempts,
@@ -233,6 +241,7 @@ class Reconciler:
             side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
             checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
             account_refusal=await self._account_refusal(run) if may_start_pods(run) else None,
+            refused_pods=dict(refused),
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

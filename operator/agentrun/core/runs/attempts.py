@@ -62,6 +62,24 @@ def attempt_promised(w: World) -> Transition | None:
     return created.then(pod_created(w, promised))
 
 
+def pod_refused(w: World) -> Transition | None:
+    """Not started, and the API server refused its Pod as invalid (e.g. a bad podTemplate) -> the Attempt
+    Failed (deterministic: such a Pod cannot exist, retrying cannot help); the Run fails or retries."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    if (refusal := w.refused_pods.get(str(attempt.metadata.name))) is None:
+        return None
+    failure = pod_refusal(refusal)
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
+
+
+def pod_refusal(refusal: str) -> AttemptFailure:
+    return failures.failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {refusal}")
+
+
 def pod_not_created(w: World) -> Transition | None:
     """Not started and no Pod seen -> its Pod created (not created yet, or not in the cache yet: creating
     is idempotent)."""
@@ -166,6 +184,7 @@ def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
 RUNNING: Final = SubTable(
     (
         Rule("AttemptPromised", attempt_promised),
+        Rule("PodRefused", pod_refused),
         Rule("PodNotCreated", pod_not_created),
         Rule("PodLost", pod_lost),
         Rule("PodEnded", pod_ended),

@@ -24,6 +24,7 @@ from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
 from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, WriteLease
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
+from agentrun.core.runs.attempts import pod_refusal
 from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.grants import attempt_object, failure_fields, grant, pod_created
 from agentrun.core.runs.transition import (
@@ -123,6 +124,19 @@ def attempt_ended(w: World) -> Transition | None:
     return _earlier_aborted(w, progress).then(_after(w, attempt, failure, progress, seen=True))
 
 
+def pod_refused(w: World) -> Transition | None:
+    """Not started, and the API server refused its Pod as invalid -> the compensation Attempt Failed
+    (deterministic), concluded."""
+    progress, attempt = _progress(w), w.current
+    assert attempt is not None
+    if w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    if (refusal := w.refused_pods.get(str(attempt.metadata.name))) is None:
+        return None
+    refused = _end(w, attempt, AttemptPhase.FAILED, pod_refusal(refusal), progress)
+    return _earlier_aborted(w, progress).then(refused)
+
+
 def pod_not_created(w: World) -> Transition | None:
     """Not started and no Pod seen -> its Pod created (creating is idempotent)."""
     progress, attempt = _progress(w), w.current
@@ -190,6 +204,7 @@ COMPENSATING: Final = SubTable(
         Rule("FirstGrant", first_grant),
         Rule("AttemptPromised", attempt_promised),
         Rule("AttemptEnded", attempt_ended),
+        Rule("PodRefused", pod_refused),
         Rule("PodNotCreated", pod_not_created),
         Rule("PodLost", pod_lost),
         Rule("PodEnded", pod_ended),
