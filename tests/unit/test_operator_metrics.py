@@ -183,7 +183,7 @@ def effect(name: str, state: str | None, run: str = RUN) -> JsonDict:
 
 def test_gauges_are_read_at_scrape_time(registry: CollectorRegistry, m: OperatorMetrics) -> None:
     cache = OwnedObjects(FakeClock())
-    queue: WorkQueue[tuple[str, str]] = WorkQueue()
+    queue: WorkQueue[tuple[str, str]] = WorkQueue(FakeClock())
     m.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=queue.__len__)
     for name, state in (("a", "Confirmed"), ("b", "Confirmed"), ("c", None), ("d", "Unknown")):
         cache.put("sideeffects", effect(name, state, run="r1" if name < "c" else "r2"))

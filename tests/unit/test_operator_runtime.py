@@ -22,10 +22,13 @@ from agentrun.core.plan import (
 )
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
-from agentrun.operator.cache import AgentAccounts, OwnedObjects
-from agentrun.operator.reconciler import Reconciler
+from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.run_cache import RunCache
+from agentrun.operator.runtime import Runtime
+from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
+from agentrun.tracing import Tracing
 from support.clock import FakeClock
 from unit.factories import (
     NAMESPACE,
@@ -298,7 +301,7 @@ def test_a_deleted_event_of_an_older_object_of_that_name_keeps_the_new_one() -> 
 
 def test_errors_back_off_exponentially_per_key_up_to_the_cap_and_reset_on_success() -> None:
     async def scenario() -> tuple[list[float], float, float]:
-        queue: WorkQueue[str] = WorkQueue()
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
         delays = [queue.add_rate_limited("a") for _ in range(5)]
         other = queue.add_rate_limited("b")
         for _ in range(30):
@@ -328,7 +331,7 @@ def test_a_due_lease_check_reconciles_only_when_the_lease_was_not_renewed() -> N
         return None
 
     async def scenario() -> list[str]:
-        queue: WorkQueue[str] = WorkQueue(lease_due=lease_due)
+        queue: WorkQueue[str] = WorkQueue(FakeClock(), lease_due=lease_due)
         queue.check_lease_in("a", 0.0)
         queue.check_lease_in("b", 0.0)
         first, second = await queue.get(), await queue.get()
@@ -358,8 +361,31 @@ def test_the_reconciler_reads_the_very_caches_it_is_given_even_empty_ones() -> N
     """An empty cache is falsy (it has a length): the reconciler once put a fresh one of its own in the
     place of the empty accounts cache the informers fill, and read every account from the API."""
 
-    runs, accounts = RunCache(), AgentAccounts()
-    clock = FakeClock()
-    reconciler = Reconciler(None, OwnedObjects(clock), runs=runs, accounts=accounts, clock=clock)  # type: ignore[arg-type]
+    runtime = start_up()
+    reconciler = runtime.reconciler
+    runs, accounts = runtime.runs, runtime.accounts
 
     assert reconciler.runs is runs and reconciler.accounts is accounts
+    assert runtime.informers.accounts is accounts and runtime.informers.cache is reconciler.cache
+
+
+def start_up(clock: FakeClock | None = None) -> Runtime:
+    """The operator's object graph, as start-up builds it, on a fake clock (no API server is called)."""
+    return Runtime(
+        None,  # type: ignore[arg-type]
+        OperatorSettings(),
+        operator_account=None,
+        tracing=Tracing("agentrun-operator", {}),
+        operator_metrics=OperatorMetrics(None),
+        clock=clock or FakeClock(),
+    )
+
+
+def test_every_collaborator_is_built_once_on_the_one_clock() -> None:
+    clock = FakeClock()
+    runtime = start_up(clock)
+
+    assert runtime.reconciler.queue is runtime.queue and runtime.reconciler.executor is runtime.executor
+    assert runtime.reconciler.leases is runtime.leases and runtime.queue.clock is clock
+    for collaborator in (runtime.cache, runtime.executor, runtime.reconciler, runtime.leases):
+        assert collaborator.clock is clock

@@ -7,13 +7,15 @@ import argparse
 import gc
 import logging
 import os
+import random
 
 import kopf
 import uvloop
 
+from agentrun.clock import SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs
-from agentrun.operator.settings import OperatorSettings
+from agentrun.operator.settings import OperatorSettings, auto_priority
 
 
 def freeze_startup_objects() -> None:
@@ -26,9 +28,11 @@ def freeze_startup_objects() -> None:
 
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
+    clock = SystemClock()  # the operator's one clock: every collaborator is given it
+    config = OperatorSettings.from_env(auto_priority(clock, random.Random()))
     api = KubeApi(threads=2)
     try:
-        await bootstrap.prepare(api, namespaces, OperatorSettings.from_env().peering)
+        await bootstrap.prepare(api, namespaces, config.peering, clock)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
     freeze_startup_objects()
@@ -41,7 +45,7 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        registry=handlers.registry(namespaces),
+        registry=handlers.registry(namespaces, config, clock),
     )
 
 

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any, Final
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
-    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
@@ -177,7 +179,8 @@ class _StateCollector(Collector):
 class OperatorMetrics:
     """The operator's metrics, registered in `registry` (None: not registered, e.g. in tests)."""
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry
         self.run_phases: dict[Key, str] = {}
         self.side_effects: Callable[[], list[JsonDict]] = list
         self.attempts_started = Counter(
@@ -318,14 +321,24 @@ class OperatorMetrics:
             self.rejected_commits.labels(reason).inc()
 
 
-def serve(port: int) -> WSGIServer | None:
-    """Serves the default registry on 0.0.0.0:port (0: not at all). A port already taken is logged, not
+def new_registry() -> CollectorRegistry:
+    """A registry for one operator runtime, with what prometheus_client's default one holds (the
+    process, the platform, the garbage collector)."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def serve(port: int, registry: CollectorRegistry | None) -> WSGIServer | None:
+    """Serves `registry` on 0.0.0.0:port (0, or no registry: not at all). A port already taken is logged, not
     fatal: the operator's work matters more than its metrics. Returns the server (to shut it down)."""
-    if port == 0:
+    if port == 0 or registry is None:
         log.info("metrics are off (AGENTRUN_METRICS_PORT=0)")
         return None
     try:
-        server, _ = start_http_server(port)
+        server, _ = start_http_server(port, registry=registry)
     except OSError as exc:
         log.error("metrics not served: cannot listen on port %d: %s", port, exc)
         return None
@@ -335,4 +348,3 @@ def serve(port: int) -> WSGIServer | None:
 
 # The *_created series (one per labelled counter) would double the output for little use.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-METRICS: Final = OperatorMetrics()

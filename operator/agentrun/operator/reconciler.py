@@ -11,28 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
-from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
 from agentrun.core.plan import Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
-from agentrun.operator.executor import Executor, NameSquatted, PhaseLog, Superseded
+from agentrun.operator.executor import Executor, NameSquatted, Superseded
+from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
-from agentrun.tracing import Tracing, now
+from agentrun.tracing import now
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
-LEASE_CHECK_SLACK: Final = 0.05
 
 
 def _fields(key: Key) -> dict[str, str]:
@@ -40,33 +39,30 @@ def _fields(key: Key) -> dict[str, str]:
 
 
 class Reconciler:
+    """Takes Run keys from the queue, decides on what the caches hold, has the executor write. Its
+    collaborators are built by the runtime, all on one Clock."""
+
     def __init__(
         self,
         api: KubeApi,
-        cache: OwnedObjects,
-        workers: int = 8,
-        metrics: OperatorMetrics | None = None,
         *,
-        runs: RunCache | None = None,
-        accounts: AgentAccounts | None = None,
-        operator_account: Account | None = None,
-        tracing: Tracing | None = None,
+        cache: OwnedObjects,
+        runs: RunCache,
+        accounts: AgentAccounts,
+        queue: WorkQueue[Key],
+        executor: Executor,
+        leases: LeaseExpiry,
+        metrics: OperatorMetrics,
+        spans: RunSpans,
         clock: Clock,
+        operator_account: Account | None,
+        workers: int,
     ) -> None:
         self.api = api
-        self.cache = cache
-        self.clock = clock
-        # `is None`, not `or`: an empty cache is falsy (it has a length), and a fresh one in its place
-        # would never be filled (the informers fill the one they were given).
-        self.runs = RunCache() if runs is None else runs
-        self.accounts = AgentAccounts() if accounts is None else accounts
+        self.cache, self.runs, self.accounts = cache, runs, accounts
+        self.queue, self.executor, self.leases = queue, executor, leases
+        self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
-        self.queue: WorkQueue[Key] = WorkQueue(lease_due=self._lease_due)
-        self.metrics = metrics or OperatorMetrics(registry=None)
-        self.spans = RunSpans(tracing or Tracing("agentrun-operator", {}))
-        self.executor = Executor(
-            api, cache, clock=clock, runs=self.runs, observers=(self.metrics, self.spans, PhaseLog())
-        )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -75,9 +71,6 @@ class Reconciler:
         # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
         # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
         self._refused_pods: dict[Key, dict[str, str]] = {}
-        # The uid and spec.lease.durationSeconds of each Run, as last decided on: the lease check between
-        # reconciles reads no Run, and never the Lease's own leaseDurationSeconds (its holder may write it).
-        self._leases: dict[Key, tuple[str, int]] = {}
 
     # ---- what feeds the queue -------------------------------------------------------------------
 
@@ -100,7 +93,7 @@ class Reconciler:
         self.runs.remove(key)
         self.queue.forget(key)
         self.metrics.forget_run(key)
-        self._leases.pop(key, None)
+        self.leases.forget(key)
         self._stale.discard(key)
         self._refused.pop(key, None)
         self._refused_pods.pop(key, None)
@@ -221,13 +214,13 @@ class Reconciler:
         a Run of the same name that was deleted) is not the Run's, and never adopted."""
         uid = str(run.metadata.uid)
         self.metrics.run_seen(key, run.status.phase)
-        self._leases[key] = (uid, run.spec.lease.duration_seconds)
+        self.leases.remember(key, uid, run.spec.lease.duration_seconds)
         attempts = {
             a.spec.number: a
             for a in (Attempt.model_validate(o) for o in self._owned("attempts", key, uid, controller=True))
         }
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
-        lease = self._cached_lease(key)
+        lease = self.leases.lease(key)
         refused = self._refused_pods.get(key, {})
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
             refused.pop(str(ended.metadata.name), None)
@@ -237,7 +230,7 @@ class Reconciler:
             pods=pods,
             lease=lease,
             now=self.clock.now(),
-            lease_expires_in=self._lease_expires_in(key, lease),
+            lease_expires_in=self.leases.expires_in(key, lease),
             side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
             checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
             account_refusal=await self._account_refusal(run) if may_start_pods(run) else None,
@@ -257,33 +250,3 @@ class Reconciler:
             if found is not None:
                 labels = dict((found.get("metadata") or {}).get("labels") or {})
         return account_refusal(account, labels, self.operator_account)
-
-    # ---- the Lease's expiry, looked at without reading the Run ---------------------------------------
-
-    def _cached_lease(self, key: Key) -> LeaseView | None:
-        name, (uid, _) = lease_name(key[1]), self._leases.get(key, ("", 0))
-        lease = next(
-            (
-                o
-                for o in self.cache.of("leases", key)
-                if o["metadata"]["name"] == name and owned_by(o, uid, controller=True)
-            ),
-            None,
-        )
-        return lease_view(lease) if lease else None
-
-    def _lease_expires_in(self, key: Key, lease: LeaseView | None) -> float | None:
-        if lease is None or key not in self._leases:
-            return None
-        duration = self._leases[key][1]
-        sighting = self.cache.sighting(key[0], lease_name(key[1]))
-        started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
-        return seconds_until_expiry(sighting, duration, self.clock.monotonic(), started)
-
-    def _lease_due(self, key: Key) -> float | None:
-        """The holder's Lease was due to expire. Renewed since (as a healthy worker does every
-        renewSeconds): the seconds until the new expiry, no reconcile. Otherwise None: the Run is
-        decided again, which judges the expiry. A change of holder or epoch queues the Run through its
-        watch event anyway."""
-        left = self._lease_expires_in(key, self._cached_lease(key))
-        return left + LEASE_CHECK_SLACK if left is not None and left > 0 else None
