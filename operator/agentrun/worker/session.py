@@ -138,14 +138,13 @@ class Session:
 
     # ---- fenced writes -------------------------------------------------------------------------------
 
-    async def fenced_status_write(self, patch: JsonDict, what: str, *, reuse_read: bool = False) -> Run:
+    async def fenced_status_write(self, patch: JsonDict, what: str) -> Run:
         """Checks the fence on the newest Run seen and writes with its resourceVersion (one request).
 
         The epochs of a stored Run only grow, so a fence this worker fails on any version of the Run
         newer than its Pod stays failed: no read is needed to reject. A 409 means the Run changed since
         that version: the check is made again on the newer Run the watch delivers (else a read), and the
-        write tried again. (reuse_read is kept for callers; every write now starts from the newest Run.)"""
-        del reuse_read
+        write tried again."""
         run = self.observed or self.run or await self.read_run()
         for conflicts in range(MAX_CONFLICTS):
             if self.behind(run):

@@ -106,9 +106,7 @@ async def _ask(
         pending["heldBy"] = hold[0].attempt
     session = saver.session
     assert session is not None
-    await session.fenced_status_write(
-        {"pendingRequest": pending}, f"input request {request_id}", reuse_read=True
-    )
+    await session.fenced_status_write({"pendingRequest": pending}, f"input request {request_id}")
     if hold is None:
         raise Interrupted(request_id)
     return await hold[0].held_answer(request_id, hold[1])

@@ -427,9 +427,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if self._session is not None and self._is_runs_thread(thread_id, ns):
             # The Run continues from here: moved with the fences of ctx.checkpoint. The Run this worker
             # wrote last is checked and written with its resourceVersion (no read when nothing changed).
-            run = await self._session.fenced_status_write(
-                {"latestCheckpoint": name}, f"checkpoint {name}", reuse_read=True
-            )
+            run = await self._session.fenced_status_write({"latestCheckpoint": name}, f"checkpoint {name}")
             self._shared.pointer = name
             pause = run.spec.pause
             if pause and pause.request_id not in self._shared.paused:
