@@ -11,7 +11,7 @@ import pytest
 from agentrun.api import AttemptPhase, FailureClass, RejectedCommitReason, RunPhase
 from agentrun.api.causes import RefusalCause
 from agentrun.core.fence import refusal_cause
-from agentrun.core.plan import Consistency, CreatePod, PatchRunStatus, WriteLease
+from agentrun.core.plan import Consistency, CreatePod, DeletePod, PatchRunStatus, WriteLease
 from agentrun.core.runs import TABLE, decide
 from agentrun.core.runs.transition import EndAttempt, SetPhase, Transition, render
 from unit.factories import (
@@ -176,3 +176,16 @@ def test_a_refused_compensation_pod_fails_the_compensation_attempt() -> None:
     assert [(e.phase, e.failure and e.failure.message) for e in transition.attempt_ends] == [
         (AttemptPhase.FAILED, "the attempt Pod was refused: invalid")
     ]
+
+
+def test_transitions_compose_in_order_with_the_earliest_wake_and_the_last_lease_expiry() -> None:
+    first = Transition(steps=(DeletePod("a"),), requeue_after=30.0, lease_expires_in=10.0)
+    second = Transition(steps=(DeletePod("b"),), requeue_after=5.0)
+    third = Transition(lease_expires_in=20.0)
+
+    composed = first.then(second, DeletePod("c"), third)
+
+    assert composed.steps == (DeletePod("a"), DeletePod("b"), DeletePod("c"))
+    assert composed.requeue_after == 5.0
+    assert composed.lease_expires_in == 20.0
+    assert first.steps == (DeletePod("a"),)  # values: composing changes none of them
