@@ -22,9 +22,10 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed ## create .venv with agentrun and the test tools
 
 .PHONY: binaries
-binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm, otelcol
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm, otelcol, versitygw
 	bash hack/build-control-plane.sh all
 	bash hack/build-otelcol.sh
+	bash hack/build-versitygw.sh
 
 .PHONY: helm
 helm: ## build (or reuse) helm alone: what the unit tests (chart rendering) and manifests need

@@ -21,9 +21,7 @@ from agentrun.kubeapi import KubeApi, load_configuration
 def _client(job: dict[str, Any], go: Any, report: Any) -> None:
     kubeconfig, ns, threads, phase = job["kubeconfig"], job["ns"], job["threads"], job["phase"]
     start, count = job["start"], job["count"]
-    configuration = load_configuration(kubeconfig)
-    configuration.connection_pool_maxsize = threads
-    api = KubeApi(configuration, threads=threads)
+    api = KubeApi(load_configuration(kubeconfig), threads=threads)
     path = api.core_path("configmaps", ns)
 
     async def one(i: int, gate: asyncio.Semaphore) -> None:

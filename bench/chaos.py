@@ -119,13 +119,14 @@ from agentrun.api.run import MAX_RECORDED_CONTROLS
 from agentrun.core.ledger import COMPENSATE_SUFFIX
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
-from agentrun.kubeapi import ApiError, call_json
+from agentrun.kubeapi import ApiError
 from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
+from support.blocking_api import call_json
 from support.kube import Kube
 from support.runs import support_agent_run
 

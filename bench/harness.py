@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
@@ -302,7 +302,12 @@ class Bench:
         self.operator = OperatorProcess(
             operator_kubeconfig,
             self.state_dir / "operator.log",
-            env={"AGENTRUN_METRICS_PORT": str(self.metrics_port), **security.OPERATOR_ENV},
+            env={
+                "AGENTRUN_METRICS_PORT": str(self.metrics_port),
+                **security.OPERATOR_ENV,
+                # without the policies (a measure of their cost) the operator is told not to require them
+                **({} if self.policies else {"AGENTRUN_REQUIRE_ADMISSION_POLICIES": "false"}),
+            },
             verbose=False,
         )
         self.operator.start()
@@ -316,12 +321,14 @@ class Bench:
             self.cluster.stop()
 
     def configuration(self, threads: int = 16) -> client.Configuration:
-        configuration = load_configuration(str(self.cluster.kubeconfig))
+        """The official client's configuration (the blocking Recorder's), with `threads` connections."""
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(self.cluster.kubeconfig), client_configuration=configuration)
         configuration.connection_pool_maxsize = threads
         return configuration
 
     def api(self, threads: int = 16) -> KubeApi:
-        return KubeApi(self.configuration(threads), threads=threads)
+        return KubeApi(load_configuration(str(self.cluster.kubeconfig)), threads=threads)
 
     def pid(self, component: str) -> int:
         return next(c.pid for c in self.cluster.components if c.name == component)

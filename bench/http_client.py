@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from agentrun.examples.manifests import agent_run
-from agentrun.kubeapi import MERGE_PATCH, KubeApi, call_json, load_configuration
+from agentrun.kubeapi import MERGE_PATCH, KubeApi, load_configuration
 from devcluster.cluster import LocalCluster
 from support.agentrun import install_crds
+from support.blocking_api import call_json
 from support.kube import Kube
 
 JsonDict = dict[str, Any]
@@ -58,9 +59,9 @@ class Threaded:
     name = "threaded (kubernetes, urllib3)"
 
     def __init__(self, kubeconfig: str) -> None:
-        from kubernetes import client  # noqa: PLC0415
+        from kubernetes import config  # noqa: PLC0415
 
-        self.client = client.ApiClient(load_configuration(kubeconfig))
+        self.client = config.new_client_from_config(config_file=kubeconfig)
         self.pool = ThreadPoolExecutor(16)
 
     async def call(

@@ -11,6 +11,7 @@ make bench BENCH_ARGS="--n 300"                       # smaller throughput batch
 PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --quick           # a smoke test, ~6 min
 PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --n 1000 --reps 3 # throughput 3 times (~30 min)
 .venv/bin/python bench/report.py                      # this file again from results.json + findings.md
+.venv/bin/python bench/worker_import.py --runs 15                             # the worker's import time
 PYTHONPATH=hack:tests:bench .venv/bin/python bench/request_cost.py --n 400      # API-server CPU per request
 PYTHONPATH=hack:tests:bench .venv/bin/python bench/apiserver_profile.py --n 600 # its pprof, Runs vs Jobs"""
 

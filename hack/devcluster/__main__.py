@@ -29,6 +29,9 @@ def up(state_dir: Path) -> int:
         return 1
     print(f"local control plane healthy in {time.monotonic() - began:.1f}s (node {cluster.node_name} Ready)")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    if cluster.object_store is not None:
+        print(f"  state store: {cluster.state_store_url}")
+        print(f"    its URL and credentials for a shell: source {cluster.state_store_env_file}")
     print(f"  logs: {state_dir / 'logs'}    stop: make cluster-down")
     return 0
 

@@ -1,4 +1,5 @@
-"""The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the node agent.
+"""The local control plane: the object store (versitygw, for agent state), etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and the node agent.
 
 ``LocalCluster.start()`` generates the PKI, starts every component on free loopback ports, waits until
 each is healthy and the node is Ready, and writes ``<state dir>/kubeconfig`` for an admin
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from . import pki
 from .kubeconfig import write_kubeconfig
+from .objectstore import Credentials, ObjectStoreError, ObjectStoreProcess
 from .processes import free_port, pid_alive, spawn, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +66,8 @@ class LocalCluster:
     state_dir: Path
     node_name: str = DEFAULT_NODE
     with_node_agent: bool = True
+    # The S3-compatible object store for agent state (devcluster.objectstore), started first.
+    with_object_store: bool = True
     # The node agent's instant mode (nodeagent/instant.py): no process per Pod, for benchmarks.
     instant: bool = False
     # Added to kube-controller-manager's command line (e.g. ["--kube-api-qps=200"] in a benchmark).
@@ -73,6 +77,7 @@ class LocalCluster:
     bin_dir: Path = field(default_factory=binary_dir)
     components: list[Component] = field(default_factory=list)
     api_port: int = 0
+    object_store: ObjectStoreProcess | None = None
     # How each component was started (argv, env, tied to this process), for restart_component().
     _launches: dict[str, tuple[list[str], dict[str, str] | None, bool]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -93,6 +98,24 @@ class LocalCluster:
     @property
     def state_file(self) -> Path:
         return self.state_dir / "state.json"
+
+    @property
+    def state_store_env_file(self) -> Path:
+        """`source` it: AGENTRUN_STATE_STORE_URL and the store's credentials (AWS_* variables)."""
+        return self.state_dir / "state-store.env"
+
+    @property
+    def state_store_url(self) -> str:
+        """The agent-state store URL (agentrun.statestore) of the object store this cluster runs."""
+        if self.object_store is None:
+            raise ClusterError("this cluster runs no object store (with_object_store=False)")
+        return self.object_store.url
+
+    def state_store_env(self) -> dict[str, str]:
+        """The store's credentials as a client reads them from its environment (AWS_* variables)."""
+        if self.object_store is None:
+            raise ClusterError("this cluster runs no object store (with_object_store=False)")
+        return self.object_store.env()
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
@@ -146,6 +169,8 @@ class LocalCluster:
         }
         admin_cert, admin_key = ca.client_cert(pki.ADMIN)
         deadline = time.monotonic() + timeout_seconds
+        if self.with_object_store:
+            self._start_object_store(tie, deadline)
 
         etcd_port, etcd_peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -256,6 +281,24 @@ class LocalCluster:
         if self.with_node_agent:
             self._wait_node_ready(deadline)
 
+    def _start_object_store(self, tie: bool, deadline: float) -> None:
+        store = ObjectStoreProcess(
+            self.state_dir / "object-store", self.state_dir / "logs" / "object-store.log", tie_to_parent=tie
+        )
+        try:
+            argv = store.argv()
+        except ObjectStoreError as exc:
+            raise ClusterError(str(exc)) from None
+        store.make_dirs()
+        self._launch("object-store", argv, store.health_url, tie, env=store.process_env())
+        self._wait_healthy(self.components[-1], deadline)
+        try:
+            store.prepare()
+        except ObjectStoreError as exc:
+            raise ClusterError(f"object store: {exc}\n{_tail(str(store.log_path))}") from None
+        self.object_store = store
+        store.write_env_file(self.state_store_env_file)
+
     def stop(self) -> None:
         """Stops every component, newest first, and forgets them."""
         for component in reversed(self.components):
@@ -294,13 +337,22 @@ class LocalCluster:
         cluster = cls(state_dir=state_dir, node_name=state["nodeName"], bin_dir=Path(state["binDir"]))
         cluster.api_port = state["apiPort"]
         cluster.components = [Component(**c) for c in state["components"]]
+        if store := state.get("objectStore"):
+            cluster.object_store = ObjectStoreProcess(
+                Path(store["dataDir"]),
+                Path(store["log"]),
+                port=store["port"],
+                credentials=_env_file_credentials(cluster.state_store_env_file),
+                binary=Path(store["binary"]),
+                tie_to_parent=False,
+            )
         return cluster
 
     # ---- internals -------------------------------------------------------------------------------------
 
     def _reset_runtime_state(self) -> None:
         # Each start is a fresh cluster: old etcd data would resurrect objects from an earlier session.
-        for sub in ("etcd", "node", "logs", "kubeconfigs"):
+        for sub in ("etcd", "node", "logs", "kubeconfigs", "object-store"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -318,12 +370,22 @@ class LocalCluster:
         self._launches[name] = (list(argv), env, tie)
 
     def _save_state(self) -> None:
-        state = {
+        state: dict[str, object] = {
             "apiPort": self.api_port,
             "nodeName": self.node_name,
             "binDir": str(self.bin_dir),
             "components": [vars(c) for c in self.components],
         }
+        if self.object_store is not None:
+            store = self.object_store
+            # the credentials stay in the 0600 env file, not here
+            state["objectStore"] = {
+                "url": store.url,
+                "port": store.port,
+                "dataDir": str(store.data_dir),
+                "log": str(store.log_path),
+                "binary": str(store.binary),
+            }
         self.state_file.write_text(json.dumps(state, indent=2))
 
     def _wait_healthy(self, component: Component, deadline: float) -> None:
@@ -378,6 +440,13 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"node {self.node_name} not Ready in time\n{_tail(agent.log)}")
             time.sleep(0.2)
+
+
+def _env_file_credentials(path: Path) -> Credentials:
+    values = dict(
+        line.removeprefix("export ").split("=", 1) for line in path.read_text().splitlines() if "=" in line
+    )
+    return Credentials(values["AWS_ACCESS_KEY_ID"].strip("'"), values["AWS_SECRET_ACCESS_KEY"].strip("'"))
 
 
 def _delegated_auth(kubeconfig: Path) -> list[str]:

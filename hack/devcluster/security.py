@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import yaml
 
-from agentrun.admission import admission_policies, service_account_user
+from agentrun.admission import admission_policies, policy_reader_rules, service_account_user
 from agentrun.rbac import OPERATOR_RULES
 
 from .kubeconfig import write_kubeconfig
@@ -65,7 +65,8 @@ class Kubectl:
 
 
 def operator_identity_docs() -> list[dict[str, Any]]:
-    """The operator's namespace, ServiceAccount and cluster-wide RBAC (the chart's cluster mode)."""
+    """The operator's namespace, ServiceAccount and cluster-wide RBAC (the chart's cluster mode, with the
+    reading of the admission policies it checks at start-up)."""
     meta = {"name": OPERATOR_SERVICE_ACCOUNT}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
@@ -74,7 +75,7 @@ def operator_identity_docs() -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": meta,
-            "rules": OPERATOR_RULES,
+            "rules": [*OPERATOR_RULES, *policy_reader_rules()],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

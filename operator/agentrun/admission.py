@@ -509,3 +509,27 @@ def admission_policies(operator: str) -> list[Manifest]:
 
 def service_account_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
+
+
+# ---- what the operator checks at start-up (agentrun.operator.policies) --------------------------------
+
+POLICY_GROUP: Final = "admissionregistration.k8s.io"
+
+
+def policy_names() -> list[str]:
+    """The policies' names; each has a binding of the same name. The operator refuses to start without
+    them, and docs/security.md lists them (a test keeps the list in sync)."""
+    return [d["metadata"]["name"] for d in admission_policies("") if d["kind"] == "ValidatingAdmissionPolicy"]
+
+
+def policy_reader_rules() -> list[dict[str, Any]]:
+    """RBAC for the operator to read the policies and their bindings by name (cluster-scoped objects:
+    granted by a ClusterRole installed with the policies)."""
+    return [
+        {
+            "apiGroups": [POLICY_GROUP],
+            "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            "resourceNames": policy_names(),
+            "verbs": ["get"],
+        }
+    ]

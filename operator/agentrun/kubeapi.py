@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -25,19 +26,16 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
-import urllib3
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from agentrun.api import GROUP, VERSION
-from agentrun.kubeauth import Endpoint, load_configuration
+from agentrun.kubeauth import Configuration, Endpoint, load_configuration
 
 __all__ = [
     "ApiError",
+    "Configuration",
     "JsonDict",
     "KubeApi",
     "api_json",
-    "call_json",
     "load_configuration",
     "served_resources",
     "unanswered",
@@ -110,45 +108,15 @@ def unanswered(exc: BaseException) -> bool:
     restarting, or the network failed), as opposed to an answer that refused it (ApiError)."""
     return isinstance(
         exc,
-        aiohttp.ClientConnectionError
-        | aiohttp.ClientPayloadError
-        | TimeoutError
-        | ConnectionError
-        | urllib3.exceptions.HTTPError,  # call_json, the blocking client of the chaos harness
-    )
+        aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | TimeoutError | ConnectionError,
+    ) or _blocking_client_unanswered(exc)
 
 
-def to_api_error(exc: ApiException) -> ApiError:
-    return ApiError.of_answer(int(exc.status or 0), str(exc.body or exc.reason or ""))
-
-
-def call_json(
-    api_client: client.ApiClient,
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    query: dict[str, str] | None = None,
-    content_type: str = "application/json",
-    timeout: tuple[float, float] | None = None,
-) -> JsonDict:
-    """One blocking request on the official client, JSON in and out, for callers without an event loop
-    (the chaos harness); an answer that refuses it raises ApiError."""
-    try:
-        result = api_client.call_api(
-            path,
-            method,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-            _request_timeout=timeout,
-        )
-    except ApiException as exc:
-        raise to_api_error(exc) from None
-    return result if isinstance(result, dict) else {}
+def _blocking_client_unanswered(exc: BaseException) -> bool:
+    """The same from a blocking client on urllib3 (the chaos harness's, or an agent's own). Looked up,
+    not imported: agentrun never loads urllib3, and without it loaded no such error can exist."""
+    exceptions = sys.modules.get("urllib3.exceptions")
+    return exceptions is not None and isinstance(exc, exceptions.HTTPError)
 
 
 class _Sessions:
@@ -219,7 +187,7 @@ def _abort(connector: aiohttp.BaseConnector) -> None:
 class KubeApi:
     def __init__(
         self,
-        configuration: client.Configuration | None = None,
+        configuration: Configuration | None = None,
         threads: int = 16,
         *,
         api_values_only: bool = False,

@@ -1,124 +1,304 @@
 """Where the API server is and who we are to it: a kubeconfig (as kubectl reads it) or the in-cluster
 service account, for agentrun.kubeapi's HTTP transport.
 
-The official client's loader parses the kubeconfig (contexts, merged KUBECONFIG lists, certificate and
-token files or inline data, exec plugins, auth providers); this module adds what that loader lacks for
-long-lived processes: a kubeconfig's `tokenFile` is read again whenever the file changes, seen within a
-second (bound service-account tokens rotate; the loader reads it once). In-cluster, the loader itself
-re-reads the mounted token every minute. The bearer token is asked for at every request, so a
-refreshing credential (an exec plugin's expiring token) is renewed as the loader does. Not supported:
-a client certificate that an exec plugin renews (the one it returned at start is kept), and proxies (a
-kubeconfig's `proxy-url` is not read by the loader; HTTPS_PROXY is not read either).
+A small parser of our own, so that a process that only talks to the API server (the worker SDK, the
+CLI) never imports the official client (a third of the worker's start-up time). It reads contexts,
+merged KUBECONFIG lists (the first file to name a context, cluster or user, or to set the current
+context, wins; relative paths are relative to the file that names them), the server, its CA (file or
+inline data), `insecure-skip-tls-verify`, `tls-server-name`, client certificates and keys (files or
+inline data), a bearer `token`, a `tokenFile`, and a username and password. A `tokenFile` (and the
+in-cluster service-account token) is read again whenever the file changes, seen within a second: bound
+service-account tokens rotate. A user with an exec credential plugin or an auth provider is handed to
+the official client's loader (imported then, and only then), which renews their expiring tokens at the
+request that finds them expired. Not supported: a client certificate that an exec plugin renews (the one
+it returned at start is kept), and proxies (a kubeconfig's `proxy-url` and HTTPS_PROXY are not read).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import ssl
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-from kubernetes import client, config
+SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 
 
-def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
-    """KUBECONFIG (or the given file) when present, else the in-cluster service account."""
-    configuration = client.Configuration()
+class ConfigError(Exception):
+    """A kubeconfig (or the Pod's service account) that does not say where or who: the message says
+    what is missing, and where."""
+
+
+@dataclass
+class Configuration:
+    """What the HTTP transport needs to reach the API server and say who we are."""
+
+    host: str
+    ca_file: str | None = None
+    ca_data: str | None = None  # PEM
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_data: bytes | None = None  # PEM, with key_data: inline client credentials
+    key_data: bytes | None = None
+    verify_ssl: bool = True
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    # The Authorization header's value now (None: none), asked for at every request.
+    authorization: Callable[[], str | None] = field(default=lambda: None)
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Configuration:
+    """KUBECONFIG (or the given file, or a list of them) when present, else ~/.kube/config when it
+    exists, else the in-cluster service account; `context` chooses a context other than the
+    kubeconfig's current one."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        config.load_kube_config(config_file=path, client_configuration=configuration)
-        if token_file := _token_file(path or os.path.expanduser("~/.kube/config")):
-            _follow_token_file(configuration, token_file)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
+    if path or os.path.exists(os.path.expanduser(DEFAULT_KUBECONFIG)):
+        return _from_kubeconfig(path or DEFAULT_KUBECONFIG, context)
+    return _in_cluster(os.environ)
+
+
+def active_context(paths: str, name: str | None = None) -> dict[str, Any] | None:
+    """The current context of a kubeconfig (or the one called `name`) as {cluster, user, namespace}, or
+    None if there is none (or it cannot be read). `paths` may list several files, as KUBECONFIG does."""
+    try:
+        merged = _Merged.read(paths)
+        context = merged.named("contexts", name or merged.current_context())
+    except (ConfigError, OSError):
+        return None
+    body = context.entry.get("context")
+    return dict(body) if isinstance(body, dict) else None
+
+
+def current_context_name(paths: str) -> str | None:
+    """The name of a kubeconfig's current context, None if it has none (or cannot be read)."""
+    try:
+        return _Merged.read(paths).current_context()
+    except (ConfigError, OSError):
+        return None
+
+
+# ---- kubeconfig files ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A named entry of a kubeconfig section, with the folder of the file that holds it."""
+
+    entry: dict[str, Any]
+    folder: Path
+
+    def body(self, key: str) -> dict[str, Any]:
+        value = self.entry.get(key) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"kubeconfig: {key} {self.entry.get('name')!r} is not a mapping")
+        return value
+
+    def path(self, value: object) -> str:
+        """A path in this entry: relative to the file that holds it, as kubectl reads it."""
+        return os.path.normpath(self.folder / Path(str(value)).expanduser())
+
+
+@dataclass
+class _Merged:
+    """One or more kubeconfig files merged as kubectl merges a KUBECONFIG list: for every value and
+    every named entry, the first file that sets it wins."""
+
+    documents: list[tuple[Path, dict[str, Any]]]
+
+    @classmethod
+    def read(cls, paths: str) -> _Merged:
+        import yaml  # noqa: PLC0415 (in a Pod without a kubeconfig, no YAML is read at all)
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when the wheel has it
+        documents: list[tuple[Path, dict[str, Any]]] = []
+        for name in paths.split(os.pathsep):
+            if not name:
+                continue
+            file = Path(name).expanduser()
+            if not file.exists():
+                continue  # as kubectl: a KUBECONFIG list may name files that do not exist
+            try:
+                document = yaml.load(file.read_text(), Loader=loader)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"kubeconfig {file} is not valid YAML: {exc}") from None
+            if not isinstance(document, dict):
+                raise ConfigError(f"kubeconfig {file} is empty or not a mapping")
+            documents.append((file.absolute(), document))
+        if not documents:
+            raise ConfigError(f"no kubeconfig found at {paths}")
+        return cls(documents)
+
+    def current_context(self) -> str:
+        for _, document in self.documents:
+            if document.get("current-context"):
+                return str(document["current-context"])
+        raise ConfigError("the kubeconfig has no current-context")
+
+    def find(self, section: str, name: object) -> _Named | None:
+        for file, document in self.documents:
+            for entry in document.get(section) or []:
+                if isinstance(entry, dict) and entry.get("name") == name:
+                    return _Named(entry, file.parent)
+        return None
+
+    def named(self, section: str, name: object) -> _Named:
+        found = self.find(section, name)
+        if found is None:
+            raise ConfigError(f"the kubeconfig has no entry named {name!r} in {section}")
+        return found
+
+
+def _from_kubeconfig(paths: str, chosen: str | None = None) -> Configuration:
+    merged = _Merged.read(paths)
+    context = merged.named("contexts", chosen or merged.current_context()).body("context")
+    cluster_entry = merged.named("clusters", context.get("cluster"))
+    user_entry = merged.find("users", context.get("user")) if context.get("user") else None
+    user = user_entry.body("user") if user_entry else {}
+    if "auth-provider" in user or ("exec" in user and not (user.get("token") or user.get("tokenFile"))):
+        return _from_official_loader(paths, chosen)
+    cluster = cluster_entry.body("cluster")
+    if not cluster.get("server"):
+        raise ConfigError(f"cluster {cluster_entry.entry.get('name')!r} of the kubeconfig has no server")
+    configuration = Configuration(host=str(cluster["server"]).rstrip("/"))
+    if configuration.host.startswith("https"):
+        if cluster.get("certificate-authority-data"):
+            configuration.ca_data = _decoded(cluster["certificate-authority-data"]).decode()
+        elif cluster.get("certificate-authority"):
+            configuration.ca_file = _existing(cluster_entry.path(cluster["certificate-authority"]))
+        if user_entry is not None:
+            _client_certificate(configuration, user_entry, user)
+    if "insecure-skip-tls-verify" in cluster:
+        configuration.verify_ssl = not cluster["insecure-skip-tls-verify"]
+    if cluster.get("tls-server-name"):
+        configuration.tls_server_name = str(cluster["tls-server-name"])
+    if user_entry is not None:
+        configuration.authorization = _authorization(user_entry, user)
     return configuration
 
 
-def active_context(paths: str) -> dict[str, Any] | None:
-    """The current context of a kubeconfig ({cluster, user, namespace}), or None if it has none (or
-    cannot be read). `paths` may list several files, as KUBECONFIG does."""
+def _client_certificate(configuration: Configuration, entry: _Named, user: dict[str, Any]) -> None:
+    if user.get("client-certificate-data"):
+        configuration.cert_data = _decoded(user["client-certificate-data"])
+    elif user.get("client-certificate"):
+        configuration.cert_file = _existing(entry.path(user["client-certificate"]))
+    if user.get("client-key-data"):
+        configuration.key_data = _decoded(user["client-key-data"])
+    elif user.get("client-key"):
+        configuration.key_file = _existing(entry.path(user["client-key"]))
+
+
+def _authorization(entry: _Named, user: dict[str, Any]) -> Callable[[], str | None]:
+    """A tokenFile (followed: read again when it changes) before a token, as client-go does; else
+    basic credentials; else none."""
+    if user.get("tokenFile"):
+        return _TokenFile(Path(entry.path(user["tokenFile"])))
+    if user.get("token"):
+        header = f"Bearer {user['token']}"
+        return lambda: header
+    if "username" in user and "password" in user:
+        basic = base64.b64encode(f"{user['username']}:{user['password']}".encode()).decode()
+        return lambda: f"Basic {basic}"
+    return lambda: None
+
+
+def _decoded(data: object) -> bytes:
     try:
-        _, active = config.list_kube_config_contexts(config_file=paths)
-    except (config.ConfigException, OSError):
-        return None
-    context = (active or {}).get("context")
-    return dict(context) if isinstance(context, dict) else None
+        return base64.b64decode(str(data), validate=False)
+    except ValueError as exc:
+        raise ConfigError(f"kubeconfig: inline data is not base64: {exc}") from None
 
 
-# libyaml when the wheel has it: a kubeconfig is read at every process start (a worker, the CLI).
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _existing(path: str) -> str:
+    if not os.path.isfile(path):
+        raise ConfigError(f"kubeconfig: file does not exist: {path}")
+    return path
 
 
-def _token_file(paths: str) -> Path | None:
-    """The current context's user's tokenFile, if it has one (relative to its kubeconfig's folder).
-    Each file is parsed once; in a KUBECONFIG list the first file to set a value wins, as in kubectl."""
-    documents: list[tuple[Path, dict[str, Any]]] = []
-    for path in paths.split(os.pathsep):
-        try:
-            file = Path(path).expanduser()
-            document = yaml.load(file.read_text(), Loader=_YAML_LOADER) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(document, dict):
-            documents.append((file, document))
-    current = next((d["current-context"] for _, d in documents if d.get("current-context")), None)
-    context = _first_named(documents, "contexts", current)
-    user = _first_named(
-        documents, "users", (context[1].get("context") or {}).get("user") if context else None
+def _from_official_loader(paths: str, context: str | None) -> Configuration:
+    """An exec credential plugin or an auth provider: the official client's loader runs and renews
+    them (imported here only: the rest of agentrun never loads it)."""
+    from kubernetes import client, config  # noqa: PLC0415
+
+    official = client.Configuration()
+    try:
+        config.load_kube_config(config_file=paths, context=context, client_configuration=official)
+    except config.ConfigException as exc:
+        raise ConfigError(str(exc)) from None
+    return Configuration(
+        host=official.host,
+        ca_file=official.ssl_ca_cert or None,
+        cert_file=official.cert_file or None,
+        key_file=official.key_file or None,
+        verify_ssl=official.verify_ssl,
+        tls_server_name=getattr(official, "tls_server_name", None) or None,
+        authorization=lambda: official.get_api_key_with_prefix("authorization") or None,
     )
-    if user is None:
-        return None
-    found = (user[1].get("user") or {}).get("tokenFile")
-    return user[0].parent / str(found) if found else None
 
 
-def _first_named(
-    documents: list[tuple[Path, dict[str, Any]]], section: str, name: object
-) -> tuple[Path, dict[str, Any]] | None:
-    """The first entry called `name` in the kubeconfigs' `section`, with the file it is in."""
-    if name is None:
-        return None
-    for file, document in documents:
-        for entry in document.get(section) or []:
-            if isinstance(entry, dict) and entry.get("name") == name:
-                return file, entry
-    return None
+# ---- the Pod's service account ----------------------------------------------------------------------
 
 
-# How often a followed tokenFile's modification time is looked at: the hook runs at every request, and a
-# stat per request was 1 % of the operator's CPU; a rotated token stays valid long past its successor.
+def _in_cluster(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR) -> Configuration:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ConfigError(
+            "no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a Pod: "
+            "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set"
+        )
+    token, ca = account / "token", account / "ca.crt"
+    if not token.is_file() or not token.read_text():
+        raise ConfigError(f"the service-account token {token} does not exist or is empty")
+    if not ca.is_file() or not ca.read_text():
+        raise ConfigError(f"the service-account CA {ca} does not exist or is empty")
+    server = f"[{host}]" if ":" in host or "%" in host else host  # an IPv6 address
+    return Configuration(host=f"https://{server}:{port}", ca_file=str(ca), authorization=_TokenFile(token))
+
+
+# ---- a token file, followed -------------------------------------------------------------------------
+
+# How often a followed token file's modification time is looked at: the header is asked for at every
+# request, and a stat per request was 1 % of the operator's CPU; a rotated token stays valid long past
+# its successor.
 TOKEN_FILE_CHECK_SECONDS: Final = 1.0
 _clock = time.monotonic  # a module attribute, for tests
 
 
-def _follow_token_file(configuration: client.Configuration, token_file: Path) -> None:
-    """Re-reads the token whenever the file's modification time changes (a rotated bound token). It
-    replaces the loader's hook, which only renews expiring tokens (exec plugins, auth providers)."""
-    # the modification time of the token last read (None: read at the first request), and when it was
-    # last looked at
-    seen: dict[str, float | None] = {"mtime": None, "checked": None}
+class _TokenFile:
+    """The bearer token in a file, read again whenever the file's modification time changes (a rotated
+    bound token), looked at most once a TOKEN_FILE_CHECK_SECONDS. A file caught while it is replaced is
+    tried again at the next request; meanwhile the token read last is sent."""
 
-    def refresh(conf: client.Configuration) -> None:
-        now = _clock()
-        checked = seen["checked"]
-        if checked is not None and now - checked < TOKEN_FILE_CHECK_SECONDS:
-            return
-        seen["checked"] = now
-        mtime = _mtime(token_file)
-        if mtime == seen["mtime"]:
-            return
+    def __init__(self, path: Path) -> None:
+        self.path = path
         try:
-            token = token_file.read_text().strip()
-        except OSError:
-            seen["checked"] = None  # being replaced: the next request reads it
-            return
-        seen["mtime"] = mtime
-        conf.api_key["authorization"] = f"Bearer {token}"
+            self.header: str | None = f"Bearer {path.read_text().strip()}"
+        except OSError as exc:
+            raise ConfigError(f"kubeconfig: cannot read the tokenFile {path}: {exc}") from None
+        self.mtime: float | None = None  # of the token read last (None: read again at the first request)
+        self.checked: float | None = None  # when the file was last looked at
 
-    configuration.refresh_api_key_hook = refresh
+    def __call__(self) -> str | None:
+        now = _clock()
+        if self.checked is not None and now - self.checked < TOKEN_FILE_CHECK_SECONDS:
+            return self.header
+        self.checked = now
+        mtime = _mtime(self.path)
+        if mtime == self.mtime:
+            return self.header
+        try:
+            token = self.path.read_text().strip()
+        except OSError:
+            self.checked = None  # being replaced: the next request reads it
+            return self.header
+        self.mtime = mtime
+        self.header = f"Bearer {token}"
+        return self.header
 
 
 def _mtime(path: Path) -> float | None:
@@ -126,6 +306,9 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
+
+
+# ---- the transport's view -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -136,27 +319,46 @@ class Endpoint:
     ssl: ssl.SSLContext | bool
     server_hostname: str | None
     proxy: str | None
-    configuration: client.Configuration
+    configuration: Configuration
 
     @classmethod
-    def of(cls, configuration: client.Configuration) -> Endpoint:
+    def of(cls, configuration: Configuration) -> Endpoint:
         tls: ssl.SSLContext | bool = True
         if configuration.host.startswith("https"):
-            tls = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+            tls = ssl.create_default_context(
+                cafile=configuration.ca_file or None, cadata=configuration.ca_data or None
+            )
             if not configuration.verify_ssl:
                 tls.check_hostname = False
                 tls.verify_mode = ssl.CERT_NONE
-            if configuration.cert_file:
-                tls.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+            _load_client_certificate(tls, configuration)
         return cls(
             base_url=configuration.host.rstrip("/"),
             ssl=tls,
-            server_hostname=getattr(configuration, "tls_server_name", None) or None,
+            server_hostname=configuration.tls_server_name or None,
             proxy=configuration.proxy or None,
             configuration=configuration,
         )
 
     def headers(self) -> dict[str, Any]:
-        """The Authorization header now (refreshed by the loader's hook, or a followed tokenFile)."""
-        token = self.configuration.get_api_key_with_prefix("authorization")
+        """The Authorization header now (a followed token file's newest token, a renewed one)."""
+        token = self.configuration.authorization()
         return {"Authorization": token} if token else {}
+
+
+def _load_client_certificate(tls: ssl.SSLContext, configuration: Configuration) -> None:
+    """Files as they are; inline data through a private temporary folder, gone once loaded."""
+    if not (configuration.cert_file or configuration.cert_data):
+        return
+    with tempfile.TemporaryDirectory(prefix="agentrun-") as folder:
+        cert = configuration.cert_file or _written(Path(folder) / "cert", configuration.cert_data)
+        key = configuration.key_file or (
+            _written(Path(folder) / "key", configuration.key_data) if configuration.key_data else None
+        )
+        tls.load_cert_chain(cert, key)
+
+
+def _written(path: Path, data: bytes | None) -> str:
+    path.touch(mode=0o600)
+    path.write_bytes(data or b"")
+    return str(path)

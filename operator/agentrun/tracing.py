@@ -11,6 +11,7 @@ finds in TRACEPARENT. Exports are batched on a background thread and flushed at 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import random
@@ -20,21 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from agentrun.core.traces import TRACEPARENT_ENV, SpanRef, parse_traceparent
 
-try:  # the optional extra agentrun[otel]
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace as otel_trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
-
-    HAVE_OPENTELEMETRY = True
-except ImportError:  # pragma: no cover - the images and the test extra install it
-    HAVE_OPENTELEMETRY = False
+# The optional extra agentrun[otel], imported where a span is made: a process without an endpoint (most
+# attempt Pods) never loads it (a tenth of the worker's start-up time). find_spec loads no module of it
+# but its empty namespace package.
+HAVE_OPENTELEMETRY = importlib.util.find_spec("opentelemetry.sdk") is not None
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.trace import Span
     from opentelemetry.trace import Tracer as OtelTracer
 
@@ -61,6 +55,11 @@ class Tracing:
         if not HAVE_OPENTELEMETRY:
             log.warning("%s is set, but OpenTelemetry is not installed: agentrun[otel]", ENDPOINT_ENV)
             return
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+
         resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service_name})
         self._provider = TracerProvider(resource=resource)
         # The exporter reads the endpoint (and headers, timeouts) from the standard OTEL_* variables.
@@ -91,6 +90,8 @@ class Tracing:
         if self._tracer is None or parent is None:
             yield
             return
+        from opentelemetry import context as otel_context  # noqa: PLC0415
+
         token = otel_context.attach(_context_of(parent))
         try:
             yield
@@ -113,6 +114,10 @@ class Tracing:
         """Exports a finished span with the given ids and times (seconds since the epoch)."""
         if self._processor is None or self._provider is None:
             return
+        from opentelemetry.sdk.trace import ReadableSpan  # noqa: PLC0415
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: PLC0415
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
         status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.OK)
         finished = ReadableSpan(
             name,
@@ -137,11 +142,15 @@ class Tracing:
 
 
 def _span_context(ref: SpanRef) -> Any:
+    from opentelemetry.trace import SpanContext, TraceFlags  # noqa: PLC0415
+
     flags = TraceFlags(TraceFlags.SAMPLED if ref.sampled else TraceFlags.DEFAULT)
     return SpanContext(int(ref.trace_id, 16), int(ref.span_id, 16), is_remote=True, trace_flags=flags)
 
 
 def _context_of(ref: SpanRef) -> Any:
+    from opentelemetry import trace as otel_trace  # noqa: PLC0415
+
     return otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(_span_context(ref)))
 
 

@@ -187,6 +187,10 @@ def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release
         str(CHART),
         f"--namespace={namespace}",
         f"--set=watchNamespaces={{{namespace}}}",
+        # namespace-scoped mode renders nothing cluster-scoped unless asked: the test is the cluster admin
+        "--set=crds.install=true",
+        "--set=peering.installCrds=true",
+        "--set=admission.install=true",
         "--set=replicaCount=1",
         f"--set=health.port={installed.health_port}",
         f"--set=metrics.port={installed.metrics_port}",
@@ -254,7 +258,15 @@ def test_rendered_chart_is_accepted_by_the_api_server(
     ).stdout
     applied = e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     kinds = {line.split("/")[0] for line in applied.stdout.splitlines()}
-    assert {"deployment.apps", "customresourcedefinition.apiextensions.k8s.io", "serviceaccount"} <= kinds
+    assert {"deployment.apps", "serviceaccount"} <= kinds
+    cluster_scoped = {
+        "customresourcedefinition.apiextensions.k8s.io",
+        "clusterrole.rbac.authorization.k8s.io",
+    }
+    if mode == "cluster-wide":
+        assert cluster_scoped <= kinds
+    else:  # nothing cluster-scoped unless asked: a namespace administrator can install it
+        assert not cluster_scoped & kinds
 
 
 def test_plain_manifests_are_accepted_by_the_api_server(
@@ -494,9 +506,8 @@ def _chart_with_changed_crd(destination: Path) -> Path:
 
 
 def test_helm_upgrade_applies_a_changed_crd(release: Release, tmp_path: Path) -> None:
-    """A new chart version with a changed CRD, upgraded to two replicas. (The health endpoint is off
-    from here on the local cluster: the process node gives every Pod the same network, so two replicas
-    cannot both listen on one port.)"""
+    """A new chart version with a changed CRD, upgraded to two replicas. (On the local cluster the
+    process node shares the host's network among Pods: the replicas listen on their own Pod IPs.)"""
     kube = release.kube
     before = kube.extensions.read_custom_resource_definition("runs.agentrun.dev")
     assert E2E_COLUMN not in [c.name for c in before.spec.versions[0].additional_printer_columns]
@@ -508,7 +519,7 @@ def test_helm_upgrade_applies_a_changed_crd(release: Release, tmp_path: Path) ->
         f"--namespace={release.namespace}",
         "--reuse-values",
         "--set=replicaCount=2",
-        *(["--set=health.enabled=false", "--set=metrics.enabled=false"] if release.target.local else []),
+        *(["--set=listenAddress=$(POD_IP)"] if release.target.local else []),
         "--wait",
         "--timeout=120s",
     )

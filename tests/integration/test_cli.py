@@ -379,3 +379,114 @@ def test_clear_errors_for_what_is_missing_or_forbidden(
         assert refused.stderr.startswith("error: forbidden: ")
         assert f'User "system:serviceaccount:{ns}:nobody" cannot list resource "runs"' in refused.stderr
         assert f'in the namespace "{ns}"' in refused.stderr
+
+
+def two_contexts(kube: Kube, namespace: str, path: Path) -> Path:
+    """The test cluster's kubeconfig with a second context, "team", whose namespace is `namespace`; the
+    current context stays the first one (namespace default)."""
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    first = config["contexts"][0]
+    config["contexts"].append({"name": "team", "context": {**first["context"], "namespace": namespace}})
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_hints_act_where_the_command_acted_and_keys_are_checked_before_sending(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    scenario = {"steps": 1, "ask": {"atStep": 1, "prompt": "Which priority?", "schema": PRIORITY}}
+    create_run(kube, ns, scenario_run("hinted", scenario))
+    config = two_contexts(kube, ns, tmp_path / "two-contexts.kubeconfig")
+
+    watched = cli(kube, None, "--context", "team", "watch", "hinted", "--timeout", "90", kubeconfig=config)
+    assert watched.returncode == 0, watched.stderr + operator.log_tail()
+    hint = f"kubectl agentrun resume hinted --value JSON -n {ns} --context team"
+    assert hint in watched.stdout, watched.stdout
+    described = ok(cli(kube, ns, "describe", "hinted"))
+    assert f"Answer:  kubectl agentrun resume hinted --value JSON -n {ns}" in described
+    assert "--context" not in described, "the current context is not named"
+
+    # a key the API server would refuse is refused here, before anything is sent
+    before = get_run(kube, ns, "hinted")
+    bad = cli(kube, ns, "resume", "hinted", "--value", '{"priority": "high"}', "--key", "not a key")
+    assert bad.returncode == 2 and "'not a key' is not a valid idempotency key" in bad.stderr
+    assert get_run(kube, ns, "hinted")["metadata"]["generation"] == before["metadata"]["generation"]
+
+    # -o yaml hides managedFields as kubectl does, unless asked
+    shown = yaml.safe_load(ok(cli(kube, ns, "get", "hinted", "-o", "yaml")))
+    assert "managedFields" not in shown["metadata"] and shown["metadata"]["name"] == "hinted"
+    kept = json.loads(ok(cli(kube, ns, "get", "hinted", "-o", "json", "--show-managed-fields")))
+    assert kept["metadata"]["managedFields"]
+
+    # the hint, pasted with the answer filled in, answers this Run (in its namespace, through the context)
+    words = hint.split()[2:]
+    words[words.index("JSON")] = '{"priority": "high"}'
+    answered = subprocess.run(
+        [sys.executable, "-m", "agentrun.cli", *words],
+        env=env_for(config),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert answered.returncode == 0 and ": Accepted (answer to" in answered.stdout, answered.stderr
+    assert wait_phase(kube, ns, "hinted", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
+
+
+def test_a_failed_side_effect_can_be_resolved_absent_and_the_run_retried(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The dead end of a failed call (e.g. a wrong target, classed deterministic): the report offers a way
+    out, and each command it prints is accepted."""
+    ns, gate = run_namespace, tmp_path / "gate"
+    failing = {
+        "steps": 1,
+        "gate": {"file": str(gate), "atStep": 1},
+        "fail": {"attempts": [1], "how": "permanent"},
+    }
+    create_run(kube, ns, scenario_run("dns", failing))
+    running = wait_phase(kube, ns, "dns", {"Running"})
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Run",
+        "name": "dns",
+        "uid": running["metadata"]["uid"],
+    }
+    effect = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SideEffect",
+        "metadata": {"name": "sfx-dns", "labels": {"agentrun.dev/run": "dns"}, "ownerReferences": [owner]},
+        "spec": {"runName": "dns", "tool": "create_ticket", "idempotencyKey": "ticket-1", "target": "t.bad"},
+    }
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", effect)
+    send = {"sendId": "op-1-s1", "attempt": "dns-a1", "time": "2026-01-01T00:00:00Z", "outcome": "Failed"}
+    for state in ("Pending", "Failed"):
+        kube.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "sideeffects", "sfx-dns", {"status": {"state": state, "sends": [send]}}
+        )
+    gate.touch()  # the Attempt fails now, with the failed call in its ledger
+    assert wait_phase(kube, ns, "dns", {"Failed", "Succeeded"})["status"]["phase"] == "Failed"
+
+    report = ok(cli(kube, ns, "report", "dns"))
+    resolve = f"kubectl agentrun resolve-effect sfx-dns --absent -n {ns}"
+    retry_hint = f"kubectl agentrun retry dns --reason TEXT -n {ns}"
+    assert resolve in report and retry_hint in report and "new key version" in report, report
+
+    refused = cli(kube, ns, "resolve-effect", "sfx-dns", "--confirmed", "--reference", "T-1")
+    assert refused.returncode == 1 and "sfx-dns is Failed: only --absent applies" in refused.stderr
+    resolved = cli(kube, None, *resolve.split()[2:], "--reason", "the DNS name was wrong")
+    assert resolved.returncode == 0, resolved.stderr
+    assert "side effect sfx-dns: Failed -> Failed (Absent: it did not happen" in resolved.stdout
+    assert f"run dns is Failed; retry it: kubectl agentrun retry dns -n {ns}" in resolved.stderr
+    status = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", "sfx-dns")["status"]
+    assert (status["state"], status["resolution"], status["resolvedSends"]) == ("Failed", "Absent", 1)
+    assert status["history"][-1]["message"].endswith("(kubectl agentrun): the DNS name was wrong")
+    again = ok(cli(kube, ns, "resolve-effect", "sfx-dns", "--absent"))
+    assert "already resolved Absent, nothing sent since; nothing written" in again
+
+    retry_words = retry_hint.split()[2:]
+    retry_words[retry_words.index("TEXT")] = "fixed the DNS name"
+    retried = ok(cli(kube, None, *retry_words))
+    assert ": Accepted (manual retry from" in retried
+    assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=90)["status"]["phase"] == "Succeeded"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,27 @@ def test_a_rotated_token_file_is_who_the_next_request_is(
         f"system:serviceaccount:{namespace}:first",
         f"system:serviceaccount:{namespace}:second",
     )
+
+
+def test_inline_certificates_reach_the_server_as_files_do(kube: Kube, tmp_path: Path) -> None:
+    """The admin kubeconfig's CA, client certificate and key, inlined as base64 data (as cloud
+    kubeconfigs carry them): the same identity, over a verified connection."""
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    for key in ("certificate-authority", "client-certificate", "client-key"):
+        holder = cluster if key == "certificate-authority" else user
+        holder[f"{key}-data"] = base64.b64encode(Path(holder.pop(key)).read_bytes()).decode()
+    inlined = tmp_path / "inline.kubeconfig"
+    inlined.write_text(yaml.safe_dump(config))
+
+    async def who(path: Path) -> str:
+        api = KubeApi(load_configuration(str(path)))
+        try:
+            return await _who(api)
+        finally:
+            await api.aclose()
+
+    assert asyncio.run(who(inlined)) == asyncio.run(who(kube.kubeconfig))
 
 
 def test_refusals_carry_status_reason_and_kind(kube: Kube, namespace: str) -> None:

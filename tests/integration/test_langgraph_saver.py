@@ -1,5 +1,5 @@
-"""AgentrunSaver against the real API server: LangGraph's own conformance suite (async and sync), and a
-planted payload that names a class outside the allow-list."""
+"""AgentrunSaver against the real API server: LangGraph's own conformance suite (async and sync), a
+planted payload that names a class outside the allow-list, and a delta channel whose ancestor is gone."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from langgraph.checkpoint.conformance.test_utils import (
 from agentrun.examples.manifests import agent_run
 from agentrun.integrations.langgraph import AgentrunSaver, UnsafeCheckpoint
 from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.worker.errors import StateUnverifiable
 from support.kube import Kube
+from support.langgraph_growing import build
 from support.runs import GROUP, VERSION, create_run
 
 pytestmark = pytest.mark.cluster
@@ -165,4 +167,36 @@ def test_a_planted_payload_naming_a_class_outside_the_allow_list_is_refused_not_
     with pytest.raises(UnsafeCheckpoint, match=r"os\.system"):
         list(saver.list(generate_config("planted")))
     assert not os.path.exists(marker)
+    saver.close()
+
+
+def test_a_delta_channel_with_an_ancestor_deleted_is_state_unverifiable_not_shorter(
+    kube: Kube, api: KubeApi, namespace: str, saver_run: str
+) -> None:
+    saver = AgentrunSaver(api, namespace, saver_run)
+    config: RunnableConfig = {"configurable": {"thread_id": "growing"}, "recursion_limit": 100}
+    graph = build(calls=6, kill_at=None, snapshots=False).compile(checkpointer=saver)
+    graph.invoke({"messages": ["task"]}, config)
+    whole = graph.get_state(config).values["messages"]
+    assert len(whole) == 2 + 2 * 6  # rebuilt by the saver's own walk, from the first checkpoint on
+    chain = sorted(
+        (
+            c
+            for c in kube.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, "checkpoints", label_selector=f"agentrun.dev/run={saver_run}"
+            )["items"]
+            if c["spec"].get("thread", {}).get("id") == "growing" and c["spec"]["kind"] == "State"
+        ),
+        key=lambda c: c["spec"]["sequence"],
+    )
+    first, latest = chain[0]["metadata"]["name"], chain[-1]["spec"]
+    assert latest["deltaBase"] == first
+    assert latest["state"]["deltaSeeds"] == {"messages": {"checkpoint": first, "sequence": 1}}
+
+    gone = chain[3]["metadata"]["name"]
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", gone)
+    with pytest.raises(StateUnverifiable, match=f"its ancestor {gone} is missing"):
+        graph.get_state(config)
+    with pytest.raises(StateUnverifiable, match=f"its ancestor {gone} is missing"):
+        asyncio.run(graph.aget_state(config))
     saver.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.examples.manifests import IMAGE
@@ -183,3 +184,57 @@ def test_the_operator_itself_writes_only_pods_and_leases_labelled_with_a_run(
     with pytest.raises(ApiException) as refused:
         as_operator.coordination.delete_namespaced_lease("someone-elses", namespace)
     assert refused.value.status == 403
+
+
+def refused_start(kubeconfig: Path, log: Path, **env: str) -> str:
+    """Starts the operator and waits for it to exit; returns its log (it must refuse, exit code 2)."""
+    process = OperatorProcess(
+        kubeconfig,
+        log,
+        env={"AGENTRUN_METRICS_PORT": "0", "AGENTRUN_ADMISSION_POLICY_WAIT_SECONDS": "0", **env},
+    )
+    process.start()
+    assert process.process is not None
+    try:
+        code = process.process.wait(timeout=120)
+    finally:
+        process.stop()
+    text = log.read_text()
+    assert code == 2, text
+    return text
+
+
+def test_the_operator_refuses_to_start_without_the_policies_it_relies_on(
+    kube: Kube, namespace: str, operator_kubeconfig: Path, agentrun_crds: None, tmp_path: Path
+) -> None:
+    """The session's policies exempt agentrun-system/agentrun-operator: an operator that is another
+    ServiceAccount finds them installed for someone else; one that may not read them says so. (Every
+    other test's operator starts: the check passes against the policies the session installed.)"""
+    other = refused_start(
+        operator_kubeconfig,
+        tmp_path / "other.log",
+        AGENTRUN_SERVICE_ACCOUNT="someone-else",
+        AGENTRUN_SERVICE_ACCOUNT_NAMESPACE="agentrun-system",
+    )
+    assert "refusing to start" in other
+    assert "does not name this operator (system:serviceaccount:agentrun-system:someone-else)" in other
+    assert "--set admission.install=true --set serviceAccount.name=someone-else" in other
+
+    # an identity without the ClusterRole that is installed with the policies cannot read them
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "unread"}})
+    token = kube.core.create_namespaced_service_account_token(
+        "unread", namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": "unread", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "unread"
+    path = tmp_path / "unread.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    unread = refused_start(
+        path,
+        tmp_path / "unread.log",
+        AGENTRUN_SERVICE_ACCOUNT="unread",
+        AGENTRUN_SERVICE_ACCOUNT_NAMESPACE=namespace,
+    )
+    assert "cannot read the admission policies the fences rely on" in unread
+    assert "validatingadmissionpolicies" in unread and "forbidden" in unread

@@ -54,7 +54,7 @@ def build(api: KubeApi, steps: int, wait_at: int | None) -> StateGraph[Steps]:
 
 async def agent(ctx: worker.Context) -> Any:
     spec: dict[str, Any] = ctx.input or {}
-    api = ctx._session.api  # the worker's own client: its request counter
+    api = ctx.store.api  # the worker's own client: its request counter
     return await run_graph(ctx, build(api, int(spec.get("steps", 5)), spec.get("waitAt")), input={"done": []})
 
 

@@ -65,9 +65,14 @@ BREACHES: dict[str, tuple[dict[str, str], str]] = {
         {"integrations/breach.py": "agentrun.operator"},
         "agentrun.integrations.breach -> agentrun.operator",
     ),
+    "integrations-on-the-public-sdk": (
+        {"integrations/breach.py": "agentrun.worker.session"},
+        "agentrun.integrations.breach -> agentrun.worker.session",
+    ),
     "api-declarative": ({"api/breach.py": "asyncio"}, "agentrun.api.breach -> asyncio"),
     "operator-runtime": ({"cli/breach.py": "kopf"}, "agentrun.cli.breach -> kopf"),
     "kubernetes-client": ({"worker/breach.py": "kubernetes"}, "agentrun.worker.breach -> kubernetes"),
+    "object-store-client": ({"worker/breach.py": "obstore"}, "agentrun.worker.breach -> obstore"),
 }
 
 
@@ -104,3 +109,25 @@ def test_the_decisions_load_no_client_and_no_other_layer() -> None:
     project = {m.split(".")[1] for m in loaded if m.startswith("agentrun.")}
     assert project <= {"api", "core", "admission", "rbac"}
     assert {m.split(".")[0] for m in loaded} & {"kubernetes", "kopf", "aiohttp", "urllib3"} == set()
+
+
+# What an attempt Pod never calls, or calls only on a path most Attempts do not take: importing the SDK
+# must not load it (each is imported where it is used). Start-up time is measured in bench/, not here.
+NOT_FOR_THE_WORKER = {
+    "kubernetes": "the official client: agentrun.kubeauth reads kubeconfigs itself",
+    "urllib3": "the official client's transport",
+    "yaml": "a kubeconfig is read only when there is one (not in a Pod)",
+    "jsonschema": "only an answer to a request with a schema is validated",
+    "kopf": "the operator's runtime",
+    "prometheus_client": "the operator's metrics",
+}
+
+
+def test_the_worker_sdk_loads_nothing_it_does_not_use() -> None:
+    loaded = loaded_after_import("agentrun.worker")
+    assert {m.split(".")[0] for m in loaded} & NOT_FOR_THE_WORKER.keys() == set()
+    # OpenTelemetry (agentrun[otel]) only once an OTLP endpoint turns tracing on: nothing but the
+    # empty namespace package its presence is looked up in
+    assert {m for m in loaded if m.startswith("opentelemetry.")} == set()
+    programs = ("agentrun.operator", "agentrun.cli", "agentrun.deploy")
+    assert {m for m in loaded if m.startswith(programs)} == set()

@@ -16,7 +16,9 @@ from agentrun.cli import control_requests, render, timeline
 from agentrun.cli.app import parse
 from agentrun.cli.commands import cancel, effects, resume, watch
 from agentrun.cli.errors import CliError, api_error_from, describe_api_error
-from agentrun.kubeapi import ApiError, to_api_error
+from agentrun.cli.hints import Target
+from agentrun.kubeapi import ApiError
+from support.blocking_api import to_api_error
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0b6c1f2e-8d3a-4c55-9e21-5f0a7b9c1d2e"
@@ -323,12 +325,13 @@ def test_an_answer_never_replaces_another_that_awaits_its_verdict() -> None:
     args = resume_args(value='{"priority": "high"}', value_file=None)
     in_flight = make_run(WAITING, resume=theirs)
     mine = resume.plan_answer(in_flight, args, {"priority": "high"})
-    with pytest.raises(CliError, match="another answer \\(key theirs\\) awaits the operator's verdict"):
-        resume.check_sendable(in_flight, mine, args)
+    with pytest.raises(CliError, match="another answer \\(key theirs\\) awaits the operator's verdict") as e:
+        resume.check_sendable(in_flight, mine, args, Target("team-a"))
+    assert "See: kubectl agentrun describe ask -n team-a" in e.value.message
     judged = make_run(
         {**WAITING, "controls": [control("theirs", "Rejected", "StaleCheckpoint", "no", 1)]}, resume=theirs
     )
-    resume.check_sendable(judged, mine, args)  # once judged, a new answer may replace it
+    resume.check_sendable(judged, mine, args, Target("team-a"))  # once judged, a new answer may replace it
 
 
 def test_resume_of_a_run_that_waits_for_nothing_is_refused_locally() -> None:
@@ -523,7 +526,7 @@ def test_describe_shows_what_a_waiting_run_asks_for() -> None:
     assert "request ask-r1 (input_required) at checkpoint ask-a1-s1" in waiting
     assert "Prompt:  Which priority?" in waiting
     assert '"enum": ["low", "high"]' in waiting
-    assert "kubectl agentrun resume ask --value JSON" in waiting
+    assert "kubectl agentrun resume ask --value JSON -n team-a" in waiting
 
 
 def test_control_lines() -> None:

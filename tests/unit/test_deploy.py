@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from agentrun.admission import admission_policies
+from agentrun.admission import admission_policies, policy_names, policy_reader_rules
 from agentrun.deploy import render
 from agentrun.deploy.values import Values
 from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, Rule
@@ -191,6 +191,7 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "",
         "image",
         "crds",
+        "admission",
         "peering",
         "health",
         "metrics",
@@ -338,14 +339,25 @@ def test_metrics_can_be_turned_off() -> None:
     assert "health.port and metrics.port must differ" in template_error("metrics.port=8080")
 
 
-def test_namespace_scoped_mode_creates_nothing_cluster_scoped_but_crds_and_admission_policies() -> None:
+def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(doc["kind"], doc["metadata"]["name"]) for doc in docs if "namespace" not in doc["metadata"]}
+
+
+def test_namespace_scoped_mode_creates_nothing_cluster_scoped_unless_asked() -> None:
     docs = template("watchNamespaces={team-a,team-b}")
-    cluster_scoped = {doc["kind"] for doc in docs if "namespace" not in doc["metadata"]}
-    # The policies are what keep one attempt Pod from writing another Run's state: in every mode.
-    assert cluster_scoped == {
+    assert cluster_scoped(docs) == set(), "a namespace administrator can install it"
+    asked = template(
+        "watchNamespaces={team-a}", "crds.install=true", "peering.installCrds=true", "admission.install=true"
+    )
+    assert {kind for kind, _ in cluster_scoped(asked)} == {
         "CustomResourceDefinition",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    assert {name for kind, name in cluster_scoped(asked) if kind.startswith("ClusterRole")} == {
+        "rel-agentrun-admission-reader"
     }
     assert operator_container(docs)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     expected = grants(render.split_rules(OPERATOR_RULES, cluster=False, peering=False)) | grants(
@@ -368,6 +380,64 @@ def test_namespace_scoped_mode_creates_nothing_cluster_scoped_but_crds_and_admis
     without_peering = template("watchNamespaces={team-a}", "peering.enabled=false", "replicaCount=1")
     role = one(without_peering, "Role", "rel-agentrun", "team-a")
     assert "kopf.dev" not in {group for group, _, _ in grants(role["rules"])}
+
+
+def test_cluster_mode_installs_the_policies_and_lets_the_operator_read_them() -> None:
+    docs = template()
+    assert {d["metadata"]["name"] for d in by_kind(docs, "ValidatingAdmissionPolicy")} == set(policy_names())
+    assert {d["metadata"]["name"] for d in by_kind(docs, "ValidatingAdmissionPolicyBinding")} == set(
+        policy_names()
+    )
+    reader = one(docs, "ClusterRole", "rel-agentrun-admission-reader")
+    assert reader["rules"] == policy_reader_rules()
+    binding = one(docs, "ClusterRoleBinding", "rel-agentrun-admission-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-agentrun", "namespace": "ops"}]
+    assert binding["roleRef"]["name"] == "rel-agentrun-admission-reader"
+    assert not by_kind(template("admission.install=false"), "ValidatingAdmissionPolicy")
+
+
+def test_a_cluster_admin_installs_the_policies_of_a_namespaced_release_alone() -> None:
+    argv = [HELM, "template", "rel", str(CHART), "--namespace=ops", f"--kube-version={render.KUBE_VERSION}"]
+    values = [
+        "--set=watchNamespaces={team-a}",
+        "--set=admission.install=true",
+        "--set=serviceAccount.name=bot",
+    ]
+    out = subprocess.run(
+        [*argv, *values, "--show-only=templates/admission.yaml"], capture_output=True, text=True, check=True
+    )
+    docs = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    assert {doc["kind"] for doc in docs} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bot", "namespace": "ops"}]
+    for policy in by_kind(docs, "ValidatingAdmissionPolicy"):
+        conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
+        assert "system:serviceaccount:ops:bot" in conditions
+
+
+def test_the_plain_manifests_carry_the_policies_with_their_reader_in_one_file() -> None:
+    docs = [doc for doc in yaml.safe_load_all((REPO / "manifests" / "admission.yaml").read_text()) if doc]
+    names = {(doc["kind"], doc["metadata"]["name"]) for doc in docs}
+    assert {name for kind, name in names if kind == "ValidatingAdmissionPolicy"} == set(policy_names())
+    assert ("ClusterRole", "agentrun-admission-reader") in names
+    assert ("ClusterRoleBinding", "agentrun-admission-reader") in names
+
+
+def test_replicas_can_listen_on_their_own_pod_ip() -> None:
+    plain = operator_container(template())
+    assert "--liveness=http://0.0.0.0:8080/healthz" in plain["args"]
+    assert env_of(plain)["AGENTRUN_METRICS_ADDRESS"] == "0.0.0.0"
+    container = operator_container(template("listenAddress=$(POD_IP)", "health.port=18080"))
+    assert "--liveness=http://$(POD_IP):18080/healthz" in container["args"]
+    names = [var["name"] for var in container["env"]]
+    assert names.index("POD_IP") < names.index("AGENTRUN_METRICS_ADDRESS"), "defined before it is used"
+    assert env_of(container)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env_of(container)["AGENTRUN_METRICS_ADDRESS"] == "$(POD_IP)"
 
 
 def test_crds_are_kept_on_uninstall_and_optional() -> None:

@@ -51,6 +51,17 @@ app.kubernetes.io/part-of: agentrun
 {{- if .Values.watchNamespaces }}true{{ end }}
 {{- end }}
 
+{{/*
+Whether to render a cluster-scoped part: (list VALUE .) with VALUE true, false or null; null means only in
+cluster-wide mode, so a namespace-scoped release renders nothing cluster-scoped unless asked.
+*/}}
+{{- define "agentrun.clusterScoped" -}}
+{{- $value := index . 0 }}
+{{- $root := index . 1 }}
+{{- if kindIs "bool" $value }}{{ if $value }}true{{ end }}
+{{- else if not (include "agentrun.namespaced" $root) }}true{{ end }}
+{{- end }}
+
 {{/* The namespaces where attempt Pods run, as a JSON list (see agents.namespaces in values.yaml). */}}
 {{- define "agentrun.agentNamespaces" -}}
 {{- $namespaces := concat .Values.watchNamespaces .Values.agents.namespaces | uniq }}

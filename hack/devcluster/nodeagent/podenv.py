@@ -8,6 +8,7 @@ kubelet reports CreateContainerConfigError.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,6 +37,17 @@ def expand(value: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(replace, value)
 
 
+def pod_ip(pod: Pod) -> str:
+    """The Pod's own loopback address, 127.x.y.z derived from its uid: Pods of this node share the host's
+    network, so a Pod that listens binds its own address (the chart's listenAddress=$(POD_IP)) and two
+    replicas on one port do not clash, as Pods with IPs of their own do not on a real node."""
+    uid = str(pod.get("metadata", {}).get("uid") or "")
+    if not uid:
+        return "127.0.0.1"
+    n = int(hashlib.sha256(uid.encode()).hexdigest()[:6], 16)
+    return f"127.{1 + n % 254}.{(n >> 8) % 256}.{1 + (n >> 16) % 254}"
+
+
 def field_value(pod: Pod, path: str) -> str:
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
     if m := _MAP_FIELD.match(path):
@@ -47,7 +59,7 @@ def field_value(pod: Pod, path: str) -> str:
         "spec.nodeName": spec.get("nodeName"),
         "spec.serviceAccountName": spec.get("serviceAccountName"),
         "status.hostIP": status.get("hostIP", "127.0.0.1"),
-        "status.podIP": status.get("podIP", "127.0.0.1"),
+        "status.podIP": status.get("podIP") or pod_ip(pod),
     }
     if path not in simple:
         raise ConfigError(f"fieldRef {path!r} is not supported by the process node agent")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .kube import in_background, now_rfc3339
-from .podenv import ConfigError, command_line, resolve_env
+from .podenv import ConfigError, command_line, pod_ip, resolve_env
 
 log = logging.getLogger("nodeagent.pod")
 
@@ -355,8 +355,8 @@ class PodRunner:
             "phase": self.phase,
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": pod_ip(self.pod),
+            "podIPs": [{"ip": pod_ip(self.pod)}],
             "startTime": self.start_time,
             "conditions": [
                 {"type": kind, "status": value, "lastTransitionTime": since}

@@ -69,6 +69,13 @@ class CheckpointSpec(ApiModel):
     parent: Identifier | None = Field(
         None, description="Id of the previous Checkpoint; absent for the first."
     )
+    delta_base: Identifier | None = Field(
+        None,
+        description="Id of the oldest State checkpoint on this one's parent chain that its state is rebuilt "
+        "from: a framework that stores deltas (LangGraph's DeltaChannel) replays the entries of every "
+        "ancestor back to it. Retention keeps that chain, with its entries, as long as this checkpoint is "
+        "kept. Absent when the state is whole in itself.",
+    )
     attempt: AttemptName = Field(description="Name of the Attempt that saved the Checkpoint.")
     lease_epoch: Epoch = Field(description="The lease epoch that Attempt held when it saved.")
     step: str | None = Field(None, max_length=128, description="The agent's step the state was saved at.")

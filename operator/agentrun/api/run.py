@@ -508,8 +508,9 @@ class RunSpec(ApiModel):
         20,
         ge=1,
         le=1000,
-        description="How many Checkpoints to keep. Older ones are deleted, except the latest and any "
-        "that a pending request or an Attempt resumes from.",
+        description="How many Checkpoints to keep. Older ones are deleted, except the latest, any "
+        "that a pending request or an Attempt resumes from, and the ancestors a kept one's state is "
+        "rebuilt from (its deltaBase chain).",
     )
 
 

@@ -12,12 +12,35 @@ from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, watch
 from agentrun.cli.context import Context
+from agentrun.cli.control_requests import identifier_problem
 from agentrun.cli.errors import EXIT_FAILED, CliError, api_error_from, describe_api_error
+from agentrun.cli.hints import Target
 from agentrun.cli.output import FORMATS, Output
 
 Command = Callable[[Context, argparse.Namespace], Awaitable[int]]
 PROG = "kubectl agentrun"
-GLOBAL_DEFAULTS = {"kubeconfig": None, "namespace": None, "output": "table", "debug": False}
+GLOBAL_DEFAULTS = {
+    "kubeconfig": None,
+    "context": None,
+    "namespace": None,
+    "output": "table",
+    "show_managed_fields": False,
+    "debug": False,
+}
+
+
+def identifier(what: str) -> Callable[[str], str]:
+    """An argparse type: a key or id the API server would accept (else a usage error, nothing sent)."""
+
+    def check(value: str) -> str:
+        if problem := identifier_problem(value):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a valid {what}: {problem}")
+        return value
+
+    return check
+
+
+KEY = identifier("idempotency key")
 
 
 def _global_flags(suppress: bool) -> argparse.ArgumentParser:
@@ -28,6 +51,7 @@ def _global_flags(suppress: bool) -> argparse.ArgumentParser:
     group.add_argument(
         "--kubeconfig", default=default, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
     )
+    group.add_argument("--context", default=default, help="kubeconfig context (default: the current one)")
     group.add_argument(
         "-n", "--namespace", default=default, help="namespace (default: the kubeconfig context's)"
     )
@@ -37,6 +61,12 @@ def _global_flags(suppress: bool) -> argparse.ArgumentParser:
         choices=FORMATS,
         default=argparse.SUPPRESS if suppress else "table",
         help="output format",
+    )
+    group.add_argument(
+        "--show-managed-fields",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="with -o json|yaml: keep metadata.managedFields (hidden by default, as kubectl does)",
     )
     group.add_argument(
         "--debug",
@@ -91,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--idempotency-key",
         metavar="KEY",
+        type=KEY,
         help="the cancel's spec.cancelRequest key (default: derived from the Run, the epoch and the reason)",
     )
     _timeout(p, 60, "how long --wait waits")
@@ -101,12 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--value", metavar="JSON", help="the answer, as JSON (validated against the request's schema)"
     )
     p.add_argument("--value-file", metavar="FILE", help="read the answer's JSON from FILE (- for stdin)")
-    p.add_argument("--request-id", metavar="ID", help="the request answered (default: the pending one)")
+    p.add_argument(
+        "--request-id",
+        metavar="ID",
+        type=identifier("request id"),
+        help="the request answered (default: the pending one)",
+    )
     p.add_argument(
         "--checkpoint", metavar="ID", help="the checkpoint it applies to (default: the pending one's)"
     )
     p.add_argument(
-        "--key", metavar="KEY", help="idempotency key (default: derived from run, request and value)"
+        "--key",
+        metavar="KEY",
+        type=KEY,
+        help="idempotency key (default: derived from run, request and value)",
     )
     p.add_argument(
         "--wait", action="store_true", help="once accepted, follow the Run until it stops or waits"
@@ -119,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-checkpoint", metavar="ID", help="continue from this checkpoint (default: the latest)"
     )
     p.add_argument("--reason", metavar="TEXT", help="why, e.g. what was fixed (recorded with the Attempt)")
-    p.add_argument("--key", metavar="KEY", help="idempotency key (default: one per failure of the Run)")
+    p.add_argument(
+        "--key", metavar="KEY", type=KEY, help="idempotency key (default: one per failure of the Run)"
+    )
     p.add_argument(
         "--wait", action="store_true", help="once accepted, follow the Run until it stops or waits"
     )
@@ -131,9 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--effect",
         action="append",
         metavar="KEY",
+        type=KEY,
         help="the idempotency key of an effect to compensate (repeat for more; default: all of them)",
     )
-    p.add_argument("--key", metavar="KEY", help="idempotency key of the request (default: a fresh one)")
+    p.add_argument(
+        "--key", metavar="KEY", type=KEY, help="idempotency key of the request (default: a fresh one)"
+    )
     p.add_argument(
         "--wait", action="store_true", help="once accepted, follow the Run until it is back in its phase"
     )
@@ -142,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "pause", pause.pause, "ask the agent to pause at its next step boundary")
     p.add_argument("run", metavar="RUN")
     p.add_argument(
-        "--request-id", metavar="ID", help="id of the pause (default: derived from the Run's progress)"
+        "--request-id",
+        metavar="ID",
+        type=identifier("pause request id"),
+        help="id of the pause (default: derived from the Run's progress)",
     )
     p.add_argument("--reason", metavar="TEXT", help="why, shown to whoever resumes it")
     _timeout(p, 10, "how long to wait for the agent to reach its step boundary")
@@ -188,11 +235,20 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def target(args: argparse.Namespace) -> Target:
+    """Where the command acts, as the commands it prints must say it."""
+    namespace = args.namespace or config.default_namespace(args.kubeconfig, args.context)
+    return Target(namespace, config.other_context(args.kubeconfig, args.context), args.kubeconfig)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    namespace = args.namespace or config.default_namespace(args.kubeconfig)
-    api = config.connect(args.kubeconfig)
+    where = target(args)
+    api = config.connect(args.kubeconfig, args.context)
     try:
-        ctx = Context(Cluster(api, namespace), Output(args.output), kubeconfig=args.kubeconfig)
+        out = Output(args.output, managed_fields=args.show_managed_fields)
+        ctx = Context(
+            Cluster(api, where.namespace), out, kubeconfig=args.kubeconfig, context=args.context, target=where
+        )
         command: Command = args.command
         return await command(ctx, args)
     finally:

@@ -1,4 +1,5 @@
-"""What every command gets: the cluster namespace it works in, the output, the clock."""
+"""What every command gets: the cluster namespace it works in, where printed commands act, the output,
+the clock."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agentrun.cli.cluster import Cluster
+from agentrun.cli.hints import Target
 from agentrun.cli.output import Output
 
 
@@ -19,8 +21,20 @@ class Context:
     cluster: Cluster
     out: Output
     kubeconfig: str | None = None
+    context: str | None = None
+    target: Target | None = None  # None: the cluster's namespace, the current context
     now: Callable[[], datetime] = field(default=utc_now)
 
     @property
     def namespace(self) -> str:
         return self.cluster.namespace
+
+    @property
+    def where(self) -> Target:
+        """Where printed commands must act: this command's namespace (and context, kubeconfig)."""
+        return self.target or Target(self.namespace)
+
+    def command(self, *words: str) -> str:
+        """A command to print, e.g. ctx.command("report", name): it carries -n and, when chosen, the
+        context and kubeconfig."""
+        return self.where.command(*words)

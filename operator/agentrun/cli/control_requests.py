@@ -6,12 +6,29 @@ Pure functions: the commands read the Run, ask these what to send, and send it.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import jsonschema
 from pydantic import JsonValue
 
 from agentrun.api import ControlRecord, Run, json_digest
+from agentrun.api.common import IDENTIFIER_PATTERN, MAX_IDENTIFIER_LENGTH
+
+IDENTIFIER_RULE = (
+    f"1 to {MAX_IDENTIFIER_LENGTH} characters: letters, digits and . _ : / @ = + -, "
+    "starting and ending with a letter or digit"
+)
+
+
+def identifier_problem(value: str) -> str | None:
+    """Why the API server would refuse `value` as an idempotency key or request id (the CRD's pattern
+    and length), or None: checked before anything is sent."""
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        return f"it is {len(value)} characters long; a key is {IDENTIFIER_RULE}"
+    if not re.fullmatch(IDENTIFIER_PATTERN, value):
+        return f"a key is {IDENTIFIER_RULE}"
+    return None
 
 
 def _short_hash(*parts: object) -> str:

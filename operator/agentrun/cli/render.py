@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,8 @@ from agentrun.api import (
 )
 from agentrun.api.run import ReportedEffect
 from agentrun.api.usage import MICRO, usage_sum
+from agentrun.cli.hints import Target
+from agentrun.cli.nextsteps import report_steps
 from agentrun.core.ledger import is_compensation_record
 
 NONE = "-"
@@ -196,9 +198,19 @@ def _effect_item(e: ReportedEffect) -> str:
     return f"  - {' '.join(parts)}   ({e.name})"
 
 
-def report_text(run: Run, effects: Sequence[ReportedEffect], omitted: int = 0, live: bool = False) -> str:
-    """What the Run did to the outside world: happened, compensated, cannot be undone, unknown."""
+def report_text(
+    run: Run,
+    effects: Sequence[ReportedEffect],
+    omitted: int = 0,
+    live: bool = False,
+    *,
+    where: Target | None = None,
+    compensable: Collection[str] = (),
+) -> str:
+    """What the Run did to the outside world: happened, compensated, cannot be undone, unknown; then
+    the ways out (`where`: the namespace and context the commands act in; default the Run's)."""
     name = run.metadata.name
+    where = where or Target(run.metadata.namespace or "default")
     lines = [f"Run {name}: {phase_line(run)}"]
     if run.status.result is not None:
         lines.append(f"Result: {compact_json(run.status.result)}")
@@ -240,14 +252,5 @@ def report_text(run: Run, effects: Sequence[ReportedEffect], omitted: int = 0, l
             continue
         lines.append(f"{title} ({len(items)}):" if items else f"{title}: none")
         lines.extend(_effect_item(e) for e in items)
-    unknown = by_state.get(SideEffectState.UNKNOWN, []) + by_state.get(SideEffectState.PENDING, [])
-    if unknown:
-        lines.append(
-            f"Resolve with: kubectl agentrun resolve-effect {unknown[0].name} "
-            "--confirmed --reference REF | --failed"
-        )
-    if any(e.reversible for e in by_state.get(SideEffectState.CONFIRMED, [])) and not live:
-        lines.append(f"Compensate with: kubectl agentrun compensate {name}")
-    if omitted:
-        lines.append(f"({omitted} more side effects not listed: kubectl agentrun effects {name})")
+    lines += report_steps(run, effects, where, compensable=compensable, omitted=omitted, live=live)
     return "\n".join(lines)

@@ -22,6 +22,8 @@ from agentrun.api import (
     StartReason,
 )
 from agentrun.cli import render
+from agentrun.cli.hints import Target
+from agentrun.cli.nextsteps import run_steps
 
 LAST = 10**6  # sorts entries without an Attempt after those of the Attempts at the same second
 
@@ -167,8 +169,13 @@ def describe(
     checkpoints: Sequence[Checkpoint],
     effects: Sequence[SideEffect],
     now: datetime,
+    *,
+    where: Target | None = None,
 ) -> str:
+    """The account of a Run; `where` is the namespace and context the suggested commands act in
+    (default: the Run's namespace)."""
     s, meta = run.status, run.metadata
+    where = where or Target(meta.namespace or "default")
     cancel = f"{run.spec.cancel_epoch} (observed {s.observed_cancel_epoch or 0})"
     lines = [
         f"Name:          {meta.name}",
@@ -202,8 +209,8 @@ def describe(
             waiting.append(f"Schema:  {render.compact_json(p.accepted_schema, 400)}")
         if p.expires_at:
             waiting.append(f"Expires: {render.rfc3339(p.expires_at)}")
-        value = " --value JSON" if p.accepted_schema is not None else ""
-        waiting.append(f"Answer:  kubectl agentrun resume {meta.name}{value}")
+        value = ("--value", "JSON") if p.accepted_schema is not None else ()
+        waiting.append(f"Answer:  {where.command('resume', str(meta.name), *value)}")
         lines += _section("Waiting for", "\n".join(waiting))
 
     history = entries(run, attempts, checkpoints, effects)
@@ -232,5 +239,8 @@ def describe(
                 f"{counts.confirmed} confirmed ({counts.irreversible} cannot be undone), "
                 f"{counts.compensated} compensated, {counts.unknown} unknown"
             )
-        lines += _section("Side-effect report", f"{summary}; details: kubectl agentrun report {meta.name}")
+        details = where.command("report", str(meta.name))
+        lines += _section("Side-effect report", f"{summary}; details: {details}")
+    if s.phase in STOPPED_PHASES and (steps := run_steps(run, where)):
+        lines += _section("Next", "\n".join(steps))
     return "\n".join(lines)

@@ -8,8 +8,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import jsonschema
-
 from agentrun.api import (
     WAITING_PHASES,
     ControlOp,
@@ -160,6 +158,8 @@ def _wrong_value(resume: ResumeRequest, pending: PendingRequest) -> Verdict | No
     if too_large := over_budget("spec.resume.value", resume.value, RESUME_VALUE_BUDGET, SMALLER_ANSWER):
         return Verdict(False, "ValueTooLarge", too_large)
     if pending.accepted_schema is not None:
+        import jsonschema  # noqa: PLC0415 (here: the worker SDK imports this module, and rarely needs it)
+
         try:
             jsonschema.validate(resume.value, pending.accepted_schema)
         except jsonschema.ValidationError as exc:

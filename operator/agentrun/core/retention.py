@@ -1,5 +1,6 @@
 """Which Checkpoints to prune: the oldest State checkpoints beyond the retention count, never one still
-pointed at; and the entries (Writes, Journal) that belong to a pruned or vanished State checkpoint."""
+pointed at nor one a kept checkpoint's state is rebuilt from; and the entries (Writes, Journal) that
+belong to a pruned or vanished State checkpoint."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Att
     every = list(checkpoints)
     states = [c for c in every if c.spec.kind == CheckpointKind.STATE]
     ordered = sorted(states, key=lambda c: c.spec.sequence, reverse=True)
-    protected = {run.status.latest_checkpoint}
+    live = {c.spec.id for c in ordered[:keep]} | {run.status.latest_checkpoint}
     if run.status.pending_request:
-        protected.add(run.status.pending_request.checkpoint_id)
-    protected |= {a.spec.resume_from for a in attempts if a.spec.resume_from}
-    pruned = [c for c in ordered[keep:] if c.spec.id not in protected]
+        live.add(run.status.pending_request.checkpoint_id)
+    live |= {a.spec.resume_from for a in attempts if a.spec.resume_from}
+    needed = rebuilt_from(live, states)
+    pruned = [c for c in ordered[keep:] if c.spec.id not in needed]
     gone = {c.spec.id for c in pruned}
     kept = {c.spec.id for c in states} - gone
     # Entries made before the first State checkpoint (no parent) belong to the start of the Run: they go
@@ -31,3 +33,24 @@ def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Att
         and (c.spec.parent not in kept if c.spec.parent is not None else start_gone)
     ]
     return [str(c.metadata.name) for c in [*pruned, *entries]]
+
+
+def rebuilt_from(live: set[str | None], states: list[Checkpoint]) -> set[str]:
+    """The live checkpoints and every ancestor one of them is rebuilt from: the parent chain of a
+    checkpoint with a deltaBase, back to that base. An ancestor already missing ends the walk (that
+    state cannot be rebuilt any more: the reader says so, loudly, when it reads it)."""
+    by_id = {c.spec.id: c for c in states}
+    needed = {i for i in live if i is not None}
+    walked: set[tuple[str, str]] = set()  # (ancestor, base) already walked from there
+    for start in sorted(needed & by_id.keys()):
+        base = by_id[start].spec.delta_base
+        if base is None or base == start:
+            continue
+        cursor = by_id[start].spec.parent
+        while cursor is not None and cursor in by_id and (cursor, base) not in walked:
+            walked.add((cursor, base))
+            needed.add(cursor)
+            if cursor == base:
+                break
+            cursor = by_id[cursor].spec.parent
+    return needed

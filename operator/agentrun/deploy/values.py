@@ -32,10 +32,22 @@ class Image(_Values):
 
 
 class Crds(_Values):
-    install: bool = True
-    """Install and upgrade the agentrun.dev CRDs with the release. They are templates (not crds/, which
-    Helm never upgrades) annotated helm.sh/resource-policy: keep, so `helm uninstall` never deletes
-    them, nor the Runs they hold. Set false when CRDs are managed outside this release (see README)."""
+    install: bool | None = None
+    """Install and upgrade the agentrun.dev CRDs with the release; null (default): in cluster-wide mode
+    only, so a namespace-scoped release renders nothing cluster-scoped unless asked (a cluster
+    administrator installs the CRDs once: manifests/crds/). They are templates (not crds/, which Helm
+    never upgrades) annotated helm.sh/resource-policy: keep, so `helm uninstall` never deletes them, nor
+    the Runs they hold. Set false when CRDs are managed outside this release (see README)."""
+
+
+class Admission(_Values):
+    install: bool | None = None
+    """Install the ValidatingAdmissionPolicies that fence attempt Pods (docs/security.md), bound and
+    exempting this release's operator ServiceAccount, with a ClusterRole that lets the operator read
+    them by name; null (default): in cluster-wide mode only. They are cluster-scoped: for a
+    namespace-scoped release a cluster administrator installs them once, rendering this chart with the
+    release's values and admission.install=true (--show-only templates/admission.yaml). The operator
+    refuses to start while they are missing."""
 
 
 class Peering(_Values):
@@ -48,16 +60,18 @@ class Peering(_Values):
     lifetime_seconds: int = Field(15, ge=5, le=600)
     """A replica that dies without saying goodbye is taken over this long after its last heartbeat (a
     replica that stops gracefully hands over at once)."""
-    install_crds: bool = True
-    """Install kopf's peering CRDs (clusterkopfpeerings.kopf.dev, kopfpeerings.kopf.dev). Set false if
-    another kopf-based operator in the cluster already installed them."""
+    install_crds: bool | None = None
+    """Install kopf's peering CRDs (clusterkopfpeerings.kopf.dev, kopfpeerings.kopf.dev); null (default):
+    in cluster-wide mode only (cluster-scoped objects). Set false if another kopf-based operator in the
+    cluster already installed them."""
 
 
 class Health(_Values):
     enabled: bool = True
     """Serve kopf's health endpoint (/healthz) and probe it (liveness and readiness)."""
     port: int = Field(8080, ge=1024, le=65535)
-    """Container port of the health endpoint."""
+    """Container port of the health endpoint. On a local cluster whose Pods share the host's network
+    (the process node of `make cluster`), give each release ports of its own and set listenAddress."""
 
 
 class ServiceMonitor(_Values):
@@ -151,15 +165,23 @@ class Values(_Values):
     watch_namespaces: list[str] = Field(default_factory=list)
     """Empty: cluster-wide mode (a ClusterRole and ClusterRoleBinding). Otherwise namespace-scoped mode:
     the operator watches only these namespaces, with a Role and RoleBinding in each, and the chart
-    creates no cluster-scoped object but the CRDs."""
+    creates no cluster-scoped object unless asked (crds.install, peering.installCrds,
+    admission.install): a namespace administrator can install it once a cluster administrator has
+    installed those."""
     crds: Crds = Field(default_factory=Crds)
     """The agentrun.dev CustomResourceDefinitions."""
+    admission: Admission = Field(default_factory=Admission)
+    """The admission policies the operator's fences rely on."""
     peering: Peering = Field(default_factory=Peering)
     """Several replicas, one active (kopf peering)."""
     health: Health = Field(default_factory=Health)
     """The health endpoint and probes."""
     metrics: Metrics = Field(default_factory=Metrics)
     """Prometheus metrics."""
+    listen_address: str = Field("0.0.0.0", min_length=1, max_length=253)
+    """The address the operator's health and metrics endpoints listen on. 0.0.0.0 (default): every
+    address of the Pod, as usual. On a local cluster whose Pods share the host's network (the process
+    node of `make cluster`), set $(POD_IP) so that replicas bind their own Pod IP and do not clash."""
     log_format: Literal["json", "text"] = "json"
     """Operator log format (AGENTRUN_LOG_FORMAT): json, one object per line with time, level, logger,
     message and the run, namespace and attempt it concerns; or text, for people."""

@@ -144,7 +144,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     if step_results:
         result["stepResults"] = step_results
     if spec.get("reportRequests"):
-        result["apiRequests"] = ctx._session.api.requests
+        result["apiRequests"] = ctx.store.api.requests
     if "answer" in state:
         result["answer"] = state["answer"]
     if padding.get("result"):

@@ -14,8 +14,10 @@ import uvloop
 
 from agentrun.clock import SystemClock
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import bootstrap, handlers, logs
-from agentrun.operator.settings import OperatorSettings, auto_priority
+from agentrun.operator import bootstrap, handlers, logs, policies
+from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
+
+log = logging.getLogger("agentrun.operator")
 
 
 def freeze_startup_objects() -> None:
@@ -27,12 +29,28 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+async def require_policies(api: KubeApi) -> None:
+    """Exits (code 2, the reason logged) when the admission policies are not installed for this operator."""
+    if not policies.required(os.environ):
+        log.warning(
+            "%s=false: not checking the admission policies; attempt Pods are not fenced by the API server",
+            policies.REQUIRE_ENV,
+        )
+        return
+    try:
+        await policies.require(api, own_account(), within=policies.wait_seconds(os.environ))
+    except policies.PoliciesMissing as missing:
+        log.error("%s", missing)
+        raise SystemExit(2) from None
+
+
 async def run(namespaces: list[str], liveness: str | None) -> None:
     clock = SystemClock()  # the operator's one clock: every collaborator is given it
     config = OperatorSettings.from_env(auto_priority(clock, random.Random()))
     api = KubeApi(threads=2)
     try:
         await bootstrap.prepare(api, namespaces, config.peering, clock)
+        await require_policies(api)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
     freeze_startup_objects()

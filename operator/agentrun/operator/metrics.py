@@ -12,6 +12,7 @@ operator's in-memory state take snapshots (list() of a dict is atomic under the 
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -331,18 +332,21 @@ def new_registry() -> CollectorRegistry:
     return registry
 
 
-def serve(port: int, registry: CollectorRegistry | None) -> WSGIServer | None:
-    """Serves `registry` on 0.0.0.0:port (0, or no registry: not at all). A port already taken is logged, not
-    fatal: the operator's work matters more than its metrics. Returns the server (to shut it down)."""
+def serve(port: int, registry: CollectorRegistry | None, address: str | None = None) -> WSGIServer | None:
+    """Serves `registry` on address:port (0, or no registry: not at all; address:
+    $AGENTRUN_METRICS_ADDRESS, else 0.0.0.0; the chart sets the Pod's IP on a local cluster whose Pods
+    share the host's network). A port already taken is logged, not fatal: the operator's work matters
+    more than its metrics. Returns the server (to shut it down)."""
     if port == 0 or registry is None:
         log.info("metrics are off (AGENTRUN_METRICS_PORT=0)")
         return None
+    address = address or os.environ.get("AGENTRUN_METRICS_ADDRESS") or "0.0.0.0"
     try:
-        server, _ = start_http_server(port, registry=registry)
+        server, _ = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
-        log.error("metrics not served: cannot listen on port %d: %s", port, exc)
+        log.error("metrics not served: cannot listen on %s:%d: %s", address, port, exc)
         return None
-    log.info("metrics served on :%d/metrics", port)
+    log.info("metrics served on %s:%d/metrics", address, port)
     return server
 
 

@@ -7,32 +7,44 @@ async def agent(ctx: worker.Context) -> dict:
     return {"answer": 42}
 
 worker.main(agent)
+
+Framework integrations (agentrun.integrations) use this module's names only, and `ctx.store` (a
+RunStore) for fenced access to the Run: never a submodule (an import contract holds it).
 """
 
 from agentrun.core.steps import StepRetry
 from agentrun.worker.compensation import Compensation
-from agentrun.worker.context import Context
+from agentrun.worker.context import SCHEMA_ADVICE, Context
 from agentrun.worker.effects import Effect
 from agentrun.worker.errors import (
     ConflictingResult,
+    Interrupted,
     KeyReused,
     PermanentError,
     RateLimited,
+    StateUnverifiable,
     TransientError,
     UnknownSideEffect,
 )
 from agentrun.worker.main import main
+from agentrun.worker.session import refuse_over_budget
+from agentrun.worker.store import RunStore
 
 __all__ = [
+    "SCHEMA_ADVICE",
     "Compensation",
     "ConflictingResult",
     "Context",
     "Effect",
+    "Interrupted",
     "KeyReused",
     "PermanentError",
     "RateLimited",
+    "RunStore",
+    "StateUnverifiable",
     "StepRetry",
     "TransientError",
     "UnknownSideEffect",
     "main",
+    "refuse_over_budget",
 ]

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
-
-import jsonschema
 
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Resend, Run, SideEffectState
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
@@ -18,6 +15,7 @@ from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError, TransientError
 from agentrun.worker.session import Session, refuse_over_budget
 from agentrun.worker.steps import Journal, run_step
+from agentrun.worker.store import RunStore, answered_request
 from agentrun.worker.usage import UsageMeter
 
 _KEEP = object()
@@ -34,6 +32,8 @@ SCHEMA_ADVICE = "ask for a smaller answer (a reference to large data), with a si
 class Context:
     def __init__(self, session: Session, run: Run, attempt: Attempt, resumed_from: Checkpoint | None) -> None:
         self._session = session
+        # The public port for framework integrations: fenced access to the Run (worker.RunStore).
+        self.store = RunStore(session)
         self._ledger = Ledger(session)
         self._latest = resumed_from
         me = session.me
@@ -169,8 +169,8 @@ class Context:
         """Waits (on the Run watch, never polling) until the operator accepts an answer or the hold ends;
         then releases it with a write preconditioned on the newest Run seen. Exactly one of the two
         writes lands: a release that conflicts looks again at what the operator wrote."""
-        session, loop = self._session, asyncio.get_running_loop()
-        deadline = loop.time() + seconds
+        session = self._session
+        deadline = session.clock.monotonic() + seconds
         while True:
             session.changed.clear()  # before looking: a change after this wakes the wait below
             run = session.observed or await session.read_run()
@@ -182,7 +182,7 @@ class Context:
                 return True, value
             if state == requests.HoldState.ENDED:
                 return False, None
-            remaining = deadline - loop.time()
+            remaining = deadline - session.clock.monotonic()
             if remaining <= 0:
                 await session.release_hold(request_id)
                 continue  # released, or the Run changed first: decide on what is stored now
@@ -325,13 +325,9 @@ class Context:
 def _check_answer(value: Any, schema: dict[str, Any] | None) -> None:
     if schema is None:
         return
+    import jsonschema  # noqa: PLC0415 (only an answer to a request with a schema needs it)
+
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as exc:
         raise PermanentError(f"the resume value does not match the request's schema: {exc.message}") from None
-
-
-def answered_request(run: Run, attempt: Attempt) -> str | None:
-    """The id of the request this Attempt brings the answer to (core.requests.answered)."""
-    answer = requests.answered(run, attempt)
-    return answer.request_id if answer else None

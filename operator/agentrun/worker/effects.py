@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import inspect
 import logging
 import uuid
@@ -34,6 +33,7 @@ from agentrun.core.ledger import (
     state_of,
 )
 from agentrun.kubeapi import ApiError
+from agentrun.worker.clock import timestamp
 from agentrun.worker.errors import (
     ConflictingResult,
     FenceRejected,
@@ -71,14 +71,6 @@ class Effect:
     state: SideEffectState
     executed_now: bool
     key: str = ""  # the idempotency key it was recorded under
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def _too_large(record: SideEffect, result: Any) -> str | None:
@@ -159,7 +151,12 @@ class Ledger:
         ]
         history = [
             *history,
-            {"state": state.value, "time": _now(), "attempt": self.me.attempt, "message": message},
+            {
+                "state": state.value,
+                "time": timestamp(self.session.clock),
+                "attempt": self.me.attempt,
+                "message": message,
+            },
         ]
         status = {
             "state": state.value,
@@ -220,7 +217,7 @@ class Ledger:
 
     async def _settle(self, record: SideEffect, digest: str, action: _Action) -> Effect:
         """Applies the recovery rule (core.ledger) until the action is confirmed, refused or stopped."""
-        decision = next_step(record, digest, _utcnow())
+        decision = next_step(record, digest, self.session.clock.now())
         tries = 0  # sends and lookups of this Attempt, for the backoff
         while True:
             match decision.step:
@@ -256,7 +253,7 @@ class Ledger:
         if state_of(record) == SideEffectState.PENDING:
             record = await self._write(record, SideEffectState.UNKNOWN, "outcome unknown: looking it up")
         if action.lookup is None:
-            return record, after_unknown(record, False, _utcnow()), None
+            return record, after_unknown(record, False, self.session.clock.now()), None
         result: Any = None
         try:
             result = await _call(action.lookup, action.key)
@@ -268,11 +265,11 @@ class Ledger:
             log.warning("lookup of %s failed: %s", action.key, exc)
             answer = Answer.CANNOT_TELL
         reference = self._reference(result, action.reference_of) if answer == Answer.FOUND else None
-        decision = after_lookup(answer, record, _utcnow(), reference)
+        decision = after_lookup(answer, record, self.session.clock.now(), reference)
         if answer == Answer.CONFLICT or (answer == Answer.FOUND and decision.step == Step.RECONCILE):
             said = decision.message + (f": {result}" if answer == Answer.CONFLICT else "")
             refs = sorted(references_seen(record) | ({reference} if reference else set()))
-            conflict: dict[str, Any] = {"message": said[:1024], "time": _now()}
+            conflict: dict[str, Any] = {"message": said[:1024], "time": timestamp(self.session.clock)}
             if refs:
                 conflict["references"] = refs[:8]
             record = await self._write(
@@ -300,7 +297,13 @@ class Ledger:
         await self._check_fence()
         sends = [s.to_api() for s in all_sends(record)]
         operation = record.spec.operation_id or str(record.metadata.name)
-        sends.append({"sendId": f"{operation}-s{len(sends) + 1}", "attempt": self.me.attempt, "time": _now()})
+        sends.append(
+            {
+                "sendId": f"{operation}-s{len(sends) + 1}",
+                "attempt": self.me.attempt,
+                "time": timestamp(self.session.clock),
+            }
+        )
         state = state_of(record)
         if state == SideEffectState.FAILED:  # resolved Absent by a person: a fresh round
             state = SideEffectState.PENDING
@@ -356,7 +359,7 @@ class Ledger:
                 f"outcome unknown: {message}",
                 sends=self._last_send(record, SendOutcome.UNKNOWN, None, message),
             )
-            return record, after_send(Answer.NO_ANSWER, record, _utcnow()), None
+            return record, after_send(Answer.NO_ANSWER, record, self.session.clock.now()), None
         if isinstance(exc, TransientError | RateLimited):
             # A definite failure: nothing happened, so the same key may go again, within the bounds.
             # A 429 never marks the record Failed for good.
@@ -368,7 +371,7 @@ class Ledger:
                 f"send failed ({exc.failure_class}): {message}",
                 sends=self._last_send(record, SendOutcome.FAILED, None, message),
             )
-            decision = after_send(Answer.RETRYABLE, record, _utcnow(), delay)
+            decision = after_send(Answer.RETRYABLE, record, self.session.clock.now(), delay)
             if decision.step == Step.EXECUTE:
                 await asyncio.sleep(delay)
             return record, decision, None
@@ -393,7 +396,7 @@ class Ledger:
         deadline = deadline_of(record)
         if deadline is None:
             return seconds
-        return max(0.0, min(seconds, (deadline - _utcnow()).total_seconds()))
+        return max(0.0, min(seconds, (deadline - self.session.clock.now()).total_seconds()))
 
     @staticmethod
     def _last_send(

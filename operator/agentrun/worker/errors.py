@@ -31,6 +31,15 @@ class PermanentError(AgentError):
     failure_class = FailureClass.DETERMINISTIC
 
 
+class StateUnverifiable(PermanentError):
+    """A saved state cannot be rebuilt and verified (an ancestor or entries it is rebuilt from are
+    missing): the agent must not continue from a shorter or different state. Deterministic, reason
+    StateUnverifiable: never retried as transient; a person restores the state or retries from an earlier
+    checkpoint."""
+
+    reason = "StateUnverifiable"
+
+
 class LeaseLost(AgentError):
     """Another Attempt holds the Run's lease now: this worker must stop writing."""
 

@@ -17,6 +17,7 @@ from agentrun.core.fence import fence_violation
 from agentrun.core.traces import run_trace
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.tracing import Tracing, attempt_parent
+from agentrun.worker.clock import SystemClock
 from agentrun.worker.compensation import Lookup, Registered, compensate
 from agentrun.worker.context import Context
 from agentrun.worker.effects import Ledger
@@ -203,7 +204,7 @@ def main(
 
     async def session_main() -> int:
         api = KubeApi()
-        session = Session(api, me)
+        session = Session(api, me, SystemClock())  # the one clock of this Attempt
         session.tracing = Tracing("agentrun-worker")  # on with OTEL_EXPORTER_OTLP_ENDPOINT
         try:
             return await attempt_exit_code(agent, session, compensations=compensations, lookups=lookups)

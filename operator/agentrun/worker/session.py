@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
-import time
 from typing import Any
 
 from agentrun import kubewatch
@@ -25,6 +23,7 @@ from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.tracing import Tracing
+from agentrun.worker.clock import Clock, SystemClock, timestamp
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
 
@@ -38,11 +37,6 @@ STATE_ADVICE = "store large data elsewhere and checkpoint a reference to it (sta
 RESULT_ADVICE = "store large data elsewhere and return a reference to it (a URI and a digest)"
 
 
-def _now(micro: bool = False) -> str:
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.datetime.now(datetime.UTC).strftime(fmt)
-
-
 def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
     """Refuses, before anything is sent, a free-form value over its byte budget (agentrun.api.budgets):
     the API server would store the object only to have etcd refuse it, as an apparent outage."""
@@ -51,9 +45,11 @@ def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
 
 
 class Session:
-    def __init__(self, api: KubeApi, me: Identity) -> None:
+    def __init__(self, api: KubeApi, me: Identity, clock: Clock | None = None) -> None:
+        """clock: the one the whole Attempt reads (the machine's unless given: a test passes a fake)."""
         self.api = api
         self.me = me
+        self.clock: Clock = clock or SystemClock()
         self.run_path = api.custom_path("runs", me.namespace, me.run)
         self.lease_path = api.lease_path(me.namespace, lease_name(me.run))
         self.run: Run | None = None
@@ -182,10 +178,9 @@ class Session:
 
     async def newer_run(self, than: Run) -> Run:
         """A version of the Run newer than `than`: the watch's, when it delivers one in time, else read."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WATCH_PATIENCE_SECONDS
+        deadline = self.clock.monotonic() + WATCH_PATIENCE_SECONDS
         while self.observed is None or _rv(self.observed) <= _rv(than):
-            remaining = deadline - loop.time()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return await self.read_run()
             self.changed.clear()
@@ -214,7 +209,11 @@ class Session:
 
     async def _record_rejection(self, reason: str, message: str) -> None:
         path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
-        patch = {"status": {"rejectedCommit": {"reason": reason, "message": message[:1024], "time": _now()}}}
+        patch = {
+            "status": {
+                "rejectedCommit": {"reason": reason, "message": message[:1024], "time": timestamp(self.clock)}
+            }
+        }
         try:
             await self.api.merge_patch(path, patch)
         except ApiError as exc:  # the record is for people; the refusal itself already happened
@@ -341,7 +340,10 @@ class Session:
                     )
                 assert lease is not None
                 self._lease_rv = lease["metadata"]["resourceVersion"]
-            patch = {"metadata": {"resourceVersion": self._lease_rv}, "spec": {"renewTime": _now(micro=True)}}
+            patch = {
+                "metadata": {"resourceVersion": self._lease_rv},
+                "spec": {"renewTime": timestamp(self.clock, micro=True)},
+            }
             try:
                 renewed = await self.api.merge_patch(self.lease_path, patch)
             except ApiError as exc:
@@ -362,19 +364,19 @@ class Session:
         Attempt (and passed its resourceVersion), so a renewal at start would cost a Lease write and an
         operator reconcile for nothing. Until then the fences keep a worker whose lease was taken over
         harmless: every write that changes official state is refused."""
-        last_renewal = time.monotonic()
+        last_renewal = self.clock.monotonic()
         while True:
             await asyncio.sleep(renew_seconds)
             try:
                 await self.renew_once()
-                last_renewal = time.monotonic()
+                last_renewal = self.clock.monotonic()
             except LeaseLost as exc:
                 log.warning("lease lost: %s", exc)
                 self.lost.set()
                 return
             except Exception as exc:
                 log.warning("lease renewal failed: %s", exc)
-                if time.monotonic() - last_renewal >= duration_seconds:
+                if self.clock.monotonic() - last_renewal >= duration_seconds:
                     self.lost.set()
                     return
 

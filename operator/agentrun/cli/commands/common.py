@@ -25,7 +25,11 @@ def show_outcome(
         ctx.out.obj(body)
     prefix = "already recorded: " if again else ""
     ctx.out.text(f"run {run_name}: {prefix}{render.control_line(record)}")
-    return EXIT_OK if record.outcome == ControlOutcome.ACCEPTED else EXIT_FAILED
+    if record.outcome == ControlOutcome.ACCEPTED:
+        return EXIT_OK
+    # the operator's message names no namespace: say where to look, with the flags to get there
+    ctx.out.note(f"what the Run waits for, and the ways out: {ctx.command('report', run_name)}")
+    return EXIT_FAILED
 
 
 async def await_outcome(
@@ -42,12 +46,12 @@ async def shown_outcome(ctx: Context, name: str, key: str, within: float) -> int
     """Waits for the operator's outcome for `key` and prints it; an error when none came in time."""
     final, record = await await_outcome(ctx, name, key, within)
     if record is None:
-        raise no_outcome(name, key, within)
+        raise no_outcome(ctx, name, key, within)
     return show_outcome(ctx, name, record, final)
 
 
-def no_outcome(name: str, key: str, timeout: float) -> CliError:
+def no_outcome(ctx: Context, name: str, key: str, timeout: float) -> CliError:
     return CliError(
         f"the operator recorded no outcome for {key} within {timeout:g}s (is it running?); "
-        f"the request stays in the Run's spec: see kubectl agentrun describe {name}"
+        f"the request stays in the Run's spec: see {ctx.command('describe', name)}"
     )

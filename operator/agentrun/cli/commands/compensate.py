@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrun.api import RunPhase
+from agentrun.api import TERMINAL_PHASES, Run, RunPhase
 from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
@@ -12,7 +12,13 @@ from agentrun.cli.control_requests import compensate_key, compensate_patch, reco
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 
-COMPENSABLE = (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED, RunPhase.NEEDS_RECONCILIATION)
+
+def compensable_now(run: Run) -> bool:
+    """The operator takes a compensate request of an ended Run, or of one whose compensation was
+    incomplete (core.compensation.judge); a Run in NeedsReconciliation for another reason is retried."""
+    phase = run.status.phase
+    incomplete = phase == RunPhase.NEEDS_RECONCILIATION and run.status.compensating is not None
+    return phase in TERMINAL_PHASES or incomplete
 
 
 async def compensate(ctx: Context, args: argparse.Namespace) -> int:
@@ -21,7 +27,7 @@ async def compensate(ctx: Context, args: argparse.Namespace) -> int:
     key = args.key or compensate_key(run, effects)
     if (earlier := recorded(run, key)) is not None:
         return show_outcome(ctx, args.run, earlier, body, again=True)
-    if run.status.phase not in COMPENSABLE:
+    if not compensable_now(run):
         phase = run.status.phase.value if run.status.phase else "not started"
         raise CliError(
             f"run {args.run} is {phase}: only a Succeeded, Failed or Cancelled Run compensates (or one "

@@ -15,7 +15,7 @@ from agentrun.cli.errors import EXIT_OK, EXIT_USAGE, CliError, describe_api_erro
 from agentrun.cli.output import as_list
 from agentrun.kubeapi import ApiError
 
-RESOLVABLE = (SideEffectState.UNKNOWN, SideEffectState.PENDING)
+OPEN = (SideEffectState.UNKNOWN, SideEffectState.PENDING)
 MAX_HISTORY = 20
 ATTEMPTS = 3  # tries of the resourceVersion-guarded write when someone else writes meanwhile
 
@@ -75,6 +75,40 @@ def resolution(
     return {"metadata": {"resourceVersion": effect.metadata.resource_version}, "status": status}
 
 
+def refusal(effect: SideEffect, verdict: Resolution) -> str | None:
+    """Why a person's verdict cannot be recorded on the effect as it stands, or None.
+
+    An open outcome (Unknown, Pending) takes any verdict. A Failed one takes Absent only: "it did not
+    happen, it may be sent again" (Failed stays Failed, the resolution recorded; the SDK's next send
+    under the same key starts a fresh count). Nothing else is rewritten: the ledger keeps its history.
+    """
+    name, state = effect.metadata.name, render.effect_state(effect)
+    if state in OPEN:
+        return None
+    if state == SideEffectState.FAILED and verdict == Resolution.ABSENT:
+        return None
+    if state == SideEffectState.FAILED:
+        return (
+            f"side effect {name} is Failed: only --absent applies to it (it did not happen and may be "
+            "sent again under the same key); a Failed record never becomes Confirmed"
+        )
+    return (
+        f"side effect {name} is {state.value}: only an Unknown (or Pending) outcome can be resolved, and "
+        "a Failed one marked --absent"
+    )
+
+
+def already_absent(effect: SideEffect) -> bool:
+    """Resolved Absent, and nothing sent since: resolving it so again would change nothing."""
+    status = effect.status
+    return (
+        status is not None
+        and status.state == SideEffectState.FAILED
+        and status.resolution == Resolution.ABSENT
+        and (status.resolved_sends or 0) == len(status.sends or [])
+    )
+
+
 async def _write_resolution(
     ctx: Context,
     name: str,
@@ -89,10 +123,8 @@ async def _write_resolution(
     for attempt in range(1, ATTEMPTS + 1):
         effect = SideEffect.model_validate(await ctx.cluster.side_effect(name))
         state = render.effect_state(effect)
-        if state not in RESOLVABLE:
-            raise CliError(
-                f"side effect {name} is {state.value}: only an Unknown (or Pending) outcome can be resolved"
-            )
+        if problem := refusal(effect, verdict):
+            raise CliError(problem)
         now = render.rfc3339(ctx.now())
         patch = resolution(
             effect,
@@ -128,7 +160,16 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
             result = json.loads(args.result)
         except ValueError as exc:
             raise CliError(f"--result is not valid JSON: {exc}", EXIT_USAGE) from None
-    who = args.by or await ctx.cluster.whoami() or context_user(ctx.kubeconfig) or "kubectl-agentrun"
+    who = (
+        args.by
+        or await ctx.cluster.whoami()
+        or context_user(ctx.kubeconfig, ctx.context)
+        or "kubectl-agentrun"
+    )
+    current = SideEffect.model_validate(await ctx.cluster.side_effect(args.name))
+    if verdict == Resolution.ABSENT and already_absent(current):
+        ctx.out.text(f"side effect {args.name}: already resolved Absent, nothing sent since; nothing written")
+        return await _next_for_run(ctx, args, current.spec.run_name, verdict)
     before, effect, written = await _write_resolution(
         ctx, args.name, verdict, who=who, reference=args.reference, result=result, reason=args.reason
     )
@@ -139,9 +180,21 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
     ctx.out.text(
         f"side effect {args.name}: {before.value} -> {target.value}{reference}{absent}, resolved by {who}"
     )
-    run_name = effect.spec.run_name
+    return await _next_for_run(ctx, args, effect.spec.run_name, verdict)
+
+
+async def _next_for_run(ctx: Context, args: argparse.Namespace, run_name: str, verdict: Resolution) -> int:
+    """Once an effect is settled: says how the Run goes on (or retries it, with --retry)."""
     run_body = await ctx.cluster.find_run(run_name)
-    if run_body is None or Run.model_validate(run_body).status.phase != RunPhase.NEEDS_RECONCILIATION:
+    run = Run.model_validate(run_body) if run_body is not None else None
+    phase = run.status.phase if run is not None else None
+    if run is None or phase not in (RunPhase.NEEDS_RECONCILIATION, RunPhase.FAILED):
+        return EXIT_OK
+    if run.status.compensating is not None:  # a retry would run the agent over a half-undone world
+        ctx.out.note(
+            f"run {run_name}'s compensation is incomplete: once nothing is left open, compensate again: "
+            + ctx.command("compensate", run_name)
+        )
         return EXIT_OK
     left = [
         e
@@ -150,10 +203,14 @@ async def resolve_effect(ctx: Context, args: argparse.Namespace) -> int:
     ]
     if left:
         names = ", ".join(sorted(str(e.metadata.name) for e in left))
-        ctx.out.note(f"run {run_name} still has outcomes nobody knows ({names}): resolve them, then retry")
+        ctx.out.note(
+            f"run {run_name} still has outcomes nobody knows ({names}): resolve them, then retry "
+            f"(see {ctx.command('report', run_name)})"
+        )
         return EXIT_OK
     if not args.retry:
-        ctx.out.note(f"run {run_name} needs reconciliation; retry it: kubectl agentrun retry {run_name}")
+        state = "needs reconciliation" if phase == RunPhase.NEEDS_RECONCILIATION else "is Failed"
+        ctx.out.note(f"run {run_name} {state}; retry it: {ctx.command('retry', run_name)}")
         return EXIT_OK
     why = f"resolved {args.name} {verdict.value}" + (f": {args.reason}" if args.reason else "")
     retry_args = argparse.Namespace(

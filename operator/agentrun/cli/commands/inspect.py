@@ -10,6 +10,7 @@ from agentrun.cli import render, timeline
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK
 from agentrun.cli.output import as_list
+from agentrun.core.compensation import compensable
 
 
 async def get(ctx: Context, args: argparse.Namespace) -> int:
@@ -52,6 +53,7 @@ async def describe(ctx: Context, args: argparse.Namespace) -> int:
         sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence),
         [SideEffect.model_validate(e) for e in effects],
         ctx.now(),
+        where=ctx.where,
     )
     ctx.out.text(text)
     return EXIT_OK
@@ -65,9 +67,12 @@ async def report(ctx: Context, args: argparse.Namespace) -> int:
         return EXIT_OK
     run = Run.model_validate(body)
     stopped = run.status.phase in STOPPED_PHASES
+    records = [SideEffect.model_validate(e) for e in effects]
     if run.status.report is not None:
         listed, omitted = run.status.report.effects, run.status.report.omitted
     else:
-        listed, omitted = render.reported_effects([SideEffect.model_validate(e) for e in effects]), 0
-    ctx.out.text(render.report_text(run, listed, omitted, live=not stopped))
+        listed, omitted = render.reported_effects(records), 0
+    undoable = {str(r.metadata.name) for r in records if compensable(r)}
+    text = render.report_text(run, listed, omitted, live=not stopped, where=ctx.where, compensable=undoable)
+    ctx.out.text(text)
     return EXIT_OK

@@ -16,6 +16,7 @@ from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import recorded, resume_key, resume_operations, schema_problem
 from agentrun.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, describe_api_error
+from agentrun.cli.hints import Target
 from agentrun.kubeapi import ApiError
 
 WRITES = 3  # tries of the resourceVersion-guarded write
@@ -98,7 +99,7 @@ def local_refusal(run: Run, answer: Answer, explicit_request: bool) -> str | Non
     return None
 
 
-def check_sendable(run: Run, answer: Answer, args: argparse.Namespace) -> None:
+def check_sendable(run: Run, answer: Answer, args: argparse.Namespace, where: Target) -> None:
     """Raises when the answer should not be sent: a value is missing or wrong, the Run waits for nothing,
     or another answer is already on its way (the Run has one spec.resume: it would be replaced)."""
     pending = run.status.pending_request
@@ -119,7 +120,7 @@ def check_sendable(run: Run, answer: Answer, args: argparse.Namespace) -> None:
     ):
         raise CliError(
             f"another answer (key {sent.idempotency_key}) awaits the operator's verdict; nothing sent. "
-            f"See: kubectl agentrun describe {run.metadata.name}"
+            f"See: {where.command('describe', str(run.metadata.name))}"
         )
 
 
@@ -132,7 +133,7 @@ async def send(ctx: Context, args: argparse.Namespace, value: Any) -> Answer | C
         answer = plan_answer(run, args, value)
         if (earlier := recorded(run, answer.key)) is not None:
             return Control(earlier, body)
-        check_sendable(run, answer, args)
+        check_sendable(run, answer, args, ctx.where)
         version = str(body["metadata"]["resourceVersion"])
         operations = resume_operations(version, answer.request_id, answer.checkpoint_id, value, answer.key)
         try:

@@ -8,32 +8,7 @@ from agentrun.api import TERMINAL_PHASES, WAITING_FOR_A_PERSON, Run, RunPhase
 from agentrun.cli import render
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError
-
-
-def settled_hint(run: Run) -> str | None:
-    """What to do next about a Run that waits or has stopped."""
-    name, s = run.metadata.name, run.status
-    p = s.pending_request
-    if s.phase in (RunPhase.INPUT_REQUIRED, RunPhase.AUTH_REQUIRED) and p is not None:
-        prompt = f": {p.prompt}" if p.prompt else ""
-        value = " --value JSON" if p.accepted_schema is not None else ""
-        answer = f"answer with: kubectl agentrun resume {name}{value}"
-        return f"waiting for request {p.request_id}{prompt}\n{answer}"
-    if s.phase == RunPhase.PAUSED:
-        return f"paused; continue with: kubectl agentrun resume {name}"
-    if s.phase == RunPhase.NEEDS_RECONCILIATION and s.compensating is not None:
-        return (
-            f"its compensation is incomplete: resolve the side effects (kubectl agentrun effects {name}), "
-            f"then: kubectl agentrun compensate {name}"
-        )
-    if s.phase == RunPhase.NEEDS_RECONCILIATION:
-        return (
-            f"resolve its unknown side effects (kubectl agentrun effects {name}), "
-            f"then: kubectl agentrun retry {name}"
-        )
-    if s.phase in TERMINAL_PHASES:
-        return f"report: kubectl agentrun report {name}"
-    return None
+from agentrun.cli.nextsteps import run_steps
 
 
 def exit_code(run: Run) -> int | None:
@@ -61,8 +36,8 @@ async def follow(ctx: Context, name: str, within: float | None) -> int:
                 ctx.out.text(f"{render.clock(ctx.now())}  {phase:<19} {run.status.message or ''}".rstrip())
             code = exit_code(run)
             if code is not None:
-                if hint := settled_hint(run):
-                    ctx.out.text(hint)
+                if steps := run_steps(run, ctx.where):
+                    ctx.out.text("\n".join(steps))
                 return code
     except TimeoutError:
         pass

@@ -28,10 +28,14 @@ from agentrun.api import InterruptReason
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
 from agentrun.integrations.langgraph.saver import AgentrunSaver, PauseRequested
 from agentrun.integrations.langgraph.serde import TypeKey
-from agentrun.worker.context import SCHEMA_ADVICE, Context, answered_request
-from agentrun.worker.effects import Effect
-from agentrun.worker.errors import Interrupted, PermanentError
-from agentrun.worker.session import refuse_over_budget
+from agentrun.worker import (
+    SCHEMA_ADVICE,
+    Context,
+    Effect,
+    Interrupted,
+    PermanentError,
+    refuse_over_budget,
+)
 
 _CURRENT: contextvars.ContextVar[Context] = contextvars.ContextVar("agentrun_langgraph_context")
 PROMPT_LIMIT: Final = 4096
@@ -136,8 +140,7 @@ async def run_graph(
     saver = AgentrunSaver.for_attempt(ctx, allowed_types=allowed_types)
     session = saver.session
     assert session is not None
-    run = session.run or await session.read_run()
-    answering = answered_request(run, await session.read_attempt())
+    answering = await session.answered_request()
     if answering is not None:
         saver.ignore_pause(answering)  # the pause (or question) this Attempt continues after
     compiled = _with_saver(graph, saver)

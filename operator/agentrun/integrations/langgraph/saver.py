@@ -18,6 +18,11 @@ Two ways to build one:
 Sizes: each object's JSON must fit the Checkpoint state budget (256 KiB); past it, a PermanentError.
 A LangGraph checkpoint holds every channel's full value, so a long thread (a growing message list)
 should use LangGraph's DeltaChannel, which stores only each step's delta (and a periodic snapshot).
+
+Delta channels: a checkpoint records where each delta channel's value is rebuilt from (`deltaSeeds`,
+and the oldest such ancestor as spec.deltaBase, which retention keeps with the chain up to it), and the
+saver answers LangGraph's delta-history query itself by walking the thread's own Checkpoints: an
+ancestor or Writes missing on the way is StateUnverifiable, never a shorter state (module ancestry).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import copy
 import hashlib
 import re
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -39,6 +44,7 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     PendingWrite,
     get_checkpoint_id,
 )
@@ -46,16 +52,18 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 
 from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
+from agentrun.integrations.langgraph import ancestry
+from agentrun.integrations.langgraph.ancestry import Seed, Stored
 from agentrun.integrations.langgraph.serde import AllowListSerializer, TypeKey, type_key
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.worker.errors import PermanentError
+from agentrun.worker import PermanentError, StateUnverifiable
 
 if TYPE_CHECKING:
-    from agentrun.worker.context import Context
-    from agentrun.worker.session import Session
+    from agentrun.worker import Context, RunStore
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")
+V = TypeVar("V")
 
 THREAD_LABEL: Final = "agentrun.dev/thread"  # hash of the thread id: delete_thread, list
 NAMESPACE_LABEL: Final = "agentrun.dev/thread-ns"  # hash of (thread id, checkpoint ns): get_tuple, list
@@ -101,10 +109,33 @@ class _Shared:
     pointer: str | None = None  # in an Attempt: the Run's latestCheckpoint (a name)
     paused: set[str] = field(default_factory=set)  # pause requests that do not stop this Attempt
     sequences: dict[str, int] = field(default_factory=dict)  # State name -> its sequence
+    seeds: dict[str, dict[str, Seed]] = field(default_factory=dict)  # State name -> its deltaSeeds
     writes: dict[str, int] = field(default_factory=dict)  # State name -> last Writes sequence known
     loop: asyncio.AbstractEventLoop | None = None
     loop_lock: threading.Lock = field(default_factory=threading.Lock)
     clones: dict[frozenset[TypeKey], AgentrunSaver] = field(default_factory=dict)
+
+
+class _Decoded(Mapping[str, V]):
+    """Objects by name, each decoded once and only when asked for (a walk reads part of a thread)."""
+
+    def __init__(self, names: Iterable[str], decode: Callable[[str], V]) -> None:
+        self._names = set(names)
+        self._decode = decode
+        self._done: dict[str, V] = {}
+
+    def __getitem__(self, name: str) -> V:
+        if name not in self._done:
+            if name not in self._names:
+                raise KeyError(name)
+            self._done[name] = self._decode(name)
+        return self._done[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 class AgentrunSaver(BaseCheckpointSaver[int]):
@@ -132,13 +163,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self.attempt = attempt or f"{run}-{OUTSIDE_ATTEMPT}"
         self.lease_epoch = lease_epoch
         self.collection = api.custom_path("checkpoints", namespace)
-        self._session: Session | None = None
+        self._session: RunStore | None = None
         self._shared = _Shared()
 
     @classmethod
     def for_attempt(cls, ctx: Context, *, allowed_types: Iterable[TypeKey | type] = ()) -> AgentrunSaver:
         """The saver of this attempt Pod's Run: fenced, continuing from the Attempt's resume point."""
-        session: Session = ctx._session  # the SDK's own fenced writer (agentrun internals)
+        session = ctx.store  # the SDK's public port: fenced writes, as ctx.checkpoint makes them
         saver = cls(
             session.api,
             ctx.namespace,
@@ -148,7 +179,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             lease_epoch=ctx.lease_epoch,
         )
         saver._session = session
-        saver._shared.pointer = session.me.resume_from
+        saver._shared.pointer = session.resume_from
         if session.run is not None:
             saver._shared.run_uid = session.run.metadata.uid
         return saver
@@ -158,8 +189,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.paused.add(request_id)
 
     @property
-    def session(self) -> Session | None:
-        """The attempt Pod's session (for_attempt), or None outside an Attempt."""
+    def session(self) -> RunStore | None:
+        """The attempt Pod's fenced access to its Run (ctx.store, for_attempt), or None outside one."""
         return self._session
 
     @property
@@ -234,7 +265,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             items.extend(page)
         return items
 
-    async def _pending_writes(
+    def _pending_writes(
         self, states: list[JsonDict], writes: list[JsonDict]
     ) -> dict[str, list[PendingWrite]]:
         """Each State's pending writes, merged as LangGraph's savers do: per (task, index), the first
@@ -273,6 +304,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         stored = spec["state"]
         thread = spec["thread"]
         self._shared.sequences[spec["id"]] = spec["sequence"]
+        self._shared.seeds[spec["id"]] = ancestry.seeds_of(stored)
         self._shared.writes.setdefault(spec["id"], 0)
         checkpoint: LangGraphCheckpoint = self.serde.loads_typed(_decode(stored["checkpoint"]))
         metadata: CheckpointMetadata = self.serde.loads_typed(_decode(stored["metadata"]))
@@ -324,7 +356,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if checkpoint_id and state["spec"]["state"]["checkpointId"] != checkpoint_id:
             return None
         writes = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(name)}")
-        return self._tuple(state, (await self._pending_writes([state], writes)).get(name, []))
+        return self._tuple(state, (self._pending_writes([state], writes)).get(name, []))
 
     async def _list(
         self,
@@ -355,7 +387,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if not states:
             return
         writes = await self._select(f"{KIND_LABEL}=Writes{selector}")
-        pending = await self._pending_writes(states, writes)
+        pending = self._pending_writes(states, writes)
         count = 0
         for state in states:
             found = self._tuple(state, pending.get(state["spec"]["id"], []))
@@ -366,15 +398,86 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             if limit is not None and count >= limit:
                 return
 
+    # ---- delta channels: the history walk ------------------------------------------------------------
+
+    async def _thread_states(
+        self, thread_id: str, ns: str
+    ) -> tuple[dict[str, JsonDict], Mapping[str, Stored]]:
+        """The State checkpoints of one thread and namespace by name: as stored, and decoded when the
+        walk first reaches each."""
+        listed = await self._select(f"{KIND_LABEL}=State,{NAMESPACE_LABEL}={_digest(thread_id, ns)}")
+        found = {s["metadata"]["name"]: s for s in listed if self._is_langgraph(s, thread_id, ns)}
+        return found, _Decoded(found, lambda name: self._stored(found[name], thread_id, ns))
+
+    def _stored(self, body: JsonDict, thread_id: str, ns: str) -> Stored:
+        spec = body["spec"]
+        state = spec["state"]
+        checkpoint: LangGraphCheckpoint = self.serde.loads_typed(_decode(state["checkpoint"]))
+        parent_id = state.get("parentCheckpointId")
+        return Stored(
+            name=body["metadata"]["name"],
+            sequence=int(spec["sequence"]),
+            parent=self.state_name(thread_id, ns, parent_id) if parent_id else None,
+            values=checkpoint["channel_values"],
+            versions=checkpoint["channel_versions"],
+        )
+
+    async def _delta_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        if not channels:
+            return {}
+        configurable = config.get("configurable") or {}
+        thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
+        if checkpoint_id := get_checkpoint_id(config):
+            target = self.state_name(thread_id, ns, checkpoint_id)
+        elif (latest := await self._get_tuple(config)) is not None:
+            target = self.state_name(thread_id, ns, latest.config["configurable"]["checkpoint_id"])
+        else:
+            raise StateUnverifiable(f"thread {thread_id!r} has no checkpoint to rebuild delta channels of")
+        bodies, states = await self._thread_states(thread_id, ns)
+        writes: dict[str, list[JsonDict]] = {}
+        for entry in await self._select(f"{KIND_LABEL}=Writes,{NAMESPACE_LABEL}={_digest(thread_id, ns)}"):
+            writes.setdefault(str(entry["spec"].get("parent")), []).append(entry)
+
+        def pending_of(name: str) -> list[PendingWrite]:
+            return self._pending_writes([bodies[name]], writes.get(name, [])).get(name, [])
+
+        return ancestry.history(target, states, _Decoded(bodies, pending_of), channels)
+
     # ---- writing -------------------------------------------------------------------------------------
 
     async def _sequence_of(self, name: str | None) -> int:
         if name is None:
             return 0
-        if name not in self._shared.sequences:
+        if name not in self._shared.sequences or name not in self._shared.seeds:
             parent = await self.api.get(self.api.custom_path("checkpoints", self.namespace, name))
-            self._shared.sequences[name] = int(((parent or {}).get("spec") or {}).get("sequence", 0))
+            spec = (parent or {}).get("spec") or {}
+            self._shared.sequences[name] = int(spec.get("sequence", 0))
+            self._shared.seeds[name] = ancestry.seeds_of(spec.get("state"))
         return self._shared.sequences[name]
+
+    async def _delta_ancestry(
+        self,
+        *,
+        thread_id: str,
+        ns: str,
+        name: str,
+        sequence: int,
+        parent: str | None,
+        checkpoint: LangGraphCheckpoint,
+        metadata: CheckpointMetadata,
+    ) -> ancestry.Recorded:
+        """Where this checkpoint's delta channels are rebuilt from, from its parent's record; a parent
+        saved without one (before deltaSeeds were recorded) is walked once."""
+        parent_seeds = self._shared.seeds.get(parent, {}) if parent else None
+        found = ancestry.record(name, sequence, checkpoint, metadata, parent_seeds)
+        if found.unknown and parent is not None:
+            _, states = await self._thread_states(thread_id, ns)
+            walked = {ch: ancestry.seed_by_walking(parent, ch, states) for ch in found.unknown}
+            known = {ch: seed for ch, seed in walked.items() if seed is not None}
+            found = ancestry.record(name, sequence, checkpoint, metadata, {**(parent_seeds or {}), **known})
+        return found
 
     async def _put(
         self,
@@ -390,6 +493,15 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         parent = self.state_name(thread_id, ns, parent_id) if parent_id else None
         sequence = await self._sequence_of(parent) + 1
         merged_metadata = {**metadata}
+        delta = await self._delta_ancestry(
+            thread_id=thread_id,
+            ns=ns,
+            name=name,
+            sequence=sequence,
+            parent=parent,
+            checkpoint=checkpoint,
+            metadata=metadata,
+        )
         stored: JsonDict = {
             "checkpointId": checkpoint["id"],
             "checkpoint": _encode(self.serde.dumps_typed(checkpoint)),
@@ -397,6 +509,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         }
         if parent_id:
             stored["parentCheckpointId"] = parent_id
+        if delta.seeds:
+            stored["deltaSeeds"] = {ch: seed.to_json() for ch, seed in sorted(delta.seeds.items())}
         spec: JsonDict = {
             "runName": self.run,
             "id": name,
@@ -410,6 +524,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         }
         if parent:
             spec["parent"] = parent
+        if delta.base is not None:
+            spec["deltaBase"] = delta.base.checkpoint
         labels = {
             KIND_LABEL: "State",
             THREAD_LABEL: _digest(thread_id),
@@ -423,6 +539,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         }
         await self._create(body, f"the LangGraph checkpoint {checkpoint['id']} (Checkpoint {name})")
         self._shared.sequences[name] = sequence
+        self._shared.seeds[name] = delta.seeds
         self._shared.writes.setdefault(name, 0)
         if self._session is not None and self._is_runs_thread(thread_id, ns):
             # The Run continues from here: moved with the fences of ctx.checkpoint. The Run this worker
@@ -499,6 +616,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         selector = f"{RUN_LABEL}={self.run},{THREAD_LABEL}={_digest(thread_id)}"
         await self.api.request("DELETE", self.collection, query={"labelSelector": selector})
         self._shared.sequences.clear()
+        self._shared.seeds.clear()
         self._shared.writes.clear()
 
     # ---- the async API -------------------------------------------------------------------------------
@@ -533,6 +651,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._delete_thread(thread_id)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """LangGraph's delta-channel history (beta API), walked here over the thread's Checkpoints: a
+        missing ancestor or missing Writes raise StateUnverifiable instead of a shorter history."""
+        return await self._delta_history(config, channels)
 
     # ---- the sync API: the same coroutines, on this saver's own event loop ----------------------------
 
@@ -577,6 +702,11 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
 
     def delete_thread(self, thread_id: str) -> None:
         self._call(self._delete_thread(thread_id))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self._call(self._delta_history(config, channels))
 
     def close(self) -> None:
         """Stops the sync API's event loop (the KubeApi stays the caller's)."""

@@ -15,7 +15,7 @@ import ormsgpack
 from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from agentrun.worker.errors import PermanentError
+from agentrun.worker import PermanentError
 
 # LangGraph's msgpack extension codes (langgraph.checkpoint.serde.jsonplus): the wire format.
 _CONSTRUCTORS: Final = frozenset({0, 1, 2, 4, 5})  # single arg, args, kwargs, pydantic v1, v2

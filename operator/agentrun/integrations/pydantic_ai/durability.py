@@ -35,8 +35,7 @@ from pydantic_ai.durable_exec import (
 )
 from pydantic_ai.tools import AgentDepsT, RunContext
 
-from agentrun.worker.context import Context
-from agentrun.worker.errors import PermanentError
+from agentrun.worker import Context, PermanentError
 
 CURRENT: contextvars.ContextVar[Context] = contextvars.ContextVar("agentrun_pydantic_ai_context")
 _TOOL_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("agentrun_pydantic_ai_tool_key")

@@ -25,8 +25,7 @@ from pydantic_core import to_jsonable_python
 
 from agentrun.api import InterruptReason
 from agentrun.integrations.pydantic_ai.durability import CURRENT, AgentrunDurability
-from agentrun.worker.context import Context
-from agentrun.worker.errors import PermanentError
+from agentrun.worker import Context, PermanentError
 
 _DENIED: Final = "The tool call was denied."
 PROMPT_LIMIT: Final = 4096

@@ -1,0 +1,253 @@
+"""The local control plane's object store: versitygw (an S3-compatible gateway, one process) on a posix
+directory, with bucket versioning on, bound to loopback. The agent-state store of DESIGN.md.
+
+hack/build-versitygw.sh builds it from its Go module at a pinned version into the binary cache. The root
+credentials are made per start and handed to the process through its environment (never its command
+line); clients get them from `env()`. The bucket is created, and versioned, once the gateway is healthy,
+with two signed S3 requests (AWS Signature Version 4, small enough to write here).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import os
+import secrets
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from .processes import free_port, pid_alive, spawn, stop_group
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUCKET: Final = "agentrun"
+REGION: Final = "us-east-1"
+HEALTH_PATH: Final = "/health"
+_VERSIONING_ON: Final = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b'<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Status>Enabled</Status></VersioningConfiguration>"
+)
+
+
+class ObjectStoreError(RuntimeError):
+    pass
+
+
+def versitygw_binary() -> Path:
+    """Where hack/build-versitygw.sh puts (or would put) versitygw at the pinned version."""
+    if override := os.environ.get("AGENTRUN_VERSITYGW_BIN"):
+        return Path(override)
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "hack" / "build-versitygw.sh"), "print-bin"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip())
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+
+    @classmethod
+    def new(cls) -> Credentials:
+        return cls("AR" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
+
+    def env(self) -> dict[str, str]:
+        """The variables an S3 client (obstore, the AWS CLI and SDKs) reads its credentials from."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+
+
+@dataclass
+class ObjectStoreProcess:
+    """versitygw serving `data_dir` on 127.0.0.1:port. The data outlives a stop: start() again (the same
+    port, credentials and directory) and the blobs are there, as after a server restart."""
+
+    data_dir: Path
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    credentials: Credentials = field(default_factory=Credentials.new)
+    bucket: str = BUCKET
+    binary: Path = field(default_factory=versitygw_binary)
+    tie_to_parent: bool = True
+    pid: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The state store URL (agentrun.statestore): the bucket, the endpoint and the region."""
+        return f"s3://{self.bucket}?endpoint={self.endpoint}&region={REGION}"
+
+    @property
+    def health_url(self) -> str:
+        return self.endpoint + HEALTH_PATH
+
+    def env(self) -> dict[str, str]:
+        """What a client needs besides the URL: the credentials (AWS_* variables)."""
+        return self.credentials.env()
+
+    def argv(self) -> list[str]:
+        if not os.access(self.binary, os.X_OK):
+            raise ObjectStoreError(
+                f"{self.binary} is missing: build it with `bash hack/build-versitygw.sh` (or `make binaries`)"
+            )
+        return [
+            str(self.binary),
+            f"--port=127.0.0.1:{self.port}",
+            f"--health={HEALTH_PATH}",
+            f"--region={REGION}",
+            "--quiet",
+            "posix",
+            # Versioning keeps every overwritten or deleted object's earlier versions here.
+            f"--versioning-dir={self.data_dir / 'versions'}",
+            str(self.data_dir / "buckets"),
+        ]
+
+    def process_env(self) -> dict[str, str]:
+        """The gateway's environment: its root credentials, not on its command line (`ps` shows that)."""
+        return {
+            **os.environ,
+            "ROOT_ACCESS_KEY_ID": self.credentials.access_key,
+            "ROOT_SECRET_ACCESS_KEY": self.credentials.secret_key,
+        }
+
+    def make_dirs(self) -> None:
+        for sub in ("versions", "buckets"):
+            (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def prepare(self) -> None:
+        """Once healthy: the bucket exists and is versioned."""
+        prepare_bucket(self.endpoint, self.credentials, self.bucket)
+
+    def write_env_file(self, path: Path) -> Path:
+        """A file to `source` for a shell that uses the store: its URL and credentials (mode 0600)."""
+        values = {"AGENTRUN_STATE_STORE_URL": self.url, **self.env()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text("".join(f"export {name}='{value}'\n" for name, value in values.items()))
+        return path
+
+    def start(self, timeout_seconds: float = 30.0) -> None:
+        self.make_dirs()
+        proc = spawn(self.argv(), self.log_path, env=self.process_env(), tie_to_parent=self.tie_to_parent)
+        self.pid = proc.pid
+        try:
+            wait_healthy(self.health_url, lambda: pid_alive(proc.pid), time.monotonic() + timeout_seconds)
+            self.prepare()
+        except ObjectStoreError as exc:
+            self.stop()
+            raise ObjectStoreError(f"{exc}\n{self.log_tail()}") from None
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            stop_group(self.pid, grace_seconds=5)
+            self.pid = None
+
+    def alive(self) -> bool:
+        return self.pid is not None and pid_alive(self.pid)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no object store log)"
+
+    def __enter__(self) -> ObjectStoreProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def wait_healthy(health_url: str, alive: Callable[[], bool], deadline: float) -> None:
+    """Polls the gateway's health endpoint until it answers 200, it exits, or the deadline passes."""
+    while True:
+        if not alive():
+            raise ObjectStoreError("versitygw exited during start-up")
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise ObjectStoreError(f"versitygw not healthy at {health_url} in time")
+        time.sleep(0.05)
+
+
+def prepare_bucket(endpoint: str, credentials: Credentials, bucket: str) -> None:
+    """Creates the bucket (already there: fine, e.g. after a restart) and turns its versioning on."""
+    status, body = s3_request("PUT", endpoint, f"/{bucket}", credentials=credentials)
+    if status != 200 and b"BucketAlreadyOwnedByYou" not in body:
+        raise ObjectStoreError(f"creating bucket {bucket}: HTTP {status}: {body[:300]!r}")
+    status, body = s3_request(
+        "PUT", endpoint, f"/{bucket}", query="versioning=", body=_VERSIONING_ON, credentials=credentials
+    )
+    if status != 200:
+        raise ObjectStoreError(f"enabling versioning on bucket {bucket}: HTTP {status}: {body[:300]!r}")
+    status, body = s3_request("GET", endpoint, f"/{bucket}", query="versioning=", credentials=credentials)
+    if status != 200 or b"<Status>Enabled</Status>" not in body:
+        raise ObjectStoreError(f"bucket {bucket} does not report versioning Enabled: {body[:300]!r}")
+
+
+def s3_request(
+    method: str, endpoint: str, path: str, *, query: str = "", body: bytes = b"", credentials: Credentials
+) -> tuple[int, bytes]:
+    """One path-style S3 request signed with AWS Signature Version 4; (status, body), errors included.
+    `query` is already canonical (sorted, encoded, `name=` for a bare name)."""
+    host = endpoint.split("://", 1)[1]
+    now = datetime.datetime.now(datetime.UTC)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    payload_hash = hashlib.sha256(body).hexdigest()
+    headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(
+        [
+            method,
+            path,
+            query,
+            "".join(f"{name}:{headers[name]}\n" for name in sorted(headers)),
+            signed,
+            payload_hash,
+        ]
+    )
+    scope = f"{day}/{REGION}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + credentials.secret_key).encode()
+    for part in (day, REGION, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    url = endpoint + path + (f"?{query}" if query else "")
+    request = urllib.request.Request(url, data=body or None, method=method)
+    for name, value in headers.items():
+        if name != "host":
+            request.add_header(name, value)
+    request.add_header(
+        "Authorization",
+        f"AWS4-HMAC-SHA256 Credential={credentials.access_key}/{scope}, SignedHeaders={signed}, "
+        f"Signature={signature}",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        raise ObjectStoreError(f"{method} {endpoint}{path}: {error}") from None

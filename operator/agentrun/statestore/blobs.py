@@ -1,0 +1,298 @@
+"""Immutable, content-addressed blobs: written put-if-absent, verified on every read.
+
+A blob's key is `<prefix>/<namespace>/<run uid>/sha256/<hex>`; the object that references it records a
+`BlobRef {key, sha256, size}`. A put sends `If-None-Match: *` (put-if-absent): when the key is taken,
+the writer reads what is there and checks it is exactly its content before handing out the reference,
+so a blob planted at a predictable key is never referenced. A get checks size and sha256 of the bytes
+it received against the reference, every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    BaseError,
+    GenericError,
+    InvalidPathError,
+    NotSupportedError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+)
+
+from .errors import StateStoreError, StateUnverifiable, StoreConfigError, StoreRefused, StoreUnavailable
+from .location import StoreLocation, parse_store_url
+from .observe import Observer, Operation, Outcome, StoreRequest
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
+
+log = logging.getLogger("agentrun.statestore")
+
+_SHA256_HEX: Final = re.compile(r"^[0-9a-f]{64}$")
+# A namespace is a DNS-1123 label; a run uid is what the API server assigns (a UUID), kept to a safe set.
+_NAMESPACE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RUN_UID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+# A 4xx in an HTTP error is the store refusing the request, except timeouts and throttling (408, 429).
+_CLIENT_ERROR: Final = re.compile(r"\b4(?!08|29)\d\d\b")
+# Environment variables holding secrets the object store client reads: scrubbed from error messages.
+_SECRET_ENV: Final = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+)
+_DETAIL_LIMIT: Final = 600
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """What a fenced object records about a blob it references: its key, sha256 (hex) and size."""
+
+    key: str
+    sha256: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError("a blob reference needs a key")
+        if not isinstance(self.sha256, str) or not _SHA256_HEX.match(self.sha256):
+            raise ValueError(f"blob reference {self.key}: sha256 must be 64 lowercase hex digits")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"blob reference {self.key}: size must be a non-negative integer")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> BlobRef:
+        """A reference as recorded ({key, sha256, size}); ValueError when it is not one."""
+        unknown = set(value) - {"key", "sha256", "size"}
+        if unknown:
+            raise ValueError(f"a blob reference has unknown fields {sorted(unknown)}")
+        return cls(value.get("key", ""), value.get("sha256", ""), value.get("size", -1))
+
+
+@dataclass(frozen=True)
+class StoreTimeouts:
+    """How long a request may take and how often the client retries a transient failure by itself
+    (5xx, connection errors, timeouts) before the error reaches the caller as StoreUnavailable."""
+
+    connect_seconds: float = 5.0
+    request_seconds: float = 30.0
+    retries: int = 3
+    retry_budget_seconds: float = 30.0
+    first_backoff_seconds: float = 0.1
+    max_backoff_seconds: float = 2.0
+
+
+class BlobStore:
+    """The agent-state store: content-addressed blobs under one location, through obstore's async API."""
+
+    def __init__(self, store: ObjectStore, location: StoreLocation, observer: Observer | None = None) -> None:
+        self._store = store
+        self.location = location
+        self._observer = observer
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, observer: Observer | None = None, timeouts: StoreTimeouts | None = None
+    ) -> BlobStore:
+        """The store a state store URL names (credentials from the environment; see location.py)."""
+        location = parse_store_url(url)
+        store = open_object_store(location, timeouts or StoreTimeouts())
+        log.info("state store at %s", location)
+        return cls(store, location, observer)
+
+    def key_for(self, namespace: str, run_uid: str, sha256: str) -> str:
+        """`<prefix>/<namespace>/<run uid>/sha256/<hex>`: the content address of a Run's blob."""
+        if not _NAMESPACE.match(namespace):
+            raise ValueError(f"not a namespace name: {namespace!r}")
+        if not _RUN_UID.match(run_uid):
+            raise ValueError(f"not a run uid: {run_uid!r}")
+        if not _SHA256_HEX.match(sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        return self.location.key(namespace, run_uid, "sha256", sha256)
+
+    async def put(self, namespace: str, run_uid: str, data: bytes) -> BlobRef:
+        """Stores data as the Run's blob, put-if-absent, and returns its reference. When the key is taken,
+        the blob there is read and verified first: StateUnverifiable if it is not this content."""
+        payload = bytes(data)
+        digest = hashlib.sha256(payload).hexdigest()
+        ref = BlobRef(self.key_for(namespace, run_uid, digest), digest, len(payload))
+        for last_try in (False, True):
+            with self._request("put", ref.key) as request:
+                try:
+                    await obstore.put_async(self._store, ref.key, payload, mode="create", use_multipart=False)
+                except (AlreadyExistsError, PreconditionError):
+                    request.outcome = "exists"
+                else:
+                    request.outcome, request.size = "created", ref.size
+                    return ref
+            try:
+                await self._read_verified(ref, "verify")
+                return ref
+            except StateUnverifiable as error:
+                # Gone between our put and our read (collected): content-addressed, so write it again.
+                if not error.missing or last_try:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get(self, ref: BlobRef) -> bytes:
+        """The blob's bytes, after checking their size and sha256 against the reference. StateUnverifiable
+        when it is missing or differs; StoreUnavailable when the store cannot answer now."""
+        return await self._read_verified(ref, "get")
+
+    async def _read_verified(self, ref: BlobRef, operation: Operation) -> bytes:
+        self._check_address(ref)
+        with self._request(operation, ref.key) as request:
+            try:
+                result = await obstore.get_async(self._store, ref.key)
+            except FileNotFoundError:
+                request.outcome = "missing"
+                raise StateUnverifiable(
+                    ref.key, "no object at this key (deleted or never written)", missing=True
+                ) from None
+            stored_size = int(result.meta["size"])
+            if stored_size != ref.size:
+                request.outcome = "mismatch"
+                raise StateUnverifiable(
+                    ref.key, f"the object is {stored_size} bytes, the reference {ref.size}"
+                )
+            data = bytes(await result.bytes_async())
+            request.size = len(data)
+            digest = hashlib.sha256(data).hexdigest()
+            if len(data) != ref.size or digest != ref.sha256:
+                request.outcome = "mismatch"
+                raise StateUnverifiable(
+                    ref.key,
+                    f"received {len(data)} bytes with sha256 {digest}, the reference names {ref.sha256}",
+                )
+            request.outcome = "ok"
+            return data
+
+    def _check_address(self, ref: BlobRef) -> None:
+        # A reference whose key is not its own content address under this store is not trusted either.
+        expected_tail = f"sha256/{ref.sha256}"
+        inside = not self.location.prefix or ref.key.startswith(self.location.prefix + "/")
+        if not ref.key.endswith("/" + expected_tail) or not inside:
+            raise StateUnverifiable(
+                ref.key, f"the key is not a content address ({expected_tail}) in this store"
+            )
+
+    @contextmanager
+    def _request(self, operation: Operation, key: str) -> Iterator[_Request]:
+        request = _Request()
+        started = time.perf_counter()
+        try:
+            yield request
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            error = classify(operation, key, exc)
+            if error is None:
+                raise
+            request.outcome = "refused" if isinstance(error, StoreRefused) else "unavailable"
+            raise error from None
+        finally:
+            if self._observer is not None and request.outcome is not None:
+                self._observer(
+                    StoreRequest(operation, request.outcome, time.perf_counter() - started, request.size)
+                )
+
+
+@dataclass
+class _Request:
+    outcome: Outcome | None = None
+    size: int = 0
+
+
+def classify(operation: str, key: str, exc: BaseException) -> StoreUnavailable | StoreRefused | None:
+    """A client error as the store's own: refused (credentials, permissions, a 4xx, an unsupported
+    request) or unavailable (anything else the client or the network raised). None: not a store error."""
+    detail = scrub(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | InvalidPathError):
+        return StoreRefused(operation, key, detail)
+    if isinstance(exc, GenericError) and _CLIENT_ERROR.search(_status_part(str(exc))):
+        return StoreRefused(operation, key, detail)
+    if isinstance(exc, BaseError | OSError | TimeoutError):
+        return StoreUnavailable(operation, key, detail)
+    return None
+
+
+def _status_part(message: str) -> str:
+    # object_store says "...status code: 403 Forbidden..." or "...returned non-2xx status code: 412 ...".
+    found = re.search(r"status(?: code)?:?\s*(\d{3})", message, re.IGNORECASE)
+    return found.group(1) if found else ""
+
+
+def scrub(message: str) -> str:
+    """message without any secret the client could have read from the environment, and bounded."""
+    # obstore appends the Rust error's debug dump after the message: long, and nothing the message lacks.
+    message = message.split("\n\nDebug source:", 1)[0].strip()
+    for name in _SECRET_ENV:
+        value = os.environ.get(name, "")
+        if len(value) >= 4:
+            message = message.replace(value, "***")
+    return message if len(message) <= _DETAIL_LIMIT else message[:_DETAIL_LIMIT] + "..."
+
+
+def open_object_store(location: StoreLocation, timeouts: StoreTimeouts) -> ObjectStore:
+    """The obstore client for a location; credentials come from the environment (the client reads it)."""
+    from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store  # noqa: PLC0415
+
+    client: ClientConfig = {
+        "connect_timeout": timedelta(seconds=timeouts.connect_seconds),
+        "timeout": timedelta(seconds=timeouts.request_seconds),
+    }
+    retry: RetryConfig = {
+        "max_retries": timeouts.retries,
+        "retry_timeout": timedelta(seconds=timeouts.retry_budget_seconds),
+        "backoff": {
+            "init_backoff": timedelta(seconds=timeouts.first_backoff_seconds),
+            "max_backoff": timedelta(seconds=timeouts.max_backoff_seconds),
+            "base": 2,
+        },
+    }
+    endpoint = location.options.get("endpoint")
+    if endpoint is not None and endpoint.startswith("http://"):
+        client["allow_http"] = True
+    try:
+        if location.scheme == "s3":
+            s3: dict[str, Any] = {"conditional_put": "etag"}
+            if endpoint is not None:
+                s3["endpoint"] = endpoint
+            if "region" in location.options:
+                s3["region"] = location.options["region"]
+            return S3Store(location.bucket, config=s3, client_options=client, retry_config=retry)  # type: ignore[arg-type]
+        if location.scheme == "gs":
+            return GCSStore(location.bucket, client_options=client, retry_config=retry)
+        if location.scheme == "az":
+            azure: dict[str, Any] = {}
+            if "account" in location.options:
+                azure["account_name"] = location.options["account"]
+            if endpoint is not None:
+                azure["endpoint"] = endpoint
+            return AzureStore(location.bucket, config=azure, client_options=client, retry_config=retry)  # type: ignore[arg-type]
+        if location.scheme == "file":
+            return LocalStore(location.bucket, mkdir=True)
+        return MemoryStore()
+    except (BaseError, ValueError, OSError) as exc:
+        raise StoreConfigError(f"cannot open the state store at {location}: {scrub(str(exc))}") from None

@@ -1,0 +1,230 @@
+"""The state store against a real S3-compatible server: versitygw, built from its Go module by
+hack/build-versitygw.sh (`make binaries`), as the local control plane runs it. Put/get, put-if-absent
+between two writers, a replaced or deleted object caught on read, a stopped server seen as transient
+(and the blobs there again once it is back), and the cluster's own store versioned."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from agentrun.statestore import (
+    BlobRef,
+    BlobStore,
+    StateUnverifiable,
+    StoreRefused,
+    StoreRequest,
+    StoreTimeouts,
+    StoreUnavailable,
+)
+from devcluster.cluster import LocalCluster
+from devcluster.objectstore import REGION, Credentials, ObjectStoreProcess, s3_request
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "team-a"
+RUN_UID = "0b7e3a52-51c4-4c1e-9d0c-6f3f2f8f1a77"
+# Fail fast when the server is gone: one retry, a short budget (the error is awaited, not a duration).
+QUICK = StoreTimeouts(connect_seconds=1, request_seconds=2, retries=1, retry_budget_seconds=3)
+
+
+def versitygw_built() -> None:
+    # `make test` builds it first (make binaries); building here keeps a bare pytest run working too.
+    subprocess.run(["bash", str(REPO / "hack/build-versitygw.sh")], check=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreProcess]:
+    versitygw_built()
+    workdir = tmp_path_factory.mktemp("versitygw")
+    process = ObjectStoreProcess(workdir / "data", workdir / "versitygw.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def credentials(server: ObjectStoreProcess, monkeypatch: pytest.MonkeyPatch) -> Credentials:
+    """The server's credentials in the environment, where the store's client reads them."""
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    return server.credentials
+
+
+class Recorder(list[StoreRequest]):
+    def __call__(self, request: StoreRequest) -> None:
+        self.append(request)
+
+
+def blob_store(server: ObjectStoreProcess, recorder: Recorder | None = None) -> BlobStore:
+    return BlobStore.from_url(
+        f"s3://{server.bucket}/runs?endpoint={server.endpoint}&region={REGION}",
+        observer=recorder,
+        timeouts=QUICK,
+    )
+
+
+def hostile_client(server: ObjectStoreProcess) -> S3Store:
+    """A writer with the namespace's credentials that does not follow the rules (overwrites, deletes)."""
+    return S3Store(
+        server.bucket,
+        config={"endpoint": server.endpoint, "region": REGION},
+        client_options={"allow_http": True},
+    )
+
+
+def test_a_blob_is_written_put_if_absent_and_read_back_verified(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    recorder = Recorder()
+    store = blob_store(server, recorder)
+    data = b"checkpoint " * 5000
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, data))
+    digest = hashlib.sha256(data).hexdigest()
+    assert ref == BlobRef(f"runs/{NAMESPACE}/{RUN_UID}/sha256/{digest}", digest, len(data))
+    assert asyncio.run(store.get(ref)) == data
+    assert [(r.operation, r.outcome) for r in recorder] == [("put", "created"), ("get", "ok")]
+
+
+def test_two_writers_of_the_same_content_both_get_the_verified_reference(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    recorder = Recorder()
+    writers = [blob_store(server, recorder), blob_store(server, recorder)]
+    data = b"the same superstep, written by two Attempts"
+
+    async def race() -> list[BlobRef]:
+        return await asyncio.gather(*(writer.put(NAMESPACE, RUN_UID, data) for writer in writers))
+
+    first, second = asyncio.run(race())
+    assert first == second
+    assert sorted(r.outcome for r in recorder if r.operation == "put") == ["created", "exists"]
+    assert [r.outcome for r in recorder if r.operation == "verify"] == ["ok"]
+
+
+def test_put_if_absent_never_overwrites_a_blob_planted_at_the_address(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    store = blob_store(server, None)
+    data = b"what the agent meant to store"
+    key = store.key_for(NAMESPACE, RUN_UID, hashlib.sha256(data).hexdigest())
+    obstore.put(hostile_client(server), key, b"planted by a hostile Pod")
+    with pytest.raises(StateUnverifiable, match=re.escape(key)):
+        asyncio.run(store.put(NAMESPACE, RUN_UID, data))
+    assert bytes(obstore.get(hostile_client(server), key).bytes()) == b"planted by a hostile Pod"
+
+
+def test_a_replaced_object_is_detected_on_read_and_its_first_version_kept(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    store = blob_store(server, None)
+    data = b'{"messages": ["the original"]}'
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, data))
+    forged = data.replace(b"original", b"forgery!")
+    assert len(forged) == len(data)
+    obstore.put(hostile_client(server), ref.key, forged)
+    with pytest.raises(StateUnverifiable, match="with sha256") as unverifiable:
+        asyncio.run(store.get(ref))
+    assert unverifiable.value.key == ref.key
+    # versioning on: the overwritten content is still there for the operator to restore
+    status, listing = s3_request(
+        "GET",
+        server.endpoint,
+        f"/{server.bucket}",
+        query=f"prefix={ref.key.replace('/', '%2F')}&versions=",
+        credentials=credentials,
+    )
+    assert status == 200, listing
+    assert listing.count(b"<Version>") == 2
+
+
+def test_a_missing_object_is_unverifiable(server: ObjectStoreProcess, credentials: Credentials) -> None:
+    store = blob_store(server, None)
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"deleted behind the operator's back"))
+    obstore.delete(hostile_client(server), ref.key)
+    with pytest.raises(StateUnverifiable, match="no object at this key") as unverifiable:
+        asyncio.run(store.get(ref))
+    assert unverifiable.value.missing
+
+
+def test_wrong_credentials_are_refused_not_retried(
+    server: ObjectStoreProcess, credentials: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-of-this-key")
+    with pytest.raises(StoreRefused) as refused:
+        asyncio.run(blob_store(server, None).put(NAMESPACE, RUN_UID, b"x"))
+    assert "not-the-secret-of-this-key" not in str(refused.value)
+    assert credentials.secret_key not in str(refused.value)
+
+
+def test_a_stopped_server_is_transient_and_nothing_is_lost_when_it_is_back(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    recorder = Recorder()
+    store = blob_store(server, recorder)
+    data = b"written before the outage"
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, data))
+    server.stop()
+    try:
+        with pytest.raises(StoreUnavailable, match=re.escape(ref.key)):
+            asyncio.run(store.get(ref))
+        with pytest.raises(StoreUnavailable):
+            asyncio.run(store.put(NAMESPACE, RUN_UID, b"written during the outage"))
+        assert [(r.operation, r.outcome) for r in recorder][-2:] == [
+            ("get", "unavailable"),
+            ("put", "unavailable"),
+        ]
+    finally:
+        server.start()
+    assert asyncio.run(store.get(ref)) == data
+
+
+def test_a_server_that_does_not_answer_in_time_is_transient(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    store = blob_store(server, None)
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"written before the server hung"))
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)  # the process is there, the port open, no answer comes
+    try:
+        with pytest.raises(StoreUnavailable, match=r"unavailable during get.*(timed out|timeout)"):
+            asyncio.run(store.get(ref))
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert asyncio.run(store.get(ref)) == b"written before the server hung"
+
+
+@pytest.mark.cluster
+def test_the_local_control_plane_runs_a_versioned_object_store(
+    local_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "object-store" in [c.name for c in local_cluster.components]
+    assert local_cluster.state_store_env_file.stat().st_mode & 0o077 == 0
+    assert local_cluster.object_store is not None
+    for name, value in local_cluster.state_store_env().items():
+        monkeypatch.setenv(name, value)
+    store = BlobStore.from_url(local_cluster.state_store_url)
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"state of a Run on the local control plane"))
+    # a restart (as bench/chaos.py restarts components) keeps the port, the credentials and the blobs
+    local_cluster.restart_component("object-store")
+    assert asyncio.run(store.get(ref)) == b"state of a Run on the local control plane"
+    status, body = s3_request(
+        "GET",
+        local_cluster.object_store.endpoint,
+        f"/{local_cluster.object_store.bucket}",
+        query="versioning=",
+        credentials=local_cluster.object_store.credentials,
+    )
+    assert status == 200, body
+    assert b"<Status>Enabled</Status>" in body

@@ -1,0 +1,101 @@
+"""The worker reads time from one Clock, the one its Session is built with: a test passes a fake and
+moves it, so lease and record times are tested at their real durations without waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.worker.clock import SystemClock, timestamp
+from agentrun.worker.identity import Identity
+from agentrun.worker.session import Session
+
+POD_ENV = {
+    "AGENTRUN_RUN": "triage",
+    "AGENTRUN_NAMESPACE": "team",
+    "AGENTRUN_ATTEMPT": "triage-a1",
+    "AGENTRUN_LEASE_EPOCH": "1",
+    "AGENTRUN_CANCEL_EPOCH": "0",
+    "AGENTRUN_RESUME_FROM": "",
+    "AGENTRUN_ATTEMPT_REASON": "initial",
+    "AGENTRUN_ATTEMPT_INPUT": "",
+    "AGENTRUN_LEASE_RESOURCE_VERSION": "812",
+}
+
+
+class FakeClock:
+    """Stands still unless a test moves it."""
+
+    def __init__(self) -> None:
+        self.wall = datetime.datetime(2026, 3, 1, 12, 30, 5, 123456, tzinfo=datetime.UTC)
+        self.seconds = 1000.0
+
+    def now(self) -> datetime.datetime:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+
+@pytest.fixture
+def unreachable_api(tmp_path: Path) -> KubeApi:
+    """A KubeApi whose every request fails at once (connection refused)."""
+    document = {
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(document))
+    return KubeApi(load_configuration(str(path)))
+
+
+def test_times_are_written_as_the_api_server_writes_them() -> None:
+    clock = FakeClock()
+    assert timestamp(clock) == "2026-03-01T12:30:05Z"
+    assert timestamp(clock, micro=True) == "2026-03-01T12:30:05.123456Z"
+
+
+def test_a_session_reads_the_machines_clock_unless_given_one(unreachable_api: KubeApi) -> None:
+    me = Identity.from_env(POD_ENV)
+    assert isinstance(Session(unreachable_api, me).clock, SystemClock)
+    fake = FakeClock()
+    assert Session(unreachable_api, me, fake).clock is fake
+
+
+def test_a_worker_that_cannot_renew_for_a_whole_lease_duration_stops_itself(
+    unreachable_api: KubeApi,
+) -> None:
+    """Renewals fail (the API server is unreachable); by the session's clock, 10 s pass at each failed
+    renewal: with a 25 s lease, the third failure is past the duration, and the lease counts as lost."""
+    clock = FakeClock()
+    session = Session(unreachable_api, Identity.from_env(POD_ENV), clock)
+    failures = []
+    renew_once = session.renew_once
+
+    async def renewal_that_takes_ten_seconds() -> None:
+        clock.seconds += 10
+        try:
+            await renew_once()
+        except OSError as exc:
+            failures.append(exc)
+            raise
+
+    session.renew_once = renewal_that_takes_ten_seconds  # type: ignore[method-assign]
+
+    async def keep() -> None:
+        try:
+            await session.keep_lease(renew_seconds=0, duration_seconds=25)
+        finally:
+            await unreachable_api.aclose()
+
+    asyncio.run(keep())
+    assert session.lost.is_set()
+    assert len(failures) == 3  # at 10 s and 20 s it kept trying; at 30 s it gave up
+    assert unreachable_api.requests == 3
