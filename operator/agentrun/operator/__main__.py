@@ -12,7 +12,7 @@ import random
 import kopf
 import uvloop
 
-from agentrun.clock import SystemClock
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
 from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
@@ -29,7 +29,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def require_policies(api: KubeApi) -> None:
+async def require_policies(api: KubeApi, clock: Clock) -> None:
     """Exits (code 2, the reason logged) when the admission policies are not installed for this operator."""
     if not policies.required(os.environ):
         log.warning(
@@ -38,7 +38,7 @@ async def require_policies(api: KubeApi) -> None:
         )
         return
     try:
-        await policies.require(api, own_account(), within=policies.wait_seconds(os.environ))
+        await policies.require(api, own_account(), clock, within=policies.wait_seconds(os.environ))
     except policies.PoliciesMissing as missing:
         log.error("%s", missing)
         raise SystemExit(2) from None
@@ -50,7 +50,7 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
     api = KubeApi(threads=2)
     try:
         await bootstrap.prepare(api, namespaces, config.peering, clock)
-        await require_policies(api)
+        await require_policies(api, clock)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
     freeze_startup_objects()
