@@ -38,6 +38,10 @@ helm: ## build (or reuse) helm alone: what the unit tests (chart rendering) and 
 crds: venv ## regenerate crds/ from the pydantic models (then `make manifests` for the chart's copy)
 	$(PY) -m agentrun.api.crdgen
 
+.PHONY: docs
+docs: venv ## regenerate docs/state-machine.md from the Run's table (core/runs/table.py)
+	$(PY) hack/state_machine_doc.py
+
 .PHONY: manifests
 manifests: venv helm ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
 	$(PY) -m agentrun.deploy.render

@@ -29,7 +29,7 @@ def test_an_event_worker_idle_time_of_zero_is_refused(monkeypatch: pytest.Monkey
     monkeypatch.setenv("AGENTRUN_EVENT_WORKER_IDLE_SECONDS", value)
 
     with pytest.raises(ValueError, match="event_worker_idle_seconds"):
-        OperatorSettings.from_env()
+        OperatorSettings.from_env(auto_priority=-1)
 
 
 @pytest.mark.parametrize(("value", "chunk_size"), [("200", 200), ("0", None)])
@@ -38,7 +38,7 @@ def test_list_chunk_size_from_the_environment(
 ) -> None:
     monkeypatch.setenv("AGENTRUN_LIST_CHUNK_SIZE", value)
     settings = kopf.OperatorSettings()
-    apply_settings(settings, OperatorSettings.from_env())
+    apply_settings(settings, OperatorSettings.from_env(auto_priority=-1))
 
     assert settings.watching.chunk_size == chunk_size
 
