@@ -4,6 +4,7 @@ they are given `now`."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -18,6 +19,10 @@ class Clock(Protocol):
         """Seconds on a clock that never goes back: durations (a lease's, a backoff's) are measured on it."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Waits `seconds` of this clock (a fake clock moves on instead)."""
+        ...
+
 
 class SystemClock:
     """The machine's clocks."""
@@ -27,3 +32,6 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 
@@ -20,3 +21,8 @@ class FakeClock:
         """Both clocks move on by `seconds`."""
         self._now += timedelta(seconds=seconds)
         self._monotonic += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        """Moves on by `seconds` at once, and lets the other tasks run."""
+        self.advance(seconds)
+        await asyncio.sleep(0)

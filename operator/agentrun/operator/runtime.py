@@ -19,7 +19,7 @@ from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
-from agentrun.operator.notifier import Notifier, SystemClock, namespace_labels, refusal_event
+from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
@@ -78,7 +78,6 @@ class Runtime:
             wake=self.reconciler.wake,
             timeout_seconds=config.watch_timeout_seconds,
         )
-        clock = SystemClock()
         self.notifier = Notifier(
             config,
             clock=clock,
