@@ -761,6 +761,19 @@ TRANSITIONS.update(
             {2: "Failed"},
             stop_reason="UnknownSideEffect",
         ),
+        # ---- a state that cannot be verified stops for a person, whatever the retry policy says
+        "state-unverifiable-with-deterministic-in-retry-on": Transition(
+            supervising(
+                pod=ended(
+                    1, 1, sdk("deterministic", "blob sha256:ab.. does not match", reason="StateUnverifiable")
+                ),
+                spec={"retry": {"maxAttempts": 10, "retryOn": ["deterministic", "transient"]}},
+            ),
+            ["PatchAttemptStatus", "PatchRunStatus"],
+            "NeedsReconciliation",
+            {1: "Failed"},
+            stop_reason="StateUnverifiable",
+        ),
         "run-catches-up-with-an-unknown-side-effect": Transition(
             supervising(attempt=failed_attempt(1, FailureClass.UNKNOWN_SIDE_EFFECT), pod=None),
             ["PatchRunStatus"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrun.api import FailureClass
+from agentrun.api import STATE_UNVERIFIABLE, FailureClass
 
 
 class AgentError(Exception):
@@ -37,7 +37,7 @@ class StateUnverifiable(PermanentError):
     StateUnverifiable: never retried as transient; a person restores the state or retries from an earlier
     checkpoint."""
 
-    reason = "StateUnverifiable"
+    reason = STATE_UNVERIFIABLE
 
 
 class LeaseLost(AgentError):

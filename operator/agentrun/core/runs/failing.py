@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from agentrun.api import AttemptFailure, AttemptPhase, FailureClass, RunPhase, attempt_name
+from agentrun.api import (
+    STATE_UNVERIFIABLE,
+    AttemptFailure,
+    AttemptPhase,
+    FailureClass,
+    RunPhase,
+    attempt_name,
+)
 from agentrun.core import ledger
 from agentrun.core.retry import RetryDecision, decide_retry
 from agentrun.core.runs.grants import attempts_in_series
@@ -22,6 +29,8 @@ def after_failure(
     failed = event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
     if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
         return failed.then(_needs_reconciliation(w, failure, **fields))
+    if failure.reason == STATE_UNVERIFIABLE:
+        return failed.then(_state_unverifiable(failure, **fields))
     history = [*(w.failure_of(n) for n in range(1, number)), failure]
     decision = decide_retry(
         run.spec.retry, attempts_in_series(w, number), history, seed=str(run.metadata.uid)
@@ -47,6 +56,22 @@ def _needs_reconciliation(w: World, failure: AttemptFailure, **fields: Any) -> T
     message = f"{failure.message}; resolve the SideEffect, then ask for a retry (spec.retryRequest)"
     return set_phase(
         RunPhase.NEEDS_RECONCILIATION, reason, message, failure=_failure(failure, reason), **fields
+    ).then(event("Warning", "NeedsReconciliation", message))
+
+
+def _state_unverifiable(failure: AttemptFailure, **fields: Any) -> Transition:
+    """A saved state that cannot be read back and verified: the Run never continues from less than it
+    saved, so no retry policy applies; a person restores it or retries from an earlier checkpoint."""
+    message = (
+        f"{failure.message}; the Run does not continue from a state it cannot verify: restore it, or retry "
+        "from an earlier checkpoint (spec.retryRequest.fromCheckpoint)"
+    )
+    return set_phase(
+        RunPhase.NEEDS_RECONCILIATION,
+        STATE_UNVERIFIABLE,
+        message,
+        failure=_failure(failure, STATE_UNVERIFIABLE),
+        **fields,
     ).then(event("Warning", "NeedsReconciliation", message))
 
 
