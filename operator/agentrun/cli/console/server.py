@@ -82,7 +82,14 @@ class Console:
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
-SESSION: str = "agentrun.session"
+
+
+def _session(request: web.Request) -> Session:
+    """The request's session (the guard let only requests with a live one through)."""
+    session = request.app[CONSOLE].sessions.find(request.cookies.get(COOKIE))
+    if session is None:
+        raise web.HTTPUnauthorized(text="the session expired")
+    return session
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -123,7 +130,6 @@ async def _authorised(request: web.Request, handler: Handler, console: Console) 
             return _problem(403, "a write must come from the console's own page (Origin)")
         if not csrf_matches(session, request.headers.get(CSRF_HEADER)):
             return _problem(403, "missing or wrong CSRF token: reload the page")
-    request[SESSION] = session
     return await handler(request)
 
 
@@ -165,7 +171,7 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    session: Session = request[SESSION]
+    session = _session(request)
     request.app[CONSOLE].sessions.end(session.id)
     response = web.json_response({"ok": True})
     response.del_cookie(COOKIE, path="/")
@@ -173,7 +179,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 
 async def who(request: web.Request) -> web.StreamResponse:
-    console, session = request.app[CONSOLE], request[SESSION]
+    console, session = request.app[CONSOLE], _session(request)
     return web.json_response(
         {
             "user": console.user,
@@ -232,7 +238,7 @@ async def run_page(request: web.Request) -> web.StreamResponse:
 
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `changed` with the store's version whenever a watched object changes."""
-    console, session = request.app[CONSOLE], request[SESSION]
+    console, session = request.app[CONSOLE], _session(request)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
