@@ -14,7 +14,6 @@ Defences, since any web page the user visits can send requests to 127.0.0.1:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -230,6 +229,7 @@ async def run_page(request: web.Request) -> web.StreamResponse:
     if page is None:
         return _problem(404, f"run {name} not found in namespace {namespace}: it may have been deleted")
     page["may"] = (await console.permissions.of([namespace]))[namespace]
+    page["version"] = console.store.version
     page["pending"] = next(
         (i for i in console.store.inbox() if i["namespace"] == namespace and i["run"] == name), None
     )
@@ -245,18 +245,22 @@ async def events(request: web.Request) -> web.StreamResponse:
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
     await response.prepare(request)
-    version = -1
-    while console.sessions.find(session.id) is not None:
-        try:
-            async with asyncio.timeout(HEARTBEAT_SECONDS):
-                version = await console.store.wait_newer(version)
-            await response.write(f"event: changed\ndata: {version}\n\n".encode())
-        except TimeoutError:
-            await response.write(b": still here\n\n")  # keeps proxies and the browser from giving up
-        except (ConnectionResetError, asyncio.CancelledError):
-            break
-    with contextlib.suppress(ConnectionResetError):
+    try:  # the version the page has loaded: changes after it are announced at once
+        version = int(request.query.get("since", "-1"))
+    except ValueError:
+        version = -1
+    try:
+        while console.sessions.find(session.id) is not None:
+            try:
+                async with asyncio.timeout(HEARTBEAT_SECONDS):
+                    version = await console.store.wait_newer(version)
+                message = f"event: changed\ndata: {version}\n\n"
+            except TimeoutError:
+                message = ": still here\n\n"  # keeps proxies and the browser from giving up
+            await response.write(message.encode())
         await response.write(b"event: expired\ndata: sign in again\n\n")
+    except ConnectionResetError:  # the page went away
+        pass
     return response
 
 

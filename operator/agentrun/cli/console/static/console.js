@@ -31,7 +31,7 @@ function h(tag, attrs, ...children) {
     else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
     else el.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(typeof child === "string" ? document.createTextNode(child) : child);
   }
@@ -488,7 +488,7 @@ function card(item) {
   else if (item.kind === "reconcile") controls = reconcileControls(item, el);
   else if (item.kind === "pause") controls = simpleControl(item, el, "release", "Release");
   else controls = simpleControl(item, el, "retry", "Retry", { reason: "reconciled in the console" });
-  el.append(title, meta, prompt, controls, h("p", { class: "outcome", "aria-live": "polite" }));
+  el.append(...[title, meta, prompt, controls, h("p", { class: "outcome", "aria-live": "polite" })].filter(Boolean));
   el.dataset.signature = JSON.stringify(item);
   return el;
 }
@@ -675,7 +675,8 @@ function navigate(path) {
 
 function listen() {
   const live = $("#live");
-  const events = new EventSource("/api/events");
+  const loaded = (state.run || state.inbox || {}).version;
+  const events = new EventSource(`/api/events?since=${Number.isInteger(loaded) ? loaded : -1}`);
   events.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
   events.addEventListener("changed", () => { load(); });
   events.addEventListener("expired", () => { events.close(); signedOut("The session expired."); });
@@ -755,8 +756,8 @@ async function start() {
   state.csrf = session.data.csrf;
   state.user = session.data.user;
   $("#who").textContent = session.data.user ? `as ${session.data.user}` : "";
-  listen();
   await load();
+  listen();
   setInterval(tick, 1000);
 }
 
