@@ -58,9 +58,10 @@ class ConsoleProcess:
 
 
 @contextmanager
-def console(kubeconfig: Path, namespaces: list[str], log: Path) -> Iterator[ConsoleProcess]:
+def console(kubeconfig: Path, namespaces: list[str] | None, log: Path) -> Iterator[ConsoleProcess]:
+    """The console of the kubeconfig's user, for `namespaces` (None: as it chooses them itself)."""
     argv = [sys.executable, "-m", "agentrun.cli", "--kubeconfig", str(kubeconfig), "console", "--debug"]
-    argv += ["--namespaces", ",".join(namespaces)]
+    argv += ["--namespaces", ",".join(namespaces)] if namespaces else []
     with log.open("w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
