@@ -154,6 +154,31 @@ def test_writes_need_the_session_the_page_origin_and_the_csrf_token(tmp_path: Pa
     _serve(tmp_path, test)
 
 
+def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_path: Path) -> None:
+    """The page offers no Approve then; an approval sent by hand is refused before anything is sent."""
+    action = _action({"title": "t"})
+    request_id = approval_request_id("ap-k1", action["requestDigest"])
+    tampered = {**action, "request": {"title": "something else"}}
+    pending = {"requestId": request_id, "reason": "auth_required", "checkpointId": "c1", "action": tampered}
+
+    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+        console.store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
+        cookie, csrf = await _signed_in(client, console)
+        page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": f"{COOKIE}={cookie}", CSRF_HEADER: csrf}
+        body = {"namespace": "team-a", "run": "ap", "requestId": request_id, "checkpointId": "c1"}
+        answer = await client.post("/api/approve", json={**body, "approved": True}, headers=page)
+        said = await answer.json()
+        assert answer.status == 409 and said["ok"] is False
+        assert "not the digest of the request it shows" in said["message"]
+        assert said["message"].endswith("nothing sent")
+        other = await client.post(
+            "/api/approve", json={**body, "requestId": "approve-other", "approved": True}, headers=page
+        )
+        assert "does not wait for this approval" in (await other.json())["message"]
+
+    _serve(tmp_path, test)
+
+
 def test_every_answer_carries_a_strict_content_security_policy(tmp_path: Path) -> None:
     async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
         for path in ("/", "/runs/team-a/r", "/static/console.js", "/static/console.css", "/api/session"):

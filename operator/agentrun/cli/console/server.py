@@ -303,11 +303,30 @@ async def act(request: web.Request) -> web.StreamResponse:
         argv = actions.command_line(action, body)
     except actions.BadAction as exc:
         return _problem(400, str(exc))
+    if action == "approve" and body.get("approved") is True and (why := _unverified(console, body)):
+        return web.json_response({"ok": False, "message": f"not approved: {why}; nothing sent"}, status=409)
     outcome = await actions.perform(console.api, console.parse, body["namespace"], console.kubeconfig, argv)
     log.info("%s in %s: %s", action, body["namespace"], "done" if outcome.ok else "refused")
     return web.json_response(
         {"ok": outcome.ok, "message": outcome.message}, status=200 if outcome.ok else 409
     )
+
+
+def _unverified(console: Console, body: dict[str, Any]) -> str | None:
+    """Why the console will not approve this request: it must be the pending approval, whose action it
+    shows and whose digest it recomputed (inbox.approval_check)."""
+    item = next(
+        (
+            i
+            for i in console.store.inbox()
+            if i["namespace"] == body["namespace"] and i["run"] == body.get("run") and i["kind"] == "approval"
+        ),
+        None,
+    )
+    if item is None or item["requestId"] != body.get("requestId"):
+        return "the Run does not wait for this approval (any more)"
+    verdict: dict[str, Any] = item["approval"]
+    return None if verdict["verified"] else str(verdict["problem"])
 
 
 def application(console: Console) -> web.Application:
