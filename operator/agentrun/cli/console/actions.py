@@ -109,10 +109,8 @@ async def perform(
         code = await args.command(ctx, args)
     except CliError as exc:
         return Outcome(False, exc.message)
-    except Exception as exc:
+    except Exception as exc:  # as the CLI's main() reports it: the API server's words, else the error
         refusal = api_error_from(exc)
-        if refusal is None:
-            raise
-        return Outcome(False, describe_api_error(refusal))
+        return Outcome(False, describe_api_error(refusal) if refusal else f"{type(exc).__name__}: {exc}")
     said = "\n".join(part for part in (out.getvalue().strip(), err.getvalue().strip()) if part)
     return Outcome(code == EXIT_OK, said)
