@@ -117,6 +117,7 @@ def test_a_question_answered_through_its_form_continues_the_run_from_the_same_ch
         card.get_by_label("high").check()
         card.get_by_role("button", name="Send answer").click()
         expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=30_000)
+        expect(page.locator("#toast")).to_contain_text("Accepted")
         done = wait_phase(kube, ns, "ask", {"Succeeded", "Failed"})
         assert done["status"]["phase"] == "Succeeded", operator.log_tail() + started.log_tail()
         result = done["status"]["result"]
@@ -128,6 +129,7 @@ def test_a_question_answered_through_its_form_continues_the_run_from_the_same_ch
             pending["checkpointId"],
         )
         assert len(attempts(kube, ns, "ask")) == 1, "the same Attempt went on: no new Pod"
+        card.get_by_role("button", name="Dismiss").click()  # the answered card stays until dismissed
         expect(page.get_by_role("heading", name="Nothing waits for you")).to_be_visible()
 
         # The Run's page: describe's timeline and the report.

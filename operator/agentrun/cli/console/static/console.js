@@ -289,6 +289,7 @@ async function send(card, action, body, button) {
   const out = card.querySelector(".outcome");
   const buttons = card.querySelectorAll("button.act");
   buttons.forEach((b) => { b.disabled = true; });
+  card.dataset.sent = "1"; // kept on the page until its outcome is read, even once the request is gone
   out.className = "outcome wait";
   out.textContent = `${button ? button.textContent : action}: sent, waiting for the operator's verdict…`;
   let result;
@@ -302,10 +303,23 @@ async function send(card, action, body, button) {
   out.className = `outcome ${result.data.ok ? "ok" : "bad"}`;
   out.textContent = message;
   out.setAttribute("role", result.data.ok ? "status" : "alert");
-  if (result.data.ok) {
-    card.dataset.done = "1";
-    toast(message, true);
-  }
+  toast(message, Boolean(result.data.ok));
+  const waiting = state.inbox && state.inbox.items.some((i) => i.id === card.dataset.id);
+  if (card.matches("article.card") && (result.data.ok || !waiting)) settle(card);
+}
+
+// A card whose request was answered (by this person or another): its outcome stays readable, its
+// controls go, until the person dismisses it.
+function settle(card) {
+  if (card.classList.contains("settled")) return;
+  card.classList.add("settled");
+  card.querySelectorAll("form, .row").forEach((el) => el.remove());
+  const dismiss = h("button", { type: "button", class: "link", text: "Dismiss" });
+  dismiss.addEventListener("click", () => {
+    card.remove();
+    if (state.inbox && !route()) renderInbox();
+  });
+  card.append(dismiss);
 }
 
 function base(item) {
@@ -533,17 +547,21 @@ function renderInbox() {
   const existing = new Map(Array.from(cards.children, (c) => [c.dataset.id, c]));
   const next = shown.map((item) => {
     const old = existing.get(item.id);
+    existing.delete(item.id);
     // Keep a card the person is typing in (the server judges the answer anyway); redraw changed ones.
-    if (old && (old.dataset.signature === JSON.stringify(item) || old.dataset.dirty)) return old;
+    if (old && (old.dataset.signature === JSON.stringify(item) || old.dataset.dirty || old.dataset.sent)) return old;
     return card(item);
   });
-  cards.replaceChildren(...next);
-  if (!data.items.length) {
+  // Requests gone from the inbox whose card holds the person's answer: kept, with its outcome, on top.
+  const answered = Array.from(existing.values()).filter((c) => c.dataset.sent);
+  answered.forEach((c) => { if (!c.querySelector(".outcome.wait")) settle(c); });
+  cards.replaceChildren(...answered, ...next);
+  if (!data.items.length && !answered.length) {
     cards.replaceChildren(h("div", { class: "empty" },
       h("h1", { text: "Nothing waits for you" }),
       h("p", { text: `No question, approval, pause or unknown outcome in ${data.namespaces.length ? data.namespaces.join(", ") : "the namespaces you can see"}.` }),
       h("p", { text: "New requests appear here as agents ask; this page updates by itself." })));
-  } else if (!wanted.length) {
+  } else if (!wanted.length && !answered.length) {
     cards.replaceChildren(h("p", { class: "empty", text: `No request matches “${state.filter}”.` }));
   }
   const rest = wanted.length - shown.length;
