@@ -117,7 +117,7 @@ def test_cold_loads_and_changes_with_a_thousand_pending_requests(kube: Kube, tmp
             seen.append((time.monotonic() - began) * 1000)
         browser.close()
 
-    print(f"\n{len(names)} pending requests over {NAMESPACES} namespaces, {LOADS} cold loads each:")
+    print(f"\n{len(names)} pending requests over {NAMESPACES} namespaces, {LOADS} cold loads:")
     print(f"  navigation -> first usable control (performance mark): {quantiles(usable)}")
     print(f"  navigation -> first usable control (test's clock):     {quantiles(wall)}")
     print(f"  change written -> visible on the open page:            {quantiles(seen)}")
