@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync
 from devcluster.operator import OperatorProcess
 from support.console import ANSWER, READ, console, launch, person, screenshot, signed_in
 from support.kube import Kube, wait_for
-from support.runs import PRIORITY, attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import GROUP, PRIORITY, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 HOSTILE = 'Which priority? <script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
@@ -212,3 +212,81 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
         assert len(done["status"]["inputs"]) == 1
         for context, _ in pages:
             context.close()
+
+
+def test_pause_from_the_run_page_then_release_from_the_inbox(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, browser: Browser, tmp_path: Path
+) -> None:
+    ns, gate = run_namespace, tmp_path / "gate"
+    # The agent waits before its second step until the gate opens: the pause is sure to find it Running.
+    create_run(kube, ns, scenario_run("nap", {"steps": 3, "gate": {"file": str(gate), "atStep": 2}}))
+    wait_phase(kube, ns, "nap", {"Running"})
+    with console(kube.kubeconfig, [ns], tmp_path / "console.log") as started:
+        context, page = signed_in(browser, started)
+        page.goto(f"{started.base}/runs/{ns}/nap")
+        page.get_by_label("Reason").fill("lunch")
+        page.get_by_role("button", name="Pause").click()
+        expect(page.locator("#toast")).to_contain_text("run nap:", timeout=30_000)
+        gate.touch()
+        assert wait_phase(kube, ns, "nap", {"Paused", "Succeeded", "Failed"})["status"]["phase"] == "Paused"
+
+        page.get_by_role("link", name="Inbox").first.click()
+        card = page.locator(f'article.card[data-kind="pause"][data-id^="{ns}/nap/"]')
+        expect(card).to_be_visible()
+        card.get_by_role("button", name="Release").click()
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=30_000)
+        assert wait_phase(kube, ns, "nap", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
+        context.close()
+
+
+def test_reconcile_an_unknown_outcome_then_cancel_the_run_with_a_reason(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, browser: Browser, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    create_run(kube, ns, scenario_run("ledger", {"steps": 1, "fail": {"how": "hang"}}))
+    # An outcome nobody knows, as a crashed worker leaves it (written here by the cluster's admin).
+    effect = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SideEffect",
+        "metadata": {"name": "ledger-ticket", "labels": {"agentrun.dev/run": "ledger"}},
+        "spec": {"runName": "ledger", "tool": "create_ticket", "idempotencyKey": "t-1", "target": "proj-a"},
+    }
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", effect)
+    for state in ("Pending", "Unknown"):
+        unknown = {"status": {"state": state, "attempt": "ledger-a1"}}
+        kube.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "sideeffects", "ledger-ticket", unknown
+        )
+    with console(kube.kubeconfig, [ns], tmp_path / "console.log") as started:
+        context, page = signed_in(browser, started, viewport={"width": 1100, "height": 900})
+        card = page.locator(f'article.card[data-kind="reconcile"][data-id="{ns}/effect/ledger-ticket"]')
+        expect(card).to_contain_text("create_ticket")
+        expect(card).to_contain_text("proj-a")
+        card.get_by_role("button", name="Record verdict").click()
+        expect(card.locator(".problems")).to_contain_text("choose what happened")
+        card.get_by_label("Confirmed: it happened").check()
+        card.get_by_role("button", name="Record verdict").click()
+        expect(card.locator(".problems")).to_contain_text("Confirmed needs the reference")
+        card.get_by_label("Reference in the external system").fill("T-9")
+        card.get_by_label("Why (recorded)").fill("found it in the tracker")
+        card.get_by_label("Then retry the Run").uncheck()
+        screenshot(page, "reconcile", f'article[data-id="{ns}/effect/ledger-ticket"]')
+        card.get_by_role("button", name="Record verdict").click()
+        expect(card.locator(".outcome.ok")).to_contain_text("Unknown -> Confirmed (T-9), resolved by")
+        status = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", "ledger-ticket")[
+            "status"
+        ]
+        assert (status["state"], status["externalReference"]) == ("Confirmed", "T-9")
+        assert status["resolutionMessage"] == "found it in the tracker"
+        who = page.locator("#who").inner_text().removeprefix("as ")
+        assert status["resolvedBy"] == who, "the person the API server knows"
+
+        page.goto(f"{started.base}/runs/{ns}/ledger")
+        page.get_by_label("Reason").fill("no longer needed")
+        cancel = page.get_by_role("button", name="Cancel run")
+        cancel.click()
+        page.get_by_role("button", name="Really cancel?").click()
+        expect(page.locator("#toast")).to_contain_text("cancel requested (cancel epoch 0 -> 1)")
+        done = wait_phase(kube, ns, "ledger", {"Cancelled"})
+        assert done["spec"]["cancelRequest"]["reason"] == "no longer needed"
+        context.close()

@@ -304,6 +304,7 @@ async function send(card, action, body, button) {
   out.textContent = message;
   out.setAttribute("role", result.data.ok ? "status" : "alert");
   toast(message, Boolean(result.data.ok));
+  if (route()) load(); // the Run page shows what the action changed
   const waiting = state.inbox && state.inbox.items.some((i) => i.id === card.dataset.id);
   if (card.matches("article.card") && (result.data.ok || !waiting)) settle(card);
 }
@@ -659,7 +660,10 @@ async function load() {
           $("#main").replaceChildren(h("section", { class: "empty" }, h("h1", { text: "Cannot show this Run" }), h("p", { text: result.data.error }), h("p", {}, h("a", { href: "/", "data-route": true, text: "Back to the inbox" }))));
           return;
         }
-        if (!$("#run") || !document.activeElement || !$("#run").contains(document.activeElement) || !["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName)) renderRun(result.data);
+        // Not while the person types in the page or waits for a verdict (send() loads again after it).
+        const view = $("#run");
+        const typing = view && view.contains(document.activeElement) && ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+        if (!view || !(typing || view.querySelector(".outcome.wait"))) renderRun(result.data);
       } else {
         state.run = null;
         const result = await api("/api/inbox");
