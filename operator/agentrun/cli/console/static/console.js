@@ -471,6 +471,7 @@ function reconcileControls(item, card) {
     feedback.replaceChildren(...list.map((p) => h("li", { text: p })));
     if (!list.length) send(card, "resolve", body(chosen.value), submit);
   });
+  form.addEventListener("input", () => feedback.replaceChildren()); // judged again at the next send
   again.addEventListener("click", () => send(card, "resolve", { ...body("absent"), retry: true }, again));
   return h("div", {}, parts, form);
 }
