@@ -89,6 +89,13 @@ def test_a_question_answered_through_its_form_continues_the_run_from_the_same_ch
         expect(card.locator(".meta")).to_contain_text(pending["requestId"])
         screenshot(page, "question", f'article[data-id^="{ns}/ask/"]')
 
+        # Keyboard: j selects the request, Enter goes to its first field.
+        page.keyboard.press("j")
+        expect(card).to_have_class("card question selected")
+        page.keyboard.press("Enter")
+        assert page.evaluate("document.activeElement.type") == "radio"
+        page.keyboard.press("Escape")
+
         # An answer the schema refuses: refused in the browser, nothing sent ...
         card.get_by_role("button", name="Edit as JSON").click()
         card.locator("textarea.raw").fill('{"priority": "urgent"}')

@@ -16,7 +16,7 @@ from aiohttp import DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentrun.cli.app import parse
-from agentrun.cli.console import actions, inbox
+from agentrun.cli.console import actions, inbox, server
 from agentrun.cli.console.server import COOKIE, CSRF_HEADER, AccessLogger, Console, application
 from agentrun.cli.console.sessions import Sessions, csrf_matches
 from agentrun.cli.console.store import Store
@@ -175,6 +175,24 @@ def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_pat
             "/api/approve", json={**body, "requestId": "approve-other", "approved": True}, headers=page
         )
         assert "does not wait for this approval" in (await other.json())["message"]
+
+    _serve(tmp_path, test)
+
+
+def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "READY_SECONDS", 0.05)  # the lists never come: no need to wait long
+
+    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+        console.store.start()  # its watches try the API server that is not there, again and again
+        try:
+            cookie, _ = await _signed_in(client, console)
+            answer = await client.get("/api/inbox", headers={"Host": HOST, "Cookie": f"{COOKIE}={cookie}"})
+            assert answer.status == 503
+            assert "is the cluster reachable?" in (await answer.json())["error"]
+        finally:
+            await console.store.stop()
 
     _serve(tmp_path, test)
 

@@ -38,6 +38,7 @@ STATIC = Path(__file__).parent / "static"
 COOKIE = "agentrun-console"
 CSRF_HEADER = "X-CSRF-Token"
 HEARTBEAT_SECONDS = 15.0
+READY_SECONDS = 10.0  # how long the inbox waits for the first lists before it says they are late
 MAX_BODY = 512 * 1024  # an answer is bounded by the Run's budget (256 KiB) anyway
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -192,14 +193,26 @@ async def who(request: web.Request) -> web.StreamResponse:
 # ---- reads -------------------------------------------------------------------------------------------
 
 
-async def _ready(store: Store) -> None:
+async def _ready(store: Store) -> bool:
+    """Whether every watch has listed once, waiting up to READY_SECONDS for it."""
     if not store.ready:
-        await store.wait_newer(-1)
+        try:
+            async with asyncio.timeout(READY_SECONDS):
+                await store.wait_newer(-1)
+        except TimeoutError:
+            return False
+    return True
 
 
 async def inbox(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE]
-    await _ready(console.store)
+    if not await _ready(console.store):
+        # The page hears from the event stream once the lists arrive, and loads again then.
+        message = (
+            "the API server has not answered the console's list of Runs yet: is the cluster reachable? "
+            "(the console's terminal says what goes wrong)"
+        )
+        return _problem(503, message)
     items = console.store.inbox()
     permissions = await console.permissions.of(sorted({str(i["namespace"]) for i in items}))
     return web.json_response(

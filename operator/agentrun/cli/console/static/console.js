@@ -669,7 +669,7 @@ async function load() {
         state.run = null;
         const result = await api("/api/inbox");
         if (result.status !== 200) {
-          $("#main").replaceChildren(h("p", { class: "warning", text: result.data.error }));
+          $("#main").replaceChildren(h("section", { class: "empty" }, h("h1", { text: "The inbox cannot be shown yet" }), h("p", { class: "warning", text: result.data.error }), h("p", { text: "This page tries again by itself as soon as the console hears from the cluster." })));
           return;
         }
         state.skew = Date.parse(result.data.now) - Date.now();
