@@ -25,6 +25,12 @@ from agentrun.kubeapi import KubeApi, load_configuration
 
 STATIC = Path(actions.__file__).parent / "static"
 HOST = "127.0.0.1:8765"
+SESSION_COOKIE = f"{COOKIE}-8765"  # one name per port
+
+
+def jar(value: str) -> str:
+    """The Cookie header of a session."""
+    return f"{SESSION_COOKIE}={value}"
 
 
 # ---- sessions --------------------------------------------------------------------------------------
@@ -94,9 +100,9 @@ async def _signed_in(client: TestClient[Any, Any], console: Console) -> tuple[st
     token = console.sessions.login_token
     answer = await client.get(f"/login?token={token}", headers={"Host": HOST}, allow_redirects=False)
     assert answer.status == 303 and answer.headers["Location"] == "/"
-    cookie = answer.cookies[COOKIE]
+    cookie = answer.cookies[SESSION_COOKIE]
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
-    session = await client.get("/api/session", headers={"Host": HOST, "Cookie": f"{COOKIE}={cookie.value}"})
+    session = await client.get("/api/session", headers={"Host": HOST, "Cookie": jar(cookie.value)})
     body = await session.json()
     assert body["user"] == "alice" and body["scopes"] == ["team-a"]
     return cookie.value, body["csrf"]
@@ -110,7 +116,7 @@ def test_sign_in_exchanges_the_one_time_token_for_an_httponly_strict_cookie(tmp_
         again = await client.get(f"/login?token={token}", headers={"Host": HOST}, allow_redirects=False)
         assert again.status == 403 and "used already" in await again.text()
         now[0] += 3600
-        expired = await client.get("/api/session", headers={"Host": HOST, "Cookie": f"{COOKIE}={cookie}"})
+        expired = await client.get("/api/session", headers={"Host": HOST, "Cookie": jar(cookie)})
         assert expired.status == 401
         assert "open the login URL" in (await expired.json())["error"]
 
@@ -134,7 +140,7 @@ def test_writes_need_the_session_the_page_origin_and_the_csrf_token(tmp_path: Pa
     async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
         cookie, csrf = await _signed_in(client, console)
         body = {"namespace": "team-a", "run": "r"}
-        page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": f"{COOKIE}={cookie}", CSRF_HEADER: csrf}
+        page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
         cases = {
             "no session": {k: v for k, v in page.items() if k != "Cookie"},
             "no origin": {k: v for k, v in page.items() if k != "Origin"},
@@ -164,7 +170,7 @@ def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_pat
     async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
         console.store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
         cookie, csrf = await _signed_in(client, console)
-        page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": f"{COOKIE}={cookie}", CSRF_HEADER: csrf}
+        page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
         body = {"namespace": "team-a", "run": "ap", "requestId": request_id, "checkpointId": "c1"}
         answer = await client.post("/api/approve", json={**body, "approved": True}, headers=page)
         said = await answer.json()
@@ -188,7 +194,7 @@ def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
         console.store.start()  # its watches try the API server that is not there, again and again
         try:
             cookie, _ = await _signed_in(client, console)
-            answer = await client.get("/api/inbox", headers={"Host": HOST, "Cookie": f"{COOKIE}={cookie}"})
+            answer = await client.get("/api/inbox", headers={"Host": HOST, "Cookie": jar(cookie)})
             assert answer.status == 503
             assert "is the cluster reachable?" in (await answer.json())["error"]
         finally:

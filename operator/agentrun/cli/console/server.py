@@ -84,9 +84,15 @@ class Console:
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
 
 
+def cookie_name(request: web.Request) -> str:
+    """The session cookie's name, one per port: cookies do not tell the ports of 127.0.0.1 apart, and
+    two consoles (two clusters, two identities) may run side by side."""
+    return f"{COOKIE}-{request.url.port}"
+
+
 def _session(request: web.Request) -> Session:
     """The request's session (the guard let only requests with a live one through)."""
-    session = request.app[CONSOLE].sessions.find(request.cookies.get(COOKIE))
+    session = request.app[CONSOLE].sessions.find(request.cookies.get(cookie_name(request)))
     if session is None:
         raise web.HTTPUnauthorized(text="the session expired")
     return session
@@ -122,7 +128,7 @@ async def _authorised(request: web.Request, handler: Handler, console: Console) 
     public = request.path in ("/login", "/") or request.path.startswith(("/static/", "/runs/"))
     if public and request.method == "GET":
         return await handler(request)
-    session = console.sessions.find(request.cookies.get(COOKIE))
+    session = console.sessions.find(request.cookies.get(cookie_name(request)))
     if session is None:
         return _problem(401, "not signed in, or the session expired: open the login URL the console printed")
     if request.method not in ("GET", "HEAD"):
@@ -159,7 +165,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     # A redirect drops the token from the address bar (and from what the page could leak).
     response = web.HTTPSeeOther("/")
     response.set_cookie(
-        COOKIE,
+        cookie_name(request),
         session.id,
         httponly=True,
         samesite="Strict",
@@ -174,7 +180,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
     session = _session(request)
     request.app[CONSOLE].sessions.end(session.id)
     response = web.json_response({"ok": True})
-    response.del_cookie(COOKIE, path="/")
+    response.del_cookie(cookie_name(request), path="/")
     return response
 
 
