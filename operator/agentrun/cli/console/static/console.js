@@ -329,8 +329,9 @@ function base(item) {
 
 function questionControls(item, card) {
   const schema = item.schema;
-  const formSchema = item.formSchema && typeOf(item.formSchema) === "object" ? item.formSchema : null;
-  const form = formSchema ? field(formSchema, "", true, 0) : null;
+  // Any schema the server found small enough gets a form: an object's fields, or one field for a
+  // top-level string, number, boolean or choice.
+  const form = item.formSchema ? field(item.formSchema, "", true, 0) : null;
   const raw = h("textarea", { class: "json raw", rows: 6, spellcheck: "false", "aria-label": "answer as JSON", hidden: form ? true : null });
   raw.value = form ? "" : "{}";
   const feedback = h("ul", { class: "problems", "aria-live": "polite" });
