@@ -213,7 +213,14 @@ def test_every_answer_carries_a_strict_content_security_policy(tmp_path: Path) -
             assert answer.headers["X-Frame-Options"] == "DENY"
             assert answer.headers["Referrer-Policy"] == "no-referrer"
         for other in ("/static/server.py", "/static/%2e%2e%2fserver.py"):
-            assert (await client.get(other, headers={"Host": HOST})).status == 404, "only the listed files"
+            missing = await client.get(other, headers={"Host": HOST})
+            assert missing.status == 404, "only the listed files"
+            assert missing.headers["Content-Security-Policy"] == server.CSP
+        login = await client.get(
+            f"/login?token={console.sessions.login_token}", headers={"Host": HOST}, allow_redirects=False
+        )
+        assert login.status == 303 and login.headers["Content-Security-Policy"] == server.CSP
+        assert login.headers["Cache-Control"] == "no-store"
 
     _serve(tmp_path, test)
 

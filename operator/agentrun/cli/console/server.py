@@ -116,12 +116,20 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         # A page served under another name (DNS rebinding) reaches this port with its own Host.
         response: web.StreamResponse = _problem(421, f"this console does not answer to {request.host!r}")
     else:
-        response = await _authorised(request, handler, console)
+        try:
+            response = await _authorised(request, handler, console)
+        except web.HTTPException as exc:  # a redirect or refusal a handler raised: same headers
+            _secure(request, exc)
+            raise
+    _secure(request, response)
+    return response
+
+
+def _secure(request: web.Request, response: web.StreamResponse | web.HTTPException) -> None:
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
-    if request.path.startswith("/api/"):
+    if request.path.startswith(("/api/", "/login")):
         response.headers["Cache-Control"] = "no-store"
-    return response
 
 
 async def _authorised(request: web.Request, handler: Handler, console: Console) -> web.StreamResponse:
