@@ -510,6 +510,16 @@ function card(item) {
   return el;
 }
 
+// Puts `nodes` in `container` in that order, moving only what is out of place: a card that stays
+// where it was is never detached (the person may be clicking it).
+function place(container, nodes) {
+  nodes.forEach((node, i) => {
+    const at = container.children[i];
+    if (at !== node) container.insertBefore(node, at || null);
+  });
+  while (container.children.length > nodes.length) container.lastElementChild.remove();
+}
+
 function tick() {
   const now = serverNow();
   for (const el of document.querySelectorAll("[data-since]")) {
@@ -558,7 +568,7 @@ function renderInbox() {
   // Requests gone from the inbox whose card holds the person's answer: kept, with its outcome, on top.
   const answered = Array.from(existing.values()).filter((c) => c.dataset.sent);
   answered.forEach((c) => { if (!c.querySelector(".outcome.wait")) settle(c); });
-  cards.replaceChildren(...answered, ...next);
+  place(cards, [...answered, ...next]);
   if (!data.items.length && !answered.length) {
     cards.replaceChildren(h("div", { class: "empty" },
       h("h1", { text: "Nothing waits for you" }),
