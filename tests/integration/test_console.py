@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Playwright, Route, expect, sync_playwright
 
 from devcluster.operator import OperatorProcess
 from support.console import ANSWER, READ, console, launch, person, screenshot, signed_in
@@ -198,12 +198,22 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
         console(bob.kubeconfig, [ns], tmp_path / "bob.log") as bob_console,
     ):
         pages = []
+        held: list[Route] = []
+
+        def together(route: Route) -> None:
+            """Holds each answer until both are on their way, then lets both go: truly at once."""
+            held.append(route)
+            if len(held) == 2:
+                for waiting in held:
+                    waiting.continue_()
+
         for started, choice in ((alice_console, "high"), (bob_console, "low")):
             context, page = signed_in(browser, started)
+            page.route("**/api/answer", together)
             card = question_card(page, ns, "both")
             card.get_by_label(choice).check()
             pages.append((context, card))
-        for _, card in pages:  # both sent before either hears back
+        for _, card in pages:
             card.get_by_role("button", name="Send answer").click()
         outcomes = []
         for _, card in pages:

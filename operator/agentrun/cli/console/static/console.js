@@ -565,9 +565,18 @@ function renderInbox() {
     if (old && (old.dataset.signature === JSON.stringify(item) || old.dataset.dirty || old.dataset.sent)) return old;
     return card(item);
   });
-  // Requests gone from the inbox whose card holds the person's answer: kept, with its outcome, on top.
-  const answered = Array.from(existing.values()).filter((c) => c.dataset.sent);
-  answered.forEach((c) => { if (!c.querySelector(".outcome.wait")) settle(c); });
+  // Requests gone from the inbox whose card holds the person's answer (sent, or being written): kept on
+  // top, with its outcome, or with what happened to the request meanwhile.
+  const answered = Array.from(existing.values()).filter((c) => c.dataset.sent || c.dataset.dirty);
+  answered.forEach((c) => {
+    if (c.querySelector(".outcome.wait")) return;
+    if (!c.dataset.sent && !c.classList.contains("settled")) {
+      const out = c.querySelector(".outcome");
+      out.className = "outcome bad";
+      out.textContent = "This request was answered meanwhile (by someone else?) or ended: nothing of yours was sent. Its Run page says what happened.";
+    }
+    settle(c);
+  });
   place(cards, [...answered, ...next]);
   if (!data.items.length && !answered.length) {
     cards.replaceChildren(h("div", { class: "empty" },
