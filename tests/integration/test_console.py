@@ -198,14 +198,14 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
         console(bob.kubeconfig, [ns], tmp_path / "bob.log") as bob_console,
     ):
         pages = []
-        held: list[Route] = []
+        answers: list[Route] = []
 
         def together(route: Route) -> None:
             """Holds each answer until both are on their way, then lets both go: truly at once."""
-            held.append(route)
-            if len(held) == 2:
-                for waiting in held:
-                    waiting.continue_()
+            answers.append(route)
+            if len(answers) == 2:
+                for answer in answers:
+                    answer.continue_()
 
         for started, choice in ((alice_console, "high"), (bob_console, "low")):
             context, page = signed_in(browser, started)
