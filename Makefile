@@ -93,6 +93,10 @@ unit: venv helm lint ## lint and the unit tests; builds no control plane (of the
 test: venv binaries chromium lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
 	$(PY) -m pytest tests
 
+.PHONY: screenshots
+screenshots: venv binaries chromium ## the console's browser tests, writing their screenshots into docs/console/
+	AGENTRUN_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest tests/integration/test_console.py
+
 .PHONY: bench
 bench: venv binaries ## benchmarks on local control planes (~25 min; not part of test): bench/REPORT.md
 	PYTHONPATH=hack:tests $(PY) bench/run_all.py $(BENCH_ARGS)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, Playwright
 from support.kube import Kube
 from support.runs import GROUP
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "console"
+# The screenshots: into docs/console/ when asked (`make screenshots`), else beside the test run's other
+# files, so that `make test` leaves the checkout as it found it.
+SHOTS = Path(os.environ.get("AGENTRUN_SCREENSHOTS") or Path(tempfile.gettempdir()) / "agentrun-console-shots")
 # Debian's package puts the browser here (/usr/bin/chromium is a shell wrapper around it).
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 
@@ -125,8 +128,8 @@ ANSWER = [*READ, "patch", "update"]
 
 def screenshot(page: Page, name: str, selector: str | None = None) -> Path:
     """A PNG for docs/console.md, of the element (or the viewport), kept small."""
-    DOCS.mkdir(parents=True, exist_ok=True)
-    path = DOCS / f"{name}.png"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
     if selector:
         page.locator(selector).first.screenshot(path=str(path))
     else:
