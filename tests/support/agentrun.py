@@ -53,6 +53,8 @@ class Rule:
     path: str
     rule: str
     message: str
+    # The CEL expression that writes the refusal's message instead of `message`, when the rule has one.
+    message_expression: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}{self.path or ' (root)'}: {self.rule}"
@@ -61,7 +63,7 @@ class Rule:
 def crd_rules() -> list[Rule]:
     """Every CEL rule of the committed CRDs."""
     return [
-        Rule(kind, path, entry["rule"], entry["message"])
+        Rule(kind, path, entry["rule"], entry["message"], entry.get("messageExpression"))
         for kind, crd in crd_documents().items()
         for path, node in _schema_nodes(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         for entry in node.get("x-kubernetes-validations", [])
