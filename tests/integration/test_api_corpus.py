@@ -350,7 +350,9 @@ BAD_INPUT: dict[str, Bad] = {
         "Attempt", {".spec.cancelEpoch": -1}, "spec.cancelEpoch", "greater than or equal to 0"
     ),
     "a Checkpoint whose stateRef digest is not hex is refused": created(
-        "Checkpoint", {".spec.stateRef": {"uri": "s3://b/k", "sha256": "xyz"}}, "spec.stateRef.sha256"
+        "Checkpoint",
+        {".spec.stateRef": {"key": "r/ns/u/sha256/" + "0" * 64, "sha256": "xyz", "size": 3}},
+        "spec.stateRef.sha256",
     ),
     "a Checkpoint naming a Run that cannot exist is refused": created(
         "Checkpoint", {".spec.runName": "Not_A_Name"}, "spec.runName", "should match"
@@ -571,7 +573,9 @@ BAD_INPUT: dict[str, Bad] = {
         "Checkpoint", spec(sequence=7), CHECKPOINT_IMMUTABLE
     ),
     "adding a stateRef to a saved Checkpoint is refused": updated(
-        "Checkpoint", spec(stateRef={"uri": "s3://b/k", "sha256": "0" * 64}), CHECKPOINT_IMMUTABLE
+        "Checkpoint",
+        spec(stateRef={"key": "r/ns/u/sha256/" + "0" * 64, "sha256": "0" * 64, "size": 3}),
+        CHECKPOINT_IMMUTABLE,
     ),
     "cutting a Checkpoint from its parent is refused": updated(
         "Checkpoint", spec(parent=None), CHECKPOINT_IMMUTABLE, base={".spec.parent": "ckpt-0"}

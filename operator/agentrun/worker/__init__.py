@@ -23,6 +23,7 @@ from agentrun.worker.errors import (
     PermanentError,
     RateLimited,
     StateUnverifiable,
+    StoreUnavailable,
     TransientError,
     UnknownSideEffect,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "RunStore",
     "StateUnverifiable",
     "StepRetry",
+    "StoreUnavailable",
     "TransientError",
     "UnknownSideEffect",
     "main",
