@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from typing import Any
 
 import obstore
@@ -20,6 +21,7 @@ from devcluster.cluster import LocalCluster
 from devcluster.objectstore import REGION
 from devcluster.operator import OperatorProcess
 from devcluster.security import STATE_STORE_SECRET
+from integration.test_cli import argv, cli, env_for
 from support.big_state_agent import digest, output
 from support.kube import Kube, wait_for
 from support.runs import (
@@ -67,6 +69,15 @@ def read_blob(cluster: LocalCluster, ref: dict[str, Any]) -> Any:
     return json.loads(asyncio.run(store.get(BlobRef.from_json(ref))))
 
 
+def cli_with_store(
+    kube: Kube, cluster: LocalCluster, ns: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl agentrun ARGS` for a person who holds the store's URL and credentials."""
+    env = {**env_for(kube.kubeconfig), "AGENTRUN_STATE_STORE_URL": cluster.state_store_url}
+    env |= cluster.state_store_env()
+    return subprocess.run(argv(ns, *args), env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
 def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_its_result_by_reference(
     kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess
 ) -> None:
@@ -108,6 +119,21 @@ def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_i
     assert read_blob(local_cluster, entry["spec"]["stateRef"])["result"]["by"] == f"{name}-a1"
     latest = next(c for c in states if c["spec"]["id"] == status["latestCheckpoint"])
     assert read_blob(local_cluster, latest["spec"]["stateRef"]) == full_state
+
+    # people read them with the CLI: describe names the blob, state fetches and verifies it
+    described = cli(kube, ns, "describe", name)
+    assert described.returncode == 0, described.stderr
+    assert f"Result:        in the state store at {ref['key']} ({ref['size']} bytes" in described.stdout
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "--result", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == result
+    assert "verified" in shown.stderr
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == full_state
+    without_store = cli(kube, ns, "state", name, "--result")
+    assert without_store.returncode == 1
+    assert "set AGENTRUN_STATE_STORE_URL" in without_store.stderr
 
 
 def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_unverifiable(
@@ -155,6 +181,9 @@ def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_un
     assert failure["reason"] == "StateUnverifiable"
     assert failure["class"] == "deterministic"
     assert ref["key"] in failure["message"]
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "--checkpoint", pending["checkpointId"])
+    assert shown.returncode == 1
+    assert f"state blob {ref['key']} cannot be verified" in shown.stderr
     final = get_run(kube, ns, name)
     assert final["status"].get("phase") != "Succeeded"
     assert "result" not in final["status"]
