@@ -93,7 +93,9 @@ CANCEL_EPOCH_FROZEN = rule("Run", "", "oldSelf.status.phase")
 RESUME_KEY_REUSED = rule("Run", ".spec.resume")
 RETRY_KEY_REUSED = rule("Run", ".spec.retryRequest")
 PAUSE_ID_REUSED = rule("Run", ".spec.pause")
-RESULT_FENCED = rule("Run", "", "self.status.result")
+RESULT_FENCED = rule("Run", "", "has(self.status.result)")
+RESULT_REF_FENCED = rule("Run", "", "self.status.resultRef")
+STORED_RESULT = {"key": "runs/ns/uid/sha256/" + "1" * 64, "sha256": "1" * 64, "size": 40000}
 ATTEMPT_SPEC_IMMUTABLE = rule("Attempt", ".spec")
 ATTEMPT_PHASE_FINAL = rule("Attempt", ".status.phase")
 ATTEMPT_PHASE_KEPT = rule("Attempt", "", "has(self.status.phase)")
@@ -472,6 +474,22 @@ BAD_INPUT: dict[str, Bad] = {
         setup=(
             status(leaseEpoch=1),
             status(result={"ticket": "T-1"}, committedBy=committed_by(1, 0)),
+            status(leaseEpoch=2),
+        ),
+    ),
+    "a result stored by reference under an older lease epoch is refused": updated(
+        "Run",
+        status(resultRef=STORED_RESULT, committedBy=committed_by(1, 0)),
+        RESULT_REF_FENCED,
+        setup=(status(phase="Running", leaseEpoch=2),),
+    ),
+    "a stale worker replacing a result stored by reference is refused": updated(
+        "Run",
+        status(resultRef={**STORED_RESULT, "size": 1}, committedBy=committed_by(1, 0)),
+        RESULT_REF_FENCED,
+        setup=(
+            status(leaseEpoch=1),
+            status(resultRef=STORED_RESULT, committedBy=committed_by(1, 0)),
             status(leaseEpoch=2),
         ),
     ),
