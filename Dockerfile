@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The agentrun operator image. The Helm chart and manifests/ run `python -m agentrun.operator` in it
+# The agentrun operator image: the distribution agentrun-k8s with its extra otel. The Helm chart and
+# manifests/ run `python -m agentrun.operator` in it
 # (and `python -m agentrun.deploy.selftest` for `helm test`).
 #   docker build -t agentrun/operator:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

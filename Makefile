@@ -15,6 +15,9 @@ help: ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# the distribution was called agentrun before it became agentrun-k8s: drop that install of this checkout
+	$(PY) -m pip uninstall --quiet --yes agentrun 2>/dev/null || true
+	rm -rf operator/agentrun.egg-info
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
@@ -35,6 +38,10 @@ helm: ## build (or reuse) helm alone: what the unit tests (chart rendering) and 
 crds: venv ## regenerate crds/ from the pydantic models (then `make manifests` for the chart's copy)
 	$(PY) -m agentrun.api.crdgen
 
+.PHONY: docs
+docs: venv ## regenerate docs/state-machine.md from the Run's table (core/runs/table.py)
+	$(PY) hack/state_machine_doc.py
+
 .PHONY: manifests
 manifests: venv helm ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
 	$(PY) -m agentrun.deploy.render
@@ -43,14 +50,22 @@ manifests: venv helm ## regenerate the chart's generated parts and manifests/ (C
 e2e: venv binaries ## Helm chart end to end on its own local control plane (AGENTRUN_E2E_KUBECONFIG: any cluster)
 	$(PY) -m pytest tests/e2e
 
+# The images' tag is the chart's appVersion: the chart, examples/ and the README name them so.
+VERSION := $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' charts/agentrun/Chart.yaml)
+IMAGES := agentrun/operator:$(VERSION) agentrun/agent:$(VERSION)
+.PHONY: images
+images: ## docker build the operator image (Dockerfile) and the agent image (Dockerfile.agent, runs examples/)
+	docker build -t agentrun/operator:$(VERSION) .
+	docker build -f Dockerfile.agent -t agentrun/agent:$(VERSION) .
+
 KIND_CLUSTER ?= agentrun-e2e
 .PHONY: e2e-kind
-e2e-kind: venv binaries ## the same e2e on kind, for machines with Docker (not the build machines: no engine)
-	docker build -t agentrun/operator:e2e . && docker build -f Dockerfile.agent -t agentrun/agent:e2e .
+e2e-kind: venv binaries images ## the same e2e on kind, for machines with Docker (not the build machines: no engine)
 	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
-	kind load docker-image --name $(KIND_CLUSTER) agentrun/operator:e2e agentrun/agent:e2e
+	kind load docker-image --name $(KIND_CLUSTER) $(IMAGES)
 	mkdir -p .devcluster && kind get kubeconfig --name $(KIND_CLUSTER) > .devcluster/kind.kubeconfig
-	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig $(PY) -m pytest tests/e2e
+	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
+		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) $(PY) -m pytest tests/e2e
 
 .PHONY: lint
 lint: venv ## ruff (lint + format), mypy strict (package, tests, hack, bench), import-linter contracts
@@ -81,11 +96,15 @@ chaos: venv binaries ## 2,000 faults against ticket Runs, then the invariants (~
 	PYTHONPATH=hack:tests $(PY) bench/chaos.py --profile full --report bench/chaos.json --summary bench/CHAOS.md $(CHAOS_ARGS)
 
 .PHONY: cluster
-cluster: venv binaries ## start the local control plane + node agent (kubeconfig: .devcluster/kubeconfig)
+cluster: venv binaries ## start the local control plane + node agent (then: source .devcluster/env)
 	$(DEVCLUSTER) up
 
+.PHONY: operator
+operator: venv binaries ## on `make cluster`: CRDs, admission policies, and the operator from this checkout (again: restart)
+	$(DEVCLUSTER) install
+
 .PHONY: cluster-down
-cluster-down: venv ## stop the local control plane started by `make cluster`
+cluster-down: venv ## stop the local control plane started by `make cluster` (and the operator of `make operator`)
 	$(DEVCLUSTER) down
 
 .PHONY: demo

@@ -1,23 +1,27 @@
-"""python -m devcluster {up,down,status,demo}: the local control plane for people (tests use the fixture)."""
+"""python -m devcluster {up,down,status,install,demo}: the local control plane for people (tests use the
+fixture). The state directory is .devcluster in the checkout, or $AGENTRUN_DEVCLUSTER_DIR."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from .cluster import REPO_ROOT, ClusterError, LocalCluster
+from .install import install, stop_operator
 from .processes import pid_alive
 
-DEFAULT_STATE_DIR = REPO_ROOT / ".devcluster"
+DEFAULT_STATE_DIR = Path(os.environ.get("AGENTRUN_DEVCLUSTER_DIR") or REPO_ROOT / ".devcluster")
 
 
 def up(state_dir: Path) -> int:
     if (state_dir / "state.json").exists():
         existing = LocalCluster.attach(state_dir)
         if existing.running():
-            print(f"already running: export KUBECONFIG={existing.kubeconfig}")
+            print(f"already running: source {write_env(existing)}")
             return 0
     cluster = LocalCluster(state_dir=state_dir)
     began = time.monotonic()
@@ -27,8 +31,9 @@ def up(state_dir: Path) -> int:
         cluster.stop()
         print(f"local control plane failed to start: {exc}", file=sys.stderr)
         return 1
+    env_file = write_env(cluster)
     print(f"local control plane healthy in {time.monotonic() - began:.1f}s (node {cluster.node_name} Ready)")
-    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    print(f"  source {env_file}    (KUBECONFIG, and kubectl, helm and kubectl-agentrun on PATH)")
     if cluster.object_store is not None:
         print(f"  state store: {cluster.state_store_url}")
         print(f"    its URL and credentials for a shell: source {cluster.state_store_env_file}")
@@ -45,10 +50,22 @@ def up(state_dir: Path) -> int:
     return 0
 
 
+def write_env(cluster: LocalCluster) -> Path:
+    """<state dir>/env: what a shell needs to use the cluster, for `source`."""
+    tools = [str(cluster.bin_dir), str(Path(sys.executable).parent)]  # kubectl, helm; kubectl-agentrun
+    path = cluster.state_dir / "env"
+    path.write_text(
+        f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}\n"
+        f'export PATH={shlex.quote(os.pathsep.join(tools))}:"$PATH"\n'
+    )
+    return path
+
+
 def down(state_dir: Path) -> int:
     if not (state_dir / "state.json").exists():
         print("no local control plane recorded in", state_dir)
         return 0
+    stop_operator(state_dir)
     LocalCluster.attach(state_dir).stop()
     print("local control plane stopped")
     return 0
@@ -64,6 +81,15 @@ def status(state_dir: Path) -> int:
     return 0 if cluster.running() else 1
 
 
+def install_operator(state_dir: Path) -> int:
+    try:
+        install(state_dir)
+    except ClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
 def demo(state_dir: Path) -> int:
     from .demo import main as run_demo  # noqa: PLC0415 - only the demo needs the agentrun package
 
@@ -72,10 +98,11 @@ def demo(state_dir: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    commands = {"up": up, "down": down, "status": status, "install": install_operator, "demo": demo}
+    parser.add_argument("command", choices=list(commands))
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     args = parser.parse_args()
-    return {"up": up, "down": down, "status": status, "demo": demo}[args.command](args.state_dir)
+    return commands[args.command](args.state_dir)
 
 
 if __name__ == "__main__":

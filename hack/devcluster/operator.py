@@ -21,14 +21,17 @@ class OperatorProcess:
         args: list[str] | None = None,
         *,
         verbose: bool = True,
+        tie_to_parent: bool = True,
     ) -> None:
         """env: added to the environment; args: added to the command line (e.g. ["-n", "ns"]);
-        verbose: DEBUG logs (every reconcile), as tests want; benchmarks turn them off."""
+        verbose: DEBUG logs (every reconcile), as tests want; benchmarks turn them off;
+        tie_to_parent: the operator dies with this process (false for `make operator`, which returns)."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.env = dict(env or {})
         self.args = list(args or [])
         self.verbose = verbose
+        self.tie_to_parent = tie_to_parent
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.started_at_byte = 0  # where this start's output begins in the (appended) log
@@ -40,7 +43,7 @@ class OperatorProcess:
             [sys.executable, "-m", "agentrun.operator", *(["--verbose"] if self.verbose else []), *self.args],
             self.log_path,
             env=env,
-            tie_to_parent=True,
+            tie_to_parent=self.tie_to_parent,
         )
         self.starts += 1
 

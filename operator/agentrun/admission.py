@@ -8,9 +8,8 @@ Pod is named after the Attempt (`<run>-a<number>`). Every rule compares with `ol
 never with what the same request writes. The policies apply to ServiceAccounts other than the operator's
 (people are governed by RBAC); the Pod rule applies to everyone but the operator.
 
-Each refusal starts with its cause, so the SDK classifies a refused write without reading the Run:
-NotPodBound, NotOwnRun, NotCurrentAttempt, StaleAfterCancel, StaleWorker, NotWorkerField, NotOperator;
-and for people: NotTheSender (a field names someone else), NotNamed (a decision names nobody).
+Each refusal starts with its cause (agentrun.api.causes.RefusalCause), so the SDK classifies a refused
+write without reading the Run.
 
 Who decided is checked the same way: a field that names a person (spec.resume.answeredBy, requestedBy
 of the cancel, retry and compensate requests, a SideEffect's resolvedBy and approval.approvedBy) must be
@@ -24,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from agentrun.api import GROUP, RUN_LABEL, AttemptStatus, PendingRequest, RunPhase, RunStatus
+from agentrun.api.causes import RefusalCause
 from agentrun.api.common import ApiModel
 
 Manifest = dict[str, Any]
@@ -95,7 +95,7 @@ def _is_attempt_of(run: str) -> str:
 def _pod_bound(what: str) -> dict[str, str]:
     return _validation(
         "variables.podName != ''",
-        f"'NotPodBound: {what} is written by the agentrun operator or by an attempt Pod; '"
+        f"'{RefusalCause.NOT_POD_BOUND}: {what} is written by the agentrun operator or by an attempt Pod; '"
         " + request.userInfo.username + ' presented a token that is not bound to a Pod'",
     )
 
@@ -103,7 +103,7 @@ def _pod_bound(what: str) -> dict[str, str]:
 def _own_run(run: str, what: str) -> dict[str, str]:
     return _validation(
         "variables.ownRun",
-        f"'NotOwnRun: Pod ' + variables.podName + ' is not an Attempt of Run ' + {run}"
+        f"'{RefusalCause.NOT_OWN_RUN}: Pod ' + variables.podName + ' is not an Attempt of Run ' + {run}"
         f" + ': it may not write {what}'",
     )
 
@@ -199,19 +199,20 @@ def _run_status(operator: str) -> list[Manifest]:
             _own_run("object.metadata.name", "its status"),
             _validation(
                 "variables.podName == variables.attempt",
-                "'NotCurrentAttempt: Pod ' + variables.podName + ' may not write Run '"
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}: Pod ' + variables.podName + ' may not write Run '"
                 " + object.metadata.name + ': its current Attempt is '"
                 " + (variables.attempt == '' ? 'none' : variables.attempt)",
             ),
             _validation(
                 "oldObject.spec.cancelEpoch == variables.observedCancelEpoch",
-                "'StaleAfterCancel: Run ' + object.metadata.name + ' has a cancel pending (cancelEpoch '"
+                f"'{RefusalCause.STALE_AFTER_CANCEL}:"
+                " Run ' + object.metadata.name + ' has a cancel pending (cancelEpoch '"
                 " + string(oldObject.spec.cancelEpoch) + '): no worker write is accepted any more'",
             ),
             _validation(
                 f"variables.phase in {_quoted(WORKER_PHASES)}"
                 f" || (variables.phase in {_quoted(HOLD_PHASES)} && variables.holds)",
-                "'StaleWorker: Run ' + object.metadata.name + ' is '"
+                f"'{RefusalCause.STALE_WORKER}: Run ' + object.metadata.name + ' is '"
                 " + (variables.phase == '' ? 'not started' : variables.phase)"
                 " + ': its worker writes only while it is Running (or holds the pending request)'",
             ),
@@ -220,13 +221,15 @@ def _run_status(operator: str) -> list[Manifest]:
                 f" || ({' && '.join(unchanged('object.status', stored, f) for f in HOLD_KEPT_FIELDS)}"
                 f" && {present(request)} && !has({request}.heldBy)"
                 f" && {' && '.join(unchanged(request, old_request, f) for f in _held_request_fields())})",
-                "'NotWorkerField: while the Run waits, the Attempt holding its request only releases it "
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " while the Run waits, the Attempt holding its request only releases it "
                 "(clears pendingRequest.heldBy)'",
             ),
             _validation(
                 f"!({present(request + '.heldBy')}) || {request}.heldBy == variables.podName"
                 f" || {unchanged(request, old_request, 'heldBy')}",
-                "'NotCurrentAttempt: pendingRequest.heldBy names the Attempt that holds it ('"
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}:"
+                " pendingRequest.heldBy names the Attempt that holds it ('"
                 " + variables.podName + ')'",
             ),
             _validation(
@@ -234,7 +237,7 @@ def _run_status(operator: str) -> list[Manifest]:
                 f" || ({committed}.attempt == variables.podName"
                 f" && {committed}.leaseEpoch == variables.leaseEpoch"
                 f" && {committed}.cancelEpoch == oldObject.spec.cancelEpoch)",
-                "'StaleWorker: committedBy must name this Attempt (' + variables.podName"
+                f"'{RefusalCause.STALE_WORKER}: committedBy must name this Attempt (' + variables.podName"
                 " + '), the stored lease epoch (' + string(variables.leaseEpoch)"
                 " + ') and cancel epoch (' + string(oldObject.spec.cancelEpoch) + ')'",
             ),
@@ -244,7 +247,8 @@ def _run_status(operator: str) -> list[Manifest]:
                     "object.status",
                     stored,
                     operator_fields,
-                    f"NotWorkerField: an attempt Pod writes only {', '.join(WORKER_RUN_FIELDS)}; "
+                    f"{RefusalCause.NOT_WORKER_FIELD}:"
+                    f" an attempt Pod writes only {', '.join(WORKER_RUN_FIELDS)}; "
                     "this request changes ",
                 ),
             ),
@@ -252,7 +256,8 @@ def _run_status(operator: str) -> list[Manifest]:
                 f"!({present(request + '.expiresAt')})"
                 f" || ({present(old_request + '.expiresAt')}"
                 f" && {request}.expiresAt == {old_request}.expiresAt)",
-                "'NotWorkerField: pendingRequest.expiresAt is derived by the operator on its own clock; "
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " pendingRequest.expiresAt is derived by the operator on its own clock; "
                 "a worker sets expiresInSeconds'",
             ),
         ],
@@ -275,7 +280,8 @@ def _attempt_status(operator: str) -> list[Manifest]:
             _own_run("oldObject.spec.runName", "its Attempts"),
             _validation(
                 "variables.podName == object.metadata.name",
-                "'NotCurrentAttempt: Pod ' + variables.podName + ' may write only its own Attempt, not '"
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}:"
+                " Pod ' + variables.podName + ' may write only its own Attempt, not '"
                 " + object.metadata.name",
             ),
             _validation(
@@ -284,7 +290,8 @@ def _attempt_status(operator: str) -> list[Manifest]:
                     "object.status",
                     "oldObject.status",
                     operator_fields,
-                    f"NotWorkerField: an attempt Pod writes only {', '.join(WORKER_ATTEMPT_FIELDS)} of "
+                    f"{RefusalCause.NOT_WORKER_FIELD}:"
+                    f" an attempt Pod writes only {', '.join(WORKER_ATTEMPT_FIELDS)} of "
                     "its Attempt (the operator derives the phase); this request changes ",
                 ),
             ),
@@ -310,7 +317,7 @@ def _ledger_create(kind: str, plural: str, operator: str, names_attempt: str | N
         _own_run("object.spec.runName", f"a {kind} for it"),
         _validation(
             _owned_by_run("object.spec.runName"),
-            f"'NotOwnRun: a {kind} carries the label {RUN_LABEL}=' + object.spec.runName"
+            f"'{RefusalCause.NOT_OWN_RUN}: a {kind} carries the label {RUN_LABEL}=' + object.spec.runName"
             " + ' and that Run as its only owner'",
         ),
     ]
@@ -318,7 +325,8 @@ def _ledger_create(kind: str, plural: str, operator: str, names_attempt: str | N
         validations.append(
             _validation(
                 f"{names_attempt} == variables.podName",
-                f"'NotCurrentAttempt: a {kind} names the Attempt that writes it (' + variables.podName + ')'",
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}:"
+                f" a {kind} names the Attempt that writes it (' + variables.podName + ')'",
             )
         )
     return _policy(
@@ -350,25 +358,28 @@ def _side_effect_status(operator: str) -> list[Manifest]:
             _validation(
                 f"!({present('object.status.attempt')}) || object.status.attempt == variables.podName"
                 f" || {unchanged('object.status', 'oldObject.status', 'attempt')}",
-                "'NotCurrentAttempt: status.attempt names the Attempt that writes it ('"
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}: status.attempt names the Attempt that writes it ('"
                 " + variables.podName + ')'",
             ),
             _validation(
                 unchanged("object.status", "oldObject.status", "approval"),
-                "'NotWorkerField: an approval is recorded by the operator or by a person, never by an "
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " an approval is recorded by the operator or by a person, never by an "
                 "attempt Pod'",
             ),
             *[
                 _validation(
                     unchanged("object.status", "oldObject.status", field),
-                    f"'NotWorkerField: {field} records a verdict of a person, never of an attempt Pod'",
+                    f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                    f" {field} records a verdict of a person, never of an attempt Pod'",
                 )
                 for field in ("resolution", "resolutionMessage", "resolvedSends")
             ],
             _validation(
                 unchanged("object.status", "oldObject.status", "resolvedBy")
                 + " || object.status.resolvedBy == 'lookup by ' + variables.podName",
-                "'NotWorkerField: resolvedBy names a person, or the lookup that resolved the record: an "
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " resolvedBy names a person, or the lookup that resolved the record: an "
                 "attempt Pod may write only \"lookup by ' + variables.podName + '\"'",
             ),
         ],
@@ -401,7 +412,8 @@ def _names_the_sender(path: str, request: str | None = None) -> dict[str, str]:
     field = f"object.{path}"
     return _validation(
         f"!({present(field)}) || {field} == {USER} || {_stored_equal(request or path)}",
-        f"'NotTheSender: {path} names ' + {field} + ' but this request comes from ' + {USER}"
+        f"'{RefusalCause.NOT_THE_SENDER}: {path} names ' + {field}"
+        f" + ' but this request comes from ' + {USER}"
         f" + ': set {path} to ' + {USER} + ', {WHOAMI} (a bot acts for a person by impersonating them)'",
     )
 
@@ -428,7 +440,8 @@ def _run_requests(operator: str) -> list[Manifest]:
             _validation(
                 f"!({present(resume)}) || !{resume}.requestId.startsWith('{APPROVAL_PREFIX}')"
                 f" || has({resume}.answeredBy) || {_stored_equal('spec.resume')}",
-                "'NotNamed: an answer to an approval names who approves: set spec.resume.answeredBy to '"
+                f"'{RefusalCause.NOT_NAMED}: an answer to an approval names who approves: "
+                "set spec.resume.answeredBy to '"
                 f" + {USER} + ', {WHOAMI}'",
             ),
         ],
@@ -451,16 +464,14 @@ def _side_effect_decisions(operator: str) -> list[Manifest]:
             _validation(
                 f"!({present(status + '.resolution')}) || {_stored_equal('status.resolution')}"
                 f" || ({present(status + '.resolvedBy')} && {status}.resolvedBy == {USER})",
-                "'NotNamed: a resolution names who made it: set status.resolvedBy to ' + "
-                + USER
-                + f" + ', {WHOAMI}'",
+                f"'{RefusalCause.NOT_NAMED}: a resolution names who made it: "
+                "set status.resolvedBy to ' + " + USER + f" + ', {WHOAMI}'",
             ),
             _validation(
                 f"!({present(status + '.approval')}) || {_stored_equal('status.approval')}"
                 f" || has({status}.approval.approvedBy)",
-                "'NotNamed: an approval names who gave it: set status.approval.approvedBy to ' + "
-                + USER
-                + f" + ', {WHOAMI}'",
+                f"'{RefusalCause.NOT_NAMED}: an approval names who gave it: "
+                "set status.approval.approvedBy to ' + " + USER + f" + ', {WHOAMI}'",
             ),
         ],
         match_conditions=[
@@ -504,17 +515,18 @@ def _lease(operator: str) -> list[Manifest]:
         validations=[
             _validation(
                 "request.operation == 'UPDATE'",
-                "'NotOperator: only the agentrun operator creates the Lease of a Run'",
+                f"'{RefusalCause.NOT_OPERATOR}: only the agentrun operator creates the Lease of a Run'",
             ),
             _pod_bound("The Lease of a Run"),
             _validation(
                 "variables.ownRun",
-                "'NotOwnRun: Pod ' + variables.podName + ' is not an Attempt of the Run of Lease '"
+                f"'{RefusalCause.NOT_OWN_RUN}:"
+                " Pod ' + variables.podName + ' is not an Attempt of the Run of Lease '"
                 " + object.metadata.name",
             ),
             _validation(
                 f"has({holder}) && {holder} == variables.podName",
-                "'NotCurrentAttempt: Lease ' + object.metadata.name + ' is held by '"
+                f"'{RefusalCause.NOT_CURRENT_ATTEMPT}: Lease ' + object.metadata.name + ' is held by '"
                 f" + (has({holder}) ? {holder} : 'nobody') + ', not by ' + variables.podName",
             ),
             _validation(
@@ -524,7 +536,8 @@ def _lease(operator: str) -> list[Manifest]:
                         *(unchanged("object.metadata", "oldObject.metadata", f) for f in METADATA_FIELDS),
                     ]
                 ),
-                "'NotWorkerField: the holder of the Lease of a Run changes only spec.renewTime'",
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " the holder of the Lease of a Run changes only spec.renewTime'",
             ),
         ],
         match_conditions=_service_accounts_but(operator),
@@ -544,7 +557,8 @@ def _attempt_pods(operator: str) -> list[Manifest]:
             _validation(
                 "request.operation == 'UPDATE' && has(oldObject.metadata.labels)"
                 f" && {label} in oldObject.metadata.labels",
-                f"'NotOperator: only the agentrun operator creates Pods labelled {RUN_LABEL} ('"
+                f"'{RefusalCause.NOT_OPERATOR}:"
+                f" only the agentrun operator creates Pods labelled {RUN_LABEL} ('"
                 " + request.userInfo.username + ' may not)'",
             ),
         ],
@@ -570,7 +584,8 @@ def _operator_scope(operator: str) -> list[Manifest]:
         validations=[
             _validation(
                 f"has(variables.subject.metadata.labels) && {label} in variables.subject.metadata.labels",
-                f"'NotOwnRun: the agentrun operator writes only Pods and Leases labelled {RUN_LABEL}; '"
+                f"'{RefusalCause.NOT_OWN_RUN}:"
+                f" the agentrun operator writes only Pods and Leases labelled {RUN_LABEL}; '"
                 " + request.resource.resource + ' ' + request.name + ' is not one'",
             )
         ],

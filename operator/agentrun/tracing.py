@@ -1,5 +1,5 @@
 """OpenTelemetry spans over OTLP, for the operator and the SDK: on only when OTEL_EXPORTER_OTLP_ENDPOINT is
-set and the optional extra agentrun[otel] is installed; otherwise every call here is a no-op.
+set and the optional extra agentrun-k8s[otel] is installed; otherwise every call here is a no-op.
 
 Spans go to the collector, never to the API server: tracing costs no Kubernetes request. The ids of the
 Run's and the Attempts' spans are derived (agentrun.core.traces), so the operator records those spans
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrun.core.traces import TRACEPARENT_ENV, SpanRef, parse_traceparent
 
-# The optional extra agentrun[otel], imported where a span is made: a process without an endpoint (most
+# The optional extra agentrun-k8s[otel], imported where a span is made: a process without an endpoint (most
 # attempt Pods) never loads it (a tenth of the worker's start-up time). find_spec loads no module of it
 # but its empty namespace package.
 HAVE_OPENTELEMETRY = importlib.util.find_spec("opentelemetry.sdk") is not None
@@ -53,7 +53,7 @@ class Tracing:
         if not env.get(ENDPOINT_ENV):
             return
         if not HAVE_OPENTELEMETRY:
-            log.warning("%s is set, but OpenTelemetry is not installed: agentrun[otel]", ENDPOINT_ENV)
+            log.warning("%s is set, but OpenTelemetry is not installed: agentrun-k8s[otel]", ENDPOINT_ENV)
             return
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415

@@ -217,3 +217,23 @@ def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoc
         lease = kube.coordination.read_namespaced_lease(f"{name}.run.agentrun.dev", ns)
         assert lease.spec.lease_transitions == 2
     assert operator.starts >= 5
+
+
+def test_a_pod_the_api_server_refuses_fails_its_attempt_for_good(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    """A podTemplate the Run's schema takes but the Pod API refuses (a container name that is no DNS
+    label): the refusal goes back to the state machine, which fails the Attempt; no retry can help."""
+    ns = run_namespace
+    body = scenario_run("unfit", {"steps": 1}, retry=FAST_RETRY)
+    sidecar = {"name": "Side_Car", "image": "busybox"}
+    body["spec"]["agent"]["podTemplate"] = {"spec": {"containers": [{"name": "agent"}, sidecar]}}
+    create_run(kube, ns, body)
+    run = wait_phase(kube, ns, "unfit", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Failed", operator.log_tail()
+    assert run["status"]["failure"]["class"] == "deterministic"
+    [attempt] = attempts(kube, ns, "unfit")
+    assert attempt["status"]["phase"] == "Failed"
+    assert attempt["status"]["failure"]["message"].startswith("the attempt Pod was refused: ")
+    assert "Side_Car" in attempt["status"]["failure"]["message"]
+    assert kube.core.list_namespaced_pod(ns, label_selector="agentrun.dev/run=unfit").items == []

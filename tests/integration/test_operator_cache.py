@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
+from agentrun.clock import SystemClock
 from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, Plan
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.kubewatch import Event, Gone, Listed, list_all, reflect, watch_from
@@ -67,7 +68,7 @@ def set_attempt_status(kube: Kube, namespace: str, name: str, status: dict[str, 
 async def synced_informers(
     api: KubeApi, namespaces: list[str], woken: asyncio.Queue[Key]
 ) -> tuple[Informers, OwnedObjects, AgentAccounts]:
-    cache, accounts = OwnedObjects(), AgentAccounts()
+    cache, accounts = OwnedObjects(SystemClock()), AgentAccounts()
     informers = Informers(api, cache, accounts, namespaces, wake=woken.put_nowait)
     informers.start()
     await informers.synced.wait()
@@ -150,9 +151,11 @@ def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, api: KubeApi, 
     collection = KubeApi.custom_path("attempts", namespace)
 
     async def scenario() -> list[tuple[str, bool]]:
-        cache = OwnedObjects()
+        cache = OwnedObjects(SystemClock())
         before = (await list_all(api, collection)).resource_version
-        await Executor(api, cache).execute(Plan().add(CreateAttempt(attempt_body("echo", 1))), run)
+        await Executor(api, cache, clock=SystemClock()).execute(
+            Plan().add(CreateAttempt(attempt_body("echo", 1))), run
+        )
         assert [o["metadata"]["name"] for o in cache.of("attempts", (namespace, "echo"))] == ["echo-a1"]
         await asyncio.to_thread(set_attempt_status, kube, namespace, "echo-a1", {"phase": "Running"})
         seen: list[tuple[str, bool]] = []
@@ -228,14 +231,14 @@ def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(
     rejected = set_attempt_status(
         kube, namespace, "stale-a1", {"phase": "Rejected", "rejectedCommit": {"reason": "stale_worker"}}
     )
-    cache = OwnedObjects()
+    cache = OwnedObjects(SystemClock())
     cache.put("attempts", copy.deepcopy(running))
     run = make_run({"phase": "Running"}, metadata={"namespace": namespace, "name": "stale"})
     stale_rv = running["metadata"]["resourceVersion"]
     plan = Plan().add(PatchAttemptStatus("stale-a1", {"phase": "Failed"}, stale_rv))
 
     with pytest.raises(Superseded):
-        asyncio.run(Executor(api, cache).execute(plan, run))
+        asyncio.run(Executor(api, cache, clock=SystemClock()).execute(plan, run))
 
     now = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "attempts", "stale-a1")
     assert now["status"]["phase"] == "Rejected"

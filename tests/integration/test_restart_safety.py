@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import API_VERSION, GROUP, RUN_LABEL, VERSION, Attempt, Run, lease_name
+from agentrun.clock import SystemClock
 from agentrun.core.identity import owned_by
 from agentrun.core.lease import lease_view
 from agentrun.core.plan import Plan, RecordEvent
@@ -93,7 +94,8 @@ class Cluster:
 
     async def execute(self, plan: Plan, run: Run) -> None:
         """One operator life's Executor, with an empty cache: it knows only what the API server says."""
-        await Executor(self.api, OwnedObjects()).execute(plan, run)
+        clock = SystemClock()
+        await Executor(self.api, OwnedObjects(clock), clock=clock).execute(plan, run)
 
     async def settle(self) -> None:
         """Reconciles until a decision asks for no write (the Run rests until something happens)."""

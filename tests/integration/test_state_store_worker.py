@@ -1,7 +1,8 @@
 """The worker SDK with the state store, on the real control plane and its versitygw: an agent whose state
 outgrows the inline threshold is killed and resumes from the blobs, whole; its large result is committed
-by reference; a blob replaced behind the Run's back stops the next Attempt with StateUnverifiable, never
-a different state. (The SDK's rules on a memory:// store: tests/unit/test_worker_blobs.py.)"""
+by reference; a blob replaced behind the Run's back stops the Run with StateUnverifiable for a person
+(NeedsReconciliation), never continued from a different state. (The SDK's rules on a memory:// store:
+tests/unit/test_worker_blobs.py.)"""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from support.runs import (
     VERSION,
     attempts,
     create_run,
-    get_run,
     resume,
     support_agent_run,
     wait_phase,
@@ -184,7 +184,10 @@ def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_un
     shown = cli_with_store(kube, local_cluster, ns, "state", name, "--checkpoint", pending["checkpointId"])
     assert shown.returncode == 1
     assert f"state blob {ref['key']} cannot be verified" in shown.stderr
-    final = get_run(kube, ns, name)
-    assert final["status"].get("phase") != "Succeeded"
+    # the Run stops for a person: never retried on its own, never continued from other state
+    final = wait_phase(kube, ns, name, ENDED, timeout=60)
+    assert final["status"]["phase"] == "NeedsReconciliation", final["status"]
+    assert final["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert len(attempts(kube, ns, name)) == 2
     assert "result" not in final["status"]
     assert "resultRef" not in final["status"]

@@ -16,6 +16,7 @@ from agentrun.api import (
 )
 from agentrun.core import report
 from agentrun.core.plan import (
+    Action,
     CreateAttempt,
     CreatePod,
     DeleteCheckpoint,
@@ -25,6 +26,8 @@ from agentrun.core.plan import (
 )
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, decide
 from agentrun.core.runs.chain import Chain, Rule
+from agentrun.core.runs.transition import SetPhase
+from agentrun.core.runs.transition import Transition as RuleTransition
 from unit.factories import (
     GENERATION,
     NO_SIDE_EFFECTS,
@@ -758,6 +761,19 @@ TRANSITIONS.update(
             {2: "Failed"},
             stop_reason="UnknownSideEffect",
         ),
+        # ---- a state that cannot be verified stops for a person, whatever the retry policy says
+        "state-unverifiable-with-deterministic-in-retry-on": Transition(
+            supervising(
+                pod=ended(
+                    1, 1, sdk("deterministic", "blob sha256:ab.. does not match", reason="StateUnverifiable")
+                ),
+                spec={"retry": {"maxAttempts": 10, "retryOn": ["deterministic", "transient"]}},
+            ),
+            ["PatchAttemptStatus", "PatchRunStatus"],
+            "NeedsReconciliation",
+            {1: "Failed"},
+            stop_reason="StateUnverifiable",
+        ),
         "run-catches-up-with-an-unknown-side-effect": Transition(
             supervising(attempt=failed_attempt(1, FailureClass.UNKNOWN_SIDE_EFFECT), pod=None),
             ["PatchRunStatus"],
@@ -1174,14 +1190,30 @@ def test_the_rule_that_decides(case: str, rule: str) -> None:
 def test_a_chain_prepends_the_upkeep_only_to_the_rules_that_ask_for_it() -> None:
     kept, decided = DeleteCheckpoint("old"), DeletePod("p")
 
-    def decides(world: World) -> Plan | None:
-        return Plan([decided], requeue_after=1.0)
+    def decides(world: World) -> RuleTransition | None:
+        return RuleTransition(steps=(decided,), requeue_after=1.0)
 
-    def upkeep(world: World) -> Plan:
-        return Plan([kept])
+    def upkeep(world: World) -> tuple[Action, ...]:
+        return (kept,)
 
     world = make_world(make_run())
     assert Chain((Rule("Decides", decides),), upkeep).evaluate(world) == Plan([kept, decided], 1.0)
     assert Chain((Rule("Decides", decides, upkeep=False),), upkeep).evaluate(world) == Plan([decided], 1.0)
     with pytest.raises(LookupError):
         Chain((Rule("Never", lambda world: None),), upkeep).evaluate(world)
+
+
+@pytest.mark.parametrize("case", TRANSITIONS.values(), ids=TRANSITIONS.keys())
+def test_every_move_is_one_its_rule_declares(case: Transition) -> None:
+    """The diagram of docs/state-machine.md is drawn from the rules' applies_in and moves_to: every
+    decision of these cases keeps to them, rewrites (CompensateFirst) included."""
+    world = case.world
+    rule, transition = TABLE.transition(world)
+    before = world.run.status.phase
+    turns = {turn for rewrite in TABLE.rewrites for turn in rewrite.turns}
+
+    assert before in rule.applies_in, rule.name
+    for change in (s for s in transition.steps if isinstance(s, SetPhase)):
+        declared = change.phase == before or (before, change.phase) in rule.moves
+        rewritten = any(to == change.phase and (before, source) in rule.moves for source, to in turns)
+        assert declared or rewritten, (rule.name, before, change.phase)

@@ -376,7 +376,7 @@ def test_run_example_is_valid(example: Path) -> None:
 @pytest.mark.parametrize("patch", PATCH_EXAMPLES, ids=lambda path: path.name)
 def test_patch_example_applies_to_the_minimal_run(patch: Path) -> None:
     text = patch.read_text()
-    assert f"kubectl patch run echo --type merge --patch-file examples/{patch.name}" in text
+    assert f"kubectl patch run -n agents echo --type merge --patch-file examples/{patch.name}" in text
     patched = merge_patch(load_yaml(EXAMPLES / "run-minimal.yaml"), yaml.safe_load(text))
     assert schema_errors("Run", patched) == []
     Run.model_validate(patched)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.operator.cache import OwnedObjects
+from support.clock import FakeClock
 
 RUN_LABEL = {"agentrun.dev/run": "triage"}
 MANAGED = [{"manager": "agentrun-worker", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
@@ -16,7 +17,7 @@ def served(kind: str, name: str, rv: str, **body: Any) -> dict[str, Any]:
 
 
 def test_a_checkpoint_is_cached_without_its_state_or_managed_fields() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     spec = {"runName": "triage", "id": "ckpt-1", "sequence": 1, "state": {"notes": "x" * 10_000}}
     cache.put("checkpoints", served("Checkpoint", "triage-ckpt-1", "7", spec=spec))
 
@@ -26,7 +27,7 @@ def test_a_checkpoint_is_cached_without_its_state_or_managed_fields() -> None:
 
 
 def test_an_attempt_is_cached_whole_but_for_managed_fields() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     status = {"phase": "Running", "usage": {"inputTokens": 12}}
     cache.put("attempts", served("Attempt", "triage-a1", "7", spec={"number": 1}, status=status))
 
@@ -36,7 +37,7 @@ def test_an_attempt_is_cached_whole_but_for_managed_fields() -> None:
 
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", served("Attempt", "triage-a1", "9", status={"phase": "Succeeded"}))
     cache.put("attempts", served("Attempt", "triage-a1", "8", status={"phase": "Running"}))
 

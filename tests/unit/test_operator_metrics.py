@@ -29,6 +29,7 @@ from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executor
 from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.workqueue import WorkQueue
+from support.clock import FakeClock
 from unit.factories import NAMESPACE, RUN, make_run
 
 JsonDict = dict[str, Any]
@@ -154,7 +155,7 @@ def attempt(name: str, rv: str, rejected: str | None = None, phase: str = "Runni
 
 
 def test_rejected_commits_count_each_attempt_once(registry: CollectorRegistry, m: OperatorMetrics) -> None:
-    cache = OwnedObjects(on_put=m.cached)
+    cache = OwnedObjects(FakeClock(), on_put=m.cached)
     cache.put("attempts", attempt("r-a1", "1"))
     assert sample(registry, "agentrun_rejected_commits_total", reason="stale_worker") == 0
     cache.put("attempts", attempt("r-a1", "2", rejected="stale_worker"))
@@ -181,8 +182,8 @@ def effect(name: str, state: str | None, run: str = RUN) -> JsonDict:
 
 
 def test_gauges_are_read_at_scrape_time(registry: CollectorRegistry, m: OperatorMetrics) -> None:
-    cache = OwnedObjects()
-    queue: WorkQueue[tuple[str, str]] = WorkQueue()
+    cache = OwnedObjects(FakeClock())
+    queue: WorkQueue[tuple[str, str]] = WorkQueue(FakeClock())
     m.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=queue.__len__)
     for name, state in (("a", "Confirmed"), ("b", "Confirmed"), ("c", None), ("d", "Unknown")):
         cache.put("sideeffects", effect(name, state, run="r1" if name < "c" else "r2"))
@@ -307,8 +308,8 @@ def test_executor_counts_attempts_once_and_lease_takeovers(
     registry: CollectorRegistry, m: OperatorMetrics
 ) -> None:
     run = make_run({"phase": "Running"})
-    api, cache = MemoryApi(), OwnedObjects()
-    executor = Executor(api, cache, m)
+    api, cache = MemoryApi(), OwnedObjects(FakeClock())
+    executor = Executor(api, cache, clock=FakeClock(), observers=[m])
     body = {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "Attempt",

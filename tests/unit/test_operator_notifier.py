@@ -31,6 +31,9 @@ class FakeClock:
     def now(self) -> datetime:
         return self.moment
 
+    def monotonic(self) -> float:
+        return (self.moment - NOW).total_seconds()
+
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.moment += timedelta(seconds=seconds)

@@ -10,13 +10,26 @@ from typing import Any
 import pytest
 
 from agentrun.api import Run, RunPhase
-from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, RecordEvent, WriteLease
+from agentrun.core.plan import (
+    Consistency,
+    DeletePod,
+    PatchAttemptStatus,
+    PatchRunStatus,
+    Plan,
+    RecordEvent,
+    WriteLease,
+    consistency_of,
+)
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError
-from agentrun.operator.cache import AgentAccounts, OwnedObjects
-from agentrun.operator.reconciler import Reconciler, trusts_cached_run
+from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.run_cache import RunCache
+from agentrun.operator.runtime import Runtime
+from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
+from agentrun.tracing import Tracing
+from support.clock import FakeClock
 from unit.factories import (
     NAMESPACE,
     RUN,
@@ -44,6 +57,13 @@ def supervising(pod: Any, **status: Any) -> World:
 # ---- which view of the Run a plan may be carried out from --------------------------------------------
 
 
+def trusts_cached_run(plan: Plan, run: Run) -> bool:
+    """What core states for a plan decided on `run` (core.plan.consistency_of): the cached view will do."""
+    return (
+        consistency_of(plan.actions, committed=run.status.committed_by is not None) == Consistency.CACHED_RUN
+    )
+
+
 @pytest.mark.parametrize(
     "world",
     [
@@ -59,6 +79,7 @@ def test_an_attempt_ended_from_pod_evidence_without_a_commit_seen_is_never_decid
 
     assert plan.actions
     assert not trusts_cached_run(plan, world.run)
+    assert plan.needs_fresh_run  # as the decision states it
 
 
 def test_an_attempt_ended_after_the_commit_seen_is_decided_on_the_cached_run() -> None:
@@ -67,6 +88,7 @@ def test_an_attempt_ended_after_the_commit_seen_is_decided_on_the_cached_run() -
 
     assert attempt_phases(plan) == ["Succeeded"]
     assert trusts_cached_run(plan, world.run)
+    assert not plan.needs_fresh_run
 
 
 def test_nothing_to_write_needs_no_read() -> None:
@@ -230,7 +252,7 @@ def attempt(name: str, rv: str, uid: str = "a-uid", phase: str = "Running") -> J
 
 
 def test_a_watched_version_is_news_only_when_newer_than_the_cached_one() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "5"))  # the create's response
 
     assert cache.take("attempts", attempt(f"{RUN}-a1", "5"))[2] is False  # its ADDED event: an echo
@@ -241,7 +263,7 @@ def test_a_watched_version_is_news_only_when_newer_than_the_cached_one() -> None
 
 
 def test_a_relist_drops_what_is_gone_but_keeps_what_we_created_after_its_snapshot() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "5"))
     cache.put("attempts", attempt(f"{RUN}-a2", "12"))  # created by us after the list's snapshot (10)
     cache.put("attempts", attempt(f"{RUN}-a0", "7"))  # gone before the list: missing from it
@@ -254,7 +276,7 @@ def test_a_relist_drops_what_is_gone_but_keeps_what_we_created_after_its_snapsho
 
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     elsewhere = attempt(f"{RUN}-a1", "5")
     elsewhere["metadata"]["namespace"] = "team-b"
     cache.put("attempts", elsewhere)
@@ -268,7 +290,7 @@ def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
 
 
 def test_a_deleted_event_of_an_older_object_of_that_name_keeps_the_new_one() -> None:
-    cache = OwnedObjects()
+    cache = OwnedObjects(FakeClock())
     cache.put("attempts", attempt(f"{RUN}-a1", "9", uid="new"))
     cache.remove("attempts", attempt(f"{RUN}-a1", "8", uid="old"))
     assert len(cache.of("attempts", (NAMESPACE, RUN))) == 1
@@ -279,7 +301,7 @@ def test_a_deleted_event_of_an_older_object_of_that_name_keeps_the_new_one() -> 
 
 def test_errors_back_off_exponentially_per_key_up_to_the_cap_and_reset_on_success() -> None:
     async def scenario() -> tuple[list[float], float, float]:
-        queue: WorkQueue[str] = WorkQueue()
+        queue: WorkQueue[str] = WorkQueue(FakeClock())
         delays = [queue.add_rate_limited("a") for _ in range(5)]
         other = queue.add_rate_limited("b")
         for _ in range(30):
@@ -309,7 +331,7 @@ def test_a_due_lease_check_reconciles_only_when_the_lease_was_not_renewed() -> N
         return None
 
     async def scenario() -> list[str]:
-        queue: WorkQueue[str] = WorkQueue(lease_due=lease_due)
+        queue: WorkQueue[str] = WorkQueue(FakeClock(), lease_due=lease_due)
         queue.check_lease_in("a", 0.0)
         queue.check_lease_in("b", 0.0)
         first, second = await queue.get(), await queue.get()
@@ -339,7 +361,31 @@ def test_the_reconciler_reads_the_very_caches_it_is_given_even_empty_ones() -> N
     """An empty cache is falsy (it has a length): the reconciler once put a fresh one of its own in the
     place of the empty accounts cache the informers fill, and read every account from the API."""
 
-    runs, accounts = RunCache(), AgentAccounts()
-    reconciler = Reconciler(None, OwnedObjects(), runs=runs, accounts=accounts)  # type: ignore[arg-type]
+    runtime = start_up()
+    reconciler = runtime.reconciler
+    runs, accounts = runtime.runs, runtime.accounts
 
     assert reconciler.runs is runs and reconciler.accounts is accounts
+    assert runtime.informers.accounts is accounts and runtime.informers.cache is reconciler.cache
+
+
+def start_up(clock: FakeClock | None = None) -> Runtime:
+    """The operator's object graph, as start-up builds it, on a fake clock (no API server is called)."""
+    return Runtime(
+        None,  # type: ignore[arg-type]
+        OperatorSettings(),
+        operator_account=None,
+        tracing=Tracing("agentrun-operator", {}),
+        operator_metrics=OperatorMetrics(None),
+        clock=clock or FakeClock(),
+    )
+
+
+def test_every_collaborator_is_built_once_on_the_one_clock() -> None:
+    clock = FakeClock()
+    runtime = start_up(clock)
+
+    assert runtime.reconciler.queue is runtime.queue and runtime.reconciler.executor is runtime.executor
+    assert runtime.reconciler.leases is runtime.leases and runtime.queue.clock is clock
+    for collaborator in (runtime.cache, runtime.executor, runtime.reconciler, runtime.leases):
+        assert collaborator.clock is clock

@@ -29,7 +29,7 @@ def test_an_event_worker_idle_time_of_zero_is_refused(monkeypatch: pytest.Monkey
     monkeypatch.setenv("AGENTRUN_EVENT_WORKER_IDLE_SECONDS", value)
 
     with pytest.raises(ValueError, match="event_worker_idle_seconds"):
-        OperatorSettings.from_env()
+        OperatorSettings.from_env(auto_priority=-1)
 
 
 @pytest.mark.parametrize(("value", "chunk_size"), [("200", 200), ("0", None)])
@@ -38,7 +38,7 @@ def test_list_chunk_size_from_the_environment(
 ) -> None:
     monkeypatch.setenv("AGENTRUN_LIST_CHUNK_SIZE", value)
     settings = kopf.OperatorSettings()
-    apply_settings(settings, OperatorSettings.from_env())
+    apply_settings(settings, OperatorSettings.from_env(auto_priority=-1))
 
     assert settings.watching.chunk_size == chunk_size
 
@@ -74,18 +74,18 @@ def test_own_account(
 def test_the_state_store_is_off_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTRUN_STATE_STORE_URL", raising=False)
     monkeypatch.delenv("AGENTRUN_STATE_STORE_SECRET", raising=False)
-    assert OperatorSettings.from_env().state_store_pod_env() is None
+    assert OperatorSettings.from_env(auto_priority=-1).state_store_pod_env() is None
 
 
 def test_the_state_store_url_and_secret_name_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTRUN_STATE_STORE_URL", "s3://agentrun/runs?endpoint=http://127.0.0.1:7070")
     monkeypatch.delenv("AGENTRUN_STATE_STORE_SECRET", raising=False)
-    store = OperatorSettings.from_env().state_store_pod_env()
+    store = OperatorSettings.from_env(auto_priority=-1).state_store_pod_env()
     assert store is not None
     assert store.url == "s3://agentrun/runs?endpoint=http://127.0.0.1:7070"
     assert store.secret == "agentrun-state-store"
     monkeypatch.setenv("AGENTRUN_STATE_STORE_SECRET", "team-store")
-    store = OperatorSettings.from_env().state_store_pod_env()
+    store = OperatorSettings.from_env(auto_priority=-1).state_store_pod_env()
     assert store is not None
     assert store.secret == "team-store"
 
@@ -93,5 +93,5 @@ def test_the_state_store_url_and_secret_name_from_the_environment(monkeypatch: p
 def test_a_state_store_url_with_credentials_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTRUN_STATE_STORE_URL", "s3://AKIA:secret@agentrun/runs")
     with pytest.raises(ValueError, match=r"credential|user info") as caught:
-        OperatorSettings.from_env()
+        OperatorSettings.from_env(auto_priority=-1)
     assert "secret@" not in str(caught.value)

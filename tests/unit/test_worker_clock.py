@@ -41,6 +41,10 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.seconds
 
+    async def sleep(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.wall += datetime.timedelta(seconds=seconds)
+
 
 @pytest.fixture
 def unreachable_api(tmp_path: Path) -> KubeApi:

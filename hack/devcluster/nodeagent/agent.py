@@ -18,7 +18,7 @@ from ..kubeconfig import write_kubeconfig
 from .instant import InstantRunner
 from .kube import Kube, in_background, now_rfc3339
 from .node import NodeHeartbeat, NodeSettings
-from .podenv import decode_secret
+from .podenv import decode_secret, service_environment
 from .runner import PodRunner, Restarts
 
 log = logging.getLogger("nodeagent")
@@ -199,6 +199,14 @@ class NodeAgent:
             if exc.status == 404:
                 return None
             raise
+
+    async def service_environment(self, pod: dict[str, Any]) -> dict[str, str]:
+        if pod.get("spec", {}).get("enableServiceLinks") is False:
+            return {}
+        listed = await self.kube.call_dict(
+            self.kube.core.list_namespaced_service, pod["metadata"]["namespace"]
+        )
+        return service_environment(listed.get("items") or [])
 
     async def publish_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         meta = pod["metadata"]

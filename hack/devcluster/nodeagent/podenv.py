@@ -1,8 +1,9 @@
 """A container's environment, resolved the way the kubelet resolves it.
 
 Supports literal values with $(VAR) expansion, fieldRef (the downward API), secretKeyRef,
-configMapKeyRef and envFrom. Anything else is a configuration error reported on the container, as the
-kubelet reports CreateContainerConfigError.
+configMapKeyRef and envFrom, and the variables of the Services in the Pod's namespace
+(service_environment). Anything else is a configuration error reported on the container, as the kubelet
+reports CreateContainerConfigError.
 """
 
 from __future__ import annotations
@@ -120,6 +121,32 @@ async def resolve_env(pod: Pod, container: dict[str, Any], lookup: DataLookup) -
             )
         if value is not None:
             env[name] = value
+    return env
+
+
+def service_environment(services: list[dict[str, Any]]) -> dict[str, str]:
+    """<NAME>_SERVICE_HOST and <NAME>_SERVICE_PORT (and _PORT_<PORT NAME>) of each Service with a selector
+    and a cluster IP, as the kubelet sets them for the Services of a Pod's namespace. There is no kube-proxy
+    here and every Pod shares this machine's network, so they name 127.0.0.1 and the port the backing Pod
+    listens on (targetPort, when a number), where a real node names the cluster IP and the Service's port.
+    The API server's own Service is left out: Pods reach it through their kubeconfig."""
+    env: dict[str, str] = {}
+    for service in services:
+        meta, spec = service.get("metadata", {}), service.get("spec", {})
+        if (meta.get("namespace"), meta.get("name")) == ("default", "kubernetes"):
+            continue
+        if not spec.get("selector") or spec.get("clusterIP") in (None, "", "None"):
+            continue
+        ports = [(p.get("name"), p.get("targetPort", p.get("port"))) for p in spec.get("ports") or []]
+        ports = [(name, target) for name, target in ports if isinstance(target, int)]
+        if not ports:
+            continue
+        prefix = str(meta["name"]).upper().replace("-", "_")
+        env[f"{prefix}_SERVICE_HOST"] = "127.0.0.1"
+        env[f"{prefix}_SERVICE_PORT"] = str(ports[0][1])
+        for name, target in ports:
+            if name:
+                env[f"{prefix}_SERVICE_PORT_{str(name).upper().replace('-', '_')}"] = str(target)
     return env
 
 

@@ -73,6 +73,7 @@ class PodHost(Protocol):
     async def publish_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None: ...
     async def finish_deletion(self, pod: dict[str, Any]) -> None: ...
     async def service_account_kubeconfig(self, pod: dict[str, Any], sandbox: Path) -> Path | None: ...
+    async def service_environment(self, pod: dict[str, Any]) -> dict[str, str]: ...
     async def event(self, pod: dict[str, Any], reason: str, message: str, warning: bool = False) -> None: ...
 
 
@@ -207,6 +208,7 @@ class PodRunner:
         while not self.deleting.is_set():
             try:
                 kubeconfig = await self.host.service_account_kubeconfig(self.pod, self.sandbox)
+                services = await self.host.service_environment(self.pod)
                 break
             except Exception as exc:
                 # Retried like the kubelet, with a backoff: the API server may be restarting, or its node
@@ -219,6 +221,7 @@ class PodRunner:
             return False
         python_bin = str(Path(sys.executable).parent)
         self._base_env = {
+            **services,
             "PATH": os.pathsep.join([python_bin, os.environ.get("PATH", "/usr/bin:/bin")]),
             "HOME": str(self.sandbox),
             "HOSTNAME": self.pod["metadata"]["name"],

@@ -156,6 +156,11 @@ class FailureClass(StrEnum):
     INPUT_EXPIRED = "input_expired"
 
 
+# The failure reason of a state that cannot be read back and verified (a blob or an ancestor missing, a
+# digest that does not match): the Run stops for a person (NeedsReconciliation), never retried on its own.
+STATE_UNVERIFIABLE: Final = "StateUnverifiable"
+
+
 # --- shared models ------------------------------------------------------------------------------------
 
 

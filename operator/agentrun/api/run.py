@@ -17,6 +17,7 @@ from agentrun.api.budgets import (
     RESUME_VALUE_BUDGET,
     RUN_INPUT_BUDGET,
 )
+from agentrun.api.causes import RefusalCause
 from agentrun.api.common import (
     CONDITIONS_SCHEMA,
     MAX_CONDITIONS,
@@ -1022,9 +1023,12 @@ class Run(KubernetesObject):
                 " || (has(self.status.committedBy) && has(self.status.leaseEpoch)"
                 " && self.status.committedBy.cancelEpoch == self.spec.cancelEpoch"
                 " && self.status.committedBy.leaseEpoch == self.status.leaseEpoch)",
-                "status.result can only be written by the current lease holder: status.committedBy must "
-                "have cancelEpoch equal to spec.cancelEpoch and leaseEpoch equal to status.leaseEpoch "
-                "(a result from a cancelled or superseded Attempt is refused)",
+                # Named StaleWorker, like the admission policies' fence refusals: the SDK classifies it.
+                RefusalCause.STALE_WORKER.says(
+                    "status.result can only be written by the current lease holder: status.committedBy "
+                    "must have cancelEpoch equal to spec.cancelEpoch and leaseEpoch equal to "
+                    "status.leaseEpoch (a result from a cancelled or superseded Attempt is refused)"
+                ),
                 reason="FieldValueForbidden",
                 field_path=".status.result",
             ),

@@ -32,7 +32,7 @@ from agentrun.api import (
 from agentrun.core import identity, ledger
 from agentrun.core.controls import Verdict
 
-if TYPE_CHECKING:  # the Run's Builder asks redirect() on every phase write: the type only, no cycle
+if TYPE_CHECKING:  # core.runs (its CompensateFirst row) asks redirect(): the type only, no cycle
     from agentrun.core.runs.world import World
 
 INCOMPLETE: Final = "CompensationIncomplete"

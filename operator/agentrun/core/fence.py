@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from agentrun.api import RejectedCommitReason, Run
+from agentrun.api.causes import RefusalCause
 
 
 def fence_violation(run: Run, lease_epoch: int, cancel_epoch: int) -> RejectedCommitReason | None:
@@ -21,21 +22,11 @@ def fence_violation(run: Run, lease_epoch: int, cancel_epoch: int) -> RejectedCo
 
 # The causes that the admission policies (agentrun.admission) put first in a refusal's message, and what
 # each means for the refused worker: a fence it lost (recorded on its Attempt), or a mistake (permanent).
-REFUSAL_CAUSES: Final = {
-    "StaleAfterCancel": RejectedCommitReason.STALE_AFTER_CANCEL,
-    "StaleWorker": RejectedCommitReason.STALE_WORKER,
-    "NotCurrentAttempt": RejectedCommitReason.STALE_WORKER,
-    "NotOwnRun": None,
-    "NotPodBound": None,
-    "NotWorkerField": None,
-    "NotOperator": None,
-}
+REFUSAL_CAUSES: Final = {cause: cause.fence for cause in RefusalCause}
 
 
-def refusal_cause(message: str) -> tuple[str, RejectedCommitReason | None] | None:
+def refusal_cause(message: str) -> tuple[RefusalCause, RejectedCommitReason | None] | None:
     """(cause, fence lost or None) of a write the API server refused by policy, from its message alone
     (no read needed); None if the message names no cause."""
-    for cause, reason in REFUSAL_CAUSES.items():
-        if f"{cause}:" in message:
-            return cause, reason
-    return None
+    cause = RefusalCause.of(message)
+    return None if cause is None else (cause, cause.fence)

@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from functools import cached_property
@@ -295,12 +295,12 @@ NEXT_STEP: tuple[Callable[[Recorded], Decision | None], ...] = (
 )
 
 
-def next_step(record: SideEffect | None, digest: str, now: datetime | None = None) -> Decision:
+def next_step(record: SideEffect | None, digest: str, now: datetime) -> Decision:
     """What to do about an action, given its record (read before anything is sent): the first rule of
     NEXT_STEP that decides."""
     if record is None:
         return EXECUTE
-    recorded = Recorded(record, digest, now or datetime.now(UTC))
+    recorded = Recorded(record, digest, now)
     return next(d for rule in NEXT_STEP if (d := rule(recorded)) is not None)
 
 

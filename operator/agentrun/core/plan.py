@@ -1,9 +1,14 @@
-"""Intended writes: what the state machine asks the I/O layer to do, in order."""
+"""Intended writes: what the state machine asks the I/O layer to do, in order, and from which view of
+the Run they may be carried out (`Consistency`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
+
+from agentrun.api import FINISHED_ATTEMPT_PHASES
 
 JsonDict = dict[str, Any]
 
@@ -90,6 +95,45 @@ Action = (
 )
 
 
+class Consistency(StrEnum):
+    """From which view of the Run a Plan may be written (the I/O layer's cached view may be behind)."""
+
+    # The cached Run will do: nothing ahead of the Run's preconditioned status patch could be wrong on a
+    # stale view (a stale view ends in a 409 there, before any later write).
+    CACHED_RUN = "CachedRun"
+    # Must be written from a freshly read Run: a write ahead of the Run's status patch (or one with no
+    # status patch to fence it) would be made on a view nobody verified.
+    FRESH_RUN = "FreshRun"
+
+
+def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency:
+    """The consistency writing `actions` in order needs, decided on a Run that shows a commit or not.
+
+    What may come ahead of the Run's status patch on the cached view:
+    - an Attempt status patch that does not end the Attempt (Pending, Running, usage): it records what
+      its Pod shows, true whatever the Run says since; one that ends it only if the Run already shows
+      the commit (a commit is never undone). Ending an Attempt from Pod evidence alone while no commit
+      is seen must not be decided on a stale Run: the commit may have landed.
+    - a Lease created where none existed (a Run's first grant): the create cannot overwrite anything (a
+      Lease already there is a 409), and the holder it names can do nothing until the preconditioned
+      Run patch after it records its epoch. So the Lease write goes first: a grant written the other
+      way round would name in the Run an epoch no Lease holds. If the Run patch loses, the next grant of
+      that Attempt adopts the epoch (core.lease.epoch_for_grant), so no epoch is reused.
+    Anything else ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
+    created, a Pod deleted, an Event, a side-effect record) needs the Run read first.
+    """
+    for action in actions:
+        if isinstance(action, PatchRunStatus):
+            return Consistency.CACHED_RUN
+        if isinstance(action, WriteLease) and action.expected_resource_version is None:
+            continue
+        if not isinstance(action, PatchAttemptStatus):
+            return Consistency.FRESH_RUN
+        if action.patch.get("phase") in FINISHED_ATTEMPT_PHASES and not committed:
+            return Consistency.FRESH_RUN
+    return Consistency.CACHED_RUN
+
+
 @dataclass
 class Plan:
     """Writes to make in order (stop at the first that fails), and when to look at the Run again."""
@@ -100,6 +144,13 @@ class Plan:
     # looks at the Run again then only if the Lease was not renewed meanwhile (else it waits for the new
     # expiry): a healthy worker's renewals cost no reconcile and no read of the Run.
     lease_expires_in: float | None = None
+    # From which view of the Run the writes may be made (consistency_of): stated by core.runs.render;
+    # a Plan that does not state it is written from a freshly read Run.
+    consistency: Consistency = field(default=Consistency.FRESH_RUN, compare=False)
+
+    @property
+    def needs_fresh_run(self) -> bool:
+        return bool(self.actions) and self.consistency == Consistency.FRESH_RUN
 
     def add(self, *actions: Action) -> Plan:
         self.actions.extend(actions)

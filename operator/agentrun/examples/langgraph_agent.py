@@ -9,8 +9,9 @@
       holdAfterTicket: [2]   # for tests and the demo: in these Attempts the tool waits forever once
                              # its ticket is confirmed (so the worker can be killed right there)
 
-Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice. With AGENTRUN_NODE_LOG set,
-every node appends "<attempt> start|end <node>" to that file (the tests count the runs of each node).
+It reaches the example ticket service (examples/tickets.yaml) where tickets.service_url() says. With
+AGENTRUN_NODE_LOG set, every node appends "<attempt> start|end <node>" to that file (the tests count the
+runs of each node).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from agentrun import worker
-from agentrun.examples import tickets
+from agentrun.examples import ticket_ledger, tickets
 from agentrun.integrations.langgraph import run_graph, side_effect
 
 PRIORITY_SCHEMA: dict[str, Any] = {
@@ -91,10 +92,10 @@ def build(hold_in: Sequence[int] = ()) -> StateGraph[TicketState]:
         body = os.environ.get("AGENTRUN_TICKET_BODY", "")
         effect = await side_effect(
             "create_ticket",
-            lambda key: tickets.create(key, title, body),
+            lambda key: ticket_ledger.create(key, title, body),
             call_id=tool_call_id,
             target=tickets.service_url(),
-            lookup=tickets.find_by_key,
+            lookup=ticket_ledger.find_by_key,
             compensation="close_ticket",
             reversible=True,
             unknown_on=(tickets.OutcomeUnknown,),
@@ -150,5 +151,10 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     return state
 
 
+# What a compensation Attempt runs: the close of an opened ticket, and the lookup of a create whose outcome
+# is open (its ledger key is the key the ticket service got).
+LOOKUPS = {"create_ticket": ticket_ledger.find_by_key}
+
+
 if __name__ == "__main__":
-    worker.main(agent)
+    worker.main(agent, compensations=ticket_ledger.COMPENSATIONS, lookups=LOOKUPS)

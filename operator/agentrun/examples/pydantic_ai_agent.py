@@ -10,8 +10,9 @@
       holdInTool: [1]          # for tests: in these Attempts the tool waits forever before it opens the
                                # ticket (the model's response is journaled: the worker can be killed there)
 
-Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice. With AGENTRUN_MODEL_LOG set,
-every call of the model appends "<attempt> <what it answered>" to that file (the tests count them).
+It reaches the example ticket service (examples/tickets.yaml) where tickets.service_url() says. With
+AGENTRUN_MODEL_LOG set, every call of the model appends "<attempt> <what it answered>" to that file (the
+tests count them).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from agentrun import worker
-from agentrun.examples import tickets
+from agentrun.examples import ticket_ledger, tickets
 from agentrun.integrations.pydantic_ai import AgentrunDurability, run_agent, tool_key
 
 
@@ -77,7 +78,7 @@ def build(*, require_approval: bool = False, hold_in: list[int] | None = None) -
         capabilities=[AgentrunDurability()],
     )
     ledger = {
-        "lookup": tickets.find_by_key,
+        "lookup": ticket_ledger.find_by_key,
         "compensation": "close_ticket",
         "reversible": True,
         "unknown_on": (tickets.OutcomeUnknown,),
@@ -89,7 +90,7 @@ def build(*, require_approval: bool = False, hold_in: list[int] | None = None) -
         if _attempt_number() in (hold_in or []):
             await asyncio.Event().wait()  # for tests: killed here, the model's response journaled
         ticket: dict[str, Any] = await asyncio.to_thread(
-            tickets.create, tool_key(), title, os.environ.get("AGENTRUN_TICKET_BODY", "")
+            ticket_ledger.create, tool_key(), title, os.environ.get("AGENTRUN_TICKET_BODY", "")
         )
         return ticket
 
@@ -103,5 +104,10 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     return await run_agent(ctx, built, str(spec.get("title", "untitled")))
 
 
+# What a compensation Attempt runs: the close of an opened ticket, and the lookup of a create whose outcome
+# is open (its ledger key is the key the ticket service got: tool_key()).
+LOOKUPS = {"create_ticket": ticket_ledger.find_by_key}
+
+
 if __name__ == "__main__":
-    worker.main(agent)
+    worker.main(agent, compensations=ticket_ledger.COMPENSATIONS, lookups=LOOKUPS)

@@ -19,9 +19,9 @@
                                      # The ledger is the Run's, the ticket service's keys are global: a
                                      # key given here reaches the service prefixed with the Run
 
-Run it with TICKET_SERVICE_URL pointing at agentrun.examples.ticketservice. Its compensation Attempts (a
-cancel or failure under spec.compensation, or spec.compensateRequest) look open creates up by key and
-close the ticket of every confirmed one, once: `close` compensates, `find_by_key` looks up.
+It reaches the example ticket service (examples/tickets.yaml) where tickets.service_url() says. Its
+compensation Attempts (a cancel or failure under spec.compensation, or spec.compensateRequest) look open
+creates up by key and close the ticket of every confirmed one, once (ticket_ledger.COMPENSATIONS).
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun import worker
-from agentrun.examples import tickets
-from agentrun.worker.identity import Identity, NotInAttemptPod
+from agentrun.examples import ticket_ledger, tickets
 
 PRIORITY_SCHEMA = {
     "type": "object",
@@ -76,14 +75,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     scope = f"{ctx.namespace}.{ctx.run_name}." if spec.get("ticketKey") else ""
 
     def create(key: str) -> Any:
-        try:
-            return tickets.create(scope + key, title, plan["body"])
-        except tickets.RateLimitedError as err:  # nothing was created: the ledger sends again, same key
-            raise worker.RateLimited(str(err), retry_after=err.retry_after) from err
-        except tickets.TicketServiceError as err:
-            if err.status is None or err.status >= 500:  # unreachable or unavailable: nothing was created
-                raise worker.TransientError(str(err)) from err
-            raise
+        return ticket_ledger.create(scope + key, title, plan["body"])
 
     def find(key: str) -> Any:
         found = tickets.find_by_key(scope + key)
@@ -130,45 +122,13 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
     }
 
 
-def service_key(key: str) -> str:
-    """The ticket service's key for a ledger key: the ledger is the Run's, the service's keys are global,
-    so a key not already scoped by the Run (spec.input.ticketKey) reaches the service prefixed with it."""
-    try:
-        me = Identity.from_env()
-    except NotInAttemptPod:  # run in a host's process (the local node's instant mode): keys as given
-        return key
-    scope = f"{me.namespace}.{me.run}."
-    return key if key.startswith(scope) else scope + key
-
-
 def find_ticket(key: str) -> Any:
     """The settling lookup of a create whose outcome is open: the ticket under its key, or None."""
-    return tickets.find_by_key(service_key(key))
+    return tickets.find_by_key(ticket_ledger.service_key(key))
 
 
-def close_ticket(effect: worker.Effect) -> Any:
-    """The compensation of create_ticket; its ledger key reaches the service with the close."""
-    if not effect.reference:
-        raise worker.PermanentError(f"no ticket id recorded for {effect.name}: nothing to close")
-    try:
-        return tickets.close(effect.reference, idempotency_key=service_key(effect.key) + ":close")
-    except tickets.TicketServiceError as err:
-        if err.status is None or err.status >= 500:  # unreachable or unavailable: nothing was closed
-            raise worker.TransientError(str(err)) from err
-        raise
-
-
-def find_close(effect: worker.Effect) -> Any:
-    """Whether the close took effect: the closed ticket, or None while it is open."""
-    assert effect.reference
-    return tickets.find_closed(effect.reference)
-
-
-COMPENSATIONS = {
-    "close_ticket": worker.Compensation(close_ticket, lookup=find_close, unknown_on=(tickets.OutcomeUnknown,))
-}
 LOOKUPS = {"create_ticket": find_ticket}
 
 
 if __name__ == "__main__":
-    worker.main(agent, compensations=COMPENSATIONS, lookups=LOOKUPS)
+    worker.main(agent, compensations=ticket_ledger.COMPENSATIONS, lookups=LOOKUPS)

@@ -1,7 +1,10 @@
 """Client of the example ticket service (agentrun.examples.ticketservice), in the shape the side-effect
 ledger wants: `create` executes, `find_by_key` looks up, `close` compensates.
 
-The service is at $TICKET_SERVICE_URL; each call waits at most $TICKET_SERVICE_TIMEOUT seconds (default 10).
+Where the service is: $TICKET_SERVICE_URL when set; else, in a Pod of a namespace with the Service
+`tickets` (examples/tickets.yaml), the address Kubernetes gives in TICKETS_SERVICE_HOST and
+TICKETS_SERVICE_PORT; else http://tickets:8088, the Service's name (for a Pod created before the Service).
+Each call waits at most $TICKET_SERVICE_TIMEOUT seconds (default 10).
 """
 
 from __future__ import annotations
@@ -83,11 +86,19 @@ def find_closed(ticket_id: str) -> Json | None:
     return ticket if ticket.get("status") == "closed" else None
 
 
+SERVICE_NAME = "tickets"  # the Service of examples/tickets.yaml
+SERVICE_PORT = 8088
+
+
 def service_url() -> str:
-    url = os.environ.get("TICKET_SERVICE_URL")
-    if not url:
-        raise TicketServiceError("TICKET_SERVICE_URL is not set")
-    return url.rstrip("/")
+    if url := os.environ.get("TICKET_SERVICE_URL"):
+        return url.rstrip("/")
+    # the variables the kubelet sets for each Service of the Pod's namespace that existed before the Pod
+    host = os.environ.get(f"{SERVICE_NAME.upper()}_SERVICE_HOST")
+    port = os.environ.get(f"{SERVICE_NAME.upper()}_SERVICE_PORT", str(SERVICE_PORT))
+    if host:
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{SERVICE_NAME}:{SERVICE_PORT}"
 
 
 def _call(

@@ -1,6 +1,7 @@
 """A small HTTP ticket service: the external world of the ticket example, its tests and the demo.
 
     python -m agentrun.examples.ticketservice --port 8088 --state tickets.json
+    (without --state the tickets live in memory: examples/tickets.yaml runs it so, in a Deployment)
 
 POST /tickets (header Idempotency-Key, JSON {title, body}) creates a ticket (201); a repeat with the same key
 and the same content returns the same ticket (200); the same key with other content is refused (422).
@@ -74,12 +75,13 @@ def _now() -> str:
 
 
 class TicketStore:
-    """Tickets and the audit log, saved to one JSON file (atomically) after every change."""
+    """Tickets and the audit log, saved to one JSON file (atomically) after every change; with no file,
+    kept in memory only (gone when the process ends)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
         self._lock = threading.Lock()
-        state: Json = json.loads(path.read_text()) if path.exists() else {}
+        state: Json = json.loads(path.read_text()) if path is not None and path.exists() else {}
         self._next_id: int = state.get("nextId", 1)
         self._tickets: dict[str, Json] = {t["id"]: t for t in state.get("tickets", [])}
         self._by_key: dict[str, str] = {t["idempotencyKey"]: t["id"] for t in self._tickets.values()}
@@ -157,6 +159,8 @@ class TicketStore:
         self._save()
 
     def _save(self) -> None:
+        if self.path is None:
+            return
         state = {"nextId": self._next_id, "tickets": list(self._tickets.values()), "audit": self._audit}
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
@@ -383,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8088)
-    parser.add_argument("--state", type=Path, required=True, help="JSON file holding tickets and audit log")
+    parser.add_argument("--state", type=Path, help="JSON file of the tickets and audit log (default: memory)")
     args = parser.parse_args(argv)
     server = TicketServer((args.host, args.port), TicketStore(args.state))
     print(f"ticket service listening on http://{args.host}:{server.server_port}", flush=True)

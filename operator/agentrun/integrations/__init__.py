@@ -1,1 +1,1 @@
-"""Adapters that make agent frameworks durable on agentrun (optional extras: agentrun[langgraph])."""
+"""Adapters that make agent frameworks durable on agentrun (optional extras: agentrun-k8s[langgraph])."""

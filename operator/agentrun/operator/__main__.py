@@ -7,13 +7,15 @@ import argparse
 import gc
 import logging
 import os
+import random
 
 import kopf
 import uvloop
 
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
-from agentrun.operator.settings import OperatorSettings, own_account
+from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
 
 log = logging.getLogger("agentrun.operator")
 
@@ -27,7 +29,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-async def require_policies(api: KubeApi) -> None:
+async def require_policies(api: KubeApi, clock: Clock) -> None:
     """Exits (code 2, the reason logged) when the admission policies are not installed for this operator."""
     if not policies.required(os.environ):
         log.warning(
@@ -36,17 +38,19 @@ async def require_policies(api: KubeApi) -> None:
         )
         return
     try:
-        await policies.require(api, own_account(), within=policies.wait_seconds(os.environ))
+        await policies.require(api, own_account(), clock, within=policies.wait_seconds(os.environ))
     except policies.PoliciesMissing as missing:
         log.error("%s", missing)
         raise SystemExit(2) from None
 
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
+    clock = SystemClock()  # the operator's one clock: every collaborator is given it
+    config = OperatorSettings.from_env(auto_priority(clock, random.Random()))
     api = KubeApi(threads=2)
     try:
-        await bootstrap.prepare(api, namespaces, OperatorSettings.from_env().peering)
-        await require_policies(api)
+        await bootstrap.prepare(api, namespaces, config.peering, clock)
+        await require_policies(api, clock)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
     freeze_startup_objects()
@@ -59,7 +63,7 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        registry=handlers.registry(namespaces),
+        registry=handlers.registry(namespaces, config, clock),
     )
 
 

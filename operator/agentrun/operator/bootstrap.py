@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
 from agentrun.api import GROUP, VERSION
 from agentrun.api.peering import AGENTRUN_PLURALS, PEERING_GROUP, PEERING_VERSION
+from agentrun.clock import Clock
 from agentrun.kubeapi import ApiError, KubeApi, served_resources
 
 log = logging.getLogger("agentrun.operator")
@@ -27,21 +27,21 @@ LOG_EVERY_SECONDS: Final = 10.0
 
 
 async def wait_until_served(
-    api: KubeApi, group_version: str, plurals: Sequence[str], interval: float = 1.0
+    api: KubeApi, group_version: str, plurals: Sequence[str], clock: Clock, interval: float = 1.0
 ) -> None:
     """Waits (forever, logging every 10 s) until the API server serves every plural of group_version."""
-    last_log = time.monotonic()
+    last_log = clock.monotonic()
     while True:
         missing = set(plurals) - await served_resources(api, group_version)
         if not missing:
             return
-        if time.monotonic() - last_log >= LOG_EVERY_SECONDS:
+        if clock.monotonic() - last_log >= LOG_EVERY_SECONDS:
             log.warning(
                 "waiting for the API server to serve %s %s: are the CRDs installed?",
                 group_version,
                 ", ".join(sorted(missing)),
             )
-            last_log = time.monotonic()
+            last_log = clock.monotonic()
         await asyncio.sleep(interval)
 
 
@@ -72,10 +72,10 @@ async def ensure_peering(api: KubeApi, name: str, namespaces: Sequence[str]) -> 
                 raise
 
 
-async def prepare(api: KubeApi, namespaces: Sequence[str], peering: str | None) -> None:
+async def prepare(api: KubeApi, namespaces: Sequence[str], peering: str | None, clock: Clock) -> None:
     """Everything that must hold before kopf starts (see the module docstring)."""
-    await wait_until_served(api, f"{GROUP}/{VERSION}", AGENTRUN_PLURALS)
+    await wait_until_served(api, f"{GROUP}/{VERSION}", AGENTRUN_PLURALS, clock)
     if peering:
         plural = "kopfpeerings" if namespaces else "clusterkopfpeerings"
-        await wait_until_served(api, f"{PEERING_GROUP}/{PEERING_VERSION}", [plural])
+        await wait_until_served(api, f"{PEERING_GROUP}/{PEERING_VERSION}", [plural], clock)
         await ensure_peering(api, peering, namespaces)

@@ -10,12 +10,12 @@ the Job controller keeps), and the watch event of its own write (same resourceVe
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from agentrun.api import RUN_LABEL
+from agentrun.clock import Clock
 from agentrun.core.lease import Sighting, sight
 from agentrun.core.pods import pod_essentials
 
@@ -68,7 +68,8 @@ def _agent_running(pod: JsonDict) -> bool:
 
 
 class OwnedObjects:
-    def __init__(self, on_put: Observer | None = None) -> None:
+    def __init__(self, clock: Clock, on_put: Observer | None = None) -> None:
+        self.clock = clock  # when a Lease version or a running agent was first seen (monotonic)
         self.on_put = on_put
         self._by_run: dict[str, dict[Key, dict[str, JsonDict]]] = {
             kind: defaultdict(dict) for kind in ("attempts", "checkpoints", "sideeffects", "pods", "leases")
@@ -141,11 +142,11 @@ class OwnedObjects:
         if _newer_or_equal(obj, previous):
             bucket[name] = obj
             if kind == "pods" and _agent_running(obj):
-                self._running_seen.setdefault((key[0], name), time.monotonic())
+                self._running_seen.setdefault((key[0], name), self.clock.monotonic())
             if kind == "leases":
                 lease_key = (key[0], name)
                 rv = obj["metadata"]["resourceVersion"]
-                self._sightings[lease_key] = sight(self._sightings.get(lease_key), rv, time.monotonic())
+                self._sightings[lease_key] = sight(self._sightings.get(lease_key), rv, self.clock.monotonic())
             if self.on_put is not None:
                 self.on_put(kind, previous, obj)
         return key

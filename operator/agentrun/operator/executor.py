@@ -1,22 +1,21 @@
-"""Carries out a Plan through agentrun.kubeapi, in order, stopping at the first write that loses a race."""
+"""Carries out a Plan through agentrun.kubeapi, in order, stopping at the first write that loses a race:
+one handler per action kind, observers (metrics, spans, the phase log) told of every write."""
 
 from __future__ import annotations
 
-import datetime
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from agentrun.api import API_VERSION, RUN_LABEL, FailureClass, Run, Usage, lease_name
+from agentrun.api import API_VERSION, RUN_LABEL, Run, lease_name
 from agentrun.api.names import LEASE_VERSION_ANNOTATION
+from agentrun.clock import Clock
 from agentrun.core import plan as p
-from agentrun.core.failures import failure
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
-from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.run_cache import RunCache
-from agentrun.operator.spans import TRACED_END_PHASES, RunSpans
-from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -47,106 +46,159 @@ def _version(obj: JsonDict | None) -> str | None:
     return None if version is None else str(version)
 
 
-def _now_micro() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+@dataclass(frozen=True)
+class Written:
+    """One action carried out, for the observers (metrics, spans, logs): what the write replaced, as
+    cached, and what the API server answered (None: nothing written, e.g. the object was gone)."""
+
+    action: p.Action
+    before: JsonDict | None = None
+    after: JsonDict | None = None
+    created: bool = False  # a create that made the object (not one that found it made before)
+    changed: bool = False  # it changed an object the operator watches (its watch event is an echo)
+
+
+class Observer(Protocol):
+    def written(self, run: Run, written: Written) -> None: ...
+
+
+@dataclass
+class Executed:
+    """What carrying out a Plan did: whether a watched object changed, and what the writes observed
+    that core decides on (a Pod the API server refused to create: attempt name -> the refusal)."""
+
+    changed: bool = False
+    refused_pods: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Progress:
+    """The state one execution threads through its handlers."""
+
+    run: Run
+    resource_version: str | None
+    attempt_uids: dict[str, str] = field(default_factory=dict)
+    refused_pods: dict[str, str] = field(default_factory=dict)
 
 
 class Executor:
+    """Carries out a Plan's actions in order, one small handler per kind; it decides nothing (what a
+    write answered that matters to the Run goes back to core as an observation), and the observers
+    watch each write instead of being woven through it."""
+
     def __init__(
         self,
         api: KubeApi,
         cache: OwnedObjects,
-        metrics: OperatorMetrics | None = None,
-        spans: RunSpans | None = None,
         *,
+        clock: Clock,
         runs: RunCache | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         self.api = api
         self.cache = cache
+        self.clock = clock
         self.runs = runs
-        self.metrics = metrics or OperatorMetrics(registry=None)
-        self.spans = spans or RunSpans(Tracing("agentrun-operator", env={}))
+        self.observers = tuple(observers)
+        self._handlers: dict[type, Callable[[Any, _Progress], Awaitable[Written]]] = {
+            p.PatchRunStatus: self._patch_run_status,
+            p.WriteLease: self._write_lease,
+            p.CreateAttempt: self._create_attempt,
+            p.PatchAttemptStatus: self._patch_attempt_status,
+            p.PatchSideEffectStatus: self._patch_side_effect_status,
+            p.CreatePod: self._create_pod,
+            p.DeletePod: self._delete_pod,
+            p.DeleteCheckpoint: self._delete_checkpoint,
+            p.RecordEvent: self._event,
+        }
 
-    async def execute(self, plan: p.Plan, run: Run) -> bool:
-        """Carries the plan out; returns whether a write changed an object the operator watches (its
-        watch event is then an echo, dropped: whoever asked decides again on what the writes answered).
-        A write that changed nothing (a patch the object already satisfied) does not count."""
+    async def execute(self, plan: p.Plan, run: Run) -> Executed:
+        """Carries the plan out, stopping at the first write that fails. A write that changed nothing
+        (a patch the object already satisfied) does not count as a change."""
+        progress = _Progress(run, run.metadata.resource_version)
         changed = False
-        ns, name = str(run.metadata.namespace), str(run.metadata.name)
-        resource_version = run.metadata.resource_version
-        attempt_uids: dict[str, str] = {}
         for action in plan.actions:
-            match action:
-                case p.PatchRunStatus(patch=patch):
-                    body = {"metadata": {"resourceVersion": resource_version}, "status": patch}
-                    written = await self._conditional(
-                        self.api.merge_patch(self.api.custom_path("runs", ns, name, "status"), body)
-                    )
-                    changed |= written["metadata"]["resourceVersion"] != resource_version
-                    resource_version = written["metadata"]["resourceVersion"]
-                    if self.runs is not None:
-                        self.runs.put(written)
-                    if "usage" in patch:
-                        self.metrics.usage_added(ns, run.status.usage, Usage.model_validate(patch["usage"]))
-                    if patch.get("phase") in TRACED_END_PHASES:
-                        self.spans.run_ended(run, str(patch["phase"]))
-                    self._log_phase(run, patch)
-                case p.WriteLease():
-                    previous = self._cached_lease(ns, name)
-                    self.cache.put("leases", await self._write_lease(action, run))
-                    self.metrics.lease_written(previous, action)
-                    changed = True
-                case p.CreateAttempt(body=body):
-                    created, new = await self._create_or_get(
-                        self.api.custom_path("attempts", ns), body, run, "Attempt"
-                    )
-                    attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
-                    self.cache.put("attempts", created)
-                    changed = True  # created, or found and cached: news either way
-                    if new:
-                        self.metrics.attempt_started(str(body["spec"]["reason"]))
-                case p.PatchAttemptStatus(name=attempt, patch=patch, expected_resource_version=rv):
-                    path = self.api.custom_path("attempts", ns, attempt, "status")
-                    change: JsonDict = {"status": patch}
-                    if rv is not None:
-                        change["metadata"] = {"resourceVersion": rv}
-                    before = self._cached_attempt(ns, name, attempt)
-                    try:
-                        written = await self.api.merge_patch(path, change)
-                        changed |= _version(written) != _version(before)
-                        self.cache.put("attempts", written)
-                    except ApiError as exc:
-                        if exc.conflict:
-                            # The cache is behind the Attempt (e.g. the SDK recorded a rejected commit):
-                            # take the current one in, then decide again on it.
-                            if current := await self.api.get(self.api.custom_path("attempts", ns, attempt)):
-                                self.cache.put("attempts", current)
-                            raise Superseded(str(exc)) from None
-                        if not exc.not_found:
-                            raise
-                    else:
-                        self.metrics.attempt_status_written(patch)
-                        self.spans.attempt_written(run, self._cached_attempt(ns, name, attempt), patch)
-                case p.PatchSideEffectStatus(name=effect, patch=patch, resource_version=version):
-                    path = self.api.custom_path("sideeffects", ns, effect, "status")
-                    guarded: dict[str, Any] = {"status": patch}
-                    if version:
-                        guarded["metadata"] = {"resourceVersion": version}
-                    written = await self.api.merge_patch(path, guarded)
-                    changed |= _version(written) != _version(
-                        self.cache.get("sideeffects", (ns, name), effect)
-                    )
-                    self.cache.put("sideeffects", written)
-                case p.CreatePod(body=body):
-                    changed |= await self._create_pod(body, run, attempt_uids)
-                case p.DeletePod(name=pod, grace_seconds=grace):
-                    if not await self.api.delete(self.api.core_path("pods", ns, pod), grace):
-                        self._forget("pods", (ns, name), pod)
-                case p.DeleteCheckpoint(name=checkpoint):
-                    await self.api.delete(self.api.custom_path("checkpoints", ns, checkpoint))
-                case p.RecordEvent():
-                    await self._event(action, run)
-        return changed
+            written = await self._handlers[type(action)](action, progress)
+            changed |= written.changed
+            for observer in self.observers:
+                observer.written(run, written)
+        return Executed(changed, progress.refused_pods)
+
+    def _ns(self, run: Run) -> tuple[str, str]:
+        return str(run.metadata.namespace), str(run.metadata.name)
+
+    async def _patch_run_status(self, action: p.PatchRunStatus, progress: _Progress) -> Written:
+        ns, name = self._ns(progress.run)
+        body = {"metadata": {"resourceVersion": progress.resource_version}, "status": action.patch}
+        written = await self._conditional(
+            self.api.merge_patch(self.api.custom_path("runs", ns, name, "status"), body)
+        )
+        changed = written["metadata"]["resourceVersion"] != progress.resource_version
+        progress.resource_version = written["metadata"]["resourceVersion"]
+        if self.runs is not None:
+            self.runs.put(written)
+        return Written(action, after=written, changed=changed)
+
+    async def _write_lease(self, action: p.WriteLease, progress: _Progress) -> Written:
+        ns, name = self._ns(progress.run)
+        previous = self._cached_lease(ns, name)
+        written = await self._lease(action, progress.run)
+        self.cache.put("leases", written)
+        return Written(action, before=previous, after=written, changed=True)
+
+    async def _create_attempt(self, action: p.CreateAttempt, progress: _Progress) -> Written:
+        ns = str(progress.run.metadata.namespace)
+        collection = self.api.custom_path("attempts", ns)
+        created, new = await self._create_or_get(collection, action.body, progress.run, "Attempt")
+        progress.attempt_uids[created["metadata"]["name"]] = created["metadata"]["uid"]
+        self.cache.put("attempts", created)
+        return Written(action, after=created, created=new, changed=True)  # created, or found: news
+
+    async def _patch_attempt_status(self, action: p.PatchAttemptStatus, progress: _Progress) -> Written:
+        ns, name = self._ns(progress.run)
+        path = self.api.custom_path("attempts", ns, action.name, "status")
+        change: JsonDict = {"status": action.patch}
+        if action.expected_resource_version is not None:
+            change["metadata"] = {"resourceVersion": action.expected_resource_version}
+        before = self._cached_attempt(ns, name, action.name)
+        try:
+            written = await self.api.merge_patch(path, change)
+        except ApiError as exc:
+            if exc.conflict:
+                # The cache is behind the Attempt (e.g. the SDK recorded a rejected commit): take the
+                # current one in, then decide again on it.
+                if current := await self.api.get(self.api.custom_path("attempts", ns, action.name)):
+                    self.cache.put("attempts", current)
+                raise Superseded(str(exc)) from None
+            if not exc.not_found:
+                raise
+            return Written(action, before=before)
+        self.cache.put("attempts", written)
+        return Written(action, before=before, after=written, changed=_version(written) != _version(before))
+
+    async def _patch_side_effect_status(
+        self, action: p.PatchSideEffectStatus, progress: _Progress
+    ) -> Written:
+        ns, name = self._ns(progress.run)
+        path = self.api.custom_path("sideeffects", ns, action.name, "status")
+        guarded: dict[str, Any] = {"status": action.patch}
+        if action.resource_version:
+            guarded["metadata"] = {"resourceVersion": action.resource_version}
+        written = await self.api.merge_patch(path, guarded)
+        before = self.cache.get("sideeffects", (ns, name), action.name)
+        self.cache.put("sideeffects", written)
+        return Written(action, before=before, after=written, changed=_version(written) != _version(before))
+
+    async def _delete_pod(self, action: p.DeletePod, progress: _Progress) -> Written:
+        ns, name = self._ns(progress.run)
+        if not await self.api.delete(self.api.core_path("pods", ns, action.name), action.grace_seconds):
+            self._forget("pods", (ns, name), action.name)
+        return Written(action)
+
+    async def _delete_checkpoint(self, action: p.DeleteCheckpoint, progress: _Progress) -> Written:
+        ns = str(progress.run.metadata.namespace)
+        await self.api.delete(self.api.custom_path("checkpoints", ns, action.name))
+        return Written(action)
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:
@@ -189,14 +241,14 @@ class Executor:
         name = lease_name(run)
         return next((o for o in self.cache.of("leases", (ns, run)) if o["metadata"]["name"] == name), None)
 
-    async def _write_lease(self, action: p.WriteLease, run: Run) -> JsonDict:
+    async def _lease(self, action: p.WriteLease, run: Run) -> JsonDict:
         ns, name = str(run.metadata.namespace), lease_name(str(run.metadata.name))
         spec: JsonDict = {
             "holderIdentity": action.holder,
             "leaseDurationSeconds": action.duration_seconds,
             "leaseTransitions": action.epoch,
-            "acquireTime": _now_micro(),
-            "renewTime": _now_micro(),
+            "acquireTime": self._now_micro(),
+            "renewTime": self._now_micro(),
         }
         if action.expected_resource_version is None:
             owner = {
@@ -231,13 +283,15 @@ class Executor:
         patch = {"metadata": {"resourceVersion": action.expected_resource_version}, "spec": spec}
         return await self._conditional(self.api.merge_patch(self.api.lease_path(ns, name), patch))
 
-    async def _create_pod(self, body: JsonDict, run: Run, attempt_uids: dict[str, str]) -> bool:
-        """Creates the attempt Pod; returns whether that changed a watched object (the Pod, or the
-        Attempt failed for a Pod that cannot exist)."""
+    async def _create_pod(self, action: p.CreatePod, progress: _Progress) -> Written:
+        """Creates the attempt Pod. A Pod the API server refuses as invalid (400, 422: e.g. a bad
+        podTemplate) cannot exist, and retrying cannot help: the refusal goes back to core, which
+        decides what becomes of the Attempt."""
+        run, body = progress.run, action.body
         ns, attempt = str(run.metadata.namespace), body["metadata"]["name"]
         for ref in body["metadata"]["ownerReferences"]:
             if ref["kind"] == "Attempt" and not ref.get("uid"):
-                uid = attempt_uids.get(attempt)
+                uid = progress.attempt_uids.get(attempt)
                 if uid is None:
                     current = await self.api.get(self.api.custom_path("attempts", ns, attempt))
                     if current is None:
@@ -249,44 +303,25 @@ class Executor:
             # The SDK's first renewal is preconditioned on it, without reading the Lease first.
             body["metadata"]["annotations"][LEASE_VERSION_ANNOTATION] = lease["metadata"]["resourceVersion"]
         try:
-            self.cache.put("pods", await self.api.create(self.api.core_path("pods", ns), body))
+            created = await self.api.create(self.api.core_path("pods", ns), body)
         except ApiError as exc:
             if exc.conflict:
                 existing = await self.api.get(self.api.core_path("pods", ns, attempt))
                 if existing is not None:
                     self.cache.put("pods", _ours(existing, run, "Pod"))
-                return existing is not None
+                return Written(action, after=existing, changed=existing is not None)
             if exc.status in (400, 422):
-                # The Pod the Run describes cannot exist (e.g. a bad podTemplate): retrying cannot help.
-                bad = failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {exc.message}")
-                path = self.api.custom_path("attempts", ns, attempt, "status")
-                patch = {
-                    "status": {
-                        "phase": "Failed",
-                        "completionTime": _now_micro()[:19] + "Z",
-                        "failure": bad.to_api(),
-                    }
-                }
-                self.cache.put("attempts", await self.api.merge_patch(path, patch))
-                self.metrics.attempt_status_written(patch["status"])
-                return True
+                progress.refused_pods[attempt] = exc.message
+                return Written(action)
             raise
-        return True
+        self.cache.put("pods", created)
+        return Written(action, after=created, created=True, changed=True)
 
-    @staticmethod
-    def _log_phase(run: Run, patch: JsonDict) -> None:
-        """Every phase change goes to the log, also those no Event is recorded for (a first grant, a
-        success): the log tells a Run's story at no request's cost."""
-        before = run.status.phase.value if run.status.phase else None
-        after = patch.get("phase")
-        if after is None or after == before:
-            return
-        ns, name = run.metadata.namespace, run.metadata.name
-        fields = {"namespace": str(ns), "run": str(name)}
-        message = patch.get("message") or ""
-        log.info("run %s/%s %s -> %s: %s", ns, name, before or "(new)", after, message, extra=fields)
+    def _now_micro(self) -> str:
+        return self.clock.now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-    async def _event(self, action: p.RecordEvent, run: Run) -> None:
+    async def _event(self, action: p.RecordEvent, progress: _Progress) -> Written:
+        run = progress.run
         ns = str(run.metadata.namespace)
         regarding: JsonDict = {
             "apiVersion": API_VERSION,
@@ -313,7 +348,7 @@ class Executor:
                 regarding["uid"] = attempt["metadata"]["uid"]
         else:
             regarding["uid"] = run.metadata.uid
-        now = _now_micro()
+        now = self._now_micro()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -338,3 +373,21 @@ class Executor:
             await self.api.create(self.api.core_path("events", ns), body)
         except ApiError as exc:  # an Event is worth a log line, never a failed reconcile
             log.warning("event %s not recorded: %s", action.reason, exc, extra=fields)
+        return Written(action)
+
+
+class PhaseLog:
+    """Every phase change goes to the log, also those no Event is recorded for (a first grant, a
+    success): the log tells a Run's story at no request's cost."""
+
+    def written(self, run: Run, written: Written) -> None:
+        if not isinstance(written.action, p.PatchRunStatus):
+            return
+        before = run.status.phase.value if run.status.phase else None
+        after = written.action.patch.get("phase")
+        if after is None or after == before:
+            return
+        ns, name = run.metadata.namespace, run.metadata.name
+        fields = {"namespace": str(ns), "run": str(name)}
+        message = written.action.patch.get("message") or ""
+        log.info("run %s/%s %s -> %s: %s", ns, name, before or "(new)", after, message, extra=fields)

@@ -10,7 +10,9 @@ from typing import Any
 import kopf
 
 from agentrun.api import GROUP, VERSION
+from agentrun.clock import Clock
 from agentrun.kubeapi import KubeApi
+from agentrun.operator.metrics import OperatorMetrics, new_registry
 from agentrun.operator.runtime import Runtime
 from agentrun.operator.settings import OperatorSettings, apply_settings, own_account
 from agentrun.tracing import Tracing
@@ -18,15 +20,15 @@ from agentrun.tracing import Tracing
 log = logging.getLogger("agentrun.operator")
 
 
-def registry(namespaces: Sequence[str]) -> kopf.OperatorRegistry:
-    """The handlers of an operator watching `namespaces` (none: the whole cluster)."""
+def registry(namespaces: Sequence[str], config: OperatorSettings, clock: Clock) -> kopf.OperatorRegistry:
+    """The handlers of an operator watching `namespaces` (none: the whole cluster), configured by
+    `config`, on `clock`: the one clock of the operator, given to every collaborator."""
     handlers = kopf.OperatorRegistry()
     # kopf's default registry logs in through the kubernetes client by itself; ours says so.
     kopf.on.login(registry=handlers)(kopf.login_via_client)
 
     @kopf.on.startup(registry=handlers)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-        config = OperatorSettings.from_env()
         apply_settings(settings, config)
         runtime = Runtime(
             KubeApi(api_values_only=True),  # its bodies are made of what the API server sent
@@ -34,6 +36,8 @@ def registry(namespaces: Sequence[str]) -> kopf.OperatorRegistry:
             namespaces,
             operator_account=own_account(),
             tracing=Tracing("agentrun-operator"),  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
+            operator_metrics=OperatorMetrics(new_registry()),
+            clock=clock,
         )
         runtime.start()
         memo.runtime = runtime

@@ -15,15 +15,17 @@ import logging
 import os
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
-    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
@@ -39,7 +41,11 @@ from agentrun.api import (
     Usage,
 )
 from agentrun.api.usage import MICRO
-from agentrun.core.plan import PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+
+if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
+    from agentrun.api import Run
+    from agentrun.operator.executor import Written
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -174,7 +180,8 @@ class _StateCollector(Collector):
 class OperatorMetrics:
     """The operator's metrics, registered in `registry` (None: not registered, e.g. in tests)."""
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry
         self.run_phases: dict[Key, str] = {}
         self.side_effects: Callable[[], list[JsonDict]] = list
         self.attempts_started = Counter(
@@ -294,6 +301,19 @@ class OperatorMetrics:
         if kind := lease_takeover_kind(previous, action):
             self.lease_takeovers.labels(kind).inc()
 
+    def written(self, run: Run, written: Written) -> None:
+        """An observer of the executor: what a write means for the counters."""
+        match written.action:
+            case PatchRunStatus(patch=patch) if "usage" in patch:
+                before = run.status.usage
+                self.usage_added(str(run.metadata.namespace), before, Usage.model_validate(patch["usage"]))
+            case WriteLease():
+                self.lease_written(written.before, written.action)
+            case CreateAttempt(body=body) if written.created:
+                self.attempt_started(str(body["spec"]["reason"]))
+            case PatchAttemptStatus(patch=patch) if written.after is not None:
+                self.attempt_status_written(patch)
+
     def cached(self, kind: str, previous: JsonDict | None, obj: JsonDict) -> None:
         """The cache took in obj (replacing previous): an Attempt first seen with a rejected commit."""
         if kind != "attempts" or rejected_commit_reason(previous) is not None:
@@ -302,17 +322,27 @@ class OperatorMetrics:
             self.rejected_commits.labels(reason).inc()
 
 
-def serve(port: int, address: str | None = None) -> WSGIServer | None:
-    """Serves the default registry on address:port (0: not at all; address: $AGENTRUN_METRICS_ADDRESS,
-    else 0.0.0.0; the chart sets the Pod's IP on a local cluster whose Pods share the host's network). A
-    port already taken is logged, not fatal: the operator's work matters more than its metrics. Returns
-    the server (to shut it down)."""
-    if port == 0:
+def new_registry() -> CollectorRegistry:
+    """A registry for one operator runtime, with what prometheus_client's default one holds (the
+    process, the platform, the garbage collector)."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def serve(port: int, registry: CollectorRegistry | None, address: str | None = None) -> WSGIServer | None:
+    """Serves `registry` on address:port (0, or no registry: not at all; address:
+    $AGENTRUN_METRICS_ADDRESS, else 0.0.0.0; the chart sets the Pod's IP on a local cluster whose Pods
+    share the host's network). A port already taken is logged, not fatal: the operator's work matters
+    more than its metrics. Returns the server (to shut it down)."""
+    if port == 0 or registry is None:
         log.info("metrics are off (AGENTRUN_METRICS_PORT=0)")
         return None
     address = address or os.environ.get("AGENTRUN_METRICS_ADDRESS") or "0.0.0.0"
     try:
-        server, _ = start_http_server(port, addr=address)
+        server, _ = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
         log.error("metrics not served: cannot listen on %s:%d: %s", address, port, exc)
         return None
@@ -322,4 +352,3 @@ def serve(port: int, address: str | None = None) -> WSGIServer | None:
 
 # The *_created series (one per labelled counter) would double the output for little use.
 disable_created_metrics()  # type: ignore[no-untyped-call]
-METRICS: Final = OperatorMetrics()

@@ -13,12 +13,13 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from datetime import datetime
+from typing import Any, Final
 
 import aiohttp
 
 from agentrun.api import API_VERSION, NOTIFY_PROMPT_LABEL, Run, RunPhase
+from agentrun.clock import Clock
 from agentrun.core import notifications
 from agentrun.core.notifications import Notice
 from agentrun.kubeapi import ApiError, KubeApi
@@ -35,20 +36,6 @@ QUEUE_LIMIT: Final = 10_000
 KNOWN_LIMIT: Final = 100_000  # ids remembered as queued or sent (the oldest are forgotten first)
 POST_TIMEOUT_SECONDS: Final = 10.0
 LABELS_SECONDS: Final = 60.0  # how long a namespace's labels are trusted before they are read again
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 # POST url, headers, body -> HTTP status (raises on a connection error or a timeout).

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from agentrun.admission import POLICY_GROUP, policy_names, service_account_user
+from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.kubeapi import ApiError, KubeApi
 
@@ -109,13 +109,15 @@ async def verdict(api: KubeApi, account: Account | None) -> str | None:
     return None
 
 
-async def require(api: KubeApi, account: Account | None, within: float = 30.0, interval: float = 1.0) -> None:
+async def require(
+    api: KubeApi, account: Account | None, clock: Clock, within: float = 30.0, interval: float = 1.0
+) -> None:
     """Raises PoliciesMissing unless every policy of agentrun.admission is installed, bound and names
     this operator, within `within` seconds: a Helm install creates the Deployment before the policies
     (Helm applies kinds it does not know last), so they may appear just after the operator starts."""
-    deadline = time.monotonic() + within
+    deadline = clock.monotonic() + within
     while (problem := await verdict(api, account)) is not None:
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             raise PoliciesMissing(problem)
         await asyncio.sleep(interval)
     log.info("the %d admission policies are installed and bound", len(policy_names()))

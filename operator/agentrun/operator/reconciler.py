@@ -1,117 +1,76 @@
 """Reconciling one Run: take it and what it owns from the cache, decide, write.
 
-Which view of the Run a decision may be carried out from (the rule, tested in
-tests/unit/test_operator_runtime.py): the cached Run (the last watch event or our own write's response)
-may be behind the API server, e.g. the worker's commit may have landed since. The writes of a plan are
-carried out from the cached Run, unread, only while they come before nothing that view could get wrong:
-
-- the Run's status patch is preconditioned on the resourceVersion the decision saw: a stale view ends in
-  a 409 there, before any later write, and the Run is read again for the next decision. A plan led by
-  it is carried out as it is.
-- an Attempt status patch that does not end the Attempt (Pending, Running, usage) records what its Pod
-  shows, true whatever the Run says since; one that ends it is trusted only if the cached Run already
-  shows the commit (a commit is never undone). Ending an Attempt from Pod evidence alone (an exit code,
-  the Pod gone) while no commit is seen must not be decided on a stale Run: the commit may have landed.
-
-- a Lease created where none existed (a Run's first grant) ahead of the Run's status patch: the create
-  cannot overwrite anything (a Lease already there is a 409), and the holder it names can do nothing
-  until the preconditioned Run patch after it records its epoch and the Attempt and Pod are created
-  (only the Pod named after the holder may renew; no such Pod exists before). If that patch loses to
-  a newer Run, the Lease is left naming an Attempt nobody started: the next grant of that Attempt adopts
-  its epoch (core.lease.epoch_for_grant), any other takes the next epoch, so no epoch is reused, and a
-  Run that ends instead leaves the Lease to go with it (it is owned by the Run).
-
-Any other write ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
-created, a Pod deleted, an Event, a side-effect record) would be written from a view nobody verified:
-the Run is read first, and if it moved, decided again on what was read. A Run with no cached view, or
-one whose write just lost a race, is read too.
+The cached Run (the last watch event or our own write's response) may be behind the API server, e.g. the
+worker's commit may have landed since. Each Plan states from which view it may be written
+(core.plan.Consistency, decided in core): one that needs a freshly read Run is written only after the
+Run was read, and if the Run moved, decided again on what was read. A Run with no cached view, or one
+whose write just lost a race, is read too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import time
-from typing import Any, Final
+from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, lease_name
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect
+from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
-from agentrun.core.lease import LeaseView, lease_view, seconds_until_expiry
-from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
+from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
-from agentrun.tracing import Tracing, now
+from agentrun.tracing import now
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
-LEASE_CHECK_SLACK: Final = 0.05
 
 
 def _fields(key: Key) -> dict[str, str]:
     return {"namespace": key[0], "run": key[1]}
 
 
-def trusts_cached_run(plan: Plan, run: Run) -> bool:
-    """Whether the plan may be carried out from `run`, the cached view, unread (the module docstring)."""
-    for action in plan.actions:
-        if isinstance(action, PatchRunStatus):
-            return True
-        if isinstance(action, WriteLease) and action.expected_resource_version is None:
-            continue  # a first Lease, created: harmless from a stale view (the module docstring)
-        if not isinstance(action, PatchAttemptStatus):
-            return False
-        ends = action.patch.get("phase") in FINISHED_ATTEMPT_PHASES
-        if ends and run.status.committed_by is None:
-            return False
-    return True
-
-
 class Reconciler:
+    """Takes Run keys from the queue, decides on what the caches hold, has the executor write. Its
+    collaborators are built by the runtime, all on one Clock."""
+
     def __init__(
         self,
         api: KubeApi,
-        cache: OwnedObjects,
-        workers: int = 8,
-        metrics: OperatorMetrics | None = None,
         *,
-        runs: RunCache | None = None,
-        accounts: AgentAccounts | None = None,
-        operator_account: Account | None = None,
-        tracing: Tracing | None = None,
+        cache: OwnedObjects,
+        runs: RunCache,
+        accounts: AgentAccounts,
+        queue: WorkQueue[Key],
+        executor: Executor,
+        leases: LeaseExpiry,
+        metrics: OperatorMetrics,
+        spans: RunSpans,
+        clock: Clock,
+        operator_account: Account | None,
+        workers: int,
     ) -> None:
         self.api = api
-        self.cache = cache
-        # `is None`, not `or`: an empty cache is falsy (it has a length), and a fresh one in its place
-        # would never be filled (the informers fill the one they were given).
-        self.runs = RunCache() if runs is None else runs
-        self.accounts = AgentAccounts() if accounts is None else accounts
+        self.cache, self.runs, self.accounts = cache, runs, accounts
+        self.queue, self.executor, self.leases = queue, executor, leases
+        self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
-        self.queue: WorkQueue[Key] = WorkQueue(lease_due=self._lease_due)
-        self.metrics = metrics or OperatorMetrics(registry=None)
-        self.executor = Executor(
-            api,
-            cache,
-            self.metrics,
-            RunSpans(tracing or Tracing("agentrun-operator", {})),
-            runs=self.runs,
-        )
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
-        # The uid and spec.lease.durationSeconds of each Run, as last decided on: the lease check between
-        # reconciles reads no Run, and never the Lease's own leaseDurationSeconds (its holder may write it).
-        self._leases: dict[Key, tuple[str, int]] = {}
+        # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
+        # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
+        self._refused_pods: dict[Key, dict[str, str]] = {}
 
     # ---- what feeds the queue -------------------------------------------------------------------
 
@@ -134,9 +93,10 @@ class Reconciler:
         self.runs.remove(key)
         self.queue.forget(key)
         self.metrics.forget_run(key)
-        self._leases.pop(key, None)
+        self.leases.forget(key)
         self._stale.discard(key)
         self._refused.pop(key, None)
+        self._refused_pods.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
 
@@ -146,10 +106,10 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
-            started = time.perf_counter()
+            started = self.clock.monotonic()
             with logs.bound(namespace=key[0], run=key[1]):
                 outcome = await self._process(key)
-            self.metrics.reconciled(outcome, time.perf_counter() - started)
+            self.metrics.reconciled(outcome, self.clock.monotonic() - started)
             self.queue.done(key)
 
     async def _process(self, key: Key) -> str:
@@ -205,7 +165,7 @@ class Reconciler:
         if run is None:
             return
         plan = decide(await self._world(key, run))
-        if cached is not None and not trusts_cached_run(plan, run):
+        if cached is not None and plan.needs_fresh_run:
             current = await self._read(key)
             if current is None:
                 return
@@ -234,38 +194,47 @@ class Reconciler:
 
     async def _execute(self, plan: Plan, run: Run) -> bool:
         """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
-        Returns whether it changed an object the operator watches."""
+        Returns whether it changed an object the operator watches, or observed what core decides on
+        (a refused Pod): either way the Run is decided again."""
         started, error = now(), None
         try:
-            return await self.executor.execute(plan, run)
+            executed = await self.executor.execute(plan, run)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self.executor.spans.decided(run, plan, started, error)
+            self.spans.decided(run, plan, started, error)
+        if executed.refused_pods:
+            key = (str(run.metadata.namespace), str(run.metadata.name))
+            self._refused_pods.setdefault(key, {}).update(executed.refused_pods)
+        return executed.changed or bool(executed.refused_pods)
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
         a Run of the same name that was deleted) is not the Run's, and never adopted."""
         uid = str(run.metadata.uid)
         self.metrics.run_seen(key, run.status.phase)
-        self._leases[key] = (uid, run.spec.lease.duration_seconds)
+        self.leases.remember(key, uid, run.spec.lease.duration_seconds)
         attempts = {
             a.spec.number: a
             for a in (Attempt.model_validate(o) for o in self._owned("attempts", key, uid, controller=True))
         }
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
-        lease = self._cached_lease(key)
+        lease = self.leases.lease(key)
+        refused = self._refused_pods.get(key, {})
+        for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
+            refused.pop(str(ended.metadata.name), None)
         return World(
             run=run,
             attempts=attempts,
             pods=pods,
             lease=lease,
-            now=datetime.datetime.now(datetime.UTC),
-            lease_expires_in=self._lease_expires_in(key, lease),
+            now=self.clock.now(),
+            lease_expires_in=self.leases.expires_in(key, lease),
             side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
             checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
             account_refusal=await self._account_refusal(run) if may_start_pods(run) else None,
+            refused_pods=dict(refused),
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:
@@ -281,33 +250,3 @@ class Reconciler:
             if found is not None:
                 labels = dict((found.get("metadata") or {}).get("labels") or {})
         return account_refusal(account, labels, self.operator_account)
-
-    # ---- the Lease's expiry, looked at without reading the Run ---------------------------------------
-
-    def _cached_lease(self, key: Key) -> LeaseView | None:
-        name, (uid, _) = lease_name(key[1]), self._leases.get(key, ("", 0))
-        lease = next(
-            (
-                o
-                for o in self.cache.of("leases", key)
-                if o["metadata"]["name"] == name and owned_by(o, uid, controller=True)
-            ),
-            None,
-        )
-        return lease_view(lease) if lease else None
-
-    def _lease_expires_in(self, key: Key, lease: LeaseView | None) -> float | None:
-        if lease is None or key not in self._leases:
-            return None
-        duration = self._leases[key][1]
-        sighting = self.cache.sighting(key[0], lease_name(key[1]))
-        started = self.cache.running_seen(key[0], lease.holder) if lease.holder else None
-        return seconds_until_expiry(sighting, duration, time.monotonic(), started)
-
-    def _lease_due(self, key: Key) -> float | None:
-        """The holder's Lease was due to expire. Renewed since (as a healthy worker does every
-        renewSeconds): the seconds until the new expiry, no reconcile. Otherwise None: the Run is
-        decided again, which judges the expiry. A change of holder or epoch queues the Run through its
-        watch event anyway."""
-        left = self._lease_expires_in(key, self._cached_lease(key))
-        return left + LEASE_CHECK_SLACK if left is not None and left > 0 else None

@@ -1,25 +1,30 @@
-"""The operator's one object graph, built at start-up: the API client, the caches, the informers that
-fill them, the work queue, the reconciler and its executor, metrics and tracing. kopf delivers the Run
-events (and keeps the peering); everything else is here, with nothing held at module level."""
+"""The operator's one object graph, built at start-up on one Clock: the API client, the caches, the
+informers that fill them, the lease expiry, the work queue, the executor and its observers, the
+reconciler, metrics and tracing. kopf delivers the Run events (and keeps the peering); everything else is
+here, with nothing held at module level and nothing built behind a default."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
-from agentrun.operator.cache import AgentAccounts, OwnedObjects
+from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.executor import Executor, PhaseLog
+from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
-from agentrun.operator.notifier import Notifier, SystemClock, namespace_labels, refusal_event
+from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
+from agentrun.operator.spans import RunSpans
+from agentrun.operator.workqueue import WorkQueue
 from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
@@ -27,30 +32,43 @@ JsonDict = dict[str, Any]
 
 
 class Runtime:
+    """Builds every collaborator once, at start-up, on one Clock: nothing is made behind a default."""
+
     def __init__(
         self,
         api: KubeApi,
         config: OperatorSettings,
         namespaces: Sequence[str] = (),
         *,
-        operator_account: Account | None = None,
-        tracing: Tracing | None = None,
-        operator_metrics: metrics.OperatorMetrics = metrics.METRICS,
+        operator_account: Account | None,
+        tracing: Tracing,
+        operator_metrics: metrics.OperatorMetrics,
+        clock: Clock,
     ) -> None:
-        self.api, self.config = api, config
-        self.tracing = tracing or Tracing("agentrun-operator", {})
-        self.cache = OwnedObjects(on_put=operator_metrics.cached)
+        self.api, self.config, self.clock, self.tracing = api, config, clock, tracing
+        self.metrics = operator_metrics
+        self.cache = OwnedObjects(clock, on_put=operator_metrics.cached)
         self.runs = RunCache()
         self.accounts = AgentAccounts()
+        self.leases = LeaseExpiry(self.cache, clock)
+        self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
+        self.spans = RunSpans(tracing)
+        self.executor = Executor(
+            api, self.cache, clock=clock, runs=self.runs, observers=(operator_metrics, self.spans, PhaseLog())
+        )
         self.reconciler = Reconciler(
             api,
-            self.cache,
-            workers=config.workers,
-            metrics=operator_metrics,
+            cache=self.cache,
             runs=self.runs,
             accounts=self.accounts,
+            queue=self.queue,
+            executor=self.executor,
+            leases=self.leases,
+            metrics=operator_metrics,
+            spans=self.spans,
+            clock=clock,
             operator_account=operator_account,
-            tracing=self.tracing,
+            workers=config.workers,
         )
         self.informers = Informers(
             api,
@@ -60,7 +78,6 @@ class Runtime:
             wake=self.reconciler.wake,
             timeout_seconds=config.watch_timeout_seconds,
         )
-        clock = SystemClock()
         self.notifier = Notifier(
             config,
             clock=clock,
@@ -75,12 +92,12 @@ class Runtime:
         self.informers.start()
         self.notifier.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
-        self._metrics_server = metrics.serve(self.config.metrics_port)
+        self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
 
     async def _reconcile_when_synced(self) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         await self.informers.synced.wait()
-        log.info("caches synced in %.1fs: %s", time.monotonic() - started, self.cache.size())
+        log.info("caches synced in %.1fs: %s", self.clock.monotonic() - started, self.cache.size())
         await self.reconciler.run()
 
     def run_event(self, event: JsonDict) -> None:
@@ -96,6 +113,7 @@ class Runtime:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
+        self.queue.stop()
         await self.informers.stop()
         await self.notifier.stop()
         if self._metrics_server:

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import random
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.pods import StateStorePodEnv
 
@@ -73,7 +73,9 @@ class OperatorSettings:
             raise ValueError("event_worker_idle_seconds must be above 0 (see its comment)")
 
     @classmethod
-    def from_env(cls) -> OperatorSettings:
+    def from_env(cls, auto_priority: int) -> OperatorSettings:
+        """The settings the environment gives; `auto_priority` is the priority AGENTRUN_PRIORITY=auto
+        stands for (settings.auto_priority, computed once at start-up)."""
         env = os.environ.get
         return cls(
             workers=int(env("AGENTRUN_WORKERS", cls.workers)),
@@ -84,7 +86,7 @@ class OperatorSettings:
             watch_timeout_seconds=int(env("AGENTRUN_WATCH_TIMEOUT_SECONDS", cls.watch_timeout_seconds)),
             list_chunk_size=int(env("AGENTRUN_LIST_CHUNK_SIZE", cls.list_chunk_size)),
             peering=env("AGENTRUN_PEERING") or None,
-            priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority))),
+            priority=_priority(env("AGENTRUN_PRIORITY", str(cls.priority)), auto_priority),
             peering_lifetime=int(env("AGENTRUN_PEERING_LIFETIME", cls.peering_lifetime)),
             metrics_port=int(env("AGENTRUN_METRICS_PORT", cls.metrics_port)),
             notify_sinks=tuple(_sinks(env("AGENTRUN_NOTIFY_SINKS", ""))),
@@ -96,12 +98,15 @@ class OperatorSettings:
         )
 
 
-# kopf pauses every replica that sees a live peer of the same priority, so the replicas of one Deployment
-# (which share their environment) need distinct priorities: AGENTRUN_PRIORITY=auto derives one from this
-# process's start time, so the longest-running replica stays active and newer ones stand by. The values
-# are negative: a replica started with an explicit priority (0 and up) always takes precedence.
-# (Milliseconds with a random tie-breaker: distinct, and exact as a JSON number in any client.)
-_AUTO_PRIORITY = -(time.time_ns() // 1_000_000 * 1000 + random.randrange(1000))
+def auto_priority(clock: Clock, chance: random.Random) -> int:
+    """kopf pauses every replica that sees a live peer of the same priority, so the replicas of one
+    Deployment (which share their environment) need distinct priorities: AGENTRUN_PRIORITY=auto derives
+    one from this process's start time (`clock` read once, at start-up), so the longest-running replica
+    stays active and newer ones stand by. The values are negative: a replica started with an explicit
+    priority (0 and up) always takes precedence. (Milliseconds with a random tie-breaker: distinct, and
+    exact as a JSON number in any client.)"""
+    milliseconds = int(clock.now().timestamp() * 1000)
+    return -(milliseconds * 1000 + chance.randrange(1000))
 
 
 def _sinks(value: str) -> list[str]:
@@ -131,8 +136,8 @@ def _store_url(value: str) -> str | None:
     return value
 
 
-def _priority(value: str) -> int:
-    return _AUTO_PRIORITY if value.strip().lower() == "auto" else int(value)
+def _priority(value: str, auto: int) -> int:
+    return auto if value.strip().lower() == "auto" else int(value)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agentrun.api import RunPhase
 from agentrun.api.common import KubernetesObject
-from agentrun.core.plan import PatchRunStatus, Plan
+from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan
 from agentrun.core.traces import RunTrace, run_trace
 from agentrun.operator.metrics import finished_attempt_labels
 from agentrun.tracing import Tracing, now
+
+if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
+    from agentrun.api import Run
+    from agentrun.operator.executor import Written
 
 JsonDict = dict[str, Any]
 TRACED_END_PHASES: Final = frozenset(
@@ -89,6 +93,14 @@ class RunSpans:
             if phase != "Succeeded" and failure_class != "none"
             else None,
         )
+
+    def written(self, run: Run, written: Written) -> None:
+        """An observer of the executor: a Run that ended, an Attempt that ended, as spans."""
+        match written.action:
+            case PatchRunStatus(patch=patch) if patch.get("phase") in TRACED_END_PHASES:
+                self.run_ended(run, str(patch["phase"]))
+            case PatchAttemptStatus(patch=patch) if written.after is not None:
+                self.attempt_written(run, written.after, patch)
 
     def decided(self, run: KubernetesObject, plan: Plan, start: float, error: str | None) -> None:
         """A reconcile that wrote something: what it decided, as a child of the Run's span."""

@@ -1,31 +1,12 @@
 """The worker's one clock: every time the SDK reads (record times, lease and hold deadlines) comes from
-the Clock its Session is built with, so that a test can pass a fake one and move it."""
+the Clock its Session is built with, so that a test can pass a fake one and move it. The Clock is the
+one every program is given (agentrun.clock: the operator's too)."""
 
 from __future__ import annotations
 
-import datetime
-import time
-from typing import Protocol
+from agentrun.clock import Clock, SystemClock
 
-
-class Clock(Protocol):
-    def now(self) -> datetime.datetime:
-        """The wall time, in UTC: what records written for people carry."""
-        ...
-
-    def monotonic(self) -> float:
-        """Seconds that only grow, for deadlines and intervals (never compared across processes)."""
-        ...
-
-
-class SystemClock:
-    """The machine's clocks."""
-
-    def now(self) -> datetime.datetime:
-        return datetime.datetime.now(datetime.UTC)
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+__all__ = ["Clock", "SystemClock", "timestamp"]
 
 
 def timestamp(clock: Clock, micro: bool = False) -> str:

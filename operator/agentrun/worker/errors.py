@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrun.api import FailureClass
+from agentrun.api import STATE_UNVERIFIABLE, FailureClass
 from agentrun.statestore import errors as store_errors
 
 
@@ -41,7 +41,7 @@ class StateUnverifiable(PermanentError, store_errors.StateUnverifiable):
     The one class the SDK raises: it is also the state store's StateUnverifiable, so code that catches
     the store's error catches this one too. `key` names the blob (or the checkpoint) that failed."""
 
-    reason = "StateUnverifiable"
+    reason = STATE_UNVERIFIABLE
 
     def __init__(self, message: str, *, key: str = "", missing: bool = False) -> None:
         Exception.__init__(self, message)

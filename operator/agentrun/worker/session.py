@@ -18,6 +18,7 @@ from typing import Any
 from agentrun import kubewatch
 from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, CheckpointKind, Run, Usage, lease_name
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
+from agentrun.api.causes import RefusalCause
 from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
@@ -171,10 +172,8 @@ class Session:
                 if exc.conflict:  # the Run changed in between: check again on the newer one
                     run = await self.newer_run(run) if conflicts == 0 else await self.read_run()
                     continue
-                if exc.status == 422 and "committedBy" in exc.message:
-                    # the API server's own fence (CEL) refused it: the epochs moved under us
-                    await self.record_rejection("stale_worker", exc.message)
-                    raise FenceRejected("stale_worker", exc.message) from None
+                # A fence the API server holds (the admission policies, the CRD's own rule on
+                # committedBy) names its cause: the epochs moved under us.
                 await self.raise_refusal(exc, what)
                 raise
             self.run = Run.model_validate(written)
@@ -416,7 +415,7 @@ class Session:
                 if exc.conflict:
                     self._lease_rv = None  # re-read: maybe ours, maybe taken over
                     continue
-                if exc.status == 403 and "NotCurrentAttempt:" in exc.message:
+                if exc.status == 403 and RefusalCause.of(exc.message) == RefusalCause.NOT_CURRENT_ATTEMPT:
                     raise LeaseLost(exc.message) from None  # the policy: another Pod holds it now
                 raise
             self._lease_rv = renewed["metadata"]["resourceVersion"]

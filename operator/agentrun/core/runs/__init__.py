@@ -1,7 +1,19 @@
-"""The Run state machine: `decide(world)` evaluates the table of rules (core.runs.table), the first rule
-that applies giving the Plan; `fail_squatted` fails a Run whose names another object holds."""
+"""The Run state machine: `decide(world)` evaluates the table of rules (core.runs.table): the first rule
+that applies gives a Transition (core.runs.transition), which `render` turns into the Plan;
+`fail_squatted` fails a Run whose names another object holds."""
 
 from agentrun.core.runs.table import TABLE, decide, fail_squatted
+from agentrun.core.runs.transition import EndAttempt, SetPhase, Transition, render
 from agentrun.core.runs.world import RECHECK_SECONDS, World
 
-__all__ = ["RECHECK_SECONDS", "TABLE", "World", "decide", "fail_squatted"]
+__all__ = [
+    "RECHECK_SECONDS",
+    "TABLE",
+    "EndAttempt",
+    "SetPhase",
+    "Transition",
+    "World",
+    "decide",
+    "fail_squatted",
+    "render",
+]

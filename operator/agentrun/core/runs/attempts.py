@@ -1,9 +1,10 @@
-"""Watching the current Attempt: its Pod starts, holds a request, ends, or loses its lease."""
+"""Watching the current Attempt of a Running Run (the Running sub-table): its Pod starts, holds a
+request, ends, or loses its lease; and how the Run moves on from an Attempt's end."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 from agentrun.api import (
     Attempt,
@@ -16,100 +17,225 @@ from agentrun.api import (
 from agentrun.core import failures
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.pods import PodView
-from agentrun.core.runs.builder import Builder
+from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.failing import after_failure
+from agentrun.core.runs.grants import pod_created
 from agentrun.core.runs.promises import create_promised
-from agentrun.core.runs.stopping import finish_lost, lease_lost, revoke_lease
+from agentrun.core.runs.stopping import finish_lost, lease_lost, revoked
+from agentrun.core.runs.transition import (
+    NOTHING,
+    Transition,
+    event,
+    finish_attempt,
+    set_phase,
+    trace_of,
+    wake_in,
+    writes,
+)
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
-
-def supervise(b: Builder, number: int, attempt: Attempt | None, pod: PodView | None) -> None:
-    """A Running Run: follow its current Attempt `number` (seen as `attempt`, run by `pod`)."""
-    if attempt is None:
-        b.ensure_pod(create_promised(b, number))
-    elif attempt.status.phase in (AttemptPhase.PENDING, AttemptPhase.RUNNING, None):
-        if pod is None:
-            _pod_missing(b, attempt)
-        elif pod.finished:
-            conclude(b, attempt, pod)
-        else:
-            _watch_live(b, attempt, pod)
-    elif attempt.status.phase == AttemptPhase.LEASE_LOST and b.w.lease is not None:
-        # The loss was recorded and the operator stopped before the takeover: finish it first.
-        take_over(b, attempt, pod, attempt.status.failure or lease_lost(b))
-    else:
-        after_attempt(b, attempt, attempt.status.failure)
+# ---- the Running sub-table: one row per situation of the current Attempt, tried in order ---------------
 
 
-def _pod_missing(b: Builder, attempt: Attempt) -> None:
-    if attempt.status.start_time is None:
-        b.ensure_pod(attempt)  # not created yet, or not in the cache yet: creating is idempotent
-        return
+def _live(w: World) -> Attempt | None:
+    """The current Attempt, while it has not ended (no phase yet: pending)."""
+    attempt = w.current
+    if attempt is None or attempt.status.phase not in (AttemptPhase.PENDING, AttemptPhase.RUNNING, None):
+        return None
+    return attempt
+
+
+def _live_pod(w: World) -> tuple[Attempt, PodView] | None:
+    """The current Attempt and its Pod, while both go on."""
+    attempt, pod = _live(w), w.current_pod
+    if attempt is None or pod is None or pod.finished:
+        return None
+    return attempt, pod
+
+
+def attempt_promised(w: World) -> Transition | None:
+    """The current Attempt not seen -> a grant interrupted after its Run write: the Attempt it promised
+    created now, then its Pod."""
+    if w.current is not None:
+        return None
+    promised, created = create_promised(w, w.run.status.current_attempt or 0)
+    return created.then(pod_created(w, promised))
+
+
+def pod_refused(w: World) -> Transition | None:
+    """Not started, and the API server refused its Pod as invalid (e.g. a bad podTemplate) -> the Attempt
+    Failed (deterministic: such a Pod cannot exist, retrying cannot help); the Run fails or retries."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    if (refusal := w.refused_pods.get(str(attempt.metadata.name))) is None:
+        return None
+    failure = pod_refusal(refusal)
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
+
+
+def pod_refusal(refusal: str) -> AttemptFailure:
+    return failures.failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {refusal}")
+
+
+def pod_not_created(w: World) -> Transition | None:
+    """Not started and no Pod seen -> its Pod created (not created yet, or not in the cache yet: creating
+    is idempotent)."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
+        return None
+    return pod_created(w, attempt)
+
+
+def pod_lost(w: World) -> Transition | None:
+    """Started, and its Pod is gone -> the Attempt Failed (pod lost); the Run retries, waits or fails."""
+    attempt = _live(w)
+    if attempt is None or w.current_pod is not None:
+        return None
     failure = failures.pod_lost()
-    b.finish_attempt(attempt, AttemptPhase.FAILED, failure)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.FAILED)
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
 
 
-def _watch_live(b: Builder, attempt: Attempt, pod: PodView) -> None:
-    w, name = b.w, str(attempt.metadata.name)
-    if pod.running_since and attempt.status.phase != AttemptPhase.RUNNING:
-        started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
-        started["traceId"] = b.trace_id
-        b.plan.add(PatchAttemptStatus(name, started, attempt.metadata.resource_version))
-    pending = b.status.pending_request
-    if pending is not None and pending.held_by == name:
-        # The worker saved its request and holds it (hold_seconds): the Run waits, the Attempt lives on.
-        message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
-        b.set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(b, pending))
-        b.event("Normal", "Holding", message, name)
-        return
-    lease = w.lease
-    if lease is not None and lease.holder is None and lease.epoch > attempt.spec.lease_epoch:
-        # Revoked, and the operator stopped before writing the Run: finish the takeover.
-        take_over(b, attempt, pod, lease_lost(b))
-        return
-    holds_lease = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    if not holds_lease or w.lease_expires_in is None or not pod.running_since:
-        # The lease is judged once the agent runs: image pulls and scheduling do not count against it.
-        b.plan.wake_in(RECHECK_SECONDS)
-    elif w.lease_expires_in <= 0:
-        take_over(b, attempt, pod, lease_lost(b))
-    else:
-        b.plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+def pod_ended(w: World) -> Transition | None:
+    """Its agent container ended -> Succeeded (it committed), waiting (it asked a question), or Failed."""
+    attempt, pod = _live(w), w.current_pod
+    if attempt is None or pod is None or not pod.finished:
+        return None
+    return conclude(w, attempt, pod)
 
 
-def take_over(b: Builder, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
+def holding(w: World) -> Transition | None:
+    """Its Pod runs and holds the pending request (hold_seconds) -> the Run waits, the Attempt lives on."""
+    live = _live_pod(w)
+    pending = w.run.status.pending_request
+    if live is None or pending is None or pending.held_by != live[0].metadata.name:
+        return None
+    name = str(live[0].metadata.name)
+    message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
+    return _seen_running(w, *live).then(
+        set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(w, pending)),
+        event("Normal", "Holding", message, name),
+    )
+
+
+def revoked_unfinished(w: World) -> Transition | None:
+    """Its Lease revoked (nobody holds it, a newer epoch) but the Run not written -> the takeover finished."""
+    live, lease = _live_pod(w), w.lease
+    if live is None or lease is None or lease.holder is not None or lease.epoch <= live[0].spec.lease_epoch:
+        return None
+    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
+
+
+def lease_expired(w: World) -> Transition | None:
+    """Its agent runs and its Lease ran out -> taken over: a new epoch, the Attempt LeaseLost, a retry."""
+    live = _live_pod(w)
+    if live is None or not _judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
+        return None
+    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
+
+
+def live(w: World) -> Transition | None:
+    """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out
+    (the lease is judged once the agent runs: image pulls and scheduling do not count against it)."""
+    live = _live_pod(w)
+    if live is None:
+        return None
+    seen = _seen_running(w, *live)
+    if not _judged(w, *live) or w.lease_expires_in is None:
+        return seen.then(wake_in(RECHECK_SECONDS))
+    return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+
+
+def lost_unfinished(w: World) -> Transition | None:
+    """Recorded LeaseLost, and the operator stopped before the takeover -> the takeover finished first."""
+    attempt = w.current
+    if attempt is None or attempt.status.phase != AttemptPhase.LEASE_LOST or w.lease is None:
+        return None
+    return take_over(w, attempt, w.current_pod, attempt.status.failure or lease_lost(w))
+
+
+def attempt_ended(w: World) -> Transition:
+    """Its end recorded (a commit, a refusal, an interrupt, ...) -> the Run moves on from it."""
+    attempt = w.current
+    assert attempt is not None
+    return after_attempt(w, attempt, attempt.status.failure)
+
+
+def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
+    """The agent's start recorded, if its Pod shows it and the Attempt does not yet."""
+    if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
+        return NOTHING
+    started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
+    started["traceId"] = trace_of(w)
+    return writes(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
+
+
+def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
+    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
+    lease, name = w.lease, attempt.metadata.name
+    holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
+    return holds and bool(pod.running_since)
+
+
+RUNNING: Final = SubTable(
+    (
+        Rule("AttemptPromised", attempt_promised),
+        Rule("PodRefused", pod_refused),
+        Rule("PodNotCreated", pod_not_created),
+        Rule("PodLost", pod_lost),
+        Rule("PodEnded", pod_ended),
+        Rule("Holding", holding),
+        Rule("RevokedUnfinished", revoked_unfinished),
+        Rule("LeaseExpired", lease_expired),
+        Rule("Live", live),
+        Rule("LostUnfinished", lost_unfinished),
+        Rule("AttemptEnded", attempt_ended),
+    )
+)
+
+
+# ---- how the Run moves on from an Attempt -------------------------------------------------------------
+
+
+def take_over(w: World, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> Transition:
     """The Attempt lost its lease. Take the lease over now, not at the next grant: a frozen worker that
     wakes up during the backoff must already find its epoch stale. The Run's status write (the new
     epoch, preconditioned) is the point that decides between the takeover and a commit racing it: the
     Attempt is marked LeaseLost only after it, so an Attempt whose commit came first is never recorded
     as having lost. Then its Pod is stopped (a takeover interrupted after the Run's write is finished
     by the backoff)."""
-    epoch = revoke_lease(b)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch)
-    finish_lost(b, attempt, pod, failure)
+    epoch, revoke = revoked(w)
+    return revoke.then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.LEASE_LOST, leaseEpoch=epoch),
+        finish_lost(w, attempt, pod, failure),
+    )
 
 
-def conclude(b: Builder, attempt: Attempt, pod: PodView) -> None:
+def conclude(w: World, attempt: Attempt, pod: PodView) -> Transition:
     """The agent container ended: what did the Attempt achieve?"""
-    status, name = b.status, str(attempt.metadata.name)
+    status, name = w.run.status, str(attempt.metadata.name)
     failure = failures.classify_exit(container_end(pod))
     if failure is None:
         if status.committed_by is not None and status.committed_by.attempt == name:
-            b.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
-            after_attempt(b, attempt, None, phase=AttemptPhase.SUCCEEDED)
-            return
+            return finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
+                after_attempt(w, attempt, None, phase=AttemptPhase.SUCCEEDED)
+            )
         if status.pending_request is not None:
-            b.finish_attempt(attempt, AttemptPhase.INTERRUPTED, None)
-            after_attempt(b, attempt, None, phase=AttemptPhase.INTERRUPTED)
-            return
+            return finish_attempt(w, attempt, AttemptPhase.INTERRUPTED, None).then(
+                after_attempt(w, attempt, None, phase=AttemptPhase.INTERRUPTED)
+            )
         failure = failures.failure(
             FailureClass.DETERMINISTIC,
             "the agent exited 0 without committing a result or an input request (use agentrun.worker)",
             0,
         )
-    b.finish_attempt(attempt, AttemptPhase.FAILED, failure)
-    after_failure(b, attempt.spec.number, failure, AttemptPhase.FAILED)
+    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
+    )
 
 
 def container_end(pod: PodView) -> failures.ContainerExit:
@@ -118,26 +244,26 @@ def container_end(pod: PodView) -> failures.ContainerExit:
 
 
 def after_attempt(
-    b: Builder, attempt: Attempt, failure: AttemptFailure | None, phase: AttemptPhase | None = None
-) -> None:
+    w: World, attempt: Attempt, failure: AttemptFailure | None, phase: AttemptPhase | None = None
+) -> Transition:
     """Moves the Run on from an Attempt whose end is already recorded (or being recorded now)."""
     phase = phase or attempt.status.phase
     name = str(attempt.metadata.name)
     if phase == AttemptPhase.SUCCEEDED:
         # No Event: a success asks nothing of a person, and the Run's phase, its Succeeded condition and
         # committedBy say it (an Event per Run would be an API request per Run for nobody).
-        b.set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
-    elif phase == AttemptPhase.INTERRUPTED:
-        request = b.status.pending_request
+        return set_phase(RunPhase.SUCCEEDED, "Succeeded", f"{name} committed the result")
+    if phase == AttemptPhase.INTERRUPTED:
+        request = w.run.status.pending_request
         assert request is not None
         waiting = waiting_phase(request)
         message = f"waiting for request {request.request_id} ({request.reason.value})"
-        b.set_phase(waiting, waiting.value, message, **expiry(b, request))
-        b.event("Normal", "Interrupted", message, name)
-    elif failure is not None:
-        after_failure(b, attempt.spec.number, failure, phase or AttemptPhase.FAILED)
-    else:
-        after_failure(b, attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
+        return set_phase(waiting, waiting.value, message, **expiry(w, request)).then(
+            event("Normal", "Interrupted", message, name)
+        )
+    if failure is not None:
+        return after_failure(w, attempt.spec.number, failure, phase or AttemptPhase.FAILED)
+    return after_failure(w, attempt.spec.number, failures.pod_lost(), AttemptPhase.FAILED)
 
 
 def waiting_phase(request: PendingRequest) -> RunPhase:
@@ -148,12 +274,12 @@ def waiting_phase(request: PendingRequest) -> RunPhase:
     }[request.reason.value]
 
 
-def expiry(b: Builder, request: PendingRequest) -> dict[str, Any]:
+def expiry(w: World, request: PendingRequest) -> dict[str, Any]:
     """The request's expiresAt, on the operator's clock, from the expiresInSeconds its worker asked for
     (a worker's clock may be off by any amount; DESIGN: expiry is judged on the operator's own clock)."""
     if request.expires_in_seconds is None or request.expires_at is not None:
         return {}
-    expires_at = b.w.now + timedelta(seconds=request.expires_in_seconds)
+    expires_at = w.now + timedelta(seconds=request.expires_in_seconds)
     return {"pendingRequest": {"expiresAt": rfc3339(expires_at)}}
 
 
@@ -172,19 +298,19 @@ def hold_expired(w: World, attempt: Attempt) -> bool:
     )
 
 
-def end_of_hold(b: Builder, attempt: Attempt, pod: PodView | None) -> None:
+def end_of_hold(w: World, attempt: Attempt, pod: PodView | None) -> Transition:
     """The Attempt that held the request ended (or its lease ran out): recorded now; the request stands,
     so the Run keeps waiting for its answer, which then starts a new Attempt."""
-    pending, name = b.status.pending_request, str(attempt.metadata.name)
+    pending, name = w.run.status.pending_request, str(attempt.metadata.name)
+    t = NOTHING
     if pending is not None and pending.held_by == name:  # the hold ends with its Attempt
-        b.plan.add(PatchRunStatus({"pendingRequest": {"heldBy": None}}))
-    if hold_expired(b.w, attempt):
+        t = t.then(PatchRunStatus({"pendingRequest": {"heldBy": None}}))
+    if hold_expired(w, attempt):
         if pod is not None and not pod.finished:
-            b.plan.add(DeletePod(pod.name, grace_seconds=0))
-        b.finish_attempt(attempt, AttemptPhase.LEASE_LOST, lease_lost(b))
-    elif pod is None:
-        b.finish_attempt(attempt, AttemptPhase.FAILED, failures.pod_lost())
-    else:
-        failure = failures.classify_exit(container_end(pod))
-        phase = AttemptPhase.INTERRUPTED if failure is None else AttemptPhase.FAILED
-        b.finish_attempt(attempt, phase, failure)
+            t = t.then(DeletePod(pod.name, grace_seconds=0))
+        return t.then(finish_attempt(w, attempt, AttemptPhase.LEASE_LOST, lease_lost(w)))
+    if pod is None:
+        return t.then(finish_attempt(w, attempt, AttemptPhase.FAILED, failures.pod_lost()))
+    failure = failures.classify_exit(container_end(pod))
+    phase = AttemptPhase.INTERRUPTED if failure is None else AttemptPhase.FAILED
+    return t.then(finish_attempt(w, attempt, phase, failure))

@@ -1,47 +1,97 @@
-"""A chain of named rules, evaluated in order: the first rule that returns a Plan decides.
+"""A chain of named rules, evaluated in order: the first rule that returns a Transition decides.
 
 In the style of cert-manager's certificate trigger policies: every rule is a pure function of one input
-(the World), so the chain reads as the table of the state machine, one line per rule.
+(the World), so the chain reads as the table of the state machine, one line per rule. After the rule,
+the chain's rewrites (each a named row too) may change the transition it chose, in the open: the
+compensation a Run's policy asks for before it ends is one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from agentrun.core.plan import Plan
+from agentrun.api import RunPhase
+from agentrun.core.plan import Action, Plan
+from agentrun.core.runs.transition import Transition, render
 from agentrun.core.runs.world import World
 
-Policy = Callable[[World], Plan | None]
+Policy = Callable[[World], Transition | None]
+# The phases of a Run; None: a Run not seen yet (no phase written).
+Phases = frozenset[RunPhase | None]
+ANY_PHASE: Phases = frozenset([None, *RunPhase])
+Upkeep = Callable[[World], tuple[Action, ...]]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One line of the table: `when` returns the rule's Plan when the rule applies, else None.
+    """One line of the table: `when` returns the rule's Transition when the rule applies, else None.
 
     Unless `upkeep` is False, the writes every reconcile makes anyway (core.runs.upkeep) go first."""
 
     name: str
     when: Policy
     upkeep: bool = True
+    # The named rows the rule decides by (the Running and Compensating phases), for the documentation.
+    table: SubTable | None = None
+    # The phases the rule applies in, and those it moves the Run to (a phase change to the same phase,
+    # e.g. a grant while Running, is no move): the diagram of docs/state-machine.md, checked against
+    # the decisions of the table's tests.
+    applies_in: Phases = ANY_PHASE
+    moves_to: frozenset[RunPhase] = field(default_factory=frozenset)
+    # The moves it makes, (from, to), when not every phase it applies in moves to every one of moves_to
+    # (a control request: a retry moves Failed to Running, a resume InputRequired to Running, ...).
+    only: frozenset[tuple[RunPhase | None, RunPhase]] | None = None
+
+    @property
+    def moves(self) -> list[tuple[RunPhase | None, RunPhase]]:
+        """(from, to) of every move the rule makes, in the order of the phases."""
+        order = [None, *RunPhase]
+        pairs = [(a, b) for a in order if a in self.applies_in for b in RunPhase if b in self.moves_to]
+        return [(a, b) for a, b in pairs if a != b and (self.only is None or (a, b) in self.only)]
+
+
+def pairs(sources: Phases, targets: frozenset[RunPhase]) -> frozenset[tuple[RunPhase | None, RunPhase]]:
+    """Every move from one of `sources` to one of `targets`."""
+    return frozenset((a, b) for a in sources for b in targets)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A line applied to the transition a rule chose: `when` returns it changed, or None to leave it."""
+
+    name: str
+    when: Callable[[World, Transition], Transition | None]
+    # Which phases it turns into which (for the documentation, like Rule.moves_to).
+    turns: tuple[tuple[RunPhase, RunPhase], ...] = ()
 
 
 @dataclass(frozen=True)
 class Chain:
     rules: tuple[Rule, ...]
-    upkeep: Callable[[World], Plan]
+    upkeep: Upkeep
+    rewrites: tuple[Rewrite, ...] = ()
+
+    def transition(self, world: World) -> tuple[Rule, Transition]:
+        """The first rule that applies, and its Transition (the upkeep's writes first, when it has them),
+        named by the rule and the rewrites that changed it."""
+        for rule in self.rules:
+            chosen = rule.when(world)
+            if chosen is None:
+                continue
+            chosen = replace(chosen, rule=f"{rule.name}/{chosen.rule}" if chosen.rule else rule.name)
+            for rewrite in self.rewrites:
+                if (changed := rewrite.when(world, chosen)) is not None:
+                    chosen = replace(changed, rule=f"{chosen.rule}+{rewrite.name}")
+            if rule.upkeep:
+                chosen = chosen.after(self.upkeep(world))
+            return rule, chosen
+        raise LookupError("no rule applies: the table's last rule must apply to every World")
 
     def first(self, world: World) -> tuple[Rule, Plan]:
-        """The first rule that applies, and its Plan (the upkeep's writes first, when it has them)."""
-        for rule in self.rules:
-            plan = rule.when(world)
-            if plan is None:
-                continue
-            if rule.upkeep:
-                kept = self.upkeep(world)
-                plan = Plan([*kept.actions, *plan.actions], plan.requeue_after, plan.lease_expires_in)
-            return rule, plan
-        raise LookupError("no rule applies: the table's last rule must apply to every World")
+        """The first rule that applies, and its Plan."""
+        rule, transition = self.transition(world)
+        return rule, render(world, transition)
 
     def evaluate(self, world: World) -> Plan:
         return self.first(world)[1]
@@ -49,3 +99,22 @@ class Chain:
     @property
     def names(self) -> list[str]:
         return [rule.name for rule in self.rules]
+
+
+@dataclass(frozen=True)
+class SubTable:
+    """The rows of one phase's rule (Running, Compensating), tried in order: the first that applies gives
+    the rule's Transition, named after the row."""
+
+    rows: tuple[Rule, ...]
+
+    def decide(self, world: World) -> Transition:
+        """The first row that applies (the last row must apply to every World its rule passes on)."""
+        for row in self.rows:
+            if (chosen := row.when(world)) is not None:
+                return replace(chosen, rule=row.name)
+        raise LookupError("no row applies: a sub-table's last row must apply to what its rule passes on")
+
+    @property
+    def names(self) -> list[str]:
+        return [row.name for row in self.rows]

@@ -5,30 +5,39 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from agentrun.api import AttemptFailure, AttemptPhase, FailureClass, RunPhase, attempt_name
+from agentrun.api import (
+    STATE_UNVERIFIABLE,
+    AttemptFailure,
+    AttemptPhase,
+    FailureClass,
+    RunPhase,
+    attempt_name,
+)
 from agentrun.core import ledger
 from agentrun.core.retry import RetryDecision, decide_retry
-from agentrun.core.runs.builder import Builder
-from agentrun.core.runs.world import rfc3339
+from agentrun.core.runs.grants import attempts_in_series
+from agentrun.core.runs.transition import Transition, event, set_phase, wake_in
+from agentrun.core.runs.world import World, rfc3339
 
 
 def after_failure(
-    b: Builder, number: int, failure: AttemptFailure, phase: AttemptPhase, **fields: Any
-) -> None:
+    w: World, number: int, failure: AttemptFailure, phase: AttemptPhase, **fields: Any
+) -> Transition:
     """The current Attempt `number` failed (and ended in `phase`): what the Run does next."""
-    name = attempt_name(str(b.run.metadata.name), number)
-    b.event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
+    run = w.run
+    name = attempt_name(str(run.metadata.name), number)
+    failed = event("Warning", "AttemptFailed", f"{failure.failure_class}: {failure.message}", name)
     if failure.failure_class == FailureClass.UNKNOWN_SIDE_EFFECT:
-        _needs_reconciliation(b, failure, **fields)
-        return
-    history = [*(b.w.failure_of(n) for n in range(1, number)), failure]
+        return failed.then(_needs_reconciliation(w, failure, **fields))
+    if failure.reason == STATE_UNVERIFIABLE:
+        return failed.then(_state_unverifiable(failure, **fields))
+    history = [*(w.failure_of(n) for n in range(1, number)), failure]
     decision = decide_retry(
-        b.run.spec.retry, b.attempts_in_series(number), history, seed=str(b.run.metadata.uid)
+        run.spec.retry, attempts_in_series(w, number), history, seed=str(run.metadata.uid)
     )
     if decision.retry:
-        _back_off(b, number, failure, phase, decision, **fields)
-    else:
-        _fail(b, failure, decision, **fields)
+        return failed.then(_back_off(w, number, failure, phase, decision, **fields))
+    return failed.then(_fail(failure, decision, **fields))
 
 
 def _failure(failure: AttemptFailure, reason: str) -> dict[str, Any]:
@@ -40,45 +49,59 @@ def _failure(failure: AttemptFailure, reason: str) -> dict[str, Any]:
     }
 
 
-def _needs_reconciliation(b: Builder, failure: AttemptFailure, **fields: Any) -> None:
+def _needs_reconciliation(w: World, failure: AttemptFailure, **fields: Any) -> Transition:
     """Never retried automatically: a retry could repeat an action that may have happened. The reason is
     the SDK's (MaxSendsReached, ...), else read from the records (a crash)."""
-    reason = failure.reason or ledger.unknown_reason(b.w.side_effects).value
+    reason = failure.reason or ledger.unknown_reason(w.side_effects).value
     message = f"{failure.message}; resolve the SideEffect, then ask for a retry (spec.retryRequest)"
-    b.set_phase(RunPhase.NEEDS_RECONCILIATION, reason, message, failure=_failure(failure, reason), **fields)
-    b.event("Warning", "NeedsReconciliation", message)
+    return set_phase(
+        RunPhase.NEEDS_RECONCILIATION, reason, message, failure=_failure(failure, reason), **fields
+    ).then(event("Warning", "NeedsReconciliation", message))
+
+
+def _state_unverifiable(failure: AttemptFailure, **fields: Any) -> Transition:
+    """A saved state that cannot be read back and verified: the Run never continues from less than it
+    saved, so no retry policy applies; a person restores it or retries from an earlier checkpoint."""
+    message = (
+        f"{failure.message}; the Run does not continue from a state it cannot verify: restore it, or retry "
+        "from an earlier checkpoint (spec.retryRequest.fromCheckpoint)"
+    )
+    return set_phase(
+        RunPhase.NEEDS_RECONCILIATION,
+        STATE_UNVERIFIABLE,
+        message,
+        failure=_failure(failure, STATE_UNVERIFIABLE),
+        **fields,
+    ).then(event("Warning", "NeedsReconciliation", message))
 
 
 def _back_off(
-    b: Builder,
+    w: World,
     number: int,
     failure: AttemptFailure,
     phase: AttemptPhase,
     decision: RetryDecision,
     **fields: Any,
-) -> None:
-    at = b.w.now + timedelta(seconds=decision.delay_seconds)
+) -> Transition:
+    at = w.now + timedelta(seconds=decision.delay_seconds)
     if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
         at = at.replace(microsecond=0) + timedelta(seconds=1)
-    b.set_phase(
+    return set_phase(
         RunPhase.RETRY_BACKOFF,
         "RetryScheduled",
         f"Attempt {number} ended {phase.value} ({failure.failure_class}: {failure.message}); "
         f"Attempt {number + 1} starts at {rfc3339(at)}",
         nextAttemptTime=rfc3339(at),
         **fields,
-    )
-    b.event("Normal", "RetryScheduled", decision.message)
-    b.plan.wake_in((at - b.w.now).total_seconds())
+    ).then(event("Normal", "RetryScheduled", decision.message), wake_in((at - w.now).total_seconds()))
 
 
-def _fail(b: Builder, failure: AttemptFailure, decision: RetryDecision, **fields: Any) -> None:
+def _fail(failure: AttemptFailure, decision: RetryDecision, **fields: Any) -> Transition:
     stop_reason = failure.reason or decision.reason  # the SDK's (IdempotencyKeyReused) is more precise
-    b.set_phase(
+    return set_phase(
         RunPhase.FAILED,
         stop_reason,
         f"{decision.message}; last failure: {failure.message}",
         failure=_failure(failure, stop_reason),
         **fields,
-    )
-    b.event("Warning", decision.reason, decision.message)
+    ).then(event("Warning", decision.reason, decision.message))

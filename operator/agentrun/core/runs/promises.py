@@ -18,26 +18,28 @@ from agentrun.api import (
 )
 from agentrun.core import controls, requests
 from agentrun.core.plan import CreateAttempt
-from agentrun.core.runs.builder import Builder
+from agentrun.core.runs.grants import attempt_object
+from agentrun.core.runs.transition import NOTHING, Transition, writes
 from agentrun.core.runs.world import World
 
 
-def or_promised(b: Builder, attempt: Attempt | None) -> Attempt | None:
-    """The current Attempt that a stop must end: the one seen, or the one a grant promised (created now)."""
-    current = b.status.current_attempt
-    if attempt is None and current and b.status.phase == RunPhase.RUNNING:
-        return create_promised(b, current)
-    return attempt
+def or_promised(w: World, attempt: Attempt | None) -> tuple[Attempt | None, Transition]:
+    """The current Attempt that a stop must end: the one seen, or the one a grant promised (created now,
+    the Transition's write)."""
+    current, status = w.run.status.current_attempt, w.run.status
+    if attempt is None and current and status.phase == RunPhase.RUNNING:
+        return create_promised(w, current)
+    return attempt, NOTHING
 
 
-def create_promised(b: Builder, number: int) -> Attempt:
-    """A grant interrupted after the Run's status was written: creates the Attempt it promised (so that
-    status.attempts never counts one that does not exist, even if the Run stops before it runs)."""
-    reason, input_value = _promised(b.w, number)
-    epoch, resume_from = b.status.lease_epoch or 0, b.status.latest_checkpoint
-    promised = b.attempt_object(number, epoch, reason, input_value, resume_from)
-    b.plan.add(CreateAttempt(promised.to_api()))
-    return promised
+def create_promised(w: World, number: int) -> tuple[Attempt, Transition]:
+    """A grant interrupted after the Run's status was written: the Attempt it promised, and its create
+    (so that status.attempts never counts one that does not exist, even if the Run stops before it
+    runs)."""
+    reason, input_value = _promised(w, number)
+    epoch, resume_from = w.run.status.lease_epoch or 0, w.run.status.latest_checkpoint
+    promised = attempt_object(w, number, epoch, reason, input_value, resume_from=resume_from)
+    return promised, writes(CreateAttempt(promised.to_api()))
 
 
 def _promised(world: World, number: int) -> tuple[str, Any]:

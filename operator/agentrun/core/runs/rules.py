@@ -1,5 +1,5 @@
-"""The rules of the Run state machine, each a pure function World -> Plan | None (core.runs.table
-orders them). A rule returns None when it does not apply; each builds its own Plan."""
+"""The rules of the Run state machine, each a pure function World -> Transition | None (core.runs.table
+orders them). A rule returns None when it does not apply; each builds its own Transition."""
 
 from __future__ import annotations
 
@@ -21,29 +21,29 @@ from agentrun.api import (
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
-from agentrun.core.plan import Plan
 from agentrun.core.runs import attempts, external, stopping
-from agentrun.core.runs.builder import Builder, failure_fields
+from agentrun.core.runs.grants import failure_fields, grant
 from agentrun.core.runs.promises import automatic_retry, or_promised
+from agentrun.core.runs.transition import Transition, event, finish_attempt, set_phase, wake_in
 from agentrun.core.runs.upkeep import rejections
 from agentrun.core.runs.world import RECHECK_SECONDS, World
 
 # ---- rules that apply in any phase ---------------------------------------------------------------------
 
 
-def deleted(w: World) -> Plan | None:
+def deleted(w: World) -> Transition | None:
     """Being deleted -> no write: the garbage collector removes what the Run owns."""
-    return Plan() if w.run.metadata.deletion_timestamp is not None else None
+    return Transition() if w.run.metadata.deletion_timestamp is not None else None
 
 
-def commit_refused(w: World) -> Plan | None:
+def commit_refused(w: World) -> Transition | None:
     """An Attempt recorded a refused commit -> it is marked Rejected; the rest is decided on the
     Attempts as recorded, at once."""
-    plan = rejections(w)
-    return plan.wake_in(0) if plan.actions else None
+    rejected = rejections(w)
+    return Transition(steps=rejected).wake_in(0) if rejected else None
 
 
-def committed(w: World) -> Plan | None:
+def committed(w: World) -> Transition | None:
     """Running or CancelRequested, the current Attempt committed -> Succeeded: the commit passed the
     fence, so it came before any cancel or deadline, and it stands."""
     attempt, by = w.current, w.run.status.committed_by
@@ -51,15 +51,15 @@ def committed(w: World) -> Plan | None:
         return None
     if w.run.status.phase not in ATTEMPT_RUNS_IN:
         return None
-    b = Builder(w)
-    b.finish_attempt(attempt, AttemptPhase.SUCCEEDED, None)
-    attempts.after_attempt(b, attempt, None, phase=AttemptPhase.SUCCEEDED)
+    t = finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
+        attempts.after_attempt(w, attempt, None, phase=AttemptPhase.SUCCEEDED)
+    )
     if w.run.spec.cancel_epoch > by.cancel_epoch:
-        b.event("Normal", "CancelTooLate", "the result was committed before the cancel arrived")
-    return b.plan
+        t = t.then(event("Normal", "CancelTooLate", "the result was committed before the cancel arrived"))
+    return t
 
 
-def cancel_asked(w: World) -> Plan | None:
+def cancel_asked(w: World) -> Transition | None:
     """spec.cancelEpoch grew -> CancelRequested (its Pod stopped) or, with no Pod running, Cancelled.
     The cancelEpoch a Run is first seen with is no cancel."""
     status = w.run.status
@@ -67,87 +67,72 @@ def cancel_asked(w: World) -> Plan | None:
         return None
     if w.run.spec.cancel_epoch <= (status.observed_cancel_epoch or 0):
         return None
-    b = Builder(w)
-    stopping.request_cancel(b, or_promised(b, w.current), w.current_pod)
-    return b.plan
+    attempt, promised = or_promised(w, w.current)
+    return promised.then(stopping.request_cancel(w, attempt, w.current_pod))
 
 
-def deadline_passed(w: World) -> Plan | None:
+def deadline_passed(w: World) -> Transition | None:
     """Not stopped, past spec.deadlineSeconds -> Failed (DeadlineExceeded), the Lease revoked."""
     if w.run.status.phase in STOPPED_PHASES or not stopping.deadline_passed(w):
         return None
-    b = Builder(w)
-    stopping.stop_for_deadline(b, or_promised(b, w.current), w.current_pod)
-    return b.plan
+    attempt, promised = or_promised(w, w.current)
+    return promised.then(stopping.stop_for_deadline(w, attempt, w.current_pod))
 
 
-def hold_ending(w: World) -> Plan | None:
+def hold_ending(w: World) -> Transition | None:
     """Waiting while the Attempt that asked still lives, and it no longer holds the request (released, its
     Pod ended, its lease ran out) -> its end is recorded (the request stands), or its Pod's end awaited."""
     attempt = _waiting_attempt(w)
     if attempt is None or _holds_alive(w):
         return None
-    b, pod = Builder(w), w.current_pod
+    pod = w.current_pod
     if pod is None or pod.finished or attempts.hold_expired(w, attempt):
-        attempts.end_of_hold(b, attempt, pod)
-    else:
-        b.plan.wake_in(RECHECK_SECONDS)  # released: its Pod's end wakes us sooner
-    return b.plan
+        return attempts.end_of_hold(w, attempt, pod)
+    return wake_in(RECHECK_SECONDS)  # released: its Pod's end wakes us sooner
 
 
-def control_request(w: World) -> Plan | None:
+def control_request(w: World) -> Transition | None:
     """A retry, cancel, pause or resume request not judged yet -> judged and recorded once per key: a
     resume or a retry accepted starts the next Attempt (or continues the holding one)."""
-    b = Builder(w)
-    if not external.judge_requests(b, w.run.status.current_attempt or 0):
-        return None
-    return _hold_wake(w, b.plan)
+    judged = external.judge_requests(w, w.run.status.current_attempt or 0)
+    return None if judged is None else _hold_wake(w, judged)
 
 
-def stopped(w: World) -> Plan | None:
+def stopped(w: World) -> Transition | None:
     """Succeeded, Failed, Cancelled or NeedsReconciliation -> leftover Attempts aborted, a cancelled Run's
     Pending SideEffects settled, the report kept current; only a manual retry moves it on."""
     if w.run.status.phase not in STOPPED_PHASES:
         return None
-    b = Builder(w)
-    stopping.abort_leftovers(b)
-    stopping.settle_after_cancel(b)
-    stopping.refresh_report(b)
-    return b.plan
+    return stopping.abort_leftovers(w).then(stopping.settle_after_cancel(w), stopping.refresh_report(w))
 
 
-def request_expired(w: World) -> Plan | None:
+def request_expired(w: World) -> Transition | None:
     """Waiting past the pending request's expiresAt -> Failed (RequestExpired)."""
     request = w.run.status.pending_request
     if w.run.status.phase not in WAITING_PHASES or request is None or request.expires_at is None:
         return None
     if w.now < request.expires_at:
         return None
-    b = Builder(w)
-    external.fail_expired_request(b)
-    return _hold_wake(w, b.plan)
+    return _hold_wake(w, external.fail_expired_request(w))
 
 
 # ---- rules by phase ----------------------------------------------------------------------------------
 
 
-def first_attempt(w: World) -> Plan | None:
+def first_attempt(w: World) -> Transition | None:
     """First seen (no phase yet), or Queued -> Attempt 1 granted in this reconcile; Failed at once when
     the spec is over a byte budget or its Pods may not run as its ServiceAccount."""
     if w.run.status.phase not in (None, RunPhase.QUEUED):
         return None
-    b = Builder(w)
     if over := spec_over_budget(w.run.spec):
         reason, message = over
         failure = failure_fields(FailureClass.DETERMINISTIC, reason, message)
-        b.set_phase(RunPhase.FAILED, reason, message, failure=failure)
-        b.event("Warning", reason, message)
-    else:
-        b.grant(1, AttemptReason.INITIAL)
-    return _deadline_wake(w, b.plan)
+        over_budget = set_phase(RunPhase.FAILED, reason, message, failure=failure)
+        return _deadline_wake(w, over_budget.then(event("Warning", reason, message)))
+    return _deadline_wake(w, grant(w, 1, AttemptReason.INITIAL))
 
 
-def takeover_unfinished(w: World) -> Plan | None:
+def takeover_unfinished(w: World) -> Transition | None:
     """RetryBackoff while the current Attempt has not ended -> a takeover was interrupted after its Run
     write: the Attempt is marked LeaseLost and its Pod stopped."""
     attempt = w.current
@@ -155,60 +140,52 @@ def takeover_unfinished(w: World) -> Plan | None:
         return None
     if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
         return None
-    b = Builder(w)
-    stopping.finish_lost(b, attempt, w.current_pod, stopping.lease_lost(b))
     due = w.run.status.next_attempt_time
-    b.plan.wake_in(0 if due is None else (due - w.now).total_seconds())
-    return _deadline_wake(w, b.plan)
+    lost = stopping.finish_lost(w, attempt, w.current_pod, stopping.lease_lost(w))
+    return _deadline_wake(w, lost.wake_in(0 if due is None else (due - w.now).total_seconds()))
 
 
-def retry_due(w: World) -> Plan | None:
+def retry_due(w: World) -> Transition | None:
     """RetryBackoff at status.nextAttemptTime -> the next Attempt granted (an automatic retry)."""
     due = w.run.status.next_attempt_time
     if w.run.status.phase != RunPhase.RETRY_BACKOFF or (due is not None and w.now < due):
         return None
-    b = Builder(w)
     number = (w.run.status.current_attempt or 0) + 1
-    b.grant(number, *automatic_retry(w, number))
-    return _deadline_wake(w, b.plan)
+    return _deadline_wake(w, grant(w, number, *automatic_retry(w, number)))
 
 
-def backing_off(w: World) -> Plan | None:
+def backing_off(w: World) -> Transition | None:
     """RetryBackoff before status.nextAttemptTime -> no write; look again then."""
     due = w.run.status.next_attempt_time
     if w.run.status.phase != RunPhase.RETRY_BACKOFF or due is None:
         return None
-    return _deadline_wake(w, Plan().wake_in((due - w.now).total_seconds()))
+    return _deadline_wake(w, Transition().wake_in((due - w.now).total_seconds()))
 
 
-def running(w: World) -> Plan | None:
+def running(w: World) -> Transition | None:
     """Running -> the current Attempt followed: created as promised, its Pod created or its start
     recorded, a hold, its end (Succeeded, waiting, a retry or Failed), or a lease takeover."""
     number = w.run.status.current_attempt
     if w.run.status.phase != RunPhase.RUNNING or not number:
         return None
-    b = Builder(w)
-    attempts.supervise(b, number, w.current, w.current_pod)
-    return _deadline_wake(w, b.plan)
+    return _deadline_wake(w, attempts.RUNNING.decide(w))
 
 
-def cancelling(w: World) -> Plan | None:
+def cancelling(w: World) -> Transition | None:
     """CancelRequested -> Cancelled once the Attempt's Pod is gone (its stop repeated if it was lost)."""
     if w.run.status.phase != RunPhase.CANCEL_REQUESTED:
         return None
-    b = Builder(w)
-    stopping.finish_cancel(b, w.current, w.current_pod)
-    return _deadline_wake(w, b.plan)
+    return _deadline_wake(w, stopping.finish_cancel(w, w.current, w.current_pod))
 
 
-def resting(w: World) -> Plan:
+def resting(w: World) -> Transition:
     """Anything else (waiting for an answer) -> no write; look again when the holder's lease, the request
     or the deadline runs out."""
-    plan = _hold_wake(w, Plan())
+    rest = _hold_wake(w, Transition())
     request = w.run.status.pending_request
     if w.run.status.phase in WAITING_PHASES and request is not None and request.expires_at is not None:
-        plan.wake_in((request.expires_at - w.now).total_seconds())
-    return _deadline_wake(w, plan)
+        rest = rest.wake_in((request.expires_at - w.now).total_seconds())
+    return _deadline_wake(w, rest)
 
 
 # ---- shared by the rules -----------------------------------------------------------------------------
@@ -243,17 +220,17 @@ def _holds_alive(w: World) -> bool:
     return pod is not None and not pod.finished and not attempts.hold_expired(w, attempt)
 
 
-def _hold_wake(w: World, plan: Plan) -> Plan:
+def _hold_wake(w: World, t: Transition) -> Transition:
     """While an Attempt holds the request, look again when its lease runs out unless renewed."""
     if not _holds_alive(w):
-        return plan
+        return t
     if w.lease_expires_in is not None:
-        return plan.wake_at_lease_expiry(w.lease_expires_in + 0.05)
-    return plan.wake_in(RECHECK_SECONDS)
+        return t.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+    return t.wake_in(RECHECK_SECONDS)
 
 
-def _deadline_wake(w: World, plan: Plan) -> Plan:
+def _deadline_wake(w: World, t: Transition) -> Transition:
     created, limit = w.run.metadata.creation_timestamp, w.run.spec.deadline_seconds
     if limit and created and w.run.status.phase not in TERMINAL_PHASES:
-        plan.wake_in((created + timedelta(seconds=limit) - w.now).total_seconds())
-    return plan
+        return t.wake_in((created + timedelta(seconds=limit) - w.now).total_seconds())
+    return t

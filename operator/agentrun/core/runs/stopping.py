@@ -18,7 +18,15 @@ from agentrun.api.sideeffect import MAX_HISTORY
 from agentrun.core import failures, ledger, report
 from agentrun.core.plan import DeletePod, PatchRunStatus, PatchSideEffectStatus, WriteLease
 from agentrun.core.pods import PodView
-from agentrun.core.runs.builder import Builder
+from agentrun.core.runs.transition import (
+    NOTHING,
+    Transition,
+    event,
+    finish_attempt,
+    set_phase,
+    wake_in,
+    writes,
+)
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
 
@@ -27,118 +35,121 @@ def deadline_passed(world: World) -> bool:
     return bool(limit and created and world.now >= created + timedelta(seconds=limit))
 
 
-def revoke_lease(b: Builder) -> int:
-    """Takes the Lease from whoever holds it: a new epoch, so any late write of theirs is refused.
+def revoked(w: World) -> tuple[int, Transition]:
+    """Takes the Lease from whoever holds it: (the new epoch, its write), so any late write of theirs is
+    refused.
 
     A Lease that nobody holds was revoked already (a revocation interrupted before the Run's status
     was written): its epoch is adopted, never bumped again, so no epoch is skipped.
     """
-    lease = b.w.lease
+    lease = w.lease
     if lease is not None and lease.holder is None:
-        return lease.epoch
+        return lease.epoch, NOTHING
     epoch = (lease.epoch if lease else 0) + 1
-    b.plan.add(
-        WriteLease(None, epoch, b.run.spec.lease.duration_seconds, lease.resource_version if lease else None)
-    )
-    return epoch
+    version = lease.resource_version if lease else None
+    return epoch, writes(WriteLease(None, epoch, w.run.spec.lease.duration_seconds, version))
 
 
-def stop_for_deadline(b: Builder, attempt: Attempt | None, pod: PodView | None) -> None:
-    limit = b.run.spec.deadline_seconds
+def stop_for_deadline(w: World, attempt: Attempt | None, pod: PodView | None) -> Transition:
+    limit = w.run.spec.deadline_seconds
     message = f"the Run exceeded its deadline of {limit}s"
-    epoch = revoke_lease(b)
+    epoch, t = revoked(w)
     failure = failures.failure(FailureClass.CANCELLED, message)
     if attempt is not None:
-        b.finish_attempt(attempt, AttemptPhase.ABORTED, failure)
+        t = t.then(finish_attempt(w, attempt, AttemptPhase.ABORTED, failure))
     if pod is not None and not pod.finished:
-        b.plan.add(DeletePod(pod.name))
-    b.set_phase(
-        RunPhase.FAILED,
-        "DeadlineExceeded",
-        message,
-        leaseEpoch=epoch,
-        nextAttemptTime=None,
-        failure={"class": "cancelled", "reason": "DeadlineExceeded", "message": message},
+        t = t.then(DeletePod(pod.name))
+    return t.then(
+        set_phase(
+            RunPhase.FAILED,
+            "DeadlineExceeded",
+            message,
+            leaseEpoch=epoch,
+            nextAttemptTime=None,
+            failure={"class": "cancelled", "reason": "DeadlineExceeded", "message": message},
+        ),
+        event("Warning", "DeadlineExceeded", message),
     )
-    b.event("Warning", "DeadlineExceeded", message)
 
 
-def request_cancel(b: Builder, attempt: Attempt | None, pod: PodView | None) -> None:
-    epoch = b.run.spec.cancel_epoch
+def request_cancel(w: World, attempt: Attempt | None, pod: PodView | None) -> Transition:
+    epoch = w.run.spec.cancel_epoch
     if pod is not None and not pod.finished:
         message = f"cancel epoch {epoch}: stopping {pod.name}"
-        b.set_phase(RunPhase.CANCEL_REQUESTED, "CancelRequested", message, observedCancelEpoch=epoch)
-        b.plan.add(DeletePod(pod.name))
-        b.event("Normal", "CancelRequested", message)
-        return
-    mark_cancelled(b, attempt)
+        return set_phase(
+            RunPhase.CANCEL_REQUESTED, "CancelRequested", message, observedCancelEpoch=epoch
+        ).then(DeletePod(pod.name), event("Normal", "CancelRequested", message))
+    return mark_cancelled(w, attempt)
 
 
-def finish_cancel(b: Builder, attempt: Attempt | None, pod: PodView | None) -> None:
+def finish_cancel(w: World, attempt: Attempt | None, pod: PodView | None) -> Transition:
     if pod is not None and not pod.finished:
-        if not pod.deleting:  # the stop was lost (an operator restart between the two writes of cancel)
-            b.plan.add(DeletePod(pod.name))
-        b.plan.wake_in(RECHECK_SECONDS)  # the Pod's deletion will wake us sooner
-        return
-    mark_cancelled(b, attempt)
+        # The stop was lost if the Pod is not being deleted (an operator restart between the two writes
+        # of cancel): repeated. The Pod's deletion will wake us sooner than the recheck.
+        stop = NOTHING if pod.deleting else writes(DeletePod(pod.name))
+        return stop.then(wake_in(RECHECK_SECONDS))
+    return mark_cancelled(w, attempt)
 
 
-def mark_cancelled(b: Builder, attempt: Attempt | None) -> None:
-    epoch = b.run.spec.cancel_epoch
+def mark_cancelled(w: World, attempt: Attempt | None) -> Transition:
+    epoch = w.run.spec.cancel_epoch
+    t = NOTHING
     if attempt is not None:
-        b.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, "cancelled"))
+        cancelled = failures.failure(FailureClass.CANCELLED, "cancelled")
+        t = finish_attempt(w, attempt, AttemptPhase.ABORTED, cancelled)
     message = f"cancelled (cancel epoch {epoch})"
-    b.set_phase(RunPhase.CANCELLED, "Cancelled", message, observedCancelEpoch=epoch, nextAttemptTime=None)
-    b.event("Normal", "Cancelled", message)
+    return t.then(
+        set_phase(RunPhase.CANCELLED, "Cancelled", message, observedCancelEpoch=epoch, nextAttemptTime=None),
+        event("Normal", "Cancelled", message),
+    )
 
 
-def finish_lost(b: Builder, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> None:
+def finish_lost(w: World, attempt: Attempt, pod: PodView | None, failure: AttemptFailure) -> Transition:
     """The Attempt lost its lease: its Pod stopped at once, the Attempt marked LeaseLost."""
-    if pod is not None and not pod.finished:
-        b.plan.add(DeletePod(pod.name, grace_seconds=0))
-    b.finish_attempt(attempt, AttemptPhase.LEASE_LOST, failure)
+    stop = writes(DeletePod(pod.name, grace_seconds=0)) if pod is not None and not pod.finished else NOTHING
+    return stop.then(finish_attempt(w, attempt, AttemptPhase.LEASE_LOST, failure))
 
 
-def lease_lost(b: Builder) -> AttemptFailure:
-    return failures.lease_lost(b.run.spec.lease.duration_seconds)
+def lease_lost(w: World) -> AttemptFailure:
+    return failures.lease_lost(w.run.spec.lease.duration_seconds)
 
 
 # ---- a stopped Run ----------------------------------------------------------------------------------
 
 
-def abort_leftovers(b: Builder) -> None:
+def abort_leftovers(w: World) -> Transition:
     """A stopped Run has no Attempt still going. One its stop did not see (its grant raced with a cancel,
     or the operator's cache did not hold it yet) is aborted now and its Pod stopped: its writes are
     fenced off already, and its history must not read as if it were still running."""
-    status = b.status
+    status = w.run.status
     phase = status.phase.value if status.phase else "stopped"
     lost = status.failure is not None and status.failure.failure_class == FailureClass.LEASE_LOST
-    for attempt in b.w.attempts.values():
+    t = NOTHING
+    for attempt in w.attempts.values():
         if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
             continue
-        pod = b.w.pods.get(str(attempt.metadata.name))
+        pod = w.pods.get(str(attempt.metadata.name))
         if lost and attempt.spec.number == status.current_attempt:
             # The takeover that failed the Run was interrupted before it ended its Attempt.
-            finish_lost(b, attempt, pod, lease_lost(b))
+            t = t.then(finish_lost(w, attempt, pod, lease_lost(w)))
             continue
         message = f"the Run was {phase} before this Attempt finished"
-        b.finish_attempt(attempt, AttemptPhase.ABORTED, failures.failure(FailureClass.CANCELLED, message))
+        aborted = failures.failure(FailureClass.CANCELLED, message)
+        t = t.then(finish_attempt(w, attempt, AttemptPhase.ABORTED, aborted))
         if pod is not None and not pod.finished and not pod.deleting:
-            b.plan.add(DeletePod(pod.name))
+            t = t.then(DeletePod(pod.name))
+    return t
 
 
-def settle_after_cancel(b: Builder) -> None:
+def settle_after_cancel(w: World) -> Transition:
     """An ended Run (Cancelled or Failed) never leaves a record Pending: what was in flight may have
     happened. Once no Attempt of the Run may still write, its Pending SideEffects are marked Unknown."""
-    phase = b.status.phase
-    if phase not in (RunPhase.CANCELLED, RunPhase.FAILED) or live_attempts(b.w):
-        return
+    phase = w.run.status.phase
+    if phase not in (RunPhase.CANCELLED, RunPhase.FAILED) or live_attempts(w):
+        return NOTHING
     failed = phase == RunPhase.FAILED
-    now = rfc3339(b.w.now)
-    for effect, patch, version in ledger.settle_after_cancel(
-        b.w.side_effects, now, MAX_HISTORY, failed=failed
-    ):
-        b.plan.add(PatchSideEffectStatus(effect, patch, version))
+    settled = ledger.settle_after_cancel(w.side_effects, rfc3339(w.now), MAX_HISTORY, failed=failed)
+    return writes(*(PatchSideEffectStatus(effect, patch, version) for effect, patch, version in settled))
 
 
 def live_attempts(world: World) -> bool:
@@ -150,13 +161,15 @@ def live_attempts(world: World) -> bool:
     return False
 
 
-def refresh_report(b: Builder) -> None:
+def refresh_report(w: World) -> Transition:
     """A stopped Run keeps its report in step with its SideEffects (e.g. one resolved by a person)."""
-    counts = report.side_effect_counts(b.w.side_effects)
-    current = b.status.side_effects.to_api() if b.status.side_effects else None
-    listed = report.run_report(b.w.side_effects)
+    status = w.run.status
+    counts = report.side_effect_counts(w.side_effects)
+    current = status.side_effects.to_api() if status.side_effects else None
+    listed = report.run_report(w.side_effects)
     # Compared as stored (normalised by the model): a Pending record marked Unknown changes no count.
-    stored = b.status.report
+    stored = status.report
     stale = stored is not None and stored.to_api() != RunReport.model_validate(listed).to_api()
     if current != counts or stale:
-        b.plan.add(PatchRunStatus({"sideEffects": counts, "report": listed}))
+        return writes(PatchRunStatus({"sideEffects": counts, "report": listed}))
+    return NOTHING

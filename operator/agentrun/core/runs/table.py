@@ -9,39 +9,114 @@ rule's docstring (core.runs.rules) says its transition.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Final
 
-from agentrun.api import TERMINAL_PHASES, FailureClass, RunPhase
+from agentrun.api import (
+    ATTEMPT_RUNS_IN,
+    CANCEL_FROZEN_PHASES,
+    STOPPED_PHASES,
+    TERMINAL_PHASES,
+    WAITING_PHASES,
+    FailureClass,
+    RunPhase,
+)
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import compensating, rules
-from agentrun.core.runs.builder import Builder, failure_fields
-from agentrun.core.runs.chain import Chain, Rule
-from agentrun.core.runs.stopping import revoke_lease
+from agentrun.core.runs import attempts, compensating, rules
+from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
+from agentrun.core.runs.grants import failure_fields
+from agentrun.core.runs.stopping import revoked
+from agentrun.core.runs.transition import NOTHING, event, render, set_phase
 from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
+
+P = RunPhase
+WAITING: Final = frozenset(WAITING_PHASES)
+STOPPED: Final = frozenset(STOPPED_PHASES)
+ENDS: Final = frozenset(TERMINAL_PHASES)
 
 TABLE: Final = Chain(
     (
         Rule("Deleted", rules.deleted, upkeep=False),
         Rule("CommitRefused", rules.commit_refused, upkeep=False),
-        Rule("Committed", rules.committed),
-        Rule("Compensating", compensating.compensating),
-        Rule("CancelAsked", rules.cancel_asked),
-        Rule("DeadlinePassed", rules.deadline_passed),
-        Rule("HoldEnding", rules.hold_ending),
-        Rule("ControlRequest", rules.control_request),
-        Rule("Stopped", rules.stopped),
-        Rule("RequestExpired", rules.request_expired),
-        Rule("FirstAttempt", rules.first_attempt),
-        Rule("TakeoverUnfinished", rules.takeover_unfinished),
-        Rule("RetryDue", rules.retry_due),
-        Rule("BackingOff", rules.backing_off),
-        Rule("Running", rules.running),
-        Rule("Cancelling", rules.cancelling),
+        Rule(
+            "Committed",
+            rules.committed,
+            applies_in=frozenset(ATTEMPT_RUNS_IN),
+            moves_to=frozenset({P.SUCCEEDED}),
+        ),
+        Rule(
+            "Compensating",
+            compensating.compensating,
+            table=compensating.COMPENSATING,
+            applies_in=frozenset({P.COMPENSATING}),
+            moves_to=ENDS | {P.NEEDS_RECONCILIATION},
+        ),
+        Rule(
+            "CancelAsked",
+            rules.cancel_asked,
+            applies_in=ANY_PHASE - {None, *CANCEL_FROZEN_PHASES, P.CANCEL_REQUESTED},
+            moves_to=frozenset({P.CANCEL_REQUESTED, P.CANCELLED}),
+        ),
+        Rule(
+            "DeadlinePassed",
+            rules.deadline_passed,
+            applies_in=ANY_PHASE - STOPPED - {P.COMPENSATING},
+            moves_to=frozenset({P.FAILED}),
+        ),
+        Rule("HoldEnding", rules.hold_ending, applies_in=WAITING),
+        Rule(
+            "ControlRequest",
+            rules.control_request,
+            moves_to=ENDS | {P.RUNNING, P.COMPENSATING},
+            # a retry (Failed, NeedsReconciliation), a resume (waiting), their grant refused (Failed);
+            # a compensation asked for (ended), or an incomplete one asked again or found complete
+            only=pairs(
+                frozenset({P.FAILED, P.NEEDS_RECONCILIATION}) | WAITING, frozenset({P.RUNNING, P.FAILED})
+            )
+            | pairs(ENDS | {P.NEEDS_RECONCILIATION}, frozenset({P.COMPENSATING}))
+            | pairs(frozenset({P.NEEDS_RECONCILIATION}), ENDS),
+        ),
+        Rule("Stopped", rules.stopped, applies_in=STOPPED),
+        Rule("RequestExpired", rules.request_expired, applies_in=WAITING, moves_to=frozenset({P.FAILED})),
+        Rule(
+            "FirstAttempt",
+            rules.first_attempt,
+            applies_in=frozenset({None, P.QUEUED}),
+            moves_to=frozenset({P.RUNNING, P.FAILED}),
+        ),
+        Rule("TakeoverUnfinished", rules.takeover_unfinished, applies_in=frozenset({P.RETRY_BACKOFF})),
+        Rule(
+            "RetryDue",
+            rules.retry_due,
+            applies_in=frozenset({P.RETRY_BACKOFF}),
+            moves_to=frozenset({P.RUNNING, P.FAILED}),
+        ),
+        Rule("BackingOff", rules.backing_off, applies_in=frozenset({P.RETRY_BACKOFF})),
+        Rule(
+            "Running",
+            rules.running,
+            table=attempts.RUNNING,
+            applies_in=frozenset({P.RUNNING}),
+            moves_to=WAITING | {P.SUCCEEDED, P.RETRY_BACKOFF, P.FAILED, P.NEEDS_RECONCILIATION},
+        ),
+        Rule(
+            "Cancelling",
+            rules.cancelling,
+            applies_in=frozenset({P.CANCEL_REQUESTED}),
+            moves_to=frozenset({P.CANCELLED}),
+        ),
         Rule("Resting", rules.resting),
     ),
     upkeep=upkeep,
+    rewrites=(
+        Rewrite(
+            "CompensateFirst",
+            compensating.compensate_first,
+            turns=((P.CANCELLED, P.COMPENSATING), (P.FAILED, P.COMPENSATING)),
+        ),
+    ),
 )
 
 
@@ -53,14 +128,15 @@ def decide(world: World) -> Plan:
 def fail_squatted(world: World, message: str) -> Plan:
     """An object this Run needs (its Lease, an Attempt, an Attempt's Pod) exists under its name but is not
     the Run's: it is never adopted, nor written or deleted. The Run fails and says what to delete; its own
-    Lease, if any, is revoked first, so no Pod, however named, writes for it any more."""
-    b = Builder(world)
+    Lease, if any, is revoked first, so no Pod, however named, writes for it any more. Not redirected to
+    Compensating (core.compensation.NO_PODS): no Pod may run for the Run."""
     if world.run.status.phase in TERMINAL_PHASES:
-        return b.plan
-    fields = {"leaseEpoch": revoke_lease(b)} if world.lease is not None else {}
+        return render(world, NOTHING)
+    epoch, revoke = revoked(world) if world.lease is not None else (None, NOTHING)
+    fields = {"leaseEpoch": epoch} if epoch is not None else {}
     failure = failure_fields(FailureClass.DETERMINISTIC, identity.NAME_SQUATTED, message)
-    b.set_phase(
+    failed = set_phase(
         RunPhase.FAILED, identity.NAME_SQUATTED, message, failure=failure, nextAttemptTime=None, **fields
     )
-    b.event("Warning", identity.NAME_SQUATTED, message)
-    return b.plan
+    squatted = revoke.then(failed, event("Warning", identity.NAME_SQUATTED, message))
+    return render(world, replace(squatted, rule="NameSquatted"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
@@ -31,6 +31,10 @@ class World:
     # Why attempt Pods may not run as the Run's ServiceAccount (core.identity.account_refusal); None: they
     # may. The I/O layer looks it up whenever core.identity.may_start_pods says a Pod may be started.
     account_refusal: str | None = None
+    # Attempts whose Pod the API server refused to create as invalid (400, 422: e.g. a bad podTemplate),
+    # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
+    # exist, and the Running and Compensating tables decide what becomes of its Attempt.
+    refused_pods: Mapping[str, str] = field(default_factory=dict)
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)

@@ -1,4 +1,4 @@
-"""LangGraph on agentrun (extra `agentrun[langgraph]`): a checkpointer whose checkpoints are the Run's
+"""LangGraph on agentrun (extra `agentrun-k8s[langgraph]`): a checkpointer whose checkpoints are the Run's
 Checkpoints, and run_graph, which runs a graph as an agentrun agent.
 
     from agentrun import worker

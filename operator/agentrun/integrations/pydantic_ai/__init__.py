@@ -1,4 +1,4 @@
-"""Pydantic AI on agentrun (extra `agentrun[pydantic-ai]`): a durable-execution capability whose model
+"""Pydantic AI on agentrun (extra `agentrun-k8s[pydantic-ai]`): a durable-execution capability whose model
 requests are journaled steps and whose tool calls go through the side-effect ledger, and run_agent,
 which runs the agent as an agentrun agent (its message history in the Checkpoint, tool approvals as
 interrupts).

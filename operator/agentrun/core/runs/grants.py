@@ -1,0 +1,142 @@
+"""Starting an Attempt, as Transitions: the Lease to it, the Run's status, the Attempt and its Pod; and
+the refusal that comes first when its Pods may not run as the Run's ServiceAccount."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.api import RUN_LABEL, Attempt, FailureClass, RunPhase, StartReason, attempt_name
+from agentrun.core.failures import fingerprint
+from agentrun.core.identity import NOT_ALLOWED
+from agentrun.core.lease import epoch_for_grant
+from agentrun.core.plan import CreateAttempt, CreatePod, DeletePod, WriteLease
+from agentrun.core.pods import attempt_pod, owner_reference
+from agentrun.core.runs.transition import NOTHING, Transition, event, set_phase, writes
+from agentrun.core.runs.world import World
+
+
+def failure_fields(
+    failure_class: FailureClass, reason: str, message: str, print_: str | None = None
+) -> dict[str, Any]:
+    """status.failure of a Run that stops for `reason` (fingerprinted from the message unless given)."""
+    return {
+        "class": failure_class.value,
+        "reason": reason,
+        "message": message[:1024],
+        "fingerprint": print_ or fingerprint(failure_class, message),
+    }
+
+
+def account_refused(w: World, **fields: Any) -> Transition | None:
+    """The Run Failed when its Pods may not run as its ServiceAccount (checked before any Lease grant,
+    Attempt or Pod exists for it); None when they may."""
+    message = w.account_refusal
+    if message is None:
+        return None
+    failure = failure_fields(FailureClass.DETERMINISTIC, NOT_ALLOWED, message)
+    return set_phase(
+        RunPhase.FAILED, NOT_ALLOWED, message, failure=failure, nextAttemptTime=None, **fields
+    ).then(event("Warning", NOT_ALLOWED, message))
+
+
+def grant(
+    w: World,
+    number: int,
+    reason: str,
+    input_value: Any = None,
+    resume_from: str | None = None,
+    *,
+    phase: RunPhase = RunPhase.RUNNING,
+    **status_fields: Any,
+) -> Transition:
+    """Lease to the new Attempt, then Run.status.leaseEpoch, then the Attempt, then its Pod. The Attempt
+    continues from `resume_from`, else from the Run's latest Checkpoint."""
+    # A control request that asked for this grant stays recorded; the failure replaces any cleared one.
+    refused = account_refused(w, **{k: v for k, v in status_fields.items() if k != "failure"})
+    if refused is not None:
+        return refused
+    run, status = w.run, w.run.status
+    name = attempt_name(str(run.metadata.name), number)
+    t = superseded_pods_deleted(w, name)
+    epoch, write = epoch_for_grant(w.lease, name)
+    if write:
+        rv = w.lease.resource_version if w.lease else None
+        t = t.then(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))
+    message = f"Attempt {number} ({reason}) holds lease epoch {epoch}"
+    t = t.then(
+        set_phase(
+            phase,
+            "AttemptRunning" if phase == RunPhase.RUNNING else phase.value,
+            message,
+            currentAttempt=number,
+            attempts=max(number, status.attempts or 0),
+            leaseEpoch=epoch,
+            observedCancelEpoch=run.spec.cancel_epoch,
+            nextAttemptTime=None,
+            **status_fields,
+        )
+    )
+    attempt = attempt_object(
+        w, number, epoch, reason, input_value, resume_from=resume_from or status.latest_checkpoint
+    )
+    t = t.then(CreateAttempt(attempt.to_api()), pod_created(w, attempt))
+    if number > 1:  # a Run's first Attempt is no news: the Run's phase says it
+        t = t.then(event("Normal", "AttemptStarted", message, name))
+    return t
+
+
+def superseded_pods_deleted(w: World, successor: str) -> Transition:
+    """Before a new Attempt is granted, the Pods of the earlier ones go, at once (no grace): a Pod's
+    bound token is refused as soon as the Pod object is gone, and the admission policies can check
+    only names, so a superseded Pod must not be left holding credentials."""
+    return writes(*(DeletePod(pod.name, grace_seconds=0) for pod in w.pods.values() if pod.name != successor))
+
+
+def attempt_object(
+    w: World, number: int, epoch: int, reason: str, input_value: Any, *, resume_from: str | None
+) -> Attempt:
+    run = w.run
+    spec: dict[str, Any] = {
+        "runName": run.metadata.name,
+        "number": number,
+        "leaseEpoch": epoch,
+        "cancelEpoch": run.spec.cancel_epoch,
+        "reason": reason,
+    }
+    if resume_from:
+        spec["resumeFrom"] = resume_from
+    if input_value is not None:
+        spec["input"] = input_value
+    return Attempt.model_validate(
+        {
+            "metadata": {
+                "name": attempt_name(str(run.metadata.name), number),
+                "namespace": run.metadata.namespace,
+                "labels": {RUN_LABEL: run.metadata.name},
+                "ownerReferences": [owner_reference(run, controller=True)],
+            },
+            "spec": spec,
+        }
+    )
+
+
+def pod_created(w: World, attempt: Attempt) -> Transition:
+    """Creates the Attempt's Pod (idempotent: its name is the Attempt's). The Attempt keeps no phase
+    until its agent runs: no phase means pending. The Pod is owned by the Attempt too; an Attempt about
+    to be created has no uid yet, so the I/O layer fills in the uid the create returned. The Run Failed
+    instead when its Pods may no longer run as its ServiceAccount (e.g. the label was taken off since
+    the grant: its Attempt is aborted)."""
+    refused = account_refused(w)
+    if refused is not None:
+        return refused
+    return NOTHING.then(CreatePod(attempt_pod(w.run, attempt)))
+
+
+def attempts_in_series(w: World, number: int) -> int:
+    """Attempts counted against spec.retry.maxAttempts: those since the Run last started afresh
+    (its first Attempt, a resume, a manual retry), so answering a question renews the budget."""
+    for n in range(number, 0, -1):
+        attempt = w.attempts.get(n)
+        if attempt is not None and StartReason.parse(attempt.spec.reason).fresh:
+            return number - n + 1
+    return number
