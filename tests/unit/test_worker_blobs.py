@@ -208,3 +208,14 @@ def test_a_context_never_resumes_a_stored_state_it_was_not_given() -> None:
         Context(session, run, make_attempt(2), checkpoint)
     state = asyncio.run(session.checkpoint_state(checkpoint))
     assert Context(session, run, make_attempt(2), checkpoint, state).state == sized(20_000)
+
+
+def test_integrations_reach_the_runs_blobs_through_ctx_store() -> None:
+    from agentrun.worker import RunStore  # noqa: PLC0415 (the public port, as an integration imports it)
+
+    store, _ = memory()
+    blobs_of = asyncio.run(RunStore(session_with(store)).blobs())
+    assert blobs_of is not None
+    ref = asyncio.run(blobs_of.put({"channel": ["m"] * 10}))
+    assert asyncio.run(blobs_of.get(ref)) == {"channel": ["m"] * 10}
+    assert asyncio.run(RunStore(session_with(None)).blobs()) is None
