@@ -85,7 +85,7 @@ def notify_sink() -> str:
 
 @pytest.fixture(scope="session")
 def operator(
-    kube: Kube,
+    local_cluster: LocalCluster,
     agentrun_crds: None,
     operator_kubeconfig: Path,
     notify_sink: str,
@@ -100,6 +100,8 @@ def operator(
         "AGENTRUN_NOTIFY_SINKS": notify_sink,
         "AGENTRUN_CONSOLE_URL": CONSOLE_URL,
         **security.OPERATOR_ENV,
+        # the cluster's versitygw; each run_namespace gets the credentials Secret its Pods read
+        **security.state_store_operator_env(local_cluster.state_store_url),
     }
     process = OperatorProcess(
         operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env
@@ -124,7 +126,12 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 
 
 @pytest.fixture
-def run_namespace(kube: Kube, namespace: str) -> str:
-    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), and is
-    opted in for attempt Pods (labelled agentrun.dev/agent=true)."""
-    return opt_in_for_attempts(kube, namespace)
+def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> str:
+    """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), is
+    opted in for attempt Pods (labelled agentrun.dev/agent=true), and holds the state-store credentials
+    Secret its attempt Pods read."""
+    opt_in_for_attempts(kube, namespace)
+    kube.core.create_namespaced_secret(
+        namespace, security.state_store_secret(namespace, local_cluster.state_store_env())
+    )
+    return namespace

@@ -37,6 +37,15 @@ def up(state_dir: Path) -> int:
     if cluster.object_store is not None:
         print(f"  state store: {cluster.state_store_url}")
         print(f"    its URL and credentials for a shell: source {cluster.state_store_env_file}")
+        print(
+            "    an operator takes AGENTRUN_STATE_STORE_URL; each agent namespace needs the Secret its Pods "
+            "read the credentials from:"
+        )
+        print(
+            "      kubectl create secret generic agentrun-state-store -n <namespace> "
+            f"--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=... "
+            f"(the values: {cluster.state_store_env_file})"
+        )
     print(f"  logs: {state_dir / 'logs'}    stop: make cluster-down")
     return 0
 

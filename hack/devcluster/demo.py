@@ -147,6 +147,8 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
             "--role=agentrun-attempt",
             f"--serviceaccount={NAMESPACE}:default",
         )
+        # the namespace's credentials for the cluster's object store, which its attempt Pods read
+        demo.apply(security.state_store_secret(NAMESPACE, cluster.state_store_env()))
         say("Starting the external ticket service (the world outside) and the agentrun operator")
         tickets.start()
         print(f"  ticket service at {tickets.url}")
@@ -155,7 +157,9 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
             cluster.binary("kubectl"), cluster.kubeconfig, state_dir / "operator.kubeconfig"
         )
         operator = OperatorProcess(
-            operator_kubeconfig, state_dir / "logs" / "operator.log", env=security.OPERATOR_ENV
+            operator_kubeconfig,
+            state_dir / "logs" / "operator.log",
+            env={**security.OPERATOR_ENV, **security.state_store_operator_env(cluster.state_store_url)},
         )
         operator.start()
         operator.wait_ready()

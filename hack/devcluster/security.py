@@ -29,6 +29,29 @@ OPERATOR_ENV: Final = {
     "AGENTRUN_SERVICE_ACCOUNT_NAMESPACE": OPERATOR_NAMESPACE,
 }
 TOKEN_DURATION: Final = "48h"  # longer than any test session or benchmark
+# The Secret in each agent namespace that holds the namespace's credentials for the agent-state store
+# (the operator's AGENTRUN_STATE_STORE_SECRET, its default); attempt Pods take them by secretKeyRef.
+STATE_STORE_SECRET: Final = "agentrun-state-store"
+
+
+def state_store_operator_env(store_url: str) -> dict[str, str]:
+    """What the operator is told about the state store: its URL and the Secret name (no credential)."""
+    return {"AGENTRUN_STATE_STORE_URL": store_url, "AGENTRUN_STATE_STORE_SECRET": STATE_STORE_SECRET}
+
+
+def state_store_secret(namespace: str, credentials: dict[str, str]) -> dict[str, Any]:
+    """The namespace's state-store Secret, holding `credentials` (the AWS_* variables, by name).
+
+    The local control plane's versitygw runs without its IAM service, so this holds the gateway's root
+    credentials: every namespace gets the same principal here. A real install gives each namespace a
+    principal limited to its own prefix (docs/state-store.md)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": STATE_STORE_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": dict(credentials),
+    }
 
 
 class SecurityError(RuntimeError):

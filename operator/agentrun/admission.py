@@ -36,7 +36,7 @@ TRUSTED_CONTROLLERS: Final = ("system:serviceaccount:kube-system:generic-garbage
 
 # The Run status fields an attempt Pod writes (DESIGN: the fenced commit fields); every other one is
 # the operator's. pendingRequest.expiresAt is the operator's too: it derives it on its own clock.
-WORKER_RUN_FIELDS: Final = ("result", "committedBy", "latestCheckpoint", "pendingRequest")
+WORKER_RUN_FIELDS: Final = ("result", "resultRef", "committedBy", "latestCheckpoint", "pendingRequest")
 WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId")
 # The phases in which the current Attempt's worker runs and may write.
 WORKER_PHASES: Final = (RunPhase.RUNNING,)

@@ -94,7 +94,9 @@ RESUME_KEY_REUSED = rule("Run", ".spec.resume")
 ONE_ANSWER_AT_A_TIME = rule("Run", "", "oldSelf.status.spentKeys")
 RETRY_KEY_REUSED = rule("Run", ".spec.retryRequest")
 PAUSE_ID_REUSED = rule("Run", ".spec.pause")
-RESULT_FENCED = rule("Run", "", "self.status.result")
+RESULT_FENCED = rule("Run", "", "has(self.status.result)")
+RESULT_REF_FENCED = rule("Run", "", "self.status.resultRef")
+STORED_RESULT = {"key": "runs/ns/uid/sha256/" + "1" * 64, "sha256": "1" * 64, "size": 40000}
 ATTEMPT_SPEC_IMMUTABLE = rule("Attempt", ".spec")
 ATTEMPT_PHASE_FINAL = rule("Attempt", ".status.phase")
 ATTEMPT_PHASE_KEPT = rule("Attempt", "", "has(self.status.phase)")
@@ -351,7 +353,9 @@ BAD_INPUT: dict[str, Bad] = {
         "Attempt", {".spec.cancelEpoch": -1}, "spec.cancelEpoch", "greater than or equal to 0"
     ),
     "a Checkpoint whose stateRef digest is not hex is refused": created(
-        "Checkpoint", {".spec.stateRef": {"uri": "s3://b/k", "sha256": "xyz"}}, "spec.stateRef.sha256"
+        "Checkpoint",
+        {".spec.stateRef": {"key": "r/ns/u/sha256/" + "0" * 64, "sha256": "xyz", "size": 3}},
+        "spec.stateRef.sha256",
     ),
     "a Checkpoint naming a Run that cannot exist is refused": created(
         "Checkpoint", {".spec.runName": "Not_A_Name"}, "spec.runName", "should match"
@@ -482,6 +486,22 @@ BAD_INPUT: dict[str, Bad] = {
             status(leaseEpoch=2),
         ),
     ),
+    "a result stored by reference under an older lease epoch is refused": updated(
+        "Run",
+        status(resultRef=STORED_RESULT, committedBy=committed_by(1, 0)),
+        RESULT_REF_FENCED,
+        setup=(status(phase="Running", leaseEpoch=2),),
+    ),
+    "a stale worker replacing a result stored by reference is refused": updated(
+        "Run",
+        status(resultRef={**STORED_RESULT, "size": 1}, committedBy=committed_by(1, 0)),
+        RESULT_REF_FENCED,
+        setup=(
+            status(leaseEpoch=1),
+            status(resultRef=STORED_RESULT, committedBy=committed_by(1, 0)),
+            status(leaseEpoch=2),
+        ),
+    ),
     # --- Run updates: status enums and bounds ---------------------------------------------------------
     "an unknown Run phase is shown the supported phases": updated(
         "Run", status(phase="Sleeping"), "status.phase", 'Unsupported value: "Sleeping"', "InputRequired"
@@ -580,7 +600,9 @@ BAD_INPUT: dict[str, Bad] = {
         "Checkpoint", spec(sequence=7), CHECKPOINT_IMMUTABLE
     ),
     "adding a stateRef to a saved Checkpoint is refused": updated(
-        "Checkpoint", spec(stateRef={"uri": "s3://b/k", "sha256": "0" * 64}), CHECKPOINT_IMMUTABLE
+        "Checkpoint",
+        spec(stateRef={"key": "r/ns/u/sha256/" + "0" * 64, "sha256": "0" * 64, "size": 3}),
+        CHECKPOINT_IMMUTABLE,
     ),
     "cutting a Checkpoint from its parent is refused": updated(
         "Checkpoint", spec(parent=None), CHECKPOINT_IMMUTABLE, base={".spec.parent": "ckpt-0"}

@@ -157,7 +157,7 @@ BAD_OBJECTS: list[tuple[str, str, Any]] = [
     ("Attempt", ".spec.reason", "because"),
     ("Attempt", ".spec.reason", "retry:bad_luck"),
     ("Attempt", ".status.rejectedCommit", {"reason": "late"}),
-    ("Checkpoint", ".spec.stateRef", {"uri": "s3://b/k", "sha256": "xyz"}),
+    ("Checkpoint", ".spec.stateRef", {"key": "r/ns/u/sha256/xyz", "sha256": "xyz", "size": 3}),
     ("Checkpoint", ".spec.runName", "Not_A_Name"),
     ("Checkpoint", ".spec.sequence", 2**31),
     ("Attempt", ".spec.cancelEpoch", 2**31),

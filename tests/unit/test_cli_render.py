@@ -154,6 +154,22 @@ def test_a_journaled_step_reads_as_such_in_the_timeline() -> None:
     assert [(e.what, e.detail) for e in story if e.rank == 2] == [("journal plan", "ask-j0123 by ask-a1")]
 
 
+STORED = {"key": f"team-a/{UID}/sha256/" + "ab" * 32, "sha256": "ab" * 32, "size": 41213}
+
+
+def test_values_in_the_state_store_read_as_where_they_are() -> None:
+    status = {k: v for k, v in FINISHED.items() if k != "result"} | {"resultRef": STORED}
+    entry = checkpoint(0, 1, 2).model_dump(by_alias=True, exclude_none=True, mode="json")
+    entry["spec"] |= {"stateRef": STORED}
+    entry["spec"].pop("state", None)
+    run = make_run(status)
+    where = f"in the state store at {STORED['key']} (41213 bytes, sha256 abababababab...)"
+    text = timeline.describe(run, [], [Checkpoint.model_validate(entry)], [], T0)
+    assert f"Result:        {where} (committed by ask-a2)" in text
+    assert f"state {where}" in text
+    assert f"Result: {where}" in render.report_text(run, [], 0)
+
+
 def side_effect(name: str, state: str | None, reversible: bool = False, **status: Any) -> SideEffect:
     body: dict[str, Any] = {
         "metadata": {"name": name, "creationTimestamp": ts(6), "resourceVersion": "42"},

@@ -25,6 +25,7 @@ from agentrun.core.pods import (
     DOWNWARD_FIELDS,
     TERMINATION_MESSAGE_PATH,
     PodView,
+    StateStorePodEnv,
     attempt_pod,
     pod_essentials,
     pod_view,
@@ -244,6 +245,49 @@ def test_reserved_env_cannot_be_overridden(reserved: str) -> None:
         {"name": reserved, "valueFrom": {"fieldRef": {"fieldPath": path}}}
     ]
     assert {"name": "KEEP", "value": "1"} in env
+
+
+# ---- the agent-state store ---------------------------------------------------------------------------------
+
+S3_STORE = StateStorePodEnv("s3://agentrun/runs?endpoint=http://127.0.0.1:7070", "agentrun-state-store")
+
+
+def test_the_state_store_url_and_the_namespaces_credentials_are_injected_from_its_secret() -> None:
+    run = run_with(AGENT)
+    env = env_of(agent_container(attempt_pod(run, make_attempt(2), S3_STORE)))
+    assert env["AGENTRUN_STATE_STORE_URL"] == {"name": "AGENTRUN_STATE_STORE_URL", "value": S3_STORE.url}
+    secret = "agentrun-state-store"
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {
+        "secretKeyRef": {"name": secret, "key": "AWS_ACCESS_KEY_ID"}
+    }
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": secret, "key": "AWS_SECRET_ACCESS_KEY"}
+    }
+    # a temporary token may be absent from the Secret
+    assert env["AWS_SESSION_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": secret, "key": "AWS_SESSION_TOKEN", "optional": True}
+    }
+    assert not any("value" in e and "SECRET" in e["name"] for e in env.values())  # never a literal
+
+
+def test_without_a_state_store_the_pod_is_told_none() -> None:
+    env = env_of(agent_container(build()))
+    assert not {"AGENTRUN_STATE_STORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(env)
+
+
+def test_a_store_on_one_machine_needs_no_credentials() -> None:
+    store = StateStorePodEnv("file:///var/lib/agentrun", "agentrun-state-store")
+    env = env_of(agent_container(attempt_pod(run_with(AGENT), make_attempt(2), store)))
+    assert env["AGENTRUN_STATE_STORE_URL"]["value"] == "file:///var/lib/agentrun"
+    assert not any(name.startswith("AWS_") for name in env)
+
+
+@pytest.mark.parametrize("name", ["AGENTRUN_STATE_STORE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+def test_an_agent_cannot_replace_the_stores_url_or_credentials(name: str) -> None:
+    agent = {**AGENT, "env": [{"name": name, "value": "forged"}]}
+    env = agent_container(attempt_pod(run_with(agent), make_attempt(2), S3_STORE))["env"]
+    assert [e for e in env if e["name"] == name] != [{"name": name, "value": "forged"}]
+    assert len([e for e in env if e["name"] == name]) == 1
 
 
 # ---- podTemplate -------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ FULL_CHECKPOINT: dict[str, Any] = {
         "kind": "State",
         "thread": {"id": "triage", "ns": ""},
         "state": {"plan": ["a", "b"]},
-        "stateRef": {"uri": "s3://bucket/triage/ckpt-2.json", "sha256": "cd" * 32},
+        "stateRef": {"key": "runs/triage-ns/uid-1/sha256/" + "cd" * 32, "sha256": "cd" * 32, "size": 41213},
     },
     "status": {},
 }

@@ -69,3 +69,29 @@ def test_own_account(
         (tmp_path / name).write_text(text)
     account = own_account(env, tmp_path)
     assert (None if account is None else (account.namespace, account.name)) == expected
+
+
+def test_the_state_store_is_off_unless_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTRUN_STATE_STORE_URL", raising=False)
+    monkeypatch.delenv("AGENTRUN_STATE_STORE_SECRET", raising=False)
+    assert OperatorSettings.from_env(auto_priority=-1).state_store_pod_env() is None
+
+
+def test_the_state_store_url_and_secret_name_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_URL", "s3://agentrun/runs?endpoint=http://127.0.0.1:7070")
+    monkeypatch.delenv("AGENTRUN_STATE_STORE_SECRET", raising=False)
+    store = OperatorSettings.from_env(auto_priority=-1).state_store_pod_env()
+    assert store is not None
+    assert store.url == "s3://agentrun/runs?endpoint=http://127.0.0.1:7070"
+    assert store.secret == "agentrun-state-store"
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_SECRET", "team-store")
+    store = OperatorSettings.from_env(auto_priority=-1).state_store_pod_env()
+    assert store is not None
+    assert store.secret == "team-store"
+
+
+def test_a_state_store_url_with_credentials_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_URL", "s3://AKIA:secret@agentrun/runs")
+    with pytest.raises(ValueError, match=r"credential|user info") as caught:
+        OperatorSettings.from_env(auto_priority=-1)
+    assert "secret@" not in str(caught.value)

@@ -111,6 +111,7 @@ class InstantRunner(PodRunner):
 async def _attempt(module: str, env: dict[str, str]) -> InstantContainer:
     # Imported here: the node agent itself never needs agentrun, only the instant mode does.
     from agentrun.kubeapi import KubeApi, load_configuration  # noqa: PLC0415
+    from agentrun.worker.blobs import open_state_store  # noqa: PLC0415
     from agentrun.worker.identity import Identity  # noqa: PLC0415
     from agentrun.worker.main import attempt_exit_code  # noqa: PLC0415
     from agentrun.worker.session import Session  # noqa: PLC0415
@@ -127,10 +128,11 @@ async def _attempt(module: str, env: dict[str, str]) -> InstantContainer:
         if not kubeconfig:
             raise ValueError("the Pod has no service-account kubeconfig (automountServiceAccountToken)")
         me = Identity.from_env(env)
+        state_store = open_state_store(env)  # with the container's own credentials, not the node's
         api = KubeApi(load_configuration(kubeconfig), threads=SDK_THREADS)
     except Exception as exc:  # reported as the kubelet reports a container that cannot start
         raise OSError(f"instant mode: cannot start {module}: {exc}") from exc
-    session = Session(api, me)
+    session = Session(api, me, state_store=state_store)
 
     async def work() -> int:
         try:

@@ -18,12 +18,12 @@ from agentrun.api.attempt import (
     StartKind,
     StartReason,
 )
+from agentrun.api.blobref import BlobRef
 from agentrun.api.checkpoint import (
     Checkpoint,
     CheckpointKind,
     CheckpointSpec,
     CheckpointStatus,
-    StateRef,
     Thread,
 )
 from agentrun.api.common import (
@@ -152,6 +152,7 @@ __all__ = [
     "AttemptReason",
     "AttemptSpec",
     "AttemptStatus",
+    "BlobRef",
     "CancelRequest",
     "Checkpoint",
     "CheckpointKind",
@@ -212,7 +213,6 @@ __all__ = [
     "SpentKey",
     "StartKind",
     "StartReason",
-    "StateRef",
     "Thread",
     "Usage",
     "attempt_name",

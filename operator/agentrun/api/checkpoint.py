@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from agentrun.api.blobref import BlobRef
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, KIB
 from agentrun.api.common import (
     ApiModel,
@@ -20,21 +21,6 @@ from agentrun.api.common import (
     cel,
     validation_rules,
 )
-
-
-class StateRef(ApiModel):
-    """Where a state too large for the Checkpoint object is stored, and how to verify it."""
-
-    uri: str = Field(
-        min_length=1,
-        max_length=2048,
-        description="Location of the state, e.g. s3://bucket/run/ckpt-7.json or a PersistentVolume path.",
-    )
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
-        max_length=64,
-        description="Hex sha256 of the stored bytes; the worker refuses a state that does not match.",
-    )
 
 
 class CheckpointKind(StrEnum):
@@ -90,11 +76,16 @@ class CheckpointSpec(ApiModel):
     )
     state: FreeJson = Field(
         None,
-        description="The agent's state as JSON (ctx.state on resume). At most "
-        f"{CHECKPOINT_STATE_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one): put larger state "
-        "elsewhere and reference it with stateRef.",
+        description="The agent's state as JSON (ctx.state on resume), when it is kept inline. At most "
+        f"{CHECKPOINT_STATE_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one). With a state store "
+        "configured, a state over the inline threshold (16 KiB) is in the store instead (stateRef); a "
+        "Journal entry then keeps its call index here and its result in the store.",
     )
-    state_ref: StateRef | None = Field(None, description="Reference to a state stored outside the object.")
+    state_ref: BlobRef | None = Field(
+        None,
+        description="The state (for a Journal entry: the step's result) stored in the agent-state store, "
+        "read and verified on resume; set instead of the inline value when it is over the threshold.",
+    )
 
 
 class CheckpointStatus(ApiModel):

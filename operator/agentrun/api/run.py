@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.blobref import BlobRef
 from agentrun.api.budgets import (
     ACCEPTED_SCHEMA_BUDGET,
     ACTION_REQUEST_BUDGET,
@@ -933,9 +934,16 @@ class RunStatus(ApiModel):
         None,
         description="The agent's result, a JSON object. The API server only accepts it from the lease "
         "holder: committedBy must carry the current lease and cancel epochs. At most "
-        f"{RESULT_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one): return a reference to large "
-        "data instead.",
+        f"{RESULT_BUDGET // KIB} KiB of JSON (the SDK refuses a larger one). With a state store "
+        "configured, a result over the inline threshold (16 KiB) is in resultRef, and this field is "
+        "absent.",
         json_schema_extra={"maxProperties": 256},
+    )
+    result_ref: BlobRef | None = Field(
+        None,
+        description="The agent's result stored in the agent-state store, when it is over the inline "
+        "threshold: written with committedBy under the same commit fence as result (only the lease "
+        "holder's Pod, with the current epochs). Readers fetch the blob and verify its size and sha256.",
     )
     committed_by: CommitRecord | None = Field(
         None, description="Who committed the result, under which fences."
@@ -1041,6 +1049,22 @@ class Run(KubernetesObject):
                 ),
                 reason="FieldValueForbidden",
                 field_path=".status.result",
+            ),
+            # The same fence for a result stored in the state store: its reference is the result.
+            cel(
+                "!has(self.status) || !has(self.status.resultRef)"
+                " || (has(oldSelf.status) && has(oldSelf.status.resultRef)"
+                " && has(oldSelf.status.committedBy) && has(self.status.committedBy)"
+                " && oldSelf.status.resultRef == self.status.resultRef"
+                " && oldSelf.status.committedBy == self.status.committedBy)"
+                " || (has(self.status.committedBy) && has(self.status.leaseEpoch)"
+                " && self.status.committedBy.cancelEpoch == self.spec.cancelEpoch"
+                " && self.status.committedBy.leaseEpoch == self.status.leaseEpoch)",
+                "status.resultRef can only be written by the current lease holder: status.committedBy "
+                "must have cancelEpoch equal to spec.cancelEpoch and leaseEpoch equal to status.leaseEpoch "
+                "(a result from a cancelled or superseded Attempt is refused)",
+                reason="FieldValueForbidden",
+                field_path=".status.resultRef",
             ),
         )
     )

@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.blobref import BlobRef
 from agentrun.api.budgets import KIB, SIDE_EFFECT_RESULT_BUDGET
 from agentrun.api.common import (
     ApiModel,
@@ -260,7 +261,13 @@ class SideEffectStatus(ApiModel):
         None,
         description="What the action returned (any JSON). A later Attempt reuses it instead of executing "
         f"the action again. At most {SIDE_EFFECT_RESULT_BUDGET // KIB} KiB of JSON (the SDK refuses a "
-        "larger one).",
+        "larger one). With a state store configured, a result over the inline threshold (16 KiB) is in "
+        "resultRef instead.",
+    )
+    result_ref: BlobRef | None = Field(
+        None,
+        description="What the action returned, stored in the agent-state store when it is over the inline "
+        "threshold; read and verified (size, sha256) when a later Attempt reuses it.",
     )
     attempt: AttemptName | None = Field(None, description="The Attempt that executed the action.")
     lease_epoch: Epoch | None = Field(None, description="The lease epoch that Attempt held.")

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, watch
+from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, state, watch
 from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _timeout(p, 30, "with --retry: how long to wait for the operator's verdict")
     p.add_argument("--result", metavar="JSON", help="what the action returned, as JSON")
+
+    p = _add(
+        sub,
+        "state",
+        state.state,
+        "a Run's latest saved state (or its result); one in the state store is fetched and verified",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--checkpoint", metavar="ID", help="this checkpoint's state instead of the latest")
+    p.add_argument("--result", action="store_true", help="the Run's committed result instead of a state")
 
     p = _add(sub, "report", inspect.report, "what a Run did: happened, compensated, cannot be undone")
     p.add_argument("run", metavar="RUN")

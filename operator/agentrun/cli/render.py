@@ -9,6 +9,7 @@ from typing import Any
 
 from agentrun.api import (
     Attempt,
+    BlobRef,
     ControlOutcome,
     ControlRecord,
     Run,
@@ -99,6 +100,11 @@ def usage_table(run: Run, attempts: Sequence[Attempt]) -> str:
 
 def _usage_cells(u: Usage) -> list[object]:
     return [u.input_tokens, u.output_tokens, u.model_calls, usd(u.cost_micro_usd), u.step_retries]
+
+
+def stored_in(ref: BlobRef) -> str:
+    """Where a value lives in the agent-state store: `kubectl agentrun state` fetches and verifies it."""
+    return f"in the state store at {ref.key} ({ref.size} bytes, sha256 {ref.sha256[:12]}...)"
 
 
 def compact_json(value: Any, limit: int = 200) -> str:
@@ -215,6 +221,8 @@ def report_text(
     lines = [f"Run {name}: {phase_line(run)}"]
     if run.status.result is not None:
         lines.append(f"Result: {compact_json(run.status.result)}")
+    elif run.status.result_ref is not None:
+        lines.append(f"Result: {stored_in(run.status.result_ref)}")
     if run.status.failure is not None:
         f = run.status.failure
         lines.append(

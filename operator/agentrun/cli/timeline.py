@@ -70,6 +70,8 @@ def _checkpoint_entry(c: Checkpoint, run: str) -> list[Entry]:
     if not c.metadata.creation_timestamp:
         return []
     detail = c.spec.id + (f" at {c.spec.step}" if c.spec.step else "") + f" by {c.spec.attempt}"
+    if c.spec.state_ref is not None:
+        detail += f", state {render.stored_in(c.spec.state_ref)}"
     n = _number(c.spec.attempt, run)
     if c.spec.kind != CheckpointKind.STATE:  # a journaled step result, a framework's pending writes
         what = f"{c.spec.kind.value.lower()} {c.spec.step or ''}".rstrip()
@@ -192,9 +194,11 @@ def describe(
     ]
     if s.next_attempt_time:
         lines.append(f"Next attempt:  {render.rfc3339(s.next_attempt_time)}")
+    by = f" (committed by {s.committed_by.attempt})" if s.committed_by else ""
     if s.result is not None:
-        by = f" (committed by {s.committed_by.attempt})" if s.committed_by else ""
         lines.append(f"Result:        {render.compact_json(s.result)}{by}")
+    elif s.result_ref is not None:
+        lines.append(f"Result:        {render.stored_in(s.result_ref)}{by}")
     if s.failure:
         f = s.failure
         lines.append(

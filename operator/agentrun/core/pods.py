@@ -47,6 +47,38 @@ DOWNWARD_FIELDS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+STATE_STORE_URL_ENV: Final = "AGENTRUN_STATE_STORE_URL"
+# The credentials an attempt Pod takes from its namespace's Secret, by the store's URL scheme: each is a
+# key of the Secret and the variable the store's client reads (optional ones may be absent: temporary
+# tokens, workload identity). file:// and memory:// need none.
+STATE_STORE_CREDENTIALS: Final[dict[str, tuple[tuple[str, bool], ...]]] = {
+    "s3": (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True)),
+    "gs": (("GOOGLE_SERVICE_ACCOUNT_KEY", True),),
+    "az": (("AZURE_STORAGE_ACCOUNT_KEY", True), ("AZURE_STORAGE_SAS_KEY", True)),
+}
+
+
+@dataclass(frozen=True)
+class StateStorePodEnv:
+    """What an attempt Pod is told about the agent-state store (the operator's settings): its URL, and
+    the Secret of the Pod's namespace that holds the namespace's own credentials for it."""
+
+    url: str
+    secret: str
+
+    def env(self) -> list[dict[str, Any]]:
+        """The container's env: the URL, and each credential from the namespace's Secret (the kubelet
+        resolves secretKeyRef; the values never appear in the Pod)."""
+        scheme = self.url.split("://", 1)[0]
+        env: list[dict[str, Any]] = [{"name": STATE_STORE_URL_ENV, "value": self.url}]
+        for key, optional in STATE_STORE_CREDENTIALS.get(scheme, ()):
+            ref: dict[str, Any] = {"name": self.secret, "key": key}
+            if optional:
+                ref["optional"] = True
+            env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+        return env
+
+
 def _json_copy(value: Any) -> Any:
     """A deep copy of a JSON value: a few times cheaper than copy.deepcopy, whose memo of shared and
     cyclic references is of no use for what JSON can hold."""
@@ -68,8 +100,10 @@ def owner_reference(obj: Run | Attempt, *, controller: bool) -> dict[str, Any]:
     }
 
 
-def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
-    """The Pod that runs `attempt`: owned by the Run (the controller) and by its Attempt."""
+def attempt_pod(run: Run, attempt: Attempt, state_store: StateStorePodEnv | None = None) -> dict[str, Any]:
+    """The Pod that runs `attempt`: owned by the Run (the controller) and by its Attempt. With
+    `state_store`, its container is told the store's URL and takes the namespace's credentials for it
+    (the agent's own env cannot replace them)."""
     agent = run.spec.agent
     name = str(attempt.metadata.name)
     template = agent.pod_template
@@ -96,6 +130,7 @@ def attempt_pod(run: Run, attempt: Attempt) -> dict[str, Any]:
     ours: list[dict[str, Any]] = [
         *({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}} for env, path in DOWNWARD_FIELDS),
         {"name": TRACEPARENT_ENV, "value": trace.attempt(name).traceparent()},
+        *(state_store.env() if state_store is not None else ()),
     ]
     reserved = {e["name"] for e in ours}
     container["env"] = [

@@ -16,6 +16,7 @@ import kopf
 
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
+from agentrun.core.pods import StateStorePodEnv
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,17 @@ class OperatorSettings:
     notify_default_sink: str | None = None
     console_url: str | None = None
     notify_retry_seconds: float = 3600.0
+    # The agent-state store (docs/state-store.md): its URL (unset: all state stays inline), told to
+    # attempt Pods, and the name of the Secret in each agent namespace holding that namespace's own
+    # credentials for it (the Pods take them through secretKeyRef).
+    state_store_url: str | None = None
+    state_store_secret: str = "agentrun-state-store"
+
+    def state_store_pod_env(self) -> StateStorePodEnv | None:
+        """What attempt Pods are told about the state store; None when none is configured."""
+        if not self.state_store_url:
+            return None
+        return StateStorePodEnv(self.state_store_url, self.state_store_secret)
 
     def __post_init__(self) -> None:
         if self.event_worker_idle_seconds <= 0:
@@ -81,6 +93,8 @@ class OperatorSettings:
             notify_default_sink=_sink(env("AGENTRUN_NOTIFY_DEFAULT_SINK", "")) or None,
             console_url=env("AGENTRUN_CONSOLE_URL") or None,
             notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
+            state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
+            state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
         )
 
 
@@ -108,6 +122,17 @@ def _sink(value: str) -> str:
         raise ValueError(f"a notification sink is an http(s) URL, not {value!r}")
     if "@" in value.split("/", 3)[2]:
         raise ValueError("a notification sink URL carries no credentials (they would show in logs)")
+    return value
+
+
+def _store_url(value: str) -> str | None:
+    """AGENTRUN_STATE_STORE_URL, checked at start-up: malformed, unknown or with credentials: refused."""
+    from agentrun.statestore import parse_store_url  # noqa: PLC0415 (only when a store is configured)
+
+    value = value.strip()
+    if not value:
+        return None
+    parse_store_url(value)
     return value
 
 

@@ -113,11 +113,18 @@ class BlobStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, observer: Observer | None = None, timeouts: StoreTimeouts | None = None
+        cls,
+        url: str,
+        *,
+        observer: Observer | None = None,
+        timeouts: StoreTimeouts | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> BlobStore:
-        """The store a state store URL names (credentials from the environment; see location.py)."""
+        """The store a state store URL names. Credentials come from the process environment (see
+        location.py), or from `env` when given: a host running attempts in-process passes each
+        container's own environment, so one Attempt never uses another namespace's credentials."""
         location = parse_store_url(url)
-        store = open_object_store(location, timeouts or StoreTimeouts())
+        store = open_object_store(location, timeouts or StoreTimeouts(), env)
         log.info("state store at %s", location)
         return cls(store, location, observer)
 
@@ -254,8 +261,19 @@ def scrub(message: str) -> str:
     return message if len(message) <= _DETAIL_LIMIT else message[:_DETAIL_LIMIT] + "..."
 
 
-def open_object_store(location: StoreLocation, timeouts: StoreTimeouts) -> ObjectStore:
-    """The obstore client for a location; credentials come from the environment (the client reads it)."""
+# S3 credentials as the client's configuration names them, by the environment variable holding each.
+_S3_CREDENTIALS: Final = {
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+}
+
+
+def open_object_store(
+    location: StoreLocation, timeouts: StoreTimeouts, env: Mapping[str, str] | None = None
+) -> ObjectStore:
+    """The obstore client for a location; credentials come from the process environment (the client
+    reads it), or for s3:// from `env` when given."""
     from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store  # noqa: PLC0415
 
     client: ClientConfig = {
@@ -281,6 +299,9 @@ def open_object_store(location: StoreLocation, timeouts: StoreTimeouts) -> Objec
                 s3["endpoint"] = endpoint
             if "region" in location.options:
                 s3["region"] = location.options["region"]
+            for variable, option in _S3_CREDENTIALS.items():
+                if env is not None and env.get(variable):
+                    s3[option] = env[variable]
             return S3Store(location.bucket, config=s3, client_options=client, retry_config=retry)  # type: ignore[arg-type]
         if location.scheme == "gs":
             return GCSStore(location.bucket, client_options=client, retry_config=retry)

@@ -13,6 +13,7 @@ RunStore) for fenced access to the Run: never a submodule (an import contract ho
 """
 
 from agentrun.core.steps import StepRetry
+from agentrun.worker.blobs import INLINE_THRESHOLD, RunBlobs
 from agentrun.worker.compensation import Compensation
 from agentrun.worker.context import SCHEMA_ADVICE, Context
 from agentrun.worker.effects import Effect
@@ -23,6 +24,7 @@ from agentrun.worker.errors import (
     PermanentError,
     RateLimited,
     StateUnverifiable,
+    StoreUnavailable,
     TransientError,
     UnknownSideEffect,
 )
@@ -31,6 +33,7 @@ from agentrun.worker.session import refuse_over_budget
 from agentrun.worker.store import RunStore
 
 __all__ = [
+    "INLINE_THRESHOLD",
     "SCHEMA_ADVICE",
     "Compensation",
     "ConflictingResult",
@@ -40,9 +43,11 @@ __all__ = [
     "KeyReused",
     "PermanentError",
     "RateLimited",
+    "RunBlobs",
     "RunStore",
     "StateUnverifiable",
     "StepRetry",
+    "StoreUnavailable",
     "TransientError",
     "UnknownSideEffect",
     "main",

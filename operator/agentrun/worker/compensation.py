@@ -123,7 +123,7 @@ async def _settle(ledger: Ledger, record: SideEffect, lookup: Lookup | None) -> 
 async def _undo(ledger: Ledger, record: SideEffect, how: Compensation) -> None:
     """Runs one compensation through the ledger (key <key>:compensate), then marks the effect
     Compensated: only once the compensation's own record is Confirmed."""
-    effect = ledger._effect(record, None, executed_now=False)
+    effect = await ledger._effect(record, None, executed_now=False)
     find = how.lookup
 
     def look_up(_key: str) -> Any:

@@ -30,7 +30,16 @@ SCHEMA_ADVICE = "ask for a smaller answer (a reference to large data), with a si
 
 
 class Context:
-    def __init__(self, session: Session, run: Run, attempt: Attempt, resumed_from: Checkpoint | None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        run: Run,
+        attempt: Attempt,
+        resumed_from: Checkpoint | None,
+        resumed_state: Any = _KEEP,
+    ) -> None:
+        """resumed_state: the state of `resumed_from` when the caller has read it (from the state store,
+        verified: Session.checkpoint_state); by default its inline state."""
         self._session = session
         # The public port for framework integrations: fenced access to the Run (worker.RunStore).
         self.store = RunStore(session)
@@ -44,7 +53,12 @@ class Context:
         self.lease_epoch = me.lease_epoch
         self.cancel_epoch = me.cancel_epoch
         self.input: Any = run.spec.input
-        self.state: Any = resumed_from.spec.state if resumed_from else None
+        if resumed_state is _KEEP:
+            if resumed_from is not None and resumed_from.spec.state_ref is not None:
+                raise ValueError("the checkpoint's state is in the state store: pass it as resumed_state")
+            resumed_state = resumed_from.spec.state if resumed_from else None
+        self.state: Any = resumed_state
+        self._latest_state: Any = resumed_state  # the state self._latest saved
         # True on every Attempt that continues from a Checkpoint (an answer, a crash, a lease takeover,
         # a retry), and once an answer arrives within a hold: what the agent observed before is stale,
         # it must look at its world again. resume_reason says why (the Attempt's reason).
@@ -88,7 +102,7 @@ class Context:
         stops here as if it had called interrupt(reason="paused").
         """
         self._latest = await self._session.save_checkpoint(state, step, self._latest)
-        self.state = state
+        self.state = self._latest_state = state
         await self._boundary(fresh=False)  # its fenced write has just read the Run
         return self._latest.spec.id
 
@@ -138,10 +152,11 @@ class Context:
     ) -> Any:
         """Saves the Checkpoint and the request (with the `action` an approval approves); raises
         Interrupted (the Attempt ends), or returns the answer accepted within the hold."""
-        if self._latest is None or self._latest.spec.state != self.state:
+        if self._latest is None or self._latest_state != self.state:
             self._latest = await self._session.save_checkpoint(
                 self.state, f"interrupt:{reason}", self._latest
             )
+            self._latest_state = self.state
         request_id = request_id or f"{self.run_name}-r{self._latest.spec.sequence}"
         pending: dict[str, Any] = {
             "requestId": request_id,

@@ -33,6 +33,7 @@ from agentrun.core.ledger import (
     state_of,
 )
 from agentrun.kubeapi import ApiError
+from agentrun.worker.blobs import fits_inline
 from agentrun.worker.clock import timestamp
 from agentrun.worker.errors import (
     ConflictingResult,
@@ -227,7 +228,7 @@ class Ledger:
                         raise KeyReused(text + decision.message)
                     raise PermanentError(text + f"cannot run: {decision.message}")
                 case Step.REUSE:
-                    return self._effect(record, action.reference_of, executed_now=False)
+                    return await self._effect(record, action.reference_of, executed_now=False)
                 case Step.RECONCILE:
                     await self._stop(record, decision)
                     raise UnknownSideEffect(
@@ -278,7 +279,7 @@ class Ledger:
             return record, decision, None
         if decision.step == Step.REUSE:
             confirmed = await self._confirm(record, result, reference, "found by lookup", by_lookup=True)
-            return confirmed, decision, self._effect(confirmed, action.reference_of, executed_now=False)
+            return confirmed, decision, await self._effect(confirmed, action.reference_of, executed_now=False)
         if answer == Answer.ABSENT:
             record = await self._write(
                 record,
@@ -327,21 +328,28 @@ class Ledger:
         # Re-sent after a lookup found it absent: the lookup resolved the Unknown record.
         by_lookup = state_of(record) == SideEffectState.UNKNOWN
         confirmed = await self._confirm(record, result, reference, "executed", by_lookup=by_lookup)
-        return confirmed, REUSE, self._effect(confirmed, action.reference_of, executed_now=True)
+        return confirmed, REUSE, await self._effect(confirmed, action.reference_of, executed_now=True)
 
     async def _confirm(
         self, record: SideEffect, result: Any, reference: str | None, why: str, *, by_lookup: bool
     ) -> SideEffect:
         """Records the action Confirmed (its result too when it fits the record's budget), then refuses
         to go on with a result that could not be recorded."""
-        too_large = _too_large(record, result)
+        # Over the inline threshold with a store configured: the result goes there first (a store that
+        # cannot take it now fails this Attempt before the record says Confirmed; the next one looks
+        # the action up by its key, as after a crash between the send and its confirmation).
+        blobs = await self.session.run_blobs()
+        ref = await blobs.put(result) if blobs is not None and not fits_inline(result) else None
+        too_large = None if ref is not None else _too_large(record, result)
         extra: dict[str, Any] = {"resolvedBy": f"lookup by {self.me.attempt}"} if by_lookup else {}
+        if ref is not None:
+            extra["resultRef"] = ref
         confirmed = await self._write(
             record,
             SideEffectState.CONFIRMED,
             why,
             sends=self._last_send(record, SendOutcome.CONFIRMED, reference),
-            result=None if too_large else result,
+            result=None if too_large or ref is not None else result,
             externalReference=reference,
             **extra,
         )
@@ -447,15 +455,19 @@ class Ledger:
             return str(ref) if ref is not None else None
         return None
 
-    def _effect(
+    async def _effect(
         self, record: SideEffect, reference_of: Callable[[Any], str | None] | None, executed_now: bool
     ) -> Effect:
         status = record.status
         assert status is not None
+        # a large result is in the state store: read and verified, the same value to the agent
+        result = await self.session.value_of(
+            status.result, status.result_ref, f"the result of side effect {record.metadata.name}"
+        )
         return Effect(
             name=str(record.metadata.name),
-            reference=status.external_reference or self._reference(status.result, reference_of),
-            result=status.result,
+            reference=status.external_reference or self._reference(result, reference_of),
+            result=result,
             state=status.state,
             executed_now=executed_now,
             key=record.spec.idempotency_key,

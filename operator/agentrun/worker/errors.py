@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentrun.api import STATE_UNVERIFIABLE, FailureClass
+from agentrun.statestore import errors as store_errors
 
 
 class AgentError(Exception):
@@ -31,13 +32,36 @@ class PermanentError(AgentError):
     failure_class = FailureClass.DETERMINISTIC
 
 
-class StateUnverifiable(PermanentError):
+class StateUnverifiable(PermanentError, store_errors.StateUnverifiable):
     """A saved state cannot be rebuilt and verified (an ancestor or entries it is rebuilt from are
-    missing): the agent must not continue from a shorter or different state. Deterministic, reason
-    StateUnverifiable: never retried as transient; a person restores the state or retries from an earlier
-    checkpoint."""
+    missing, or a blob in the state store is missing or not the content its reference names): the agent
+    must not continue from a shorter or different state. Deterministic, reason StateUnverifiable: never
+    retried as transient; a person restores the state or retries from an earlier checkpoint.
+
+    The one class the SDK raises: it is also the state store's StateUnverifiable, so code that catches
+    the store's error catches this one too. `key` names the blob (or the checkpoint) that failed."""
 
     reason = STATE_UNVERIFIABLE
+
+    def __init__(self, message: str, *, key: str = "", missing: bool = False) -> None:
+        Exception.__init__(self, message)
+        self.key = key
+        self.detail = message
+        self.missing = missing
+
+    @classmethod
+    def of_blob(cls, error: store_errors.StateUnverifiable) -> StateUnverifiable:
+        """The SDK's error for the store's: the same message, naming the same blob."""
+        return cls(str(error), key=error.key, missing=error.missing)
+
+
+class StoreUnavailable(TransientError):
+    """The state store could not be reached or answered badly in time (down, slow, 5xx, a timeout):
+    transient, retried inside a step, then by a new Attempt; never a permanent failure."""
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class LeaseLost(AgentError):

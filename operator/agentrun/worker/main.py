@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping
@@ -16,7 +17,9 @@ from agentrun.core.failures import fingerprint
 from agentrun.core.fence import fence_violation
 from agentrun.core.traces import run_trace
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
+from agentrun.statestore import StateStoreError
 from agentrun.tracing import Tracing, attempt_parent
+from agentrun.worker.blobs import as_sdk_error, open_state_store
 from agentrun.worker.clock import SystemClock
 from agentrun.worker.compensation import Lookup, Registered, compensate
 from agentrun.worker.context import Context
@@ -57,6 +60,8 @@ def _termination(exc: BaseException) -> tuple[dict[str, Any], int]:
             f"the API server refused a write as too large ({exc.status}: {exc.message}): store large data "
             "elsewhere and checkpoint a reference to it (stateRef)"
         )
+    if isinstance(exc, StateStoreError):  # from an integration's own use of the store
+        exc = as_sdk_error(exc)
     if isinstance(exc, AgentError):
         cls, message = exc.failure_class, str(exc) or type(exc).__name__
     elif isinstance(exc, asyncio.CancelledError):
@@ -108,6 +113,8 @@ async def run_attempt(
         compensating = attempt.spec.reason == AttemptReason.COMPENSATE
         resume_from = None if compensating else session.me.resume_from
         resumed = await session.load_checkpoint(resume_from) if resume_from else None
+        # read (and verified) before the agent starts: it never sees a shorter or missing state
+        resumed_state = await session.checkpoint_state(resumed) if resumed else None
     except BaseException:
         watcher.cancel()
         raise
@@ -117,7 +124,7 @@ async def run_attempt(
             await compensate(Ledger(session), attempt, compensations, lookups)
 
         agent = undo
-    ctx = Context(session, run, attempt, resumed)
+    ctx = Context(session, run, attempt, resumed, resumed_state)
     lease = run.spec.lease
     # The agent's spans are children of this Attempt's span (TRACEPARENT, or derived from the Run alike).
     uid = str(run.metadata.uid or run.metadata.name)
@@ -213,7 +220,15 @@ def main(
 
     async def session_main() -> int:
         api = KubeApi()
-        session = Session(api, me, SystemClock())  # the one clock of this Attempt
+        try:  # the state store the Pod's environment names, if any
+            state_store = open_state_store(os.environ)
+        except PermanentError as exc:
+            report, code = _termination(exc)
+            log.warning("attempt failed: %s", report["message"])
+            _write_termination(me, report)
+            await api.aclose()
+            return code
+        session = Session(api, me, SystemClock(), state_store)  # the one clock of this Attempt
         session.tracing = Tracing("agentrun-worker")  # on with OTEL_EXPORTER_OTLP_ENDPOINT
         try:
             return await attempt_exit_code(agent, session, compensations=compensations, lookups=lookups)

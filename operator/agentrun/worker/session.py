@@ -22,9 +22,11 @@ from agentrun.api.causes import RefusalCause
 from agentrun.core.fence import fence_violation, refusal_cause
 from agentrun.core.ledger import foreign_record
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.statestore import BlobStore
 from agentrun.tracing import Tracing
+from agentrun.worker.blobs import RunBlobs, fits_inline
 from agentrun.worker.clock import Clock, SystemClock, timestamp
-from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
+from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError, StateUnverifiable
 from agentrun.worker.identity import Identity
 from agentrun.worker.progress import Progress
 
@@ -34,8 +36,14 @@ MAX_CONFLICTS = 20
 # How long to wait for the cancel watch to deliver a Run (its first, or a newer one after a 409) before
 # reading it instead: a fallback, the watch normally answers within milliseconds.
 WATCH_PATIENCE_SECONDS = 5.0
-STATE_ADVICE = "store large data elsewhere and checkpoint a reference to it (stateRef)"
-RESULT_ADVICE = "store large data elsewhere and return a reference to it (a URI and a digest)"
+STATE_ADVICE = (
+    "configure the agent-state store (AGENTRUN_STATE_STORE_URL) so that large state goes there, or store "
+    "large data elsewhere and checkpoint a reference to it"
+)
+RESULT_ADVICE = (
+    "configure the agent-state store (AGENTRUN_STATE_STORE_URL) so that a large result goes there, or "
+    "store large data elsewhere and return a reference to it (a URI and a digest)"
+)
 
 
 def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
@@ -46,10 +54,14 @@ def refuse_over_budget(what: str, value: Any, budget: int, advice: str) -> None:
 
 
 class Session:
-    def __init__(self, api: KubeApi, me: Identity, clock: Clock | None = None) -> None:
-        """clock: the one the whole Attempt reads (the machine's unless given: a test passes a fake)."""
+    def __init__(
+        self, api: KubeApi, me: Identity, clock: Clock | None = None, state_store: BlobStore | None = None
+    ) -> None:
+        """clock: the one the whole Attempt reads (the machine's unless given: a test passes a fake).
+        state_store: where values over the inline threshold go (worker.blobs); None keeps all inline."""
         self.api = api
         self.me = me
+        self.state_store = state_store
         self.clock: Clock = clock or SystemClock()
         self.run_path = api.custom_path("runs", me.namespace, me.run)
         self.lease_path = api.lease_path(me.namespace, lease_name(me.run))
@@ -224,13 +236,58 @@ class Session:
             log.warning("could not record the rejected commit on %s: %s", self.me.attempt, exc)
 
     async def commit(self, result: JsonDict) -> None:
-        refuse_over_budget("the result", result, RESULT_BUDGET, RESULT_ADVICE)
+        """Writes the result (inline, or its reference in the store when it is over the inline
+        threshold) with committedBy: one fenced write."""
+        inline, ref = await self.stored_value("the result", result, RESULT_BUDGET, RESULT_ADVICE)
         committed_by = {
             "attempt": self.me.attempt,
             "leaseEpoch": self.me.lease_epoch,
             "cancelEpoch": self.me.cancel_epoch,
         }
-        await self.fenced_status_write({"result": result, "committedBy": committed_by}, "result commit")
+        patch: JsonDict = {"committedBy": committed_by}
+        patch.update({"resultRef": ref} if ref is not None else {"result": inline})
+        await self.fenced_status_write(patch, "result commit")
+
+    # ---- values in the state store ------------------------------------------------------------------
+
+    async def run_blobs(self) -> RunBlobs | None:
+        """This Run's blobs in the state store, or None when no store is configured."""
+        if self.state_store is None:
+            return None
+        run = self.run or await self.read_run()
+        return RunBlobs(self.state_store, self.me.namespace, str(run.metadata.uid or self.me.run))
+
+    async def stored_value(
+        self, what: str, value: Any, budget: int, advice: str
+    ) -> tuple[Any, JsonDict | None]:
+        """(value, None) to keep inline, or (None, its reference) once put in the store: a value over the
+        inline threshold goes to the store when one is configured; without one, a value over its byte
+        budget is refused before anything is sent."""
+        blobs = await self.run_blobs()
+        if blobs is None or fits_inline(value):
+            refuse_over_budget(what, value, budget, advice)
+            return value, None
+        return None, await blobs.put(value)
+
+    async def value_of(self, inline: Any, ref: Any, what: str) -> Any:
+        """The value an object records: inline, or read from the store and verified (StateUnverifiable
+        when the blob is missing or changed, or when no store is configured to read it from)."""
+        if ref is None:
+            return inline
+        reference = ref.to_api() if hasattr(ref, "to_api") else dict(ref)
+        blobs = await self.run_blobs()
+        if blobs is None:
+            raise StateUnverifiable(
+                f"{what} is in the state store ({reference.get('key')}), but this Pod has no state store "
+                "configured (AGENTRUN_STATE_STORE_URL)",
+                key=str(reference.get("key", "")),
+            )
+        return await blobs.get(reference)
+
+    async def checkpoint_state(self, checkpoint: Checkpoint) -> Any:
+        """ctx.state as the Checkpoint saved it: inline, or its blob read and verified."""
+        spec = checkpoint.spec
+        return await self.value_of(spec.state, spec.state_ref, f"checkpoint {spec.id}")
 
     async def write_usage(self, usage: Usage) -> None:
         """This Attempt's usage totals (absolute values: a repeated write changes nothing)."""
@@ -249,7 +306,7 @@ class Session:
         """Records a step's result as one immutable Journal Checkpoint; never moves latestCheckpoint (no
         Run write, no fence: a step is side-effect-free, and a replaying reader checks the epochs). False
         when the entry existed already (written by an earlier Attempt for the same key)."""
-        refuse_over_budget(
+        inline, ref = await self.stored_value(
             f"the result of step {step!r}", {"result": value}, CHECKPOINT_STATE_BUDGET, STATE_ADVICE
         )
         spec: JsonDict = {
@@ -260,8 +317,11 @@ class Session:
             "leaseEpoch": self.me.lease_epoch,
             "step": step,
             "kind": CheckpointKind.JOURNAL.value,
-            "state": {"result": value, "call": index},
+            # the call index stays inline (a replay matches on it); the result goes to the store if large
+            "state": {**(inline or {}), "call": index},
         }
+        if ref is not None:
+            spec["stateRef"] = ref
         if parent:
             spec["parent"] = parent.spec.id
         body = {
@@ -292,7 +352,9 @@ class Session:
             return await self._save_checkpoint(state, step, parent)
 
     async def _save_checkpoint(self, state: Any, step: str | None, parent: Checkpoint | None) -> Checkpoint:
-        refuse_over_budget("the checkpoint state", state, CHECKPOINT_STATE_BUDGET, STATE_ADVICE)
+        inline, ref = await self.stored_value(
+            "the checkpoint state", state, CHECKPOINT_STATE_BUDGET, STATE_ADVICE
+        )
         sequence = parent.spec.sequence + 1 if parent else 1
         checkpoint_id = f"{self.me.attempt}-s{sequence}"
         body: JsonDict = {
@@ -305,9 +367,12 @@ class Session:
                 "sequence": sequence,
                 "attempt": self.me.attempt,
                 "leaseEpoch": self.me.lease_epoch,
-                "state": state,
             },
         }
+        if ref is not None:
+            body["spec"]["stateRef"] = ref
+        else:
+            body["spec"]["state"] = inline
         if parent:
             body["spec"]["parent"] = parent.spec.id
         if step:

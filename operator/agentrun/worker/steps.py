@@ -24,6 +24,7 @@ from agentrun.worker.errors import (
     LeaseLost,
     PermanentError,
     RateLimited,
+    StateUnverifiable,
     TransientError,
 )
 from agentrun.worker.session import Session
@@ -82,6 +83,12 @@ class Journal:
             return False, None
         if self.checkpoint is not None and entry.spec.lease_epoch < self.checkpoint.spec.lease_epoch:
             return False, None  # written under an older lease than the checkpoint it hangs from: stale
+        ref = entry.spec.state_ref
+        if ref is not None:  # a large result: in the store, read and verified
+            stored = await self.session.value_of(None, ref, f"journal entry {name}")
+            if not isinstance(stored, dict):
+                raise StateUnverifiable(f"journal entry {name}: its blob holds no result", key=ref.key)
+            return True, stored.get("result")
         return True, entry.spec.state.get("result")
 
     async def record(self, name: str, step: str, index: int, value: Any) -> None:

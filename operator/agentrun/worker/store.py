@@ -10,6 +10,7 @@ from typing import Any
 from agentrun.api import Attempt, Run
 from agentrun.core import requests
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.worker.blobs import RunBlobs
 from agentrun.worker.session import Session
 
 
@@ -41,6 +42,12 @@ class RunStore:
     def run(self) -> Run | None:
         """The newest Run this worker read or wrote (None before the first)."""
         return self._session.run
+
+    async def blobs(self) -> RunBlobs | None:
+        """This Run's blobs in the agent-state store: `put(value)` returns the reference to record in a
+        fenced object, `get(reference)` the value read back and verified (StateUnverifiable otherwise).
+        None when the Pod has no store configured: keep values inline then."""
+        return await self._session.run_blobs()
 
     async def read_run(self) -> Run:
         """The Run as stored now (a read)."""

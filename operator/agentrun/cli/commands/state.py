@@ -1,0 +1,72 @@
+"""`state`: a Run's saved state or result, as the agent reads it: inline, or fetched from the agent-state
+store and verified (size and sha256 against the reference the fenced object records). Read-only.
+
+The store is the one AGENTRUN_STATE_STORE_URL names, with its credentials in the environment (for people:
+the namespace's read-only Secret, docs/state-store.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from agentrun.api import BlobRef, Checkpoint, Run
+from agentrun.cli import render
+from agentrun.cli.context import Context
+from agentrun.cli.errors import EXIT_OK, CliError
+from agentrun.statestore import BlobRef as StoredRef
+from agentrun.statestore import BlobStore, StateStoreError
+
+STORE_URL_ENV = "AGENTRUN_STATE_STORE_URL"
+
+
+async def state(ctx: Context, args: argparse.Namespace) -> int:
+    run = Run.model_validate(await ctx.cluster.run(args.run))
+    inline: Any
+    ref: BlobRef | None
+    if args.result:
+        if run.status.result_ref is None and run.status.result is None:
+            raise CliError(f"Run {args.run} has no result (phase {run.status.phase or 'Pending'})")
+        what = f"the result of Run {args.run}"
+        inline, ref = run.status.result, run.status.result_ref
+    else:
+        checkpoint_id = args.checkpoint or run.status.latest_checkpoint
+        if not checkpoint_id:
+            raise CliError(f"Run {args.run} has saved no checkpoint yet")
+        body = await ctx.cluster.api.get(ctx.cluster.path("checkpoints", checkpoint_id))
+        if body is None:
+            raise CliError(f'checkpoint "{checkpoint_id}" not found in namespace "{ctx.namespace}"')
+        checkpoint = Checkpoint.model_validate(body)
+        if checkpoint.spec.run_name != args.run:
+            owner = checkpoint.spec.run_name
+            raise CliError(f"checkpoint {checkpoint_id} belongs to Run {owner}, not {args.run}")
+        what = f"the state of checkpoint {checkpoint_id}"
+        inline, ref = checkpoint.spec.state, checkpoint.spec.state_ref
+    value = inline if ref is None else await fetch(ref, what)
+    if ref is not None:
+        ctx.out.note(f"{what}: {render.stored_in(ref)}, verified")
+    if ctx.out.raw:
+        ctx.out.obj(value)
+    else:
+        ctx.out.text(json.dumps(value, indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
+async def fetch(ref: BlobRef, what: str) -> Any:
+    """The value a reference names, read from the store and verified; a clear error when it cannot be."""
+    url = os.environ.get(STORE_URL_ENV, "").strip()
+    if not url:
+        raise CliError(
+            f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
+            "namespace's read-only Secret) to read it"
+        )
+    try:
+        store = BlobStore.from_url(url)
+        data = await store.get(StoredRef(ref.key, ref.sha256, ref.size))
+    except StateStoreError as exc:
+        raise CliError(f"{what}: {exc}") from None
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise CliError(f"{what}: the blob {ref.key} is not JSON") from None

@@ -1,0 +1,193 @@
+"""The worker SDK with the state store, on the real control plane and its versitygw: an agent whose state
+outgrows the inline threshold is killed and resumes from the blobs, whole; its large result is committed
+by reference; a blob replaced behind the Run's back stops the Run with StateUnverifiable for a person
+(NeedsReconciliation), never continued from a different state. (The SDK's rules on a memory:// store:
+tests/unit/test_worker_blobs.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from agentrun.api.budgets import stored_size
+from agentrun.statestore import BlobRef, BlobStore
+from agentrun.worker.blobs import INLINE_THRESHOLD
+from devcluster.cluster import LocalCluster
+from devcluster.objectstore import REGION
+from devcluster.operator import OperatorProcess
+from devcluster.security import STATE_STORE_SECRET
+from integration.test_cli import argv, cli, env_for
+from support.big_state_agent import digest, output
+from support.kube import Kube, wait_for
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    resume,
+    support_agent_run,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.cluster
+
+ENDED = {"Succeeded", "Failed", "NeedsReconciliation", "Cancelled"}
+
+
+def big_state_run(name: str, cluster: LocalCluster, **spec: Any) -> dict[str, Any]:
+    """The big-state agent, told the cluster's store and its namespace's credentials Secret as the
+    operator tells attempt Pods (core.pods.StateStorePodEnv: the same names, the same secretKeyRefs)."""
+    body = support_agent_run(name, "big_state_agent", spec)
+    body["spec"]["agent"]["env"] += [
+        {"name": "AGENTRUN_STATE_STORE_URL", "value": cluster.state_store_url},
+        *(
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": STATE_STORE_SECRET, "key": key}}}
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+        ),
+    ]
+    body["spec"]["retry"] = FAST_RETRY
+    return body
+
+
+def checkpoints(kube: Kube, ns: str, run: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, ns, "checkpoints", label_selector=f"agentrun.dev/run={run}"
+    )["items"]
+    return items
+
+
+def read_blob(cluster: LocalCluster, ref: dict[str, Any]) -> Any:
+    """A blob as any reader gets it: through the store, its size and sha256 checked."""
+    store = BlobStore.from_url(cluster.state_store_url, env=cluster.state_store_env())
+    return json.loads(asyncio.run(store.get(BlobRef.from_json(ref))))
+
+
+def cli_with_store(
+    kube: Kube, cluster: LocalCluster, ns: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl agentrun ARGS` for a person who holds the store's URL and credentials."""
+    env = {**env_for(kube.kubeconfig), "AGENTRUN_STATE_STORE_URL": cluster.state_store_url}
+    env |= cluster.state_store_env()
+    return subprocess.run(argv(ns, *args), env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_its_result_by_reference(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name, steps, size = run_namespace, "big", 5, 20_000
+    create_run(
+        kube,
+        ns,
+        big_state_run(name, local_cluster, steps=steps, outputBytes=size, killAt=3, resultBytes=40_000),
+    )
+    run = wait_phase(kube, ns, name, ENDED, timeout=180)
+    assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
+    assert [a["status"]["phase"] for a in attempts(kube, ns, name)] == ["Failed", "Succeeded"]
+
+    # the result is over the inline threshold: committed by reference under the commit fence
+    status = run["status"]
+    assert "result" not in status
+    assert status["committedBy"]["attempt"] == f"{name}-a2"
+    ref = status["resultRef"]
+    assert ref["key"].startswith(f"{ns}/{run['metadata']['uid']}/sha256/")
+    result = read_blob(local_cluster, ref)
+    full_state = {"outputs": [output(i, size) for i in range(steps)], "fetched": f"{name}-a1"}
+    assert result["complete"] is True, "the resumed Attempt saw every output, each whole"
+    assert result["stateDigest"] == digest(full_state)
+    assert result["fetchedBy"] == f"{name}-a1", "the journaled fetch was replayed from the store"
+    assert result["attempt"] == f"{name}-a2"
+    assert len(result["padding"]) == 40_000
+
+    # etcd holds references: every state and the journaled document went to the store
+    saved = checkpoints(kube, ns, name)
+    states = [c for c in saved if c["spec"].get("kind", "State") == "State"]
+    journal = [c for c in saved if c["spec"].get("kind") == "Journal"]
+    assert states
+    assert journal
+    for checkpoint in [*states, *journal]:
+        spec = checkpoint["spec"]
+        assert "stateRef" in spec, spec.get("id")
+        assert stored_size(spec.get("state")) <= INLINE_THRESHOLD
+    [entry] = journal
+    assert read_blob(local_cluster, entry["spec"]["stateRef"])["result"]["by"] == f"{name}-a1"
+    latest = next(c for c in states if c["spec"]["id"] == status["latestCheckpoint"])
+    assert read_blob(local_cluster, latest["spec"]["stateRef"]) == full_state
+
+    # people read them with the CLI: describe names the blob, state fetches and verifies it
+    described = cli(kube, ns, "describe", name)
+    assert described.returncode == 0, described.stderr
+    assert f"Result:        in the state store at {ref['key']} ({ref['size']} bytes" in described.stdout
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "--result", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == result
+    assert "verified" in shown.stderr
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == full_state
+    without_store = cli(kube, ns, "state", name, "--result")
+    assert without_store.returncode == 1
+    assert "set AGENTRUN_STATE_STORE_URL" in without_store.stderr
+
+
+def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_unverifiable(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = run_namespace, "tampered"
+    create_run(kube, ns, big_state_run(name, local_cluster, steps=3, outputBytes=20_000, askAt=1))
+    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    pending = waiting["status"]["pendingRequest"]
+    checkpoint = kube.custom.get_namespaced_custom_object(
+        GROUP, VERSION, ns, "checkpoints", pending["checkpointId"]
+    )
+    ref = checkpoint["spec"]["stateRef"]
+
+    # a writer with the namespace's credentials overwrites the blob: same size, other content
+    store = local_cluster.object_store
+    assert store is not None
+    raw = S3Store(
+        store.bucket,
+        config={
+            "endpoint": store.endpoint,
+            "region": REGION,
+            "access_key_id": store.credentials.access_key,
+            "secret_access_key": store.credentials.secret_key,
+        },
+        client_options={"allow_http": True},
+    )
+    original = bytes(obstore.get(raw, ref["key"]).bytes())
+    forged = original.replace(b"output 0: a", b"output 0: Z", 1)
+    assert forged != original
+    assert len(forged) == len(original)
+    obstore.put(raw, ref["key"], forged)
+
+    resume(kube, ns, name, pending, {"go": True}, key="carry-on-1")
+
+    def second_attempt_ended() -> dict[str, Any] | None:
+        found = [a for a in attempts(kube, ns, name) if a["spec"]["number"] == 2]
+        ended = found and found[0].get("status", {}).get("phase") in {"Failed", "Succeeded"}
+        return found[0] if ended else None
+
+    second = wait_for(second_attempt_ended, 120, what=f"{name}'s second Attempt to end")
+    failure = second["status"]["failure"]
+    assert second["status"]["phase"] == "Failed"
+    assert failure["reason"] == "StateUnverifiable"
+    assert failure["class"] == "deterministic"
+    assert ref["key"] in failure["message"]
+    shown = cli_with_store(kube, local_cluster, ns, "state", name, "--checkpoint", pending["checkpointId"])
+    assert shown.returncode == 1
+    assert f"state blob {ref['key']} cannot be verified" in shown.stderr
+    # the Run stops for a person: never retried on its own, never continued from other state
+    final = wait_phase(kube, ns, name, ENDED, timeout=60)
+    assert final["status"]["phase"] == "NeedsReconciliation", final["status"]
+    assert final["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert len(attempts(kube, ns, name)) == 2
+    assert "result" not in final["status"]
+    assert "resultRef" not in final["status"]
