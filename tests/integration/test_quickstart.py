@@ -181,3 +181,11 @@ def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     assert states == {"create_ticket": "Compensated", "close_ticket": "Confirmed"}
     with urllib.request.urlopen("http://127.0.0.1:8088/tickets/T-1", timeout=10) as response:
         assert json.load(response)["status"] == "closed"
+
+    # The other example Runs, applied as their comments say, run unchanged on the same path.
+    for manifest, name in (("run-minimal.yaml", "echo"), ("run-with-retry-and-lease.yaml", "echo-resilient")):
+        outcome.sh(f"kubectl apply -n agents -f examples/{manifest}")
+        outcome.sh(
+            f"kubectl wait -n agents run/{name} --for=jsonpath='{{.status.phase}}'=Succeeded --timeout=120s"
+        )
+        assert outcome.run(name)["status"]["phase"] == "Succeeded"
