@@ -2,21 +2,27 @@
 
 A Run's user may create Runs, not Pods: the operator creates the Pods, so whatever ServiceAccount a Pod
 names is lent by the operator. It lends only accounts an administrator opted in (label
-agentrun.dev/agent=true), and never its own. And an object that merely carries an agentrun name or label
-is not the Run's: only one that names the Run (by UID) as its owner is.
+agentrun.dev/agent=true), and never its own; and only once the account may do what an attempt Pod does
+(the attempt role bound), so a missing binding fails the Run with its fix, not the agent with a 403.
+And an object that merely carries an agentrun name or label is not the Run's: only one that names the
+Run (by UID) as its owner is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import AGENT_LABEL, TERMINAL_PHASES, Run, RunPhase
 from agentrun.core import controls
+from agentrun.rbac import ATTEMPT_ROLE
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 NOT_ALLOWED = "ServiceAccountNotAllowed"
+ROLE_NOT_BOUND = "AttemptRoleNotBound"
+# The setup of the examples' agents' namespace: the labelled ServiceAccount, the Role and its binding.
+EXAMPLES_SETUP = "kubectl apply -f examples/agents.yaml"
 NAME_SQUATTED = "NameSquatted"
 
 
@@ -55,6 +61,23 @@ def account_refusal(
             f"for attempt Pods with `{opt_in}`"
         )
     return None
+
+
+def role_refusal(account: Account, denied: Sequence[str]) -> str | None:
+    """Why attempt Pods may not run as `account` although it is opted in: it may not do `denied` (what
+    the attempt role grants, e.g. "patch runs/status"); None when nothing was denied."""
+    if not denied:
+        return None
+    shown = ", ".join(denied[:3]) + (f" and {len(denied) - 3} more" if len(denied) > 3 else "")
+    bind = (
+        f"kubectl create rolebinding {ATTEMPT_ROLE} -n {account.namespace} --role={ATTEMPT_ROLE} "
+        f"--serviceaccount={account.namespace}:{account.name}"
+    )
+    return (
+        f"ServiceAccount {account} is not bound to the attempt role (it may not {shown}): its agent "
+        f"could not report; bind it with `{bind}` (the Role {ATTEMPT_ROLE} must exist in the namespace; "
+        f"for the examples' namespace `{EXAMPLES_SETUP}` sets up both)"
+    )
 
 
 def may_start_pods(run: Run) -> bool:
