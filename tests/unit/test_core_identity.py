@@ -203,7 +203,7 @@ def test_a_role_refusal_names_what_was_denied_and_the_command_that_binds_the_rol
     assert message is not None
     assert "may not patch runs/status, create checkpoints, patch leases and 1 more" in message
     assert (
-        "`kubectl create rolebinding agentrun-attempt -n team-a --role=agentrun-attempt "
+        "`kubectl create rolebinding agentrun-attempt-agents -n team-a --role=agentrun-attempt "
         "--serviceaccount=team-a:agents`" in message
     )
     assert "`kubectl apply -f examples/agents.yaml`" in message

@@ -69,9 +69,10 @@ def role_refusal(account: Account, denied: Sequence[str]) -> str | None:
     if not denied:
         return None
     shown = ", ".join(denied[:3]) + (f" and {len(denied) - 3} more" if len(denied) > 3 else "")
+    # A binding of its own per account: the namespace may already bind the role to another account.
     bind = (
-        f"kubectl create rolebinding {ATTEMPT_ROLE} -n {account.namespace} --role={ATTEMPT_ROLE} "
-        f"--serviceaccount={account.namespace}:{account.name}"
+        f"kubectl create rolebinding {ATTEMPT_ROLE}-{account.name} -n {account.namespace} "
+        f"--role={ATTEMPT_ROLE} --serviceaccount={account.namespace}:{account.name}"
     )
     return (
         f"ServiceAccount {account} is not bound to the attempt role (it may not {shown}): its agent "
