@@ -76,8 +76,9 @@ def role_refusal(account: Account, denied: Sequence[str]) -> str | None:
     )
     return (
         f"ServiceAccount {account} is not bound to the attempt role (it may not {shown}): its agent "
-        f"could not report; bind it with `{bind}` (the Role {ATTEMPT_ROLE} must exist in the namespace; "
-        f"for the examples' namespace `{EXAMPLES_SETUP}` sets up both)"
+        f"could not report; bind it with `{bind}` (the Role as examples/agents.yaml makes it; a Helm "
+        f"install names it RELEASE-attempt, a ClusterRole unless namespaced: --clusterrole=RELEASE-attempt); "
+        f"for the examples' namespace `{EXAMPLES_SETUP}` sets up all of it"
     )
 
 
