@@ -157,6 +157,24 @@ def test_an_account_labelled_just_before_the_run_is_used(
     assert kube.core.read_namespaced_pod("opted-a1", ns).spec.service_account_name == "agents"
 
 
+def may_patch_run_status(kube: Kube, namespace: str, account: str) -> bool:
+    review = client.AuthorizationV1Api(kube.api_client).create_subject_access_review(
+        {
+            "spec": {
+                "user": f"system:serviceaccount:{namespace}:{account}",
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "group": GROUP,
+                    "resource": "runs",
+                    "subresource": "status",
+                    "verb": "patch",
+                },
+            }
+        }
+    )
+    return bool(review.status.allowed)
+
+
 def test_an_account_without_the_attempt_role_fails_the_run_before_any_pod_until_it_is_bound(
     kube: Kube, run_namespace: str, operator: OperatorProcess
 ) -> None:
@@ -187,6 +205,8 @@ def test_an_account_without_the_attempt_role_fails_the_run_before_any_pod_until_
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    # The API server's authorizer learns of a binding from its own watch: the next Run once it has.
+    wait_for(lambda: may_patch_run_status(kube, ns, "unbound"), what="the binding in force")
     body = scenario_run("bound", {"steps": 1})
     body["spec"]["agent"]["serviceAccountName"] = "unbound"
     author_creates(author, ns, body)
