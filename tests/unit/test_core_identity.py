@@ -199,9 +199,9 @@ DENIED = ("patch runs/status", "create checkpoints", "patch leases", "create sid
 
 
 def test_a_role_refusal_names_what_was_denied_and_the_command_that_binds_the_role() -> None:
-    message = role_refusal(Account("team-a", "agents"), DENIED)
+    message = role_refusal(Account("team-a", "agents"), ("get runs", *DENIED))
     assert message is not None
-    assert "may not patch runs/status, create checkpoints, patch leases and 1 more" in message
+    assert "may not patch runs/status, create checkpoints, patch leases and 2 more" in message
     assert (
         "`kubectl create rolebinding agentrun-attempt-agents -n team-a --role=agentrun-attempt "
         "--serviceaccount=team-a:agents`" in message

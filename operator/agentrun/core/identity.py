@@ -21,6 +21,7 @@ from agentrun.rbac import ATTEMPT_ROLE
 DEFAULT_SERVICE_ACCOUNT = "default"
 NOT_ALLOWED = "ServiceAccountNotAllowed"
 ROLE_NOT_BOUND = "AttemptRoleNotBound"
+READ_VERBS = frozenset({"get", "list", "watch"})
 # The setup of the examples' agents' namespace: the labelled ServiceAccount, the Role and its binding.
 EXAMPLES_SETUP = "kubectl apply -f examples/agents.yaml"
 NAME_SQUATTED = "NameSquatted"
@@ -68,7 +69,9 @@ def role_refusal(account: Account, denied: Sequence[str]) -> str | None:
     the attempt role grants, e.g. "patch runs/status"); None when nothing was denied."""
     if not denied:
         return None
-    shown = ", ".join(denied[:3]) + (f" and {len(denied) - 3} more" if len(denied) > 3 else "")
+    # The writes first: they are what an agent reports with (reading alone would not be the role).
+    writes_first = sorted(denied, key=lambda d: d.split(" ")[0] in READ_VERBS)
+    shown = ", ".join(writes_first[:3]) + (f" and {len(denied) - 3} more" if len(denied) > 3 else "")
     # A binding of its own per account: the namespace may already bind the role to another account.
     bind = (
         f"kubectl create rolebinding {ATTEMPT_ROLE}-{account.name} -n {account.namespace} "
