@@ -24,6 +24,12 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## create .venv with agentrun and the test tools
 
+.PHONY: chromium
+chromium: ## Chromium from the distribution's packages, for the console's browser tests (apt-get, as root)
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "chromium is missing: as root, apt-get install chromium" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
 .PHONY: binaries
 binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm, otelcol, versitygw
 	bash hack/build-control-plane.sh all
@@ -84,8 +90,12 @@ unit: venv helm lint ## lint and the unit tests; builds no control plane (of the
 	$(PY) -m pytest tests/unit
 
 .PHONY: test
-test: venv binaries lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
+test: venv binaries chromium lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
 	$(PY) -m pytest tests
+
+.PHONY: screenshots
+screenshots: venv binaries chromium ## the console's browser tests, writing their screenshots into docs/console/
+	AGENTRUN_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest tests/integration/test_console.py
 
 .PHONY: bench
 bench: venv binaries ## benchmarks on local control planes (~25 min; not part of test): bench/REPORT.md

@@ -91,6 +91,7 @@ RUN_NAME_LENGTH = rule("Run", "", "size(self.metadata.name)")
 CANCEL_EPOCH_GROWS = rule("Run", ".spec.cancelEpoch")
 CANCEL_EPOCH_FROZEN = rule("Run", "", "oldSelf.status.phase")
 RESUME_KEY_REUSED = rule("Run", ".spec.resume")
+ONE_ANSWER_AT_A_TIME = rule("Run", "", "oldSelf.status.spentKeys")
 RETRY_KEY_REUSED = rule("Run", ".spec.retryRequest")
 PAUSE_ID_REUSED = rule("Run", ".spec.pause")
 RESULT_FENCED = rule("Run", "", "self.status.result")
@@ -402,6 +403,12 @@ BAD_INPUT: dict[str, Bad] = {
     ),
     "reusing a resume idempotencyKey for another request is refused": updated(
         "Run", spec(resume={"requestId": "req-2"}), RESUME_KEY_REUSED, base={".spec.resume": RESUME}
+    ),
+    "a second answer before the first one's key is spent is refused (one answer at a time)": updated(
+        "Run",
+        spec(resume={"requestId": "req-2", "idempotencyKey": "k-second", "value": {"approved": False}}),
+        ONE_ANSWER_AT_A_TIME,
+        base={".spec.resume": RESUME},
     ),
     "reusing a resume idempotencyKey for another checkpoint is refused": updated(
         "Run", spec(resume={"checkpointId": "ckpt-3"}), RESUME_KEY_REUSED, base={".spec.resume": RESUME}

@@ -175,6 +175,39 @@ def test_deadline_stops_the_attempt_and_fails_the_run(
     wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=30, what="the attempt pod deleted")
 
 
+HANG = {"fail": {"how": "hang"}}  # the agent awaits forever, without progress
+
+
+def test_attempt_timeout_stops_a_hung_agent(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    body = scenario_run("hung", HANG, attemptTimeoutSeconds=5, retry={"maxAttempts": 1})
+    create_run(kube, ns, body)
+    run = wait_phase(kube, ns, "hung", {"Succeeded", "Failed"}, timeout=60)
+    assert run["status"]["failure"]["reason"] == "AttemptTimeout", operator.log_tail()
+    assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
+    [attempt] = attempts(kube, ns, "hung")
+    assert attempt["status"]["phase"] == "Failed"
+    failure = attempt["status"]["failure"]
+    assert (failure["class"], failure["reason"]) == ("infrastructure", "AttemptTimeout")
+    wait_for(lambda: kube.pod("hung-a1", ns) is None, timeout=30, what="the attempt pod deleted")
+
+
+def test_progress_timeout_stops_an_agent_that_shows_no_progress(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = run_namespace
+    body = scenario_run("stuck", HANG, progressTimeoutSeconds=3, retry={"maxAttempts": 1})
+    create_run(kube, ns, body)
+    run = wait_phase(kube, ns, "stuck", {"Succeeded", "Failed"}, timeout=60)
+    assert run["status"]["failure"]["reason"] == "ProgressTimeout", operator.log_tail()
+    [attempt] = attempts(kube, ns, "stuck")
+    assert attempt["status"]["phase"] == "Failed"
+    failure = attempt["status"]["failure"]
+    assert (failure["class"], failure["reason"]) == ("infrastructure", "ProgressTimeout")
+
+
 def versions(kube: Kube, ns: str) -> dict[str, str]:
     """The resourceVersion of every Run in the namespace: any write to one changes it."""
     items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "runs")["items"]

@@ -23,8 +23,9 @@ from agentrun.core.plan import (
     DeletePod,
     PatchRunStatus,
     Plan,
+    WriteLease,
 )
-from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, decide
+from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, attempts, decide
 from agentrun.core.runs.chain import Chain, Rule
 from agentrun.core.runs.transition import SetPhase
 from agentrun.core.runs.transition import Transition as RuleTransition
@@ -97,6 +98,16 @@ from unit.run_worlds import (
 )
 
 ROLE_DENIED = ("patch runs/status", "create checkpoints", "patch leases")
+# The Lease revoked, the Run moved on, the Pod stopped with its grace period, then the Attempt marked.
+ATTEMPT_TIMED_OUT = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
+
+
+def timed_out_attempt(number: int) -> Attempt:
+    failure = failure_of(FailureClass.INFRASTRUCTURE, "the Attempt ran 300s").model_copy(
+        update={"reason": "AttemptTimeout"}
+    )
+    return make_attempt(number, phase="Failed", failure=failure)
+
 
 TRANSITIONS: dict[str, Transition] = {
     # ---- start
@@ -213,6 +224,48 @@ TRANSITIONS: dict[str, Transition] = {
         "RetryBackoff",
         {1: "Failed"},
         requeue="backoff",
+    ),
+    # ---- spec.attemptTimeoutSeconds (the Attempt's agent started 300s before NOW)
+    "running-attempt-timed-out": Transition(
+        supervising(spec={"attemptTimeoutSeconds": 240}),
+        ATTEMPT_TIMED_OUT,
+        "RetryBackoff",
+        {1: "Failed"},
+        requeue="backoff",
+    ),
+    "running-attempt-timed-out-exactly-now": Transition(
+        supervising(spec={"attemptTimeoutSeconds": 300}),
+        ATTEMPT_TIMED_OUT,
+        "RetryBackoff",
+        {1: "Failed"},
+        requeue="backoff",
+    ),
+    "running-attempt-timed-out-on-its-last-attempt": Transition(
+        supervising(spec={"attemptTimeoutSeconds": 240, "retry": {"maxAttempts": 1}}),
+        ATTEMPT_TIMED_OUT,
+        "Failed",
+        {1: "Failed"},
+        stop_reason="AttemptTimeout",
+    ),
+    "running-attempt-timeout-not-due-wakes-when-due": Transition(
+        supervising(spec={"attemptTimeoutSeconds": 320}), [], requeue=20.0, lease_check=30.05
+    ),
+    "running-attempt-timeout-counts-from-the-agent-start": Transition(
+        supervising(attempt=NOT_STARTED, spec={"attemptTimeoutSeconds": 320}),
+        ["PatchAttemptStatus"],
+        attempts={1: "Running"},
+        requeue=20.0,
+        lease_check=30.05,
+    ),
+    "running-attempt-timeout-not-judged-before-the-pod-started": Transition(
+        supervising(pod="pending", attempt=NOT_STARTED, spec={"attemptTimeoutSeconds": 1}),
+        [],
+        requeue=RECHECK_SECONDS,
+    ),
+    "backoff-due-after-an-attempt-timeout": Transition(
+        backing_off(previous=timed_out_attempt(1), spec={"attemptTimeoutSeconds": 240}),
+        SUCCESSOR_GRANT,
+        "Running",
     ),
     # ---- the agent container ended
     "pod-succeeded-with-commit": Transition(
@@ -1182,6 +1235,19 @@ def test_every_phase_change_carries_the_side_effects(case: Transition) -> None:
         assert "report" not in patch
 
 
+def test_a_timed_out_attempt_is_failed_as_infrastructure_and_its_pod_stopped_with_grace() -> None:
+    world = TRANSITIONS["running-attempt-timed-out"].world
+    plan = decide(world)
+
+    assert attempts.RUNNING.decide(world).rule == "TimedOut"
+    assert of_type(plan, WriteLease)[0].holder is None
+    assert run_patch(plan)["leaseEpoch"] == 2
+    assert of_type(plan, DeletePod) == [DeletePod(name_of(1))]  # its grace period, then the kubelet kills
+    failure = attempt_patches(plan)[name_of(1)][-1]["failure"]
+    assert (failure["class"], failure["reason"]) == ("infrastructure", "AttemptTimeout")
+    assert failure["message"] == "the Attempt ran 300s, past its attemptTimeoutSeconds of 240s"
+
+
 # ---- the table itself --------------------------------------------------------------------------------------
 
 
@@ -1199,6 +1265,7 @@ DECIDED_BY = {
     "being-deleted-before-queued": "Deleted",
     "running-healthy": "Running",
     "running-lease-expired": "Running",
+    "running-attempt-timed-out": "Running",
     "backoff-due": "RetryDue",
     "backoff-not-due-yet": "BackingOff",
     "commit-wins-over-a-later-cancel": "Committed",

@@ -170,7 +170,9 @@ class AttemptFailure(FailureInfo):
     reason: Reason | None = Field(
         None,
         description="For unknown_side_effect: why the ledger stopped (MaxSendsReached, LookupUnavailable, "
-        "ConflictingResults, IrreversibleUnknown, ...); the Run's status.failure.reason carries it.",
+        "ConflictingResults, IrreversibleUnknown, ...); AttemptTimeout or ProgressTimeout for an Attempt "
+        "stopped by spec.attemptTimeoutSeconds or spec.progressTimeoutSeconds. The Run's "
+        "status.failure.reason carries it.",
     )
 
     exit_code: int | None = Field(None, ge=0, le=255, description="Exit code of the agent's container.")

@@ -504,6 +504,24 @@ class RunSpec(ApiModel):
         description="The Run fails with reason DeadlineExceeded when it has not ended this many seconds "
         "after its creation (at most 30 days). Unlimited when omitted.",
     )
+    attempt_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2592000,
+        description="An Attempt whose agent has run this many seconds (from the Attempt's startTime) is "
+        "stopped (its Pod deleted with its grace period, then killed) and fails with class "
+        "infrastructure, reason AttemptTimeout; the retry policy decides what follows. Unlimited when "
+        "omitted.",
+    )
+    progress_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2592000,
+        description="An Attempt whose agent has not reported progress (ctx.progress(), or any checkpoint, "
+        "step, side effect or interrupt) for this many seconds is stopped by its worker and fails with "
+        "class infrastructure, reason ProgressTimeout; its worker stops renewing the lease, so a worker "
+        "that cannot stop loses its lease. Unlimited when omitted.",
+    )
     cancel_epoch: Epoch = Field(
         0,
         description="Raise to cancel the Run: the operator stops the current Attempt and refuses any "

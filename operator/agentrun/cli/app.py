@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, watch
+from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
 from agentrun.cli.errors import EXIT_FAILED, CliError, api_error_from, describe_api_error
@@ -223,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "watch", watch.watch, "follow a Run until it stops or waits (exit 1 if it failed)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this long")
+
+    p = _add(sub, "console", console.serve, "a web inbox in your browser: answer, approve, reconcile, as you")
+    console.add_flags(p)
+    p.set_defaults(parse=parse)  # the page's actions are these very commands
     return parser
 
 

@@ -129,7 +129,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
         if fail and failing and step == int(fail.get("atStep", 1)):
             how = str(fail.get("how", "error"))
             if how == "hang":
-                await asyncio.sleep(3600)
+                await asyncio.Event().wait()  # forever: only a stop from outside ends it
             _fail(how, str(fail.get("message", f"scenario failure at step {step}")))
         await asyncio.sleep(step_seconds)
         state["step"] = step

@@ -62,14 +62,22 @@ class Context:
     # ---- step boundaries ---------------------------------------------------------------------------
 
     async def _boundary(self, fresh: bool = True) -> None:
-        """A step boundary (every checkpoint, step, side_effect and interrupt): if someone asked the Run
+        """A step boundary (every checkpoint, step, side_effect and interrupt): progress (progress()); if
+        someone asked the Run
         to pause (spec.pause), the agent stops here as if it had called interrupt(reason="paused"), from
         its latest Checkpoint. `fresh` reads the Run first; otherwise the newest Run seen (the watch,
         the last write) decides: a caller in a hot loop (ctx.step) may prefer that."""
+        self._session.progress.report()
         run = await self._session.read_run() if fresh else (self._session.observed or self._session.run)
         pause = run.spec.pause if run else None
         if pause and requests.pause_due(pause.request_id, frozenset(self._answered), self._answering):
             await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
+
+    def progress(self) -> None:
+        """Says the agent is alive and moving (spec.progressTimeoutSeconds): without progress for that
+        long, the Attempt is stopped (ProgressTimeout, retried per policy). Costs no API request; every
+        checkpoint, step, side_effect and interrupt counts as progress too."""
+        self._session.progress.report()
 
     # ---- checkpoints and interrupts ----------------------------------------------------------------
 
@@ -160,7 +168,8 @@ class Context:
         accepted within the hold, or Interrupted (the Attempt ends and a new one gets the answer). For
         integrations that write their own request (agentrun.integrations.langgraph)."""
         if hold_seconds:
-            answered, value = await self._hold(request_id, hold_seconds)
+            with self._session.progress.holding():  # waiting for a person is no stall
+                answered, value = await self._hold(request_id, hold_seconds)
             if answered:
                 self._answered.add(request_id)
                 self._answering = None

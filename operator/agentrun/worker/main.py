@@ -30,6 +30,7 @@ from agentrun.worker.errors import (
     PermanentError,
 )
 from agentrun.worker.identity import Identity
+from agentrun.worker.progress import ProgressTimeout
 from agentrun.worker.session import Session
 
 log = logging.getLogger("agentrun.worker")
@@ -124,20 +125,28 @@ async def run_attempt(
     with session.tracing.continuing(parent):
         agent_task: asyncio.Task[Any] = asyncio.create_task(agent(ctx), name="agent")
     flusher = asyncio.create_task(ctx._usage.keep_flushing())
+    session.progress.timeout = run.spec.progress_timeout_seconds
+    session.progress.report()  # the agent starts now
     keeper = asyncio.create_task(session.keep_lease(lease.renew_seconds, lease.duration_seconds))
     lost = asyncio.create_task(session.lost.wait())
     cancelled = asyncio.create_task(session.cancelled.wait())
+    stalled = asyncio.create_task(session.progress.stall())
     if stop_on_sigterm:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, session.cancelled.set)  # Pod deletion: stop fast
     try:
-        await asyncio.wait({agent_task, lost, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({agent_task, lost, cancelled, stalled}, return_when=asyncio.FIRST_COMPLETED)
         if not agent_task.done():
+            if stalled.done():
+                keeper.cancel()  # no renewal while the agent stops: if it never does, the lease runs out
             agent_task.cancel()
             with contextlib.suppress(BaseException):
                 await agent_task
             if session.lost.is_set():
                 raise LeaseLost("the lease was lost; the agent was stopped")
+            if stalled.done() and not session.cancelled.is_set():
+                limit = session.progress.timeout
+                raise ProgressTimeout(f"the agent showed no progress for {limit}s (progressTimeoutSeconds)")
             raise Cancelled("the Run was cancelled; the agent was stopped")
         result = agent_task.result()
         await ctx._usage.flush()  # before the commit: a Succeeded Run's usage is complete
@@ -146,7 +155,7 @@ async def run_attempt(
         with session.tracing.continuing(parent), session.tracing.span("commit"):
             await session.commit(result if isinstance(result, dict) else {"value": result})
     finally:
-        for task in (keeper, watcher, lost, cancelled, flusher):
+        for task in (keeper, watcher, lost, cancelled, stalled, flusher):
             task.cancel()
         await _last_usage(ctx)
 

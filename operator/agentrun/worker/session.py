@@ -26,6 +26,7 @@ from agentrun.tracing import Tracing
 from agentrun.worker.clock import Clock, SystemClock, timestamp
 from agentrun.worker.errors import FenceRejected, LeaseLost, PermanentError
 from agentrun.worker.identity import Identity
+from agentrun.worker.progress import Progress
 
 log = logging.getLogger("agentrun.worker")
 JsonDict = dict[str, Any]
@@ -63,6 +64,9 @@ class Session:
         # waits on it), and an event set at every change.
         self.observed: Run | None = None
         self.changed = asyncio.Event()
+        # The agent's liveness (spec.progressTimeoutSeconds, set once the Run is read): a stalled agent's
+        # lease is no longer renewed.
+        self.progress = Progress(self.clock)
 
     async def read_run(self) -> Run:
         body = await self.api.get(self.run_path)
@@ -358,7 +362,8 @@ class Session:
         raise LeaseLost("the lease kept changing under this worker")
 
     async def keep_lease(self, renew_seconds: float, duration_seconds: float) -> None:
-        """Renews until the lease is lost; a worker that cannot renew for a whole duration stops itself.
+        """Renews until the lease is lost, or its agent stalled (spec.progressTimeoutSeconds); a worker
+        that cannot renew for a whole duration stops itself.
 
         The first renewal comes renew_seconds from now: the operator has just written the Lease for this
         Attempt (and passed its resourceVersion), so a renewal at start would cost a Lease write and an
@@ -367,6 +372,9 @@ class Session:
         last_renewal = self.clock.monotonic()
         while True:
             await asyncio.sleep(renew_seconds)
+            if self.progress.stalled:  # its agent is stuck: the lease runs out, the operator takes over
+                log.warning("the agent shows no progress: the lease is no longer renewed")
+                return
             try:
                 await self.renew_once()
                 last_renewal = self.clock.monotonic()

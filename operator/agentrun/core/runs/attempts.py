@@ -3,7 +3,7 @@ request, ends, or loses its lease; and how the Run moves on from an Attempt's en
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from agentrun.api import (
@@ -33,6 +33,9 @@ from agentrun.core.runs.transition import (
     writes,
 )
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
+
+# The reason on an Attempt stopped for running past spec.attemptTimeoutSeconds.
+ATTEMPT_TIMEOUT: Final = "AttemptTimeout"
 
 # ---- the Running sub-table: one row per situation of the current Attempt, tried in order ---------------
 
@@ -138,13 +141,33 @@ def lease_expired(w: World) -> Transition | None:
     return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
 
+def timed_out(w: World) -> Transition | None:
+    """Its agent has run spec.attemptTimeoutSeconds (from its startTime) -> stopped: the Lease revoked,
+    the Attempt Failed (infrastructure, AttemptTimeout), its Pod deleted (grace, then kill); the retry
+    policy decides."""
+    live = _live_pod(w)
+    if live is None or (due := timeout_due(w, live[0])) is None or w.now < due:
+        return None
+    attempt, pod = live
+    limit = w.run.spec.attempt_timeout_seconds
+    elapsed = int((w.now - due).total_seconds()) + (limit or 0)
+    failure = failures.failure(
+        FailureClass.INFRASTRUCTURE,
+        f"the Attempt ran {elapsed}s, past its attemptTimeoutSeconds of {limit}s",
+    ).model_copy(update={"reason": ATTEMPT_TIMEOUT})
+    return stop_timed_out(w, attempt, pod, failure)
+
+
 def live(w: World) -> Transition | None:
     """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out
-    (the lease is judged once the agent runs: image pulls and scheduling do not count against it)."""
+    (the lease is judged once the agent runs: image pulls and scheduling do not count against it), or
+    when its attemptTimeoutSeconds falls due."""
     live = _live_pod(w)
     if live is None:
         return None
     seen = _seen_running(w, *live)
+    if (due := timeout_due(w, live[0], live[1])) is not None:
+        seen = seen.wake_in((due - w.now).total_seconds())
     if not _judged(w, *live) or w.lease_expires_in is None:
         return seen.then(wake_in(RECHECK_SECONDS))
     return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
@@ -174,6 +197,32 @@ def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
     return writes(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
 
 
+def timeout_due(w: World, attempt: Attempt, pod: PodView | None = None) -> datetime | None:
+    """When the Attempt's spec.attemptTimeoutSeconds runs out: counted from its agent's start (recorded,
+    or seen on its Pod now), so scheduling and image pulls do not count; None without a limit or a
+    start."""
+    limit = w.run.spec.attempt_timeout_seconds
+    started = attempt.status.start_time
+    if started is None and pod is not None and pod.running_since:
+        started = datetime.fromisoformat(pod.running_since)
+    if not limit or started is None:
+        return None
+    return started + timedelta(seconds=limit)
+
+
+def stop_timed_out(w: World, attempt: Attempt, pod: PodView, failure: AttemptFailure) -> Transition:
+    """As a takeover (take_over): the Lease revoked and the Run written first, so a commit that raced it
+    either came first (and stands) or is refused; then the Pod stopped with its grace period (the agent
+    may still be alive enough to stop cleanly) and the Attempt marked Failed."""
+    epoch, revoke = revoked(w)
+    stop = NOTHING if pod.finished or pod.deleting else writes(DeletePod(pod.name))
+    return revoke.then(
+        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED, leaseEpoch=epoch),
+        stop,
+        finish_attempt(w, attempt, AttemptPhase.FAILED, failure),
+    )
+
+
 def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
     """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
     lease, name = w.lease, attempt.metadata.name
@@ -191,6 +240,7 @@ RUNNING: Final = SubTable(
         Rule("Holding", holding),
         Rule("RevokedUnfinished", revoked_unfinished),
         Rule("LeaseExpired", lease_expired),
+        Rule("TimedOut", timed_out),
         Rule("Live", live),
         Rule("LostUnfinished", lost_unfinished),
         Rule("AttemptEnded", attempt_ended),
