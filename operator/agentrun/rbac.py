@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import AGENT_LABEL, GROUP
 
 Rule = dict[str, Any]
+# The Role (and, by convention, its RoleBinding) that gives an agents' ServiceAccount ATTEMPT_POD_RULES.
+ATTEMPT_ROLE = "agentrun-attempt"
 
 # What an attempt Pod's service account needs, and nothing more: read its Run and write its status
 # (the fenced commits), renew the Run's Lease, save Checkpoints, record SideEffects, and mark its own
@@ -40,6 +43,8 @@ OPERATOR_RULES: list[Rule] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     # Attempt Pods run only as ServiceAccounts labelled agentrun.dev/agent=true (agentrun.core.identity).
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
+    # ... and only when they may do what an attempt Pod does (agentrun.operator.attempt_role asks).
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
@@ -60,7 +65,30 @@ OPERATOR_RULES: list[Rule] = [
 ]
 
 
-def attempt_role(namespace: str, name: str = "agentrun-attempt") -> dict[str, Any]:
+@dataclass(frozen=True)
+class Permission:
+    """One thing a rule grants: a verb on a resource (with its subresource, as in "runs/status")."""
+
+    group: str
+    resource: str
+    verb: str
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.resource}"
+
+
+def permissions(rules: list[Rule]) -> list[Permission]:
+    """Every (group, resource, verb) the rules grant, in their order."""
+    return [
+        Permission(group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+
+
+def attempt_role(namespace: str, name: str = ATTEMPT_ROLE) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",

@@ -7,6 +7,8 @@ Lease, a Pod, a Checkpoint) is never adopted: the Run fails and says what to del
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -153,6 +155,64 @@ def test_an_account_labelled_just_before_the_run_is_used(
     run = wait_phase(kube, ns, "opted", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert kube.core.read_namespaced_pod("opted-a1", ns).spec.service_account_name == "agents"
+
+
+def may_patch_run_status(kube: Kube, namespace: str, account: str) -> bool:
+    review = client.AuthorizationV1Api(kube.api_client).create_subject_access_review(
+        {
+            "spec": {
+                "user": f"system:serviceaccount:{namespace}:{account}",
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "group": GROUP,
+                    "resource": "runs",
+                    "subresource": "status",
+                    "verb": "patch",
+                },
+            }
+        }
+    )
+    return bool(review.status.allowed)
+
+
+def test_an_account_without_the_attempt_role_fails_the_run_before_any_pod_until_it_is_bound(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    """Labelled but not bound: the Run fails with the fix before any Pod (not the agent on a 403); the
+    fix as the message words it lets the next Run run."""
+    ns = run_namespace
+    kube.core.create_namespaced_service_account(
+        ns, {"metadata": {"name": "unbound", **AGENT_ACCOUNT_PATCH["metadata"]}}
+    )
+    author = run_author(kube, ns)
+    body = scenario_run("unbound", {"steps": 1})
+    body["spec"]["agent"]["serviceAccountName"] = "unbound"
+    author_creates(author, ns, body)
+    run = failed_with(kube, ns, "unbound", "AttemptRoleNotBound")
+    assert run["status"]["failure"]["class"] == "deterministic"
+    message = run["status"]["message"]
+    fix = (
+        f"kubectl create rolebinding agentrun-attempt-unbound -n {ns} --role=agentrun-attempt "
+        f"--serviceaccount={ns}:unbound"
+    )
+    assert f"`{fix}`" in message and "patch runs/status" in message, message
+    nothing_started(kube, ns, "unbound")
+
+    done = subprocess.run(
+        [str(kube.kubectl_path), "--kubeconfig", str(kube.kubeconfig), *shlex.split(fix)[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # The API server's authorizer learns of a binding from its own watch: the next Run once it has.
+    wait_for(lambda: may_patch_run_status(kube, ns, "unbound"), what="the binding in force")
+    body = scenario_run("bound", {"steps": 1})
+    body["spec"]["agent"]["serviceAccountName"] = "unbound"
+    author_creates(author, ns, body)
+    run = wait_phase(kube, ns, "bound", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert kube.core.read_namespaced_pod("bound-a1", ns).spec.service_account_name == "unbound"
 
 
 @pytest.mark.parametrize("field", ["nodeName", "hostNetwork", "containers"])

@@ -297,6 +297,7 @@ def make_world(
     side_effects: Iterable[SideEffect] = (),
     checkpoints: Iterable[Checkpoint] = (),
     account_refusal: str | None = None,
+    attempt_role_denied: tuple[str, ...] = (),
 ) -> World:
     return World(
         run=run,
@@ -308,6 +309,7 @@ def make_world(
         side_effects=tuple(side_effects),
         checkpoints=tuple(checkpoints),
         account_refusal=account_refusal,
+        attempt_role_denied=attempt_role_denied,
     )
 
 

@@ -13,6 +13,7 @@ from agentrun.core.identity import (
     agent_account,
     may_start_pods,
     owned_by,
+    role_refusal,
 )
 from agentrun.core.plan import CreateAttempt, CreatePod, WriteLease
 from agentrun.core.runs import decide
@@ -190,3 +191,43 @@ def test_a_refused_account_fails_the_run_before_any_lease_attempt_or_pod(
 def test_an_allowed_account_grants_as_before() -> None:
     plan = decide(make_world(make_run(run_status("Queued"))))
     assert len(of_type(plan, WriteLease)) == len(of_type(plan, CreatePod)) == 1
+
+
+# ---- the attempt role -----------------------------------------------------------------------------------
+
+DENIED = ("patch runs/status", "create checkpoints", "patch leases", "create sideeffects")
+
+
+def test_a_role_refusal_names_what_was_denied_and_the_command_that_binds_the_role() -> None:
+    message = role_refusal(Account("team-a", "agents"), ("get runs", *DENIED))
+    assert message is not None
+    assert "may not patch runs/status, create checkpoints, patch leases and 2 more" in message
+    assert (
+        "`kubectl create rolebinding agentrun-attempt-agents -n team-a --role=agentrun-attempt "
+        "--serviceaccount=team-a:agents`" in message
+    )
+    assert "`kubectl apply -f examples/agents.yaml`" in message
+    assert role_refusal(Account("team-a", "agents"), ()) is None
+
+
+@pytest.mark.parametrize(("status", "spec", "attempts"), BEFORE_A_POD.values(), ids=BEFORE_A_POD.keys())
+def test_an_unbound_attempt_role_fails_the_run_before_any_lease_or_pod(
+    status: dict[str, Any], spec: dict[str, Any], attempts: list[Any]
+) -> None:
+    world = make_world(make_run(status, spec=spec), attempts=attempts, attempt_role_denied=DENIED)
+    plan = decide(world)
+    assert of_type(plan, WriteLease) == []
+    assert of_type(plan, CreatePod) == []
+    patch = run_patch(plan)
+    assert (patch["phase"], patch["failure"]["class"], patch["failure"]["reason"]) == (
+        "Failed",
+        "deterministic",
+        "AttemptRoleNotBound",
+    )
+    assert patch["message"] == role_refusal(Account(NAMESPACE, "default"), DENIED)
+    assert ("Warning", "AttemptRoleNotBound") in events(plan)
+
+
+def test_an_account_not_opted_in_is_refused_for_that_first() -> None:
+    world = make_world(make_run(run_status("Queued")), account_refusal=REFUSED, attempt_role_denied=DENIED)
+    assert run_patch(decide(world))["failure"]["reason"] == "ServiceAccountNotAllowed"

@@ -97,6 +97,7 @@ from unit.run_worlds import (
     with_checkpoints,
 )
 
+ROLE_DENIED = ("patch runs/status", "create checkpoints", "patch leases")
 # The Lease revoked, the Run moved on, the Pod stopped with its grace period, then the Attempt marked.
 ATTEMPT_TIMED_OUT = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
 
@@ -122,6 +123,23 @@ TRANSITIONS: dict[str, Transition] = {
     "queued-grants-attempt-1": Transition(queued(), GRANT, "Running"),
     "queued-grant-interrupted-after-the-lease": Transition(
         make_world(make_run(run_status("Queued")), lease=held_by(1)), ADOPTED_GRANT, "Running"
+    ),
+    # Pre-flight: a ServiceAccount opted in but not bound to the attempt role fails the Run before any
+    # Lease, Attempt or Pod (its agent would otherwise fail on a 403, as if deterministically).
+    "new-run-attempt-role-not-bound": Transition(
+        make_world(make_run(), attempt_role_denied=ROLE_DENIED),
+        ["PatchRunStatus"],
+        "Failed",
+        stop_reason="AttemptRoleNotBound",
+    ),
+    "new-run-attempt-role-bound-grants-attempt-1": Transition(
+        make_world(make_run(), attempt_role_denied=()), GRANT, "Running"
+    ),
+    "queued-attempt-role-not-bound": Transition(
+        replace(queued(), attempt_role_denied=ROLE_DENIED),
+        ["PatchRunStatus"],
+        "Failed",
+        stop_reason="AttemptRoleNotBound",
     ),
     # ---- supervising a live Attempt
     "running-healthy": Transition(supervising(), [], lease_check=30.05),
@@ -466,6 +484,13 @@ TRANSITIONS: dict[str, Transition] = {
     # ---- backoff
     "backoff-not-due-yet": Transition(backing_off(due=NOW + timedelta(seconds=40)), [], requeue=40.0),
     "backoff-due": Transition(backing_off(), SUCCESSOR_GRANT, "Running"),
+    # The binding was taken away since Attempt 1: no successor is granted, nothing of it is made.
+    "backoff-due-attempt-role-not-bound": Transition(
+        replace(backing_off(), attempt_role_denied=ROLE_DENIED),
+        ["PatchRunStatus"],
+        "Failed",
+        stop_reason="AttemptRoleNotBound",
+    ),
     "backoff-due-exactly-now": Transition(backing_off(due=NOW), SUCCESSOR_GRANT, "Running"),
     "backoff-without-next-attempt-time": Transition(backing_off(due=None), SUCCESSOR_GRANT, "Running"),
     "backoff-grant-interrupted-after-the-lease": Transition(
@@ -1235,6 +1260,8 @@ def test_the_table_reads_as_the_state_machine() -> None:
 
 DECIDED_BY = {
     "new-run-grants-attempt-1": "FirstAttempt",
+    "new-run-attempt-role-not-bound": "FirstAttempt",
+    "backoff-due-attempt-role-not-bound": "RetryDue",
     "being-deleted-before-queued": "Deleted",
     "running-healthy": "Running",
     "running-lease-expired": "Running",

@@ -45,6 +45,7 @@ NAMESPACED_RESOURCES = {
     ("events.k8s.io", "events"),
     ("coordination.k8s.io", "leases"),
     ("kopf.dev", "kopfpeerings"),
+    ("authorization.k8s.io", "localsubjectaccessreviews"),
 }
 
 

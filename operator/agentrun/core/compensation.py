@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # core.runs (its CompensateFirst row) asks redirect(): the ty
 
 INCOMPLETE: Final = "CompensationIncomplete"
 # Run failures after which no Pod may run for the Run: nothing could compensate, the Run ends as it is.
-NO_PODS: Final = frozenset({identity.NOT_ALLOWED, identity.NAME_SQUATTED})
+NO_PODS: Final = frozenset({identity.NOT_ALLOWED, identity.ROLE_NOT_BOUND, identity.NAME_SQUATTED})
 DEFAULT_POLICY: Final = CompensationPolicy()
 
 # ---- which effects ------------------------------------------------------------------------------------

@@ -2,21 +2,28 @@
 
 A Run's user may create Runs, not Pods: the operator creates the Pods, so whatever ServiceAccount a Pod
 names is lent by the operator. It lends only accounts an administrator opted in (label
-agentrun.dev/agent=true), and never its own. And an object that merely carries an agentrun name or label
-is not the Run's: only one that names the Run (by UID) as its owner is.
+agentrun.dev/agent=true), and never its own; and only once the account may do what an attempt Pod does
+(the attempt role bound), so a missing binding fails the Run with its fix, not the agent with a 403.
+And an object that merely carries an agentrun name or label is not the Run's: only one that names the
+Run (by UID) as its owner is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import AGENT_LABEL, TERMINAL_PHASES, Run, RunPhase
 from agentrun.core import controls
+from agentrun.rbac import ATTEMPT_ROLE
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 NOT_ALLOWED = "ServiceAccountNotAllowed"
+ROLE_NOT_BOUND = "AttemptRoleNotBound"
+READ_VERBS = frozenset({"get", "list", "watch"})
+# The setup of the examples' agents' namespace: the labelled ServiceAccount, the Role and its binding.
+EXAMPLES_SETUP = "kubectl apply -f examples/agents.yaml"
 NAME_SQUATTED = "NameSquatted"
 
 
@@ -55,6 +62,27 @@ def account_refusal(
             f"for attempt Pods with `{opt_in}`"
         )
     return None
+
+
+def role_refusal(account: Account, denied: Sequence[str]) -> str | None:
+    """Why attempt Pods may not run as `account` although it is opted in: it may not do `denied` (what
+    the attempt role grants, e.g. "patch runs/status"); None when nothing was denied."""
+    if not denied:
+        return None
+    # The writes first: they are what an agent reports with (reading alone would not be the role).
+    writes_first = sorted(denied, key=lambda d: d.split(" ")[0] in READ_VERBS)
+    shown = ", ".join(writes_first[:3]) + (f" and {len(denied) - 3} more" if len(denied) > 3 else "")
+    # A binding of its own per account: the namespace may already bind the role to another account.
+    bind = (
+        f"kubectl create rolebinding {ATTEMPT_ROLE}-{account.name} -n {account.namespace} "
+        f"--role={ATTEMPT_ROLE} --serviceaccount={account.namespace}:{account.name}"
+    )
+    return (
+        f"ServiceAccount {account} is not bound to the attempt role (it may not {shown}): its agent "
+        f"could not report; bind it with `{bind}` (the Role as examples/agents.yaml makes it; a Helm "
+        f"install names it RELEASE-attempt, a ClusterRole unless namespaced: --clusterrole=RELEASE-attempt); "
+        f"for the examples' namespace `{EXAMPLES_SETUP}` sets up all of it"
+    )
 
 
 def may_start_pods(run: Run) -> bool:

@@ -21,6 +21,7 @@ from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
+from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.expiry import LeaseExpiry
@@ -49,6 +50,7 @@ class Reconciler:
         cache: OwnedObjects,
         runs: RunCache,
         accounts: AgentAccounts,
+        roles: AttemptRoleChecks,
         queue: WorkQueue[Key],
         executor: Executor,
         leases: LeaseExpiry,
@@ -59,7 +61,7 @@ class Reconciler:
         workers: int,
     ) -> None:
         self.api = api
-        self.cache, self.runs, self.accounts = cache, runs, accounts
+        self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
         self.queue, self.executor, self.leases = queue, executor, leases
         self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
@@ -224,6 +226,10 @@ class Reconciler:
         refused = self._refused_pods.get(key, {})
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
             refused.pop(str(ended.metadata.name), None)
+        account_refused = await self._account_refusal(run) if may_start_pods(run) else None
+        role_denied: tuple[str, ...] = ()
+        if may_start_pods(run) and account_refused is None:
+            role_denied = await self.roles.denied(agent_account(run))
         return World(
             run=run,
             attempts=attempts,
@@ -233,7 +239,8 @@ class Reconciler:
             lease_expires_in=self.leases.expires_in(key, lease),
             side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
             checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
-            account_refusal=await self._account_refusal(run) if may_start_pods(run) else None,
+            account_refusal=account_refused,
+            attempt_role_denied=role_denied,
             refused_pods=dict(refused),
         )
 

@@ -15,6 +15,7 @@ from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
+from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.expiry import LeaseExpiry
@@ -61,6 +62,7 @@ class Runtime:
             cache=self.cache,
             runs=self.runs,
             accounts=self.accounts,
+            roles=AttemptRoleChecks(api, clock),
             queue=self.queue,
             executor=self.executor,
             leases=self.leases,

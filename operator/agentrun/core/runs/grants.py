@@ -1,5 +1,6 @@
 """Starting an Attempt, as Transitions: the Lease to it, the Run's status, the Attempt and its Pod; and
-the refusal that comes first when its Pods may not run as the Run's ServiceAccount."""
+the refusal that comes first when its Pods may not run as the Run's ServiceAccount (not opted in, or
+not bound to the attempt role)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from agentrun.api import RUN_LABEL, Attempt, FailureClass, RunPhase, StartReason, attempt_name
 from agentrun.core.failures import fingerprint
-from agentrun.core.identity import NOT_ALLOWED
+from agentrun.core.identity import NOT_ALLOWED, ROLE_NOT_BOUND, agent_account, role_refusal
 from agentrun.core.lease import epoch_for_grant
 from agentrun.core.plan import CreateAttempt, CreatePod, DeletePod, WriteLease
 from agentrun.core.pods import attempt_pod, owner_reference
@@ -29,14 +30,17 @@ def failure_fields(
 
 def account_refused(w: World, **fields: Any) -> Transition | None:
     """The Run Failed when its Pods may not run as its ServiceAccount (checked before any Lease grant,
-    Attempt or Pod exists for it); None when they may."""
-    message = w.account_refusal
+    Attempt or Pod exists for it): not opted in, or not bound to the attempt role, whose 403 inside the
+    agent would otherwise pass for the agent's own deterministic failure. None when they may."""
+    reason, message = NOT_ALLOWED, w.account_refusal
+    if message is None:
+        reason, message = ROLE_NOT_BOUND, role_refusal(agent_account(w.run), w.attempt_role_denied)
     if message is None:
         return None
-    failure = failure_fields(FailureClass.DETERMINISTIC, NOT_ALLOWED, message)
-    return set_phase(
-        RunPhase.FAILED, NOT_ALLOWED, message, failure=failure, nextAttemptTime=None, **fields
-    ).then(event("Warning", NOT_ALLOWED, message))
+    failure = failure_fields(FailureClass.DETERMINISTIC, reason, message)
+    return set_phase(RunPhase.FAILED, reason, message, failure=failure, nextAttemptTime=None, **fields).then(
+        event("Warning", reason, message)
+    )
 
 
 def grant(

@@ -121,7 +121,8 @@ def request_expired(w: World) -> Transition | None:
 
 def first_attempt(w: World) -> Transition | None:
     """First seen (no phase yet), or Queued -> Attempt 1 granted in this reconcile; Failed at once when
-    the spec is over a byte budget or its Pods may not run as its ServiceAccount."""
+    the spec is over a byte budget or its Pods may not run as its ServiceAccount (not opted in:
+    ServiceAccountNotAllowed; the attempt role not bound: AttemptRoleNotBound)."""
     if w.run.status.phase not in (None, RunPhase.QUEUED):
         return None
     if over := spec_over_budget(w.run.spec):

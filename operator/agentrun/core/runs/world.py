@@ -31,6 +31,9 @@ class World:
     # Why attempt Pods may not run as the Run's ServiceAccount (core.identity.account_refusal); None: they
     # may. The I/O layer looks it up whenever core.identity.may_start_pods says a Pod may be started.
     account_refusal: str | None = None
+    # What the Run's (opted-in) ServiceAccount may not do of what the attempt role grants (e.g. "patch
+    # runs/status"), asked of the API server by the I/O layer at the same times; empty: nothing denied.
+    attempt_role_denied: tuple[str, ...] = ()
     # Attempts whose Pod the API server refused to create as invalid (400, 422: e.g. a bad podTemplate),
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
