@@ -14,9 +14,9 @@ def entry(name: str, parent: str | None, kind: CheckpointKind = CheckpointKind.W
     return base.model_copy(update={"spec": base.spec.model_copy(update={"kind": kind, "parent": parent})})
 
 
-def kept(retention_count: int, latest: str) -> Any:
+def kept(retention_count: int, latest: str, phase: str = "Running") -> Any:
     return make_run(
-        run_status("Running", current=1, latestCheckpoint=latest),
+        run_status(phase, current=1, latestCheckpoint=latest),
         spec={"checkpointRetention": retention_count},
     )
 
@@ -30,6 +30,20 @@ def test_writes_do_not_count_and_go_with_their_parent() -> None:
     assert pruned == ["c-2", "c-1", "w-1", "w-2"]
 
 
-def test_an_entry_whose_parent_is_gone_is_pruned() -> None:
+def test_an_entry_stored_before_its_parent_is_kept_while_the_run_may_still_store_it() -> None:
+    # LangGraph saves a task's writes while the checkpoint the task ran from is still being saved: an
+    # absent parent may be one about to be stored, and pruning its writes would lose them for good.
     states = [make_checkpoint("c-1", 1)]
-    assert retention.prunable(kept(5, "c-1"), [*states, entry("w-9", "c-9")], []) == ["w-9"]
+    assert retention.prunable(kept(5, "c-1"), [*states, entry("w-2", "c-2")], []) == []
+
+
+def test_an_entry_whose_parent_is_pruned_goes_with_it_while_the_run_runs() -> None:
+    states = [make_checkpoint(f"c-{n}", n) for n in range(1, 4)]
+    pruned = retention.prunable(kept(1, "c-3"), [*states, entry("w-1", "c-1")], [])
+    assert pruned == ["c-2", "c-1", "w-1"]
+
+
+def test_an_entry_whose_parent_is_absent_is_pruned_once_the_run_has_finished() -> None:
+    states = [make_checkpoint("c-1", 1)]
+    finished = kept(5, "c-1", phase="Succeeded")
+    assert retention.prunable(finished, [*states, entry("w-9", "c-9")], []) == ["w-9"]
