@@ -183,13 +183,13 @@ ENTRY_RETENTION: dict[str, tuple[Run, list[Checkpoint], list[Attempt], list[str]
         kept_run(2),
         chain(5) + ENTRIES,
         [],
-        ["c-3", "c-2", "c-1", "j-start", "j-1", "j-3"],
+        ["j-start", "j-1", "j-3", "c-3", "c-2", "c-1"],
     ),
-    "entries-of-an-absent-parent-go-once-the-run-finished": (
+    "entries-of-an-absent-parent-stay-after-the-run-finished": (
         kept_run(2, phase="Succeeded"),
         chain(5) + ENTRIES,
         [],
-        ["c-3", "c-2", "c-1", "j-start", "j-1", "j-3", "j-orphan"],
+        ["j-start", "j-1", "j-3", "c-3", "c-2", "c-1"],
     ),
     "entries-of-a-protected-checkpoint-stay": (
         kept_run(2, pending="c-3"),
@@ -198,13 +198,7 @@ ENTRY_RETENTION: dict[str, tuple[Run, list[Checkpoint], list[Attempt], list[str]
         ["c-2"],
     ),
     "entries-before-any-checkpoint-stay": (kept_run(1), [entry("j-start", None)], [], []),
-    "only-entries-stay-while-the-run-runs": (kept_run(1), [entry("j-1", "c-1")], [], []),
-    "only-entries-go-once-the-run-finished": (
-        kept_run(1, phase="Failed"),
-        [entry("j-1", "c-1")],
-        [],
-        ["j-1"],
-    ),
+    "only-entries-stay": (kept_run(1, phase="Failed"), [entry("j-1", "c-1")], [], []),
 }
 
 

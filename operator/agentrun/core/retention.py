@@ -1,18 +1,18 @@
 """Which Checkpoints to prune: the oldest State checkpoints beyond the retention count, never one still
 pointed at nor one a kept checkpoint's state is rebuilt from; and the entries (Writes, Journal) that
-belong to a pruned State checkpoint, or to one that is absent once the Run has finished.
+belong to a State checkpoint pruned now.
 
-An entry may be stored before its parent: LangGraph saves a task's writes while the checkpoint the task
-ran from is still being saved (its default durability orders the writes only before the next
-checkpoint). So while the Run may still run, an entry whose parent is absent may belong to a checkpoint
-about to be stored, and pruning it would lose those writes for good (a DeltaChannel read past it is
-then StateUnverifiable)."""
+An entry whose parent is absent is left alone: it may be stored before its parent, as LangGraph saves a
+task's writes while the checkpoint the task ran from is still being saved (its default durability
+orders the writes only before the next checkpoint), and pruning it would lose those writes for good (a
+DeltaChannel read past that checkpoint is then StateUnverifiable). Such entries go with the Run. So
+that none is left behind by a pass that stopped half-way, entries are deleted before their parent."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agentrun.api import TERMINAL_PHASES, Attempt, Checkpoint, CheckpointKind, Run
+from agentrun.api import Attempt, Checkpoint, CheckpointKind, Run
 
 
 def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Attempt]) -> list[str]:
@@ -32,19 +32,13 @@ def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Att
     # once no State checkpoint without a parent is kept (the first was pruned), as no Attempt can start
     # from the beginning again.
     start_gone = bool(states) and not any(c.spec.parent is None for c in states if c.spec.id in kept)
-    # An absent parent may be one still being stored (see above) until the Run has finished.
-    finished = run.status.phase in TERMINAL_PHASES
     entries = [
         c
         for c in every
         if c.spec.kind != CheckpointKind.STATE
-        and (
-            (c.spec.parent in gone or (finished and c.spec.parent not in kept))
-            if c.spec.parent is not None
-            else start_gone
-        )
+        and (c.spec.parent in gone if c.spec.parent is not None else start_gone)
     ]
-    return [str(c.metadata.name) for c in [*pruned, *entries]]
+    return [str(c.metadata.name) for c in [*entries, *pruned]]
 
 
 def rebuilt_from(live: set[str | None], states: list[Checkpoint]) -> set[str]:
