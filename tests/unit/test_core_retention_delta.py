@@ -52,7 +52,7 @@ def test_without_a_snapshot_every_ancestor_of_a_kept_checkpoint_and_its_writes_s
 def test_ancestors_older_than_the_snapshot_of_every_kept_checkpoint_go() -> None:
     pruned = retention.prunable(run(10, "c-30"), chain(30, snapshots=(15,)), [])
     # c-21..c-30 are kept and rebuilt from c-15 on: c-15..c-20 stay with their writes; c-1..c-14 go.
-    assert pruned == [*(f"c-{n}" for n in range(14, 0, -1)), *(f"w-{n}" for n in range(1, 15))]
+    assert pruned == [*(f"w-{n}" for n in range(1, 15)), *(f"c-{n}" for n in range(14, 0, -1))]
 
 
 def test_a_kept_checkpoint_before_the_snapshot_keeps_its_own_chain() -> None:
@@ -60,14 +60,14 @@ def test_a_kept_checkpoint_before_the_snapshot_keeps_its_own_chain() -> None:
     held = {**pending_request(), "checkpointId": "c-9"}
     pruned = retention.prunable(run(10, "c-30", pendingRequest=held), checkpoints, [])
     # c-9 (a pending request's) is rebuilt from c-1: c-1..c-9 stay, c-10..c-14 go.
-    assert pruned == [*(f"c-{n}" for n in range(14, 9, -1)), *(f"w-{n}" for n in range(10, 15))]
+    assert pruned == [*(f"w-{n}" for n in range(10, 15)), *(f"c-{n}" for n in range(14, 9, -1))]
     attempt = make_attempt(2, resume_from="c-12")
     pruned = retention.prunable(run(10, "c-30"), checkpoints, [attempt])
     # an Attempt's resume point c-12, rebuilt from c-1: c-1..c-12 stay, only c-13 and c-14 go
-    assert pruned == ["c-14", "c-13", "w-13", "w-14"]
+    assert pruned == ["w-13", "w-14", "c-14", "c-13"]
 
 
 def test_a_chain_with_a_gap_keeps_what_is_left_of_it() -> None:
     # c-3 is gone already (deleted before this rule): what c-10 names is kept as far as the chain reaches.
     checkpoints = [c for c in chain(10) if c.spec.id not in ("c-3", "w-3")]
-    assert retention.prunable(run(3, "c-10"), checkpoints, []) == ["c-2", "c-1", "w-1", "w-2"]
+    assert retention.prunable(run(3, "c-10"), checkpoints, []) == ["w-1", "w-2", "c-2", "c-1"]

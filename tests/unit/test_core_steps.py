@@ -160,11 +160,13 @@ def chain(n: int) -> list[Checkpoint]:
     return out
 
 
-def kept_run(retention_count: int, latest: str = "c-5", pending: str | None = None) -> Run:
+def kept_run(
+    retention_count: int, latest: str = "c-5", pending: str | None = None, phase: str = "Running"
+) -> Run:
     status: dict[str, Any] = {"latestCheckpoint": latest}
     if pending:
         status["pendingRequest"] = {**pending_request(), "checkpointId": pending}
-    return make_run(run_status("Running", current=2, **status), spec={"checkpointRetention": retention_count})
+    return make_run(run_status(phase, current=2, **status), spec={"checkpointRetention": retention_count})
 
 
 ENTRIES = [
@@ -173,24 +175,30 @@ ENTRIES = [
     entry("j-3", "c-3"),
     entry("w-4", "c-4", kind="Writes"),
     entry("j-5", "c-5"),
-    entry("j-orphan", "c-gone"),  # its parent was pruned before (or never existed)
+    entry("j-orphan", "c-gone"),  # its parent was pruned before, never existed, or is still being stored
 ]
 ENTRY_RETENTION: dict[str, tuple[Run, list[Checkpoint], list[Attempt], list[str]]] = {
-    "entries-never-count-toward-retention": (kept_run(5), chain(5) + ENTRIES, [], ["j-orphan"]),
+    "entries-never-count-toward-retention": (kept_run(5), chain(5) + ENTRIES, [], []),
     "entries-go-with-their-parent": (
         kept_run(2),
         chain(5) + ENTRIES,
         [],
-        ["c-3", "c-2", "c-1", "j-start", "j-1", "j-3", "j-orphan"],
+        ["j-start", "j-1", "j-3", "c-3", "c-2", "c-1"],
+    ),
+    "entries-of-an-absent-parent-stay-after-the-run-finished": (
+        kept_run(2, phase="Succeeded"),
+        chain(5) + ENTRIES,
+        [],
+        ["j-start", "j-1", "j-3", "c-3", "c-2", "c-1"],
     ),
     "entries-of-a-protected-checkpoint-stay": (
         kept_run(2, pending="c-3"),
         chain(5) + ENTRIES,
         [make_attempt(1, resume_from="c-1")],
-        ["c-2", "j-orphan"],
+        ["c-2"],
     ),
     "entries-before-any-checkpoint-stay": (kept_run(1), [entry("j-start", None)], [], []),
-    "only-entries-nothing-else-goes": (kept_run(1), [entry("j-1", "c-1")], [], ["j-1"]),
+    "only-entries-stay": (kept_run(1, phase="Failed"), [entry("j-1", "c-1")], [], []),
 }
 
 

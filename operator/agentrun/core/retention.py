@@ -1,6 +1,12 @@
 """Which Checkpoints to prune: the oldest State checkpoints beyond the retention count, never one still
 pointed at nor one a kept checkpoint's state is rebuilt from; and the entries (Writes, Journal) that
-belong to a pruned or vanished State checkpoint."""
+belong to a State checkpoint pruned now.
+
+An entry whose parent is absent is left alone: it may be stored before its parent, as LangGraph saves a
+task's writes while the checkpoint the task ran from is still being saved (its default durability
+orders the writes only before the next checkpoint), and pruning it would lose those writes for good (a
+DeltaChannel read past that checkpoint is then StateUnverifiable). Such entries go with the Run. So
+that none is left behind by a pass that stopped half-way, entries are deleted before their parent."""
 
 from __future__ import annotations
 
@@ -30,9 +36,9 @@ def prunable(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[Att
         c
         for c in every
         if c.spec.kind != CheckpointKind.STATE
-        and (c.spec.parent not in kept if c.spec.parent is not None else start_gone)
+        and (c.spec.parent in gone if c.spec.parent is not None else start_gone)
     ]
-    return [str(c.metadata.name) for c in [*pruned, *entries]]
+    return [str(c.metadata.name) for c in [*entries, *pruned]]
 
 
 def rebuilt_from(live: set[str | None], states: list[Checkpoint]) -> set[str]:
