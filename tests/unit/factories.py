@@ -338,3 +338,17 @@ def attempt_patches(plan: Plan) -> dict[str, list[dict[str, Any]]]:
 
 def events(plan: Plan) -> list[tuple[str, str]]:
     return [(e.type, e.reason) for e in of_type(plan, RecordEvent)]
+
+
+# The downward-API environment of the first Attempt's Pod, as the worker SDK reads it.
+POD_ENV = {
+    "AGENTRUN_RUN": "triage",
+    "AGENTRUN_NAMESPACE": "team",
+    "AGENTRUN_ATTEMPT": "triage-a1",
+    "AGENTRUN_LEASE_EPOCH": "1",
+    "AGENTRUN_CANCEL_EPOCH": "0",
+    "AGENTRUN_RESUME_FROM": "",
+    "AGENTRUN_ATTEMPT_REASON": "initial",
+    "AGENTRUN_ATTEMPT_INPUT": "",
+    "AGENTRUN_LEASE_RESOURCE_VERSION": "812",
+}

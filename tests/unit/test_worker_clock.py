@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from pathlib import Path
 
-import pytest
-import yaml
-
-from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.kubeapi import KubeApi
 from agentrun.worker.clock import SystemClock, timestamp
 from agentrun.worker.identity import Identity
 from agentrun.worker.session import Session
-
-POD_ENV = {
-    "AGENTRUN_RUN": "triage",
-    "AGENTRUN_NAMESPACE": "team",
-    "AGENTRUN_ATTEMPT": "triage-a1",
-    "AGENTRUN_LEASE_EPOCH": "1",
-    "AGENTRUN_CANCEL_EPOCH": "0",
-    "AGENTRUN_RESUME_FROM": "",
-    "AGENTRUN_ATTEMPT_REASON": "initial",
-    "AGENTRUN_ATTEMPT_INPUT": "",
-    "AGENTRUN_LEASE_RESOURCE_VERSION": "812",
-}
+from unit.factories import POD_ENV
 
 
 class FakeClock:
@@ -44,20 +29,6 @@ class FakeClock:
     async def sleep(self, seconds: float) -> None:
         self.seconds += seconds
         self.wall += datetime.timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def unreachable_api(tmp_path: Path) -> KubeApi:
-    """A KubeApi whose every request fails at once (connection refused)."""
-    document = {
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(document))
-    return KubeApi(load_configuration(str(path)))
 
 
 def test_times_are_written_as_the_api_server_writes_them() -> None:

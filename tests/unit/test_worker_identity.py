@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
-import yaml
 
-from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.kubeapi import KubeApi
 from agentrun.worker.identity import Identity
 from agentrun.worker.session import Session
 
@@ -47,22 +45,6 @@ def test_a_pod_of_an_older_operator_has_none_of_the_newer_values() -> None:
     old = {**POD_ENV, "AGENTRUN_ATTEMPT_REASON": "", "AGENTRUN_LEASE_RESOURCE_VERSION": ""}
     me = Identity.from_env(old)
     assert (me.attempt_reason, me.attempt_input, me.lease_resource_version) == (None, False, None)
-
-
-@pytest.fixture
-def unreachable_api(tmp_path: Path) -> KubeApi:
-    """A KubeApi whose every request would fail: a test that passes made none."""
-    document = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(document))
-    return KubeApi(load_configuration(str(path)))
 
 
 def test_the_attempt_comes_from_the_annotations_without_a_read(unreachable_api: KubeApi) -> None:

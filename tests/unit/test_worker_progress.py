@@ -3,45 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
-import pytest
-import yaml
-
-from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.kubeapi import KubeApi
 from agentrun.worker.context import Context
 from agentrun.worker.identity import Identity
 from agentrun.worker.main import _termination
 from agentrun.worker.progress import Progress, ProgressTimeout
 from agentrun.worker.session import Session
 from support.clock import FakeClock
-from unit.factories import make_attempt, make_run
-
-POD_ENV = {
-    "AGENTRUN_RUN": "triage",
-    "AGENTRUN_NAMESPACE": "team",
-    "AGENTRUN_ATTEMPT": "triage-a1",
-    "AGENTRUN_LEASE_EPOCH": "1",
-    "AGENTRUN_CANCEL_EPOCH": "0",
-    "AGENTRUN_RESUME_FROM": "",
-    "AGENTRUN_ATTEMPT_REASON": "initial",
-    "AGENTRUN_ATTEMPT_INPUT": "",
-    "AGENTRUN_LEASE_RESOURCE_VERSION": "812",
-}
-
-
-@pytest.fixture
-def unreachable_api(tmp_path: Path) -> KubeApi:
-    """A KubeApi whose every request fails at once (connection refused)."""
-    document = {
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(document))
-    return KubeApi(load_configuration(str(path)))
+from unit.factories import POD_ENV, make_attempt, make_run
 
 
 def test_without_a_timeout_the_agent_never_stalls() -> None:
