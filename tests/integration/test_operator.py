@@ -11,7 +11,17 @@ import pytest
 
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    scenario_run,
+    wait_attempt_phase,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -170,8 +180,7 @@ def test_deadline_stops_the_attempt_and_fails_the_run(
     run = wait_phase(kube, ns, "slow", {"Succeeded", "Failed"}, timeout=30)
     assert run["status"]["failure"]["reason"] == "DeadlineExceeded"
     assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
-    [attempt] = attempts(kube, ns, "slow")
-    assert attempt["status"]["phase"] == "Aborted"
+    wait_attempt_phase(kube, ns, "slow", 1, {"Aborted"})
     wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=30, what="the attempt pod deleted")
 
 
@@ -187,8 +196,7 @@ def test_attempt_timeout_stops_a_hung_agent(
     run = wait_phase(kube, ns, "hung", {"Succeeded", "Failed"}, timeout=60)
     assert run["status"]["failure"]["reason"] == "AttemptTimeout", operator.log_tail()
     assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
-    [attempt] = attempts(kube, ns, "hung")
-    assert attempt["status"]["phase"] == "Failed"
+    attempt = wait_attempt_phase(kube, ns, "hung", 1, {"Failed"})
     failure = attempt["status"]["failure"]
     assert (failure["class"], failure["reason"]) == ("infrastructure", "AttemptTimeout")
     wait_for(lambda: kube.pod("hung-a1", ns) is None, timeout=30, what="the attempt pod deleted")
@@ -202,8 +210,7 @@ def test_progress_timeout_stops_an_agent_that_shows_no_progress(
     create_run(kube, ns, body)
     run = wait_phase(kube, ns, "stuck", {"Succeeded", "Failed"}, timeout=60)
     assert run["status"]["failure"]["reason"] == "ProgressTimeout", operator.log_tail()
-    [attempt] = attempts(kube, ns, "stuck")
-    assert attempt["status"]["phase"] == "Failed"
+    attempt = wait_attempt_phase(kube, ns, "stuck", 1, {"Failed"})
     failure = attempt["status"]["failure"]
     assert (failure["class"], failure["reason"]) == ("infrastructure", "ProgressTimeout")
 

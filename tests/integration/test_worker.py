@@ -23,6 +23,7 @@ from support.runs import (
     resume_patch,
     scenario_run,
     support_agent_run,
+    wait_attempt_phase,
     wait_phase,
 )
 
@@ -126,8 +127,7 @@ def test_cancel_stops_the_agent_inside_a_step_and_fences_late_commits(
     patch_spec(kube, ns, "stop", {"cancelEpoch": 1})
     run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=30)
     assert run["status"]["observedCancelEpoch"] == 1
-    [attempt] = attempts(kube, ns, "stop")
-    assert attempt["status"]["phase"] == "Aborted"
+    attempt = wait_attempt_phase(kube, ns, "stop", 1, {"Aborted"})
     wait_for(lambda: kube.pod("stop-a1", ns) is None, timeout=30, what="the attempt pod gone")
 
     assert zombie_commit(kube, ns, "stop", attempt) == "stale_after_cancel"

@@ -66,6 +66,22 @@ def attempts(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda a: a["spec"]["number"])
 
 
+def wait_attempt_phase(
+    kube: Kube, namespace: str, run: str, number: int, phases: set[str], *, timeout: float = 30
+) -> dict[str, Any]:
+    """The Run's Attempt `number` once it is in one of `phases`. A Run's decision is written before the
+    Attempt's end (the fence comes first), so a test that saw the Run decide waits for the Attempt too."""
+
+    def probe() -> dict[str, Any] | None:
+        found = [a for a in attempts(kube, namespace, run) if a["spec"]["number"] == number]
+        return found[0] if found and found[0].get("status", {}).get("phase") in phases else None
+
+    try:
+        return wait_for(probe, timeout, interval=0.2, what=f"attempt {number} of {run} in {sorted(phases)}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nattempts: {attempts(kube, namespace, run)}") from None
+
+
 def wait_phase(
     kube: Kube, namespace: str, name: str, phases: set[str], timeout: float = 60
 ) -> dict[str, Any]:
