@@ -25,7 +25,9 @@ from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
+from agentrun.statestore import BlobStore
 from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
@@ -48,6 +50,7 @@ class Runtime:
     ) -> None:
         self.api, self.config, self.clock, self.tracing = api, config, clock, tracing
         self.metrics = operator_metrics
+        self.state_store = open_state_store(config, StoreMetrics(operator_metrics.registry))
         self.cache = OwnedObjects(clock, on_put=operator_metrics.cached)
         self.runs = RunCache()
         self.accounts = AgentAccounts()
@@ -123,3 +126,12 @@ class Runtime:
             self._metrics_server.server_close()
         await asyncio.to_thread(self.tracing.shutdown)
         self.api.close()
+
+
+def open_state_store(config: OperatorSettings, metrics: StoreMetrics) -> BlobStore | None:
+    """The operator's own client of the state store, or None when none is configured. Its credentials
+    come from the operator's environment (the operator alone may delete: the collector, compaction and
+    archives); attempt Pods get their namespace's own credentials instead (core.pods.StateStorePodEnv)."""
+    if config.state_store_url is None:
+        return None
+    return BlobStore.from_url(config.state_store_url, observer=metrics.observe)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from agentrun.statestore.observe import OPERATIONS, OUTCOMES, StoreRequest
 
@@ -35,7 +35,7 @@ LABELS: Final = ("operation", "outcome")
 class StoreMetrics:
     """Registered in `registry` (None: not registered, e.g. in tests that read the objects directly)."""
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
         self.requests = Counter(
             "agentrun_state_store_requests",
             "State store requests, by operation (put, get, verify) and outcome",
