@@ -16,6 +16,7 @@ from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
 from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
+from agentrun.operator.standby import replica_identity
 
 log = logging.getLogger("agentrun.operator")
 
@@ -46,7 +47,9 @@ async def require_policies(api: KubeApi, clock: Clock) -> None:
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
     clock = SystemClock()  # the operator's one clock: every collaborator is given it
-    config = OperatorSettings.from_env(auto_priority(clock, random.Random()))
+    chance = random.Random()
+    config = OperatorSettings.from_env(auto_priority(clock, chance))
+    identity = replica_identity(os.environ, clock, chance)
     api = KubeApi(threads=2)
     try:
         await bootstrap.prepare(api, namespaces, config.peering, clock)
@@ -63,7 +66,8 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        registry=handlers.registry(namespaces, config, clock),
+        identity=identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str, not exported
+        registry=handlers.registry(namespaces, config, clock, identity),
     )
 
 

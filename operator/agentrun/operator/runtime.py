@@ -1,7 +1,12 @@
 """The operator's one object graph, built at start-up on one Clock: the API client, the caches, the
 informers that fill them, the lease expiry, the work queue, the executor and its observers, the
 reconciler, metrics and tracing. kopf delivers the Run events (and keeps the peering); everything else is
-here, with nothing held at module level and nothing built behind a default."""
+here, with nothing held at module level and nothing built behind a default.
+
+With peering, the runtime acts only while kopf would (agentrun.operator.standby): a replica standing by
+runs no informer, no reconcile worker, no timer and no notification sender (the Runs kopf still hands
+over are only noted). Taking over is a full resync: the caches are listed again and every Run known is
+reconciled, as at a start."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from wsgiref.simple_server import WSGIServer
 
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
+from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
 from agentrun.operator.attempt_role import AttemptRoleChecks
@@ -25,6 +31,7 @@ from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.standby import PeeringStanding
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore import BlobStore
@@ -47,7 +54,9 @@ class Runtime:
         tracing: Tracing,
         operator_metrics: metrics.OperatorMetrics,
         clock: Clock,
+        identity: str,
     ) -> None:
+        """identity: this replica's name among its peers (the one kopf is given)."""
         self.api, self.config, self.clock, self.tracing = api, config, clock, tracing
         self.metrics = operator_metrics
         self.state_store = open_state_store(config, StoreMetrics(operator_metrics.registry))
@@ -89,15 +98,66 @@ class Runtime:
             namespace_labels=namespace_labels(api, clock),
             record_refusal=refusal_event(api, clock),
         )
+        self.peering = (
+            PeeringStanding(
+                api,
+                name=config.peering,
+                namespaces=namespaces,
+                identity=identity,
+                priority=config.priority,
+                clock=clock,
+                flip=self._flip,
+                timeout_seconds=config.watch_timeout_seconds,
+            )
+            if config.peering
+            else None
+        )
+        self.active = False
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: WSGIServer | None = None
 
     def start(self) -> None:
-        """Starts the informers; the reconcile workers start once every cache has synced."""
+        """Acts at once when standalone; with peering, once the peering objects say this replica may."""
+        self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
+        if self.peering is None:
+            self._activate()
+        else:
+            log.info("standing by until the peering %s is read", self.config.peering)
+            self.peering.start()
+
+    async def _flip(self, standing: Standing) -> None:
+        if standing.active:
+            log.info("active: %s", standing.reason)
+            self._activate()
+        else:
+            log.info("standing by: %s", standing.reason)
+            await self._stand_by()
+
+    def _activate(self) -> None:
+        """Starts the informers (a fresh listing) and queues every Run known; the reconcile workers
+        start once every cache has synced."""
+        self.active = True
+        self.metrics.active.set(1)
+        self.reconciler.resync()
         self.informers.start()
         self.notifier.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
-        self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
+
+    async def _stand_by(self) -> None:
+        """Stops everything that reads or writes on its own: workers (a reconcile under way is cancelled,
+        as if the process had stopped), timers, informers and notification senders."""
+        if not self.active:
+            return
+        self.active = False
+        self.metrics.active.set(0)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.queue.pause()
+        await self.informers.stop()
+        await self.notifier.stop()
+        self.reconciler.stand_by()
 
     async def _reconcile_when_synced(self) -> None:
         started = self.clock.monotonic()
@@ -116,11 +176,9 @@ class Runtime:
             self.notifier.observe(body)  # queues only: a notification never holds up a Run
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-        self.queue.stop()
-        await self.informers.stop()
-        await self.notifier.stop()
+        if self.peering is not None:
+            await self.peering.stop()
+        await self._stand_by()
         if self._metrics_server:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()
