@@ -54,6 +54,9 @@ def test_a_replica_stands_by_until_the_blocking_heartbeat_runs_out_then_acts() -
 
         started = clock.monotonic()
         peering.seen("ns-a", {"status": {"b": heartbeat(clock, 5, lifetime=60), ME: heartbeat(clock, 1)}})
+        blocked = await flips.get()
+        assert not blocked.active
+        assert blocked.reason == "ns-a: a peer of higher priority is active: b (priority 5)"
         taken_over = await flips.get()
 
         assert taken_over.active

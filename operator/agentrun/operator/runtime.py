@@ -126,12 +126,13 @@ class Runtime:
             self.peering.start()
 
     async def _flip(self, standing: Standing) -> None:
-        if standing.active:
-            log.info("active: %s", standing.reason)
+        """A new standing among the peers: logged once it holds (a replica says it stands by only once
+        nothing of it runs any more)."""
+        if standing.active and not self.active:
             self._activate()
-        else:
-            log.info("standing by: %s", standing.reason)
+        elif not standing.active:
             await self._stand_by()
+        log.info("%s: %s", "active" if standing.active else "standing by", standing.reason)
 
     def _activate(self) -> None:
         """Starts the informers (a fresh listing) and queues every Run known; the reconcile workers

@@ -4,8 +4,8 @@ With peering, kopf stops delivering Run events on a replica that sees a live pee
 priority, but the runtime's own informers, work queue, timers and notifier are agentrun's: they must
 pause with it. kopf has no hook that tells its pause state, so this follows the peering object(s) kopf
 reads (one per watched namespace, or the cluster's) and judges them as kopf does (core.peering), at
-each change and when a blocking peer's heartbeat runs out, and tells the runtime when the standing
-flips. Like kopf, a replica stands by until it has read every peering object.
+each change and when a blocking peer's heartbeat runs out, and tells the runtime each new standing
+(whether it may act, and why). Like kopf, a replica stands by until it has read every peering object.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ Flip = Callable[[Standing], Awaitable[None]]
 
 
 class PeeringStanding:
-    """Follows the peering object(s) named `name` and calls `flip` with each new standing whose
-    `active` differs from the last one told (the first is told whatever it is)."""
+    """Follows the peering object(s) named `name` and calls `flip` with each standing that differs from
+    the last one told (whether it may act, or why not; the first is told whatever it is)."""
 
     def __init__(
         self,
@@ -122,11 +122,11 @@ class PeeringStanding:
 
     async def judging(self) -> None:
         """Judges the standing at each change of the peering, and when a blocking peer's heartbeat runs
-        out on the clock; tells `flip` when it flips. Runs until cancelled (start() runs it)."""
+        out on the clock; tells `flip` each new standing. Runs until cancelled (start() runs it)."""
         while True:
             self._news.clear()
             found = self.judge()
-            if self.told is None or found.active != self.told.active:
+            if self.told is None or (found.active, found.reason) != (self.told.active, self.told.reason):
                 self.told = found
                 await self.flip(found)
             wait = None if found.recheck_in is None else found.recheck_in + RECHECK_SLACK
