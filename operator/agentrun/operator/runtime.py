@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from agentrun.clock import Clock
@@ -39,6 +39,15 @@ from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
+
+
+class Activity(Protocol):
+    """Something that works on its own (senders, collectors, timers of its own): it runs only while the
+    replica acts. start() begins it; stop() ends what it does, keeping what a start again needs."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Runtime:
@@ -98,6 +107,9 @@ class Runtime:
             namespace_labels=namespace_labels(api, clock),
             record_refusal=refusal_event(api, clock),
         )
+        # What runs only while this replica acts, beside the informers and the reconcile workers: a new
+        # sender, collector or timer of its own is added here (built on the runtime's clock).
+        self.activities: list[Activity] = [self.notifier]
         self.peering = (
             PeeringStanding(
                 api,
@@ -141,12 +153,13 @@ class Runtime:
         self.metrics.active.set(1)
         self.reconciler.resync()
         self.informers.start()
-        self.notifier.start()
+        for activity in self.activities:
+            activity.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
 
     async def _stand_by(self) -> None:
         """Stops everything that reads or writes on its own: workers (a reconcile under way is cancelled,
-        as if the process had stopped), timers, informers and notification senders."""
+        as if the process had stopped), timers, informers and the activities (notification senders)."""
         if not self.active:
             return
         self.active = False
@@ -157,7 +170,8 @@ class Runtime:
             self._task = None
         self.queue.pause()
         await self.informers.stop()
-        await self.notifier.stop()
+        for activity in self.activities:
+            await activity.stop()
         self.reconciler.stand_by()
 
     async def _reconcile_when_synced(self) -> None:
