@@ -12,6 +12,7 @@ import random
 import kopf
 import uvloop
 
+from agentrun.api import ApiModel
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
@@ -25,7 +26,9 @@ def freeze_startup_objects() -> None:
     """Takes what the process holds now (kopf, pydantic's schemas, the kubernetes client: most of its
     objects, all of them as long-lived as the process) out of the garbage collector's generations, after
     collecting what is already garbage. Each full collection then scans only what the operator built
-    since; rescanning these was about a tenth of its CPU per Run (bench/findings.md, "Cost per Run")."""
+    since; rescanning these was about a tenth of its CPU per Run (bench/findings.md, "Cost per Run").
+    The models' validators (built on first use, for the SDK's start) are built first, to be among them."""
+    ApiModel.build_models()
     gc.collect()
     gc.freeze()
 
