@@ -128,7 +128,10 @@ class PeeringStanding:
             found = self.judge()
             if self.told is None or (found.active, found.reason) != (self.told.active, self.told.reason):
                 self.told = found
-                await self.flip(found)
+                try:
+                    await self.flip(found)
+                except Exception:  # the standing is followed for as long as the replica runs
+                    log.exception("the runtime did not take the standing %s", found)
             wait = None if found.recheck_in is None else found.recheck_in + RECHECK_SLACK
             await self._next_news(wait)
 
