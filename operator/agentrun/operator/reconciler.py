@@ -17,7 +17,7 @@ from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, Side
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import Plan
-from agentrun.core.pods import pod_view
+from agentrun.core.pods import StateStorePodEnv, pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
@@ -59,12 +59,14 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
+        state_store: StateStorePodEnv | None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
         self.queue, self.executor, self.leases = queue, executor, leases
         self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
+        self.state_store = state_store
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -242,6 +244,7 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            state_store=self.state_store,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

@@ -74,6 +74,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
+            state_store=config.state_store_pod_env(),
         )
         self.informers = Informers(
             api,

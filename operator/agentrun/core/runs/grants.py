@@ -126,14 +126,15 @@ def attempt_object(
 
 def pod_created(w: World, attempt: Attempt) -> Transition:
     """Creates the Attempt's Pod (idempotent: its name is the Attempt's). The Attempt keeps no phase
-    until its agent runs: no phase means pending. The Pod is owned by the Attempt too; an Attempt about
-    to be created has no uid yet, so the I/O layer fills in the uid the create returned. The Run Failed
-    instead when its Pods may no longer run as its ServiceAccount (e.g. the label was taken off since
-    the grant: its Attempt is aborted)."""
+        until its agent runs: no phase means pending. The Pod is owned by the Attempt too; an Attempt about
+        to be created has no uid yet, so the I/O layer fills in the uid the create returned. With a state
+    store, the Pod is told its URL and takes the namespace's credentials from its Secret. The Run Failed
+        instead when its Pods may no longer run as its ServiceAccount (e.g. the label was taken off since
+        the grant: its Attempt is aborted)."""
     refused = account_refused(w)
     if refused is not None:
         return refused
-    return NOTHING.then(CreatePod(attempt_pod(w.run, attempt)))
+    return NOTHING.then(CreatePod(attempt_pod(w.run, attempt, w.state_store)))
 
 
 def attempts_in_series(w: World, number: int) -> int:
