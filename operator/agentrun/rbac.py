@@ -10,6 +10,9 @@ from agentrun.api import AGENT_LABEL, GROUP
 Rule = dict[str, Any]
 # The Role (and, by convention, its RoleBinding) that gives an agents' ServiceAccount ATTEMPT_POD_RULES.
 ATTEMPT_ROLE = "agentrun-attempt"
+# The Secret in each agent namespace holding its credentials for the state store (the operator's
+# AGENTRUN_STATE_STORE_SECRET, by default): the operator reads it by this name, and no other Secret.
+STATE_STORE_SECRET = "agentrun-state-store"
 
 # What an attempt Pod's service account needs, and nothing more: read its Run and write its status
 # (the fenced commits), renew the Run's Lease, save Checkpoints, record SideEffects, and mark its own
@@ -45,6 +48,8 @@ OPERATOR_RULES: list[Rule] = [
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     # ... and only when they may do what an attempt Pod does (agentrun.operator.attempt_role asks).
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
+    # ... and only where the namespace holds the state store's credentials (operator.store_credentials).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [STATE_STORE_SECRET]},
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],

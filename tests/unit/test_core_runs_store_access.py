@@ -11,7 +11,7 @@ import pytest
 from agentrun.core.plan import CreatePod
 from agentrun.core.pods import AGENT_CONTAINER, StateStorePodEnv
 from agentrun.core.runs import World, decide
-from unit.factories import held_by, make_run, make_world, of_type, run_status
+from unit.factories import events, held_by, kinds, make_run, make_world, of_type, run_patch, run_status
 from unit.run_worlds import (
     NOT_STARTED,
     backing_off,
@@ -67,3 +67,68 @@ def test_each_attempts_pod_is_told_of_the_store(
         assert env["AGENTRUN_STATE_STORE_URL"]["value"] == store.url
         for name in told - {"AGENTRUN_STATE_STORE_URL"}:
             assert env[name]["valueFrom"]["secretKeyRef"]["name"] == store.secret
+
+
+# ---- StateStoreCredentialsMissing -------------------------------------------------------------------------
+
+GS_STORE = StateStorePodEnv("gs://agentrun/runs", "agentrun-state-store")
+CREDENTIALS_MISSING = "StateStoreCredentialsMissing"
+
+# (world, the store, whether its namespace has the Secret) -> the Run fails before any Pod, or starts one.
+CREDENTIAL_CASES: dict[str, tuple[World, StateStorePodEnv | None, bool, bool]] = {
+    "first-attempt-missing": (make_world(make_run()), STORE, True, True),
+    "queued-missing": (queued(), STORE, True, True),
+    "automatic-retry-missing": (backing_off(), STORE, True, True),
+    "manual-retry-missing": (stopped("Failed", spec=retry_spec()), STORE, True, True),
+    "resume-missing": (waiting(spec=resume()), STORE, True, True),
+    "interrupted-grant-missing": (POD_STARTS["interrupted-grant"], STORE, True, True),
+    "first-attempt-found": (make_world(make_run()), STORE, False, False),
+    "automatic-retry-found": (backing_off(), STORE, False, False),
+    # Nothing to take from a Secret: one machine's directory, or every key optional (workload identity).
+    "file-store-needs-none": (make_world(make_run()), FILE_STORE, True, False),
+    "gs-store-needs-none": (make_world(make_run()), GS_STORE, True, False),
+    "no-store-needs-none": (make_world(make_run()), None, True, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("world", "store", "missing", "fails"), CREDENTIAL_CASES.values(), ids=CREDENTIAL_CASES.keys()
+)
+def test_a_run_fails_before_any_pod_where_its_namespace_has_no_store_credentials(
+    world: World, store: StateStorePodEnv | None, missing: bool, fails: bool
+) -> None:
+    plan = decide(replace(world, state_store=store, store_credentials_missing=missing))
+
+    if not fails:
+        assert len(of_type(plan, CreatePod)) == 1
+        return
+    assert of_type(plan, CreatePod) == []
+    assert kinds(plan)[-1] == "PatchRunStatus"  # after the Attempt an interrupted grant promised
+    status = run_patch(plan)
+    assert status["phase"] == "Failed"
+    assert status["failure"]["reason"] == CREDENTIALS_MISSING
+    assert status["failure"]["class"] == "deterministic"
+    assert ("Warning", CREDENTIALS_MISSING) in events(plan)
+
+
+def test_the_refusal_says_what_to_create() -> None:
+    plan = decide(replace(make_world(make_run()), state_store=STORE, store_credentials_missing=True))
+
+    message = run_patch(plan)["failure"]["message"]
+    namespace = make_run().metadata.namespace
+    assert (
+        f"kubectl create secret generic agentrun-state-store -n {namespace} "
+        "--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=..."
+    ) in message
+    assert "no delete" in message
+    assert "retryRequest" in message
+
+
+def test_a_retry_once_the_secret_exists_starts_the_run() -> None:
+    failed = decide(replace(make_world(make_run()), state_store=STORE, store_credentials_missing=True))
+    status = run_patch(failed)
+    world = stopped("Failed", spec=retry_spec(), failure=status["failure"])
+
+    plan = decide(replace(world, state_store=STORE, store_credentials_missing=False))
+
+    assert len(of_type(plan, CreatePod)) == 1

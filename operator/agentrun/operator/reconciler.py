@@ -17,7 +17,7 @@ from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, Side
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import Plan
-from agentrun.core.pods import StateStorePodEnv, pod_view
+from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import logs
@@ -28,6 +28,7 @@ from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
 from agentrun.tracing import now
 
@@ -59,14 +60,14 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
-        state_store: StateStorePodEnv | None,
+        store_credentials: StoreCredentials,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
         self.queue, self.executor, self.leases = queue, executor, leases
         self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
-        self.state_store = state_store
+        self.store_credentials = store_credentials
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -232,6 +233,7 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
+        store_missing = may_start_pods(run) and await self.store_credentials.missing(key[0])
         return World(
             run=run,
             attempts=attempts,
@@ -244,7 +246,8 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
-            state_store=self.state_store,
+            state_store=self.store_credentials.store,
+            store_credentials_missing=store_missing,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

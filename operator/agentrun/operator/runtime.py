@@ -25,6 +25,7 @@ from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore import BlobStore
@@ -74,7 +75,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
-            state_store=config.state_store_pod_env(),
+            store_credentials=StoreCredentials(api, clock, config.state_store_pod_env()),
         )
         self.informers = Informers(
             api,

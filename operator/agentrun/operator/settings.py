@@ -17,6 +17,7 @@ import kopf
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.pods import StateStorePodEnv
+from agentrun.rbac import STATE_STORE_SECRET
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class OperatorSettings:
     # attempt Pods, and the name of the Secret in each agent namespace holding that namespace's own
     # credentials for it (the Pods take them through secretKeyRef).
     state_store_url: str | None = None
-    state_store_secret: str = "agentrun-state-store"
+    state_store_secret: str = STATE_STORE_SECRET
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""

@@ -41,6 +41,9 @@ class World:
     # The agent-state store attempt Pods are told of (its URL and the Secret of the Run's namespace that
     # holds the namespace's credentials for it): the operator's settings; None without a store.
     state_store: StateStorePodEnv | None = None
+    # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
+    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
+    store_credentials_missing: bool = False
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
