@@ -42,7 +42,9 @@ def request(
     return status
 
 
-def test_a_namespaces_credentials_reach_its_own_prefix_only_and_never_delete(server: ObjectStoreProcess) -> None:
+def test_a_namespaces_credentials_reach_its_own_prefix_only_and_never_delete(
+    server: ObjectStoreProcess,
+) -> None:
     team_a = server.namespace_credentials("team-a")
     server.namespace_credentials("team-b")
     root = server.credentials
