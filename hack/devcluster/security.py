@@ -40,11 +40,9 @@ def state_store_operator_env(store_url: str) -> dict[str, str]:
 
 
 def state_store_secret(namespace: str, credentials: dict[str, str]) -> dict[str, Any]:
-    """The namespace's state-store Secret, holding `credentials` (the AWS_* variables, by name).
-
-    The local control plane's versitygw runs without its IAM service, so this holds the gateway's root
-    credentials: every namespace gets the same principal here. A real install gives each namespace a
-    principal limited to its own prefix (docs/state-store.md)."""
+    """The namespace's state-store Secret, holding `credentials` (the AWS_* variables, by name): those of
+    the namespace's own principal (LocalCluster.namespace_store_env: get and put under its prefix only),
+    never the gateway's root (docs/state-store.md)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",

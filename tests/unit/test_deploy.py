@@ -498,5 +498,10 @@ def test_the_operator_reads_one_secret_by_name_only() -> None:
     those would read every Secret of the cluster)."""
     rules = [rule for rule in OPERATOR_RULES if "secrets" in rule["resources"]]
     assert rules == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [STATE_STORE_SECRET]}
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "verbs": ["get"],
+            "resourceNames": [STATE_STORE_SECRET, f"{STATE_STORE_SECRET}-read"],
+        }
     ]

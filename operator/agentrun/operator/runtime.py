@@ -75,7 +75,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
-            store_credentials=StoreCredentials(api, clock, config.state_store_pod_env()),
+            store_credentials=StoreCredentials.for_settings(api, clock, config),
         )
         self.informers = Informers(
             api,

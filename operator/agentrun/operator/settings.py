@@ -62,6 +62,10 @@ class OperatorSettings:
     # credentials for it (the Pods take them through secretKeyRef).
     state_store_url: str | None = None
     state_store_secret: str = STATE_STORE_SECRET
+    # The store is the bundled server (versitygw, as the local control plane and the chart run it) and
+    # the operator holds its root credentials: each opted-in namespace gets its principals and Secrets
+    # from the operator (operator.store_credentials). Elsewhere an administrator provides the Secrets.
+    state_store_provision: bool = False
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -96,6 +100,7 @@ class OperatorSettings:
             notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
+            state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
         )
 
 
@@ -124,6 +129,14 @@ def _sink(value: str) -> str:
     if "@" in value.split("/", 3)[2]:
         raise ValueError("a notification sink URL carries no credentials (they would show in logs)")
     return value
+
+
+def _provision(value: str) -> bool:
+    """AGENTRUN_STATE_STORE_PROVISION: `versitygw` (the bundled server) or unset."""
+    value = value.strip()
+    if value not in ("", "versitygw"):
+        raise ValueError(f"AGENTRUN_STATE_STORE_PROVISION is `versitygw` (the bundled server), not {value!r}")
+    return value == "versitygw"
 
 
 def _store_url(value: str) -> str | None:
