@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import pytest
 
@@ -55,11 +56,11 @@ def test_a_run_without_store_credentials_fails_before_any_pod_and_runs_once_they
 # ---- with the bundled server, the operator makes a namespace's principals -------------------------------
 
 
-def store_credentials(kube: Kube, cluster: LocalCluster) -> StoreCredentials:
-    """The operator's part, as configured with the bundled server (the operator holds its root)."""
-    assert cluster.object_store is not None
+def store_credentials(operator_kubeconfig: Path, cluster: LocalCluster) -> StoreCredentials:
+    """The operator's part as its own identity (its RBAC), configured with the bundled server (the
+    operator holds the server's root credentials)."""
     config = OperatorSettings(state_store_url=cluster.state_store_url, state_store_provision=True)
-    api = KubeApi(load_configuration(str(kube.kubeconfig)))
+    api = KubeApi(load_configuration(str(operator_kubeconfig)))
     return StoreCredentials.for_settings(api, SystemClock(), config, environ=cluster.state_store_env())
 
 
@@ -78,10 +79,10 @@ def put(cluster: LocalCluster, key: str, credentials: Credentials) -> int:
 
 
 def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_operator(
-    kube: Kube, local_cluster: LocalCluster, namespace: str
+    kube: Kube, local_cluster: LocalCluster, namespace: str, operator_kubeconfig: Path
 ) -> None:
     other = f"{namespace}-other"
-    checks = store_credentials(kube, local_cluster)
+    checks = store_credentials(operator_kubeconfig, local_cluster)
 
     async def scenario() -> None:
         assert await checks.missing(namespace, opted_in=False)  # not opted in: nothing is made
@@ -100,7 +101,7 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     assert put(local_cluster, f"{namespace}/run/sha256/b", reader) == 403
 
     # again, by a restarted operator (nothing remembered): the Secrets and their credentials are kept
-    again = store_credentials(kube, local_cluster)
+    again = store_credentials(operator_kubeconfig, local_cluster)
 
     async def rerun() -> None:
         await again.provision(namespace)
