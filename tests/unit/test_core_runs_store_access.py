@@ -132,3 +132,19 @@ def test_a_retry_once_the_secret_exists_starts_the_run() -> None:
     plan = decide(replace(world, state_store=STORE, store_credentials_missing=False))
 
     assert len(of_type(plan, CreatePod)) == 1
+
+
+@pytest.mark.parametrize(
+    ("identity", "reason"),
+    [
+        ({"account_refusal": "not labelled"}, "ServiceAccountNotAllowed"),
+        ({"attempt_role_denied": ("patch runs/status",)}, "AttemptRoleNotBound"),
+    ],
+    ids=["not-opted-in", "role-not-bound"],
+)
+def test_who_the_pods_run_as_is_said_before_the_missing_secret(identity: dict[str, Any], reason: str) -> None:
+    """A namespace not set up at all: the fix of its ServiceAccount first (with the bundled server, the
+    opt-in is what makes the Secret)."""
+    world = replace(make_world(make_run()), state_store=STORE, store_credentials_missing=True, **identity)
+
+    assert run_patch(decide(world))["failure"]["reason"] == reason

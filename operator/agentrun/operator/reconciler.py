@@ -233,9 +233,8 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
-        store_missing = may_start_pods(run) and await self.store_credentials.missing(
-            key[0], opted_in=account_refused is None and not role_denied
-        )
+        opted_in = may_start_pods(run) and account_refused is None and not role_denied
+        store_missing = opted_in and await self.store_credentials.missing(key[0], opted_in=True)
         return World(
             run=run,
             attempts=attempts,

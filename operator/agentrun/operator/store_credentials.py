@@ -74,7 +74,8 @@ class StoreCredentials:
     async def missing(self, namespace: str, *, opted_in: bool) -> bool:
         """Whether attempt Pods of `namespace` would lack the store's Secret (False when no Secret is
         needed, or when this operator may not read it: it says so once, and Pods start as they would).
-        With the bundled server, a namespace `opted_in` gets its principals and Secrets first."""
+        With the bundled server, a namespace `opted_in` (its Run's ServiceAccount labelled and bound to
+        the attempt role) gets its principals and Secrets first."""
         if self.store is None or not needs_secret(self.store):
             return False
         until = self._found_until.get(namespace)

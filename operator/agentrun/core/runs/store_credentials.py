@@ -14,10 +14,13 @@ from agentrun.core.store_access import CREDENTIALS_MISSING, credentials_refusal,
 
 def credentials_missing(w: World) -> Transition | None:
     """First seen (no phase yet), or Queued, while a state store is configured and the Run's namespace
-    has no Secret of its credentials -> Failed (StateStoreCredentialsMissing), before any Lease, Attempt
-    or Pod; the message names the Secret and the command that creates it."""
+    has no Secret of its credentials (its ServiceAccount being allowed: else FirstAttempt says so first)
+    -> Failed (StateStoreCredentialsMissing), before any Lease, Attempt or Pod; the message names the
+    Secret and the command that creates it."""
     if w.run.status.phase not in (None, RunPhase.QUEUED):
         return None
+    if w.account_refusal is not None or w.attempt_role_denied:
+        return None  # who the Pods run as is said first (FirstAttempt): that fix comes before the Secret
     return refused(w)
 
 
