@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Final
+from urllib.parse import parse_qsl
 
 from agentrun.statestore import StoreUnavailable, parse_store_url
 from agentrun.statestore.principals import Access, BundledStore
@@ -208,8 +209,8 @@ def s3_request(
     method: str, endpoint: str, path: str, *, query: str = "", body: bytes = b"", credentials: Credentials
 ) -> tuple[int, bytes]:
     """One path-style S3 request signed with AWS Signature Version 4; (status, body), errors included.
-    `query` is `name=value` pairs joined by `&` (`name=` for a bare name)."""
-    params = dict(part.split("=", 1) for part in query.split("&") if part)
+    `query` is canonical (sorted, encoded, `name=` for a bare name)."""
+    params = dict(parse_qsl(query, keep_blank_values=True))
     try:
         return signed_request(
             method, endpoint, path, credentials=credentials, query=params, body=body, region=REGION
