@@ -36,3 +36,9 @@ class BlobRef(ApiModel):
         le=MAX_BLOB_SIZE,
         description="The blob's size in bytes (its stored JSON); a blob of another size is refused.",
     )
+    links: bool | None = Field(
+        default=None,
+        description="True when the blob is a document that names further blobs in its top-level 'refs' "
+        "list (a LangGraph manifest, a checkpoint index, an archive): the state store's collector "
+        "follows it, so everything it names stays stored while this reference lives.",
+    )

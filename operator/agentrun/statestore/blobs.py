@@ -64,11 +64,13 @@ _DETAIL_LIMIT: Final = 600
 
 @dataclass(frozen=True)
 class BlobRef:
-    """What a fenced object records about a blob it references: its key, sha256 (hex) and size."""
+    """What a fenced object records about a blob it references: its key, sha256 (hex) and size; `links`
+    when the blob is a document naming further blobs (statestore.documents), which the collector follows."""
 
     key: str
     sha256: str
     size: int
+    links: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -79,15 +81,21 @@ class BlobRef:
             raise ValueError(f"blob reference {self.key}: size must be a non-negative integer")
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "sha256": self.sha256, "size": self.size}
+        value: dict[str, Any] = {"key": self.key, "sha256": self.sha256, "size": self.size}
+        if self.links:
+            value["links"] = True
+        return value
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> BlobRef:
-        """A reference as recorded ({key, sha256, size}); ValueError when it is not one."""
-        unknown = set(value) - {"key", "sha256", "size"}
+        """A reference as recorded ({key, sha256, size[, links]}); ValueError when it is not one."""
+        unknown = set(value) - {"key", "sha256", "size", "links"}
         if unknown:
             raise ValueError(f"a blob reference has unknown fields {sorted(unknown)}")
-        return cls(value.get("key", ""), value.get("sha256", ""), value.get("size", -1))
+        links = value.get("links", False)
+        if not isinstance(links, bool):
+            raise ValueError("a blob reference's links is true or false")
+        return cls(value.get("key", ""), value.get("sha256", ""), value.get("size", -1), links)
 
 
 @dataclass(frozen=True)
