@@ -529,3 +529,16 @@ def test_the_operator_reads_one_secret_by_name_only() -> None:
             "resourceNames": [STATE_STORE_SECRET, f"{STATE_STORE_SECRET}-read"],
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [((), STATE_STORE_SECRET), (("stateStore.agentSecretName=team-store",), "team-store")],
+)
+def test_the_charts_operator_reads_the_agents_store_secrets_by_their_configured_name(
+    values: tuple[str, ...], name: str
+) -> None:
+    role = one(template(*values), "ClusterRole", "rel-agentrun")
+    rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+    names = [name, f"{name}-read"]
+    assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": names}]
