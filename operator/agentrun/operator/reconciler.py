@@ -233,8 +233,9 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
-        opted_in = may_start_pods(run) and account_refused is None and not role_denied
-        store_missing = opted_in and await self.store_credentials.missing(key[0], opted_in=True)
+        # The store's Secret is looked for (made, with the bundled server) once the account may run Pods.
+        allowed = may_start_pods(run) and account_refused is None and not role_denied
+        store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
         return World(
             run=run,
             attempts=attempts,

@@ -67,6 +67,11 @@ class StoreCredentials:
         store = config.state_store_pod_env()
         bundled = None
         if store is not None and config.state_store_provision:
+            if not environ.get("AWS_ACCESS_KEY_ID") or not environ.get("AWS_SECRET_ACCESS_KEY"):
+                raise ValueError(
+                    "AGENTRUN_STATE_STORE_PROVISION needs the bundled server's root credentials in the "
+                    "operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                )
             admin = S3Credentials(environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"])
             bundled = BundledStore(parse_store_url(store.url), admin)
         return cls(api, clock, store, bundled)
