@@ -132,6 +132,6 @@ def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> st
     Secret its attempt Pods read."""
     opt_in_for_attempts(kube, namespace)
     kube.core.create_namespaced_secret(
-        namespace, security.state_store_secret(namespace, local_cluster.state_store_env())
+        namespace, security.state_store_secret(namespace, local_cluster.namespace_store_env(namespace))
     )
     return namespace

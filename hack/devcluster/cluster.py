@@ -117,6 +117,13 @@ class LocalCluster:
             raise ClusterError("this cluster runs no object store (with_object_store=False)")
         return self.object_store.env()
 
+    def namespace_store_env(self, namespace: str) -> dict[str, str]:
+        """The credentials of `namespace`'s own principal on the store (AWS_* variables): get and put under
+        the namespace's prefix only, made on first use; what its state-store Secret holds."""
+        if self.object_store is None:
+            raise ClusterError("this cluster runs no object store (with_object_store=False)")
+        return self.object_store.namespace_credentials(namespace).env()
+
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
         if not os.access(path, os.X_OK):

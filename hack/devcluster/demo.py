@@ -148,7 +148,7 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
             f"--serviceaccount={NAMESPACE}:default",
         )
         # the namespace's credentials for the cluster's object store, which its attempt Pods read
-        demo.apply(security.state_store_secret(NAMESPACE, cluster.state_store_env()))
+        demo.apply(security.state_store_secret(NAMESPACE, cluster.namespace_store_env(NAMESPACE)))
         say("Starting the external ticket service (the world outside) and the agentrun operator")
         tickets.start()
         print(f"  ticket service at {tickets.url}")

@@ -4,16 +4,13 @@ directory, with bucket versioning on, bound to loopback. The agent-state store o
 hack/build-versitygw.sh builds it from its Go module at a pinned version into the binary cache. The root
 credentials are made per start and handed to the process through its environment (never its command
 line); clients get them from `env()`. The bucket is created, and versioned, once the gateway is healthy,
-with two signed S3 requests (AWS Signature Version 4, small enough to write here).
+with two signed S3 requests (agentrun.statestore.sigv4). Its internal IAM holds a user per agent
+namespace (namespace_credentials), granted by the bucket's policy.
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import hmac
 import os
-import secrets
 import subprocess
 import time
 import urllib.error
@@ -23,9 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Final
+from urllib.parse import parse_qsl
+
+from agentrun.statestore import StoreUnavailable, parse_store_url
+from agentrun.statestore.principals import Access, BundledStore
+from agentrun.statestore.sigv4 import S3Credentials, signed_request
 
 from .processes import free_port, pid_alive, spawn, stop_group
 
+Credentials = S3Credentials  # the gateway's root, a namespace's user: an access key and its secret
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUCKET: Final = "agentrun"
 REGION: Final = "us-east-1"
@@ -52,20 +55,6 @@ def versitygw_binary() -> Path:
         text=True,
     )
     return Path(out.stdout.strip())
-
-
-@dataclass(frozen=True)
-class Credentials:
-    access_key: str
-    secret_key: str
-
-    @classmethod
-    def new(cls) -> Credentials:
-        return cls("AR" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
-
-    def env(self) -> dict[str, str]:
-        """The variables an S3 client (obstore, the AWS CLI and SDKs) reads its credentials from."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
 
 
 @dataclass
@@ -110,6 +99,8 @@ class ObjectStoreProcess:
             f"--health={HEALTH_PATH}",
             f"--region={REGION}",
             "--quiet",
+            # Its internal IAM: a user per agent namespace (agentrun.statestore.principals).
+            f"--iam-dir={self.data_dir / 'iam'}",
             "posix",
             # Versioning keeps every overwritten or deleted object's earlier versions here.
             f"--versioning-dir={self.data_dir / 'versions'}",
@@ -125,12 +116,19 @@ class ObjectStoreProcess:
         }
 
     def make_dirs(self) -> None:
-        for sub in ("versions", "buckets"):
+        for sub in ("versions", "buckets", "iam"):
             (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def prepare(self) -> None:
         """Once healthy: the bucket exists and is versioned."""
         prepare_bucket(self.endpoint, self.credentials, self.bucket)
+
+    def namespace_credentials(
+        self, namespace: str, access: Access = Access.WRITE, held: Credentials | None = None
+    ) -> Credentials:
+        """The namespace's own principal (get and put under its prefix, or get only), made on first use:
+        what the namespace's Secret holds, never the gateway's root."""
+        return BundledStore(parse_store_url(self.url), self.credentials).ensure(namespace, access, held)
 
     def write_env_file(self, path: Path) -> Path:
         """A file to `source` for a shell that uses the store: its URL and credentials (mode 0600)."""
@@ -211,43 +209,11 @@ def s3_request(
     method: str, endpoint: str, path: str, *, query: str = "", body: bytes = b"", credentials: Credentials
 ) -> tuple[int, bytes]:
     """One path-style S3 request signed with AWS Signature Version 4; (status, body), errors included.
-    `query` is already canonical (sorted, encoded, `name=` for a bare name)."""
-    host = endpoint.split("://", 1)[1]
-    now = datetime.datetime.now(datetime.UTC)
-    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    payload_hash = hashlib.sha256(body).hexdigest()
-    headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
-    signed = ";".join(sorted(headers))
-    canonical = "\n".join(
-        [
-            method,
-            path,
-            query,
-            "".join(f"{name}:{headers[name]}\n" for name in sorted(headers)),
-            signed,
-            payload_hash,
-        ]
-    )
-    scope = f"{day}/{REGION}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = ("AWS4" + credentials.secret_key).encode()
-    for part in (day, REGION, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    url = endpoint + path + (f"?{query}" if query else "")
-    request = urllib.request.Request(url, data=body or None, method=method)
-    for name, value in headers.items():
-        if name != "host":
-            request.add_header(name, value)
-    request.add_header(
-        "Authorization",
-        f"AWS4-HMAC-SHA256 Credential={credentials.access_key}/{scope}, SignedHeaders={signed}, "
-        f"Signature={signature}",
-    )
+    `query` is canonical (sorted, encoded, `name=` for a bare name)."""
+    params = dict(parse_qsl(query, keep_blank_values=True))
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status), response.read()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
-        raise ObjectStoreError(f"{method} {endpoint}{path}: {error}") from None
+        return signed_request(
+            method, endpoint, path, credentials=credentials, query=params, body=body, region=REGION
+        )
+    except StoreUnavailable as error:
+        raise ObjectStoreError(str(error)) from None

@@ -15,7 +15,7 @@ from typing import Any, Final
 import yaml
 
 from agentrun.admission import admission_policies, policy_reader_rules, service_account_user
-from agentrun.rbac import OPERATOR_RULES
+from agentrun.rbac import OPERATOR_RULES, STATE_STORE_PROVISION_RULES
 
 from .kubeconfig import write_kubeconfig
 
@@ -40,11 +40,9 @@ def state_store_operator_env(store_url: str) -> dict[str, str]:
 
 
 def state_store_secret(namespace: str, credentials: dict[str, str]) -> dict[str, Any]:
-    """The namespace's state-store Secret, holding `credentials` (the AWS_* variables, by name).
-
-    The local control plane's versitygw runs without its IAM service, so this holds the gateway's root
-    credentials: every namespace gets the same principal here. A real install gives each namespace a
-    principal limited to its own prefix (docs/state-store.md)."""
+    """The namespace's state-store Secret, holding `credentials` (the AWS_* variables, by name): those of
+    the namespace's own principal (LocalCluster.namespace_store_env: get and put under its prefix only),
+    never the gateway's root (docs/state-store.md)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -89,7 +87,9 @@ class Kubectl:
 
 def operator_identity_docs() -> list[dict[str, Any]]:
     """The operator's namespace, ServiceAccount and cluster-wide RBAC (the chart's cluster mode, with the
-    reading of the admission policies it checks at start-up)."""
+    reading of the admission policies it checks at start-up, and, as this control plane runs the bundled
+    object store, the making of namespaces' store Secrets an operator told AGENTRUN_STATE_STORE_PROVISION
+    does)."""
     meta = {"name": OPERATOR_SERVICE_ACCOUNT}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
@@ -98,7 +98,7 @@ def operator_identity_docs() -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": meta,
-            "rules": [*OPERATOR_RULES, *policy_reader_rules()],
+            "rules": [*OPERATOR_RULES, *policy_reader_rules(), *STATE_STORE_PROVISION_RULES],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

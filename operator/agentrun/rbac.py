@@ -10,6 +10,11 @@ from agentrun.api import AGENT_LABEL, GROUP
 Rule = dict[str, Any]
 # The Role (and, by convention, its RoleBinding) that gives an agents' ServiceAccount ATTEMPT_POD_RULES.
 ATTEMPT_ROLE = "agentrun-attempt"
+# The Secret in each agent namespace holding its credentials for the state store (the operator's
+# AGENTRUN_STATE_STORE_SECRET, by default): the operator reads it by this name, and no other Secret.
+STATE_STORE_SECRET = "agentrun-state-store"
+# ... and its read-only principal's, for people (RBAC lets them get it).
+STATE_STORE_READ_SECRET = STATE_STORE_SECRET + "-read"
 
 # What an attempt Pod's service account needs, and nothing more: read its Run and write its status
 # (the fenced commits), renew the Run's Lease, save Checkpoints, record SideEffects, and mark its own
@@ -45,6 +50,13 @@ OPERATOR_RULES: list[Rule] = [
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     # ... and only when they may do what an attempt Pod does (agentrun.operator.attempt_role asks).
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
+    # ... and only where the namespace holds the state store's credentials (operator.store_credentials).
+    {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "verbs": ["get"],
+        "resourceNames": [STATE_STORE_SECRET, STATE_STORE_READ_SECRET],
+    },
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
@@ -96,6 +108,12 @@ def attempt_role(namespace: str, name: str = ATTEMPT_ROLE) -> dict[str, Any]:
         "rules": ATTEMPT_POD_RULES,
     }
 
+
+# With the bundled object store, the operator makes each opted-in namespace's Secrets of the store's
+# credentials (operator.store_credentials): `create` cannot be limited to a name, so this is granted only
+# to an operator told AGENTRUN_STATE_STORE_PROVISION (the local control plane's, the chart's with its
+# own server), never by default.
+STATE_STORE_PROVISION_RULES: list[Rule] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
 
 # Opts a ServiceAccount in for attempt Pods (a merge patch): an administrator's decision, never a Run's.
 AGENT_ACCOUNT_PATCH: dict[str, Any] = {"metadata": {"labels": {AGENT_LABEL: "true"}}}

@@ -25,6 +25,7 @@ from agentrun.core.plan import (
     Plan,
     WriteLease,
 )
+from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, attempts, decide
 from agentrun.core.runs.chain import Chain, Rule
 from agentrun.core.runs.transition import SetPhase
@@ -98,6 +99,7 @@ from unit.run_worlds import (
 )
 
 ROLE_DENIED = ("patch runs/status", "create checkpoints", "patch leases")
+S3_STORE = StateStorePodEnv("s3://agentrun?endpoint=http://objects.example:7070", "agentrun-state-store")
 # The Lease revoked, the Run moved on, the Pod stopped with its grace period, then the Attempt marked.
 ATTEMPT_TIMED_OUT = ["WriteLease", "PatchRunStatus", "DeletePod", "PatchAttemptStatus"]
 
@@ -490,6 +492,19 @@ TRANSITIONS: dict[str, Transition] = {
         ["PatchRunStatus"],
         "Failed",
         stop_reason="AttemptRoleNotBound",
+    ),
+    # The namespace has no Secret of the state store's credentials: its Pods could not start.
+    "new-run-store-credentials-missing": Transition(
+        replace(make_world(make_run()), state_store=S3_STORE, store_credentials_missing=True),
+        ["PatchRunStatus"],
+        "Failed",
+        stop_reason="StateStoreCredentialsMissing",
+    ),
+    "backoff-due-store-credentials-missing": Transition(
+        replace(backing_off(), state_store=S3_STORE, store_credentials_missing=True),
+        ["PatchRunStatus"],
+        "Failed",
+        stop_reason="StateStoreCredentialsMissing",
     ),
     "backoff-due-exactly-now": Transition(backing_off(due=NOW), SUCCESSOR_GRANT, "Running"),
     "backoff-without-next-attempt-time": Transition(backing_off(due=None), SUCCESSOR_GRANT, "Running"),
@@ -1262,6 +1277,8 @@ DECIDED_BY = {
     "new-run-grants-attempt-1": "FirstAttempt",
     "new-run-attempt-role-not-bound": "FirstAttempt",
     "backoff-due-attempt-role-not-bound": "RetryDue",
+    "new-run-store-credentials-missing": "StateStoreCredentialsMissing",
+    "backoff-due-store-credentials-missing": "RetryDue",
     "being-deleted-before-queued": "Deleted",
     "running-healthy": "Running",
     "running-lease-expired": "Running",

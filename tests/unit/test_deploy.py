@@ -16,7 +16,7 @@ import yaml
 from agentrun.admission import admission_policies, policy_names, policy_reader_rules
 from agentrun.deploy import render
 from agentrun.deploy.values import Values
-from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, Rule
+from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, STATE_STORE_SECRET, Rule
 from support.corpus import REPO
 
 CHART = REPO / "charts" / "agentrun"
@@ -46,6 +46,7 @@ NAMESPACED_RESOURCES = {
     ("coordination.k8s.io", "leases"),
     ("kopf.dev", "kopfpeerings"),
     ("authorization.k8s.io", "localsubjectaccessreviews"),
+    ("", "secrets"),
 }
 
 
@@ -514,3 +515,30 @@ def test_the_charts_policies_exempt_its_operators_service_account() -> None:
     for policy in policies:
         conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
         assert "'system:serviceaccount:ops:robot'" in conditions
+
+
+def test_the_operator_reads_one_secret_by_name_only() -> None:
+    """The state store's credentials Secret of each agent namespace, and no other Secret (no list, no watch:
+    those would read every Secret of the cluster)."""
+    rules = [rule for rule in OPERATOR_RULES if "secrets" in rule["resources"]]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "verbs": ["get"],
+            "resourceNames": [STATE_STORE_SECRET, f"{STATE_STORE_SECRET}-read"],
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [((), STATE_STORE_SECRET), (("stateStore.agentSecretName=team-store",), "team-store")],
+)
+def test_the_charts_operator_reads_the_agents_store_secrets_by_their_configured_name(
+    values: tuple[str, ...], name: str
+) -> None:
+    role = one(template(*values), "ClusterRole", "rel-agentrun")
+    rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+    names = [name, f"{name}-read"]
+    assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": names}]

@@ -95,3 +95,17 @@ def test_a_state_store_url_with_credentials_is_refused_at_start(monkeypatch: pyt
     with pytest.raises(ValueError, match=r"credential|user info") as caught:
         OperatorSettings.from_env(auto_priority=-1)
     assert "secret@" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("value", "provision"), [("", False), ("versitygw", True), (" versitygw ", True)])
+def test_the_operator_provisions_namespaces_only_on_the_bundled_server(
+    monkeypatch: pytest.MonkeyPatch, value: str, provision: bool
+) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_PROVISION", value)
+    assert OperatorSettings.from_env(auto_priority=-1).state_store_provision is provision
+
+
+def test_an_unknown_provisioner_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_PROVISION", "minio")
+    with pytest.raises(ValueError, match="versitygw"):
+        OperatorSettings.from_env(auto_priority=-1)

@@ -66,6 +66,13 @@ class StateStorePodEnv:
     url: str
     secret: str
 
+    @property
+    def required_credentials(self) -> tuple[str, ...]:
+        """The Secret's keys a Pod cannot start without (none: no Secret is needed, e.g. file://, or
+        workload identity where every key is optional)."""
+        scheme = self.url.split("://", 1)[0]
+        return tuple(key for key, optional in STATE_STORE_CREDENTIALS.get(scheme, ()) if not optional)
+
     def env(self) -> list[dict[str, Any]]:
         """The container's env: the URL, and each credential from the namespace's Secret (the kubelet
         resolves secretKeyRef; the values never appear in the Pod)."""

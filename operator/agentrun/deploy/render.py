@@ -35,7 +35,7 @@ from agentrun.admission import admission_policies, policy_reader_rules
 from agentrun.api import crdgen
 from agentrun.api.peering import PEERING_GROUP, peering_crds
 from agentrun.deploy.values import Values
-from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, Rule
+from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, STATE_STORE_READ_SECRET, STATE_STORE_SECRET, Rule
 
 CHART: Final = Path("charts/agentrun")
 MANIFESTS: Final = Path("manifests")
@@ -170,6 +170,15 @@ def rule_sets() -> dict[str, list[Rule]]:
     return sets
 
 
+# The agents' store Secrets the operator may read are named by the chart's values
+# (stateStore.agentSecretName), not by agentrun.rbac's default, which the plain manifests keep.
+_STORE_SECRETS: Final = f"resourceNames: [{STATE_STORE_SECRET}, {STATE_STORE_READ_SECRET}]"
+_STORE_SECRETS_TEMPLATE: Final = (
+    "resourceNames: [{{ .Values.stateStore.agentSecretName | quote }}, "
+    '{{ printf "%s-read" .Values.stateStore.agentSecretName | quote }}]'
+)
+
+
 def rules_tpl() -> str:
     parts = [
         "{{/*\n"
@@ -179,6 +188,10 @@ def rules_tpl() -> str:
     ]
     for name, rules in rule_sets().items():
         body = yaml.safe_dump(rules, default_flow_style=None, sort_keys=False, width=200)
+        if name == "agentrun.rules.operator.namespaced":
+            if _STORE_SECRETS not in body:
+                raise RenderError(f"the operator's rules name no store Secrets as {_STORE_SECRETS!r}")
+            body = body.replace(_STORE_SECRETS, _STORE_SECRETS_TEMPLATE)
         parts.append(f'{{{{- define "{name}" -}}}}\n{body}{{{{- end }}}}\n')
     return "\n".join(parts)
 

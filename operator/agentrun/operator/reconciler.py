@@ -28,6 +28,7 @@ from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
 from agentrun.tracing import now
 
@@ -59,12 +60,14 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
+        store_credentials: StoreCredentials,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
         self.queue, self.executor, self.leases = queue, executor, leases
         self.metrics, self.spans, self.clock = metrics, spans, clock
         self.operator_account = operator_account
+        self.store_credentials = store_credentials
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.reconciles = 0
@@ -243,6 +246,9 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
+        # The store's Secret is looked for (made, with the bundled server) once the account may run Pods.
+        allowed = may_start_pods(run) and account_refused is None and not role_denied
+        store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
         return World(
             run=run,
             attempts=attempts,
@@ -255,6 +261,8 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            state_store=self.store_credentials.store,
+            store_credentials_missing=store_missing,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

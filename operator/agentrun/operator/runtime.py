@@ -32,6 +32,7 @@ from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.standby import PeeringStanding
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore import BlobStore
@@ -92,6 +93,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
+            store_credentials=StoreCredentials.for_settings(api, clock, config),
         )
         self.informers = Informers(
             api,

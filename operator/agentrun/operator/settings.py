@@ -17,6 +17,7 @@ import kopf
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.pods import StateStorePodEnv
+from agentrun.rbac import STATE_STORE_SECRET
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ class OperatorSettings:
     # attempt Pods, and the name of the Secret in each agent namespace holding that namespace's own
     # credentials for it (the Pods take them through secretKeyRef).
     state_store_url: str | None = None
-    state_store_secret: str = "agentrun-state-store"
+    state_store_secret: str = STATE_STORE_SECRET
+    # The store is the bundled server (versitygw, as the local control plane and the chart run it) and
+    # the operator holds its root credentials: each opted-in namespace gets its principals and Secrets
+    # from the operator (operator.store_credentials). Elsewhere an administrator provides the Secrets.
+    state_store_provision: bool = False
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -95,6 +100,7 @@ class OperatorSettings:
             notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
+            state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
         )
 
 
@@ -123,6 +129,14 @@ def _sink(value: str) -> str:
     if "@" in value.split("/", 3)[2]:
         raise ValueError("a notification sink URL carries no credentials (they would show in logs)")
     return value
+
+
+def _provision(value: str) -> bool:
+    """AGENTRUN_STATE_STORE_PROVISION: `versitygw` (the bundled server) or unset."""
+    value = value.strip()
+    if value not in ("", "versitygw"):
+        raise ValueError(f"AGENTRUN_STATE_STORE_PROVISION is `versitygw` (the bundled server), not {value!r}")
+    return value == "versitygw"
 
 
 def _store_url(value: str) -> str | None:

@@ -12,6 +12,7 @@ from agentrun.core.identity import NOT_ALLOWED, ROLE_NOT_BOUND, agent_account, r
 from agentrun.core.lease import epoch_for_grant
 from agentrun.core.plan import CreateAttempt, CreatePod, DeletePod, WriteLease
 from agentrun.core.pods import attempt_pod, owner_reference
+from agentrun.core.runs import store_credentials
 from agentrun.core.runs.transition import NOTHING, Transition, event, set_phase, writes
 from agentrun.core.runs.world import World
 
@@ -30,13 +31,15 @@ def failure_fields(
 
 def account_refused(w: World, **fields: Any) -> Transition | None:
     """The Run Failed when its Pods may not run as its ServiceAccount (checked before any Lease grant,
-    Attempt or Pod exists for it): not opted in, or not bound to the attempt role, whose 403 inside the
-    agent would otherwise pass for the agent's own deterministic failure. None when they may."""
+        Attempt or Pod exists for it): not opted in, or not bound to the attempt role, whose 403 inside the
+        agent would otherwise pass for the agent's own deterministic failure; or without the namespace's
+    state-store credentials (StateStoreCredentialsMissing). None when they may."""
     reason, message = NOT_ALLOWED, w.account_refusal
     if message is None:
         reason, message = ROLE_NOT_BOUND, role_refusal(agent_account(w.run), w.attempt_role_denied)
     if message is None:
-        return None
+        # Nor can they start without the namespace's state-store credentials (a Secret deleted since).
+        return store_credentials.refused(w, **fields)
     failure = failure_fields(FailureClass.DETERMINISTIC, reason, message)
     return set_phase(RunPhase.FAILED, reason, message, failure=failure, nextAttemptTime=None, **fields).then(
         event("Warning", reason, message)
@@ -126,14 +129,15 @@ def attempt_object(
 
 def pod_created(w: World, attempt: Attempt) -> Transition:
     """Creates the Attempt's Pod (idempotent: its name is the Attempt's). The Attempt keeps no phase
-    until its agent runs: no phase means pending. The Pod is owned by the Attempt too; an Attempt about
-    to be created has no uid yet, so the I/O layer fills in the uid the create returned. The Run Failed
-    instead when its Pods may no longer run as its ServiceAccount (e.g. the label was taken off since
-    the grant: its Attempt is aborted)."""
+        until its agent runs: no phase means pending. The Pod is owned by the Attempt too; an Attempt about
+        to be created has no uid yet, so the I/O layer fills in the uid the create returned. With a state
+    store, the Pod is told its URL and takes the namespace's credentials from its Secret. The Run Failed
+        instead when its Pods may no longer run as its ServiceAccount (e.g. the label was taken off since
+        the grant: its Attempt is aborted)."""
     refused = account_refused(w)
     if refused is not None:
         return refused
-    return NOTHING.then(CreatePod(attempt_pod(w.run, attempt)))
+    return NOTHING.then(CreatePod(attempt_pod(w.run, attempt, w.state_store)))
 
 
 def attempts_in_series(w: World, number: int) -> int:

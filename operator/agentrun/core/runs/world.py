@@ -8,7 +8,7 @@ from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
 from agentrun.core.lease import LeaseView
-from agentrun.core.pods import PodView
+from agentrun.core.pods import PodView, StateStorePodEnv
 
 # Without a sighting of the Lease yet (operator just started), look again this soon.
 RECHECK_SECONDS = 5.0
@@ -38,6 +38,12 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # The agent-state store attempt Pods are told of (its URL and the Secret of the Run's namespace that
+    # holds the namespace's credentials for it): the operator's settings; None without a store.
+    state_store: StateStorePodEnv | None = None
+    # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
+    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
+    store_credentials_missing: bool = False
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)

@@ -1,0 +1,43 @@
+"""The Run's first Attempt cannot start where its namespace has no credentials for the state store
+(core.store_access): the Run fails first, saying what to create."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun.api import FailureClass, RunPhase
+from agentrun.core.failures import fingerprint
+from agentrun.core.runs.transition import Transition, event, set_phase
+from agentrun.core.runs.world import World
+from agentrun.core.store_access import CREDENTIALS_MISSING, credentials_refusal, needs_secret
+
+
+def credentials_missing(w: World) -> Transition | None:
+    """First seen (no phase yet), or Queued, while a state store is configured and the Run's namespace
+    has no Secret of its credentials (its ServiceAccount being allowed: else FirstAttempt says so first)
+    -> Failed (StateStoreCredentialsMissing), before any Lease, Attempt or Pod; the message names the
+    Secret and the command that creates it."""
+    if w.run.status.phase not in (None, RunPhase.QUEUED):
+        return None
+    if w.account_refusal is not None or w.attempt_role_denied:
+        return None  # who the Pods run as is said first (FirstAttempt): that fix comes before the Secret
+    return refused(w)
+
+
+def refused(w: World, **fields: Any) -> Transition | None:
+    """The Run Failed for its namespace's missing store credentials; None when they are there (or none
+    are needed). Also checked by every later grant (core.runs.grants): a Secret deleted since."""
+    if w.state_store is None or not needs_secret(w.state_store) or not w.store_credentials_missing:
+        return None
+    message = credentials_refusal(w.state_store, str(w.run.metadata.namespace))
+    # status.failure as core.runs.grants.failure_fields writes it (grants asks this module, not back).
+    failure = {
+        "class": FailureClass.DETERMINISTIC.value,
+        "reason": CREDENTIALS_MISSING,
+        "message": message,
+        "fingerprint": fingerprint(FailureClass.DETERMINISTIC, message),
+    }
+    failed = set_phase(
+        RunPhase.FAILED, CREDENTIALS_MISSING, message, failure=failure, nextAttemptTime=None, **fields
+    )
+    return failed.then(event("Warning", CREDENTIALS_MISSING, message))

@@ -1,0 +1,162 @@
+"""Whether a Run's namespace holds the Secret of its state-store credentials, asked of the API server; and,
+with the bundled object store, the namespace's principals and Secrets made when it has none.
+
+Before a Pod takes the credentials by secretKeyRef, the operator reads the Secret (by name only: its RBAC
+grants `get` on that name, never a list of the namespace's Secrets), so a missing one fails the Run with
+what to create (core.store_access) instead of leaving its Pod in CreateContainerConfigError. A namespace
+found to hold it is not asked again for a while; one found without it is asked again at the next look,
+so a Secret created since is seen at once.
+
+With the bundled server (AGENTRUN_STATE_STORE_PROVISION=versitygw, the operator holding the server's
+root credentials), a namespace that opted its agents' ServiceAccount in gets its principals instead, at
+its first Run: one that gets and puts under the namespace's prefix (the Secret attempt Pods read) and one
+that only gets (the `-read` Secret people read with), made idempotently (agentrun.statestore.principals).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+from collections.abc import Mapping
+
+from agentrun.clock import Clock
+from agentrun.core.pods import StateStorePodEnv
+from agentrun.core.store_access import needs_secret
+from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator.settings import OperatorSettings
+from agentrun.statestore import StoreRefused, parse_store_url
+from agentrun.statestore.principals import Access, BundledStore
+from agentrun.statestore.sigv4 import S3Credentials
+
+log = logging.getLogger("agentrun.operator")
+JsonDict = dict[str, object]
+
+# How long a namespace found holding the Secret is taken as holding it (one deleted meanwhile is seen this
+# late: its Pod then waits for the Secret, as Kubernetes shows).
+FOUND_SECONDS = 60.0
+READ_SECRET_SUFFIX = "-read"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def read_secret_name(secret: str) -> str:
+    """The Secret of the read-only principal people read a namespace's state with."""
+    return secret + READ_SECRET_SUFFIX
+
+
+class StoreCredentials:
+    """The state store attempt Pods are told of, and which namespaces hold its credentials' Secret."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        clock: Clock,
+        store: StateStorePodEnv | None,
+        bundled: BundledStore | None = None,
+    ) -> None:
+        self.api, self.clock, self.store, self.bundled = api, clock, store, bundled
+        self._found_until: dict[str, float] = {}
+        self._unchecked_said = False
+
+    @classmethod
+    def for_settings(
+        cls, api: KubeApi, clock: Clock, config: OperatorSettings, environ: Mapping[str, str] = os.environ
+    ) -> StoreCredentials:
+        """As configured: with the bundled server, administered with the operator's own store credentials."""
+        store = config.state_store_pod_env()
+        bundled = None
+        if store is not None and config.state_store_provision:
+            if not environ.get("AWS_ACCESS_KEY_ID") or not environ.get("AWS_SECRET_ACCESS_KEY"):
+                raise ValueError(
+                    "AGENTRUN_STATE_STORE_PROVISION needs the bundled server's root credentials in the "
+                    "operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                )
+            admin = S3Credentials(environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"])
+            bundled = BundledStore(parse_store_url(store.url), admin)
+        return cls(api, clock, store, bundled)
+
+    async def missing(self, namespace: str, *, opted_in: bool) -> bool:
+        """Whether attempt Pods of `namespace` would lack the store's Secret (False when no Secret is
+        needed, or when this operator may not read it: it says so once, and Pods start as they would).
+        With the bundled server, a namespace `opted_in` (its Run's ServiceAccount labelled and bound to
+        the attempt role) gets its principals and Secrets first."""
+        if self.store is None or not needs_secret(self.store):
+            return False
+        until = self._found_until.get(namespace)
+        if until is not None and self.clock.monotonic() < until:
+            return False
+        found = await self._secret_found(namespace)
+        if not found and opted_in and self.bundled is not None:
+            found = await self.provision(namespace)
+        if found:
+            self._found_until[namespace] = self.clock.monotonic() + FOUND_SECONDS
+        else:
+            self._found_until.pop(namespace, None)
+        return not found
+
+    async def provision(self, namespace: str) -> bool:
+        """The namespace's two principals on the bundled server and their Secrets (idempotent: a Secret
+        there already keeps its credentials). False when the server refused (said in the log); a server
+        that does not answer raises, and the Run is looked at again later."""
+        assert self.store is not None and self.bundled is not None
+        try:
+            for access, name in (
+                (Access.WRITE, self.store.secret),
+                (Access.READ, read_secret_name(self.store.secret)),
+            ):
+                await self._principal(namespace, access, name)
+        except StoreRefused as exc:
+            log.warning("cannot make namespace %s's principals on the state store: %s", namespace, exc)
+            return False
+        log.info("made namespace %s's principals on the state store and their Secrets", namespace)
+        return True
+
+    async def _principal(self, namespace: str, access: Access, name: str) -> None:
+        assert self.bundled is not None
+        secret = await self.api.get(self.api.core_path("secrets", namespace, name))
+        held = _credentials(secret) if secret is not None else None
+        credentials = await asyncio.to_thread(self.bundled.ensure, namespace, access, held)
+        if secret is not None:
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: "agentrun"}},
+            "type": "Opaque",
+            "stringData": credentials.env(),
+        }
+        try:
+            await self.api.create(self.api.core_path("secrets", namespace), body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            await self._principal(namespace, access, name)  # made meanwhile: its credentials win
+
+    async def _secret_found(self, namespace: str) -> bool:
+        assert self.store is not None
+        try:
+            return await self.api.get(self.api.core_path("secrets", namespace, self.store.secret)) is not None
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            if not self._unchecked_said:
+                self._unchecked_said = True
+                log.warning(
+                    "cannot check for the state store's Secret %s in agents' namespaces (%s): grant the "
+                    "operator `get secrets` on that name, as its chart does",
+                    self.store.secret,
+                    exc,
+                )
+            return True
+
+
+def _credentials(secret: Mapping[str, object]) -> S3Credentials | None:
+    """The credentials a Secret holds (its data is base64), None when it holds none."""
+    data = secret.get("data")
+    if not isinstance(data, Mapping):
+        return None
+    values = {key: base64.b64decode(str(value)).decode() for key, value in data.items()}
+    if "AWS_ACCESS_KEY_ID" not in values or "AWS_SECRET_ACCESS_KEY" not in values:
+        return None
+    return S3Credentials(values["AWS_ACCESS_KEY_ID"], values["AWS_SECRET_ACCESS_KEY"])

@@ -1,0 +1,167 @@
+"""A principal per agent namespace on the bundled object store (versitygw with its internal IAM).
+
+Each namespace gets two users of role `user`: one that may get and put objects under the namespace's
+prefix (`<prefix>/<namespace>/`), for its attempt Pods, and one that may only get them, for people who
+read the namespace's state. Neither may delete, list, or reach another namespace's prefix. The grant is a
+statement of the bucket's policy naming the user's access key; versitygw consults only the policy once a
+bucket has one (its ACL no longer), and lets its root (the operator) do anything.
+
+Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
+namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
+and puts the policy statement when it is not there as it should be.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import xml.sax.saxutils
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+from .errors import StoreRefused
+from .location import StoreLocation
+from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
+
+POLICY_VERSION: Final = "2012-10-17"
+# What versitygw's admin API answers to creating a user whose access key is taken.
+_USER_EXISTS: Final = b"XAdminUserExists"
+_NO_POLICY: Final = b"NoSuchBucketPolicy"
+
+
+class Access(Enum):
+    """What a namespace's principal may do with the objects under the namespace's prefix."""
+
+    WRITE = ("s3:GetObject", "s3:PutObject")  # attempt Pods: never s3:DeleteObject
+    READ = ("s3:GetObject",)  # people reading the namespace's state
+
+    @property
+    def actions(self) -> list[str]:
+        return list(self.value)
+
+
+def access_key(namespace: str, access: Access) -> str:
+    """The principal's access key: fixed by namespace and access, so a rerun finds the same user."""
+    return f"agentrun.{namespace}" + ("" if access is Access.WRITE else ".read")
+
+
+@dataclass(frozen=True)
+class BundledStore:
+    """The bucket of `location` on the bundled server at its endpoint, administered as `admin` (its root)."""
+
+    location: StoreLocation
+    admin: S3Credentials
+
+    def __post_init__(self) -> None:
+        if self.location.scheme != "s3" or "endpoint" not in self.location.options:
+            raise ValueError(f"the bundled store is an s3:// URL with an endpoint, not {self.location}")
+
+    @property
+    def endpoint(self) -> str:
+        return self.location.options["endpoint"]
+
+    @property
+    def region(self) -> str:
+        return self.location.options.get("region", DEFAULT_REGION)
+
+    def namespace_resource(self, namespace: str) -> str:
+        """The policy Resource of every object under the namespace's prefix."""
+        return f"arn:aws:s3:::{self.location.bucket}/{self.location.key(namespace)}/*"
+
+    def statement(self, namespace: str, access: Access) -> dict[str, Any]:
+        return {
+            "Effect": "Allow",
+            "Principal": {"AWS": [access_key(namespace, access)]},
+            "Action": access.actions,
+            "Resource": [self.namespace_resource(namespace)],
+        }
+
+    def ensure(self, namespace: str, access: Access, held: S3Credentials | None) -> S3Credentials:
+        """The namespace's principal for `access` exists with `held` (the credentials its Secret holds;
+        None: none yet, new ones are made) and is granted exactly its statement. Returns the credentials."""
+        credentials = held or S3Credentials.new(access_key(namespace, access))
+        if credentials.access_key != access_key(namespace, access):
+            raise ValueError(f"{namespace}'s Secret names access key {credentials.access_key!r}, not ours")
+        self.put_user(credentials)
+        self.grant(namespace, access)
+        return credentials
+
+    # ---- the admin API: users ---------------------------------------------------------------------------
+
+    def put_user(self, credentials: S3Credentials) -> None:
+        """Creates the user (role `user`), or sets its secret when it exists."""
+        account = (
+            f"<Account><Access>{_xml(credentials.access_key)}</Access>"
+            f"<Secret>{_xml(credentials.secret_key)}</Secret><Role>user</Role></Account>"
+        ).encode()
+        status, body = self._request("PATCH", "/create-user", body=account)
+        if status in (200, 201):
+            return
+        if _USER_EXISTS not in body:
+            raise StoreRefused("create-user", credentials.access_key, f"HTTP {status}: {_short(body)}")
+        update = f"<MutableProps><Secret>{_xml(credentials.secret_key)}</Secret></MutableProps>".encode()
+        query = {"access": credentials.access_key}
+        status, body = self._request("PATCH", "/update-user", query=query, body=update)
+        if status not in (200, 201):
+            raise StoreRefused("update-user", credentials.access_key, f"HTTP {status}: {_short(body)}")
+
+    # ---- the bucket's policy ----------------------------------------------------------------------------
+
+    def grant(self, namespace: str, access: Access) -> None:
+        """The bucket policy holds the principal's statement (and no other for it); put only on change.
+        One read-modify-write at a time in this process (the operator is the policy's one writer)."""
+        wanted = self.statement(namespace, access)
+        principal = access_key(namespace, access)
+        with _POLICY_LOCK:
+            policy = self.policy()
+            statements = policy.get("Statement") or []
+            if [s for s in statements if _names(s, principal)] == [wanted]:
+                return
+            others = [s for s in statements if not _names(s, principal)]
+            self.put_policy({"Version": POLICY_VERSION, "Statement": [*others, wanted]})
+
+    def policy(self) -> dict[str, Any]:
+        bucket = f"/{self.location.bucket}"
+        status, body = self._request("GET", bucket, query={"policy": ""})
+        if status == 404 and _NO_POLICY in body:
+            return {"Version": POLICY_VERSION, "Statement": []}
+        if status != 200:
+            raise StoreRefused("get-bucket-policy", self.location.bucket, f"HTTP {status}: {_short(body)}")
+        policy: dict[str, Any] = json.loads(body)
+        return policy
+
+    def put_policy(self, policy: Mapping[str, Any]) -> None:
+        body = json.dumps(policy, separators=(",", ":")).encode()
+        status, answer = self._request("PUT", f"/{self.location.bucket}", query={"policy": ""}, body=body)
+        if status not in (200, 204):
+            raise StoreRefused("put-bucket-policy", self.location.bucket, f"HTTP {status}: {_short(answer)}")
+
+    def _request(
+        self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes = b""
+    ) -> tuple[int, bytes]:
+        return signed_request(
+            method, self.endpoint, path, credentials=self.admin, query=query, body=body, region=self.region
+        )
+
+
+_POLICY_LOCK = threading.Lock()
+
+
+def _names(statement: Mapping[str, Any], principal: str) -> bool:
+    """Whether a policy statement names `principal` (in any of the forms a Principal takes)."""
+    named = statement.get("Principal")
+    if isinstance(named, Mapping):
+        named = named.get("AWS")
+    if isinstance(named, str):
+        named = [named]
+    return principal in (named or [])
+
+
+def _xml(text: str) -> str:
+    return xml.sax.saxutils.escape(text)
+
+
+def _short(body: bytes) -> str:
+    return body[:300].decode(errors="replace")

@@ -1,0 +1,113 @@
+"""A principal per agent namespace on the bundled object store (versitygw v1.8.0 with its internal IAM,
+the real server the local control plane runs): a namespace's credentials get and put under its own
+prefix only, are refused (403) on another namespace's data, and cannot delete or list; the read-only
+principal only reads. Made idempotently: a rerun keeps the credentials a Secret already holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrun.statestore import BlobStore, StoreRefused, StoreTimeouts, parse_store_url
+from agentrun.statestore.principals import Access, BundledStore, access_key
+from devcluster.objectstore import Credentials, ObjectStoreProcess, s3_request
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_UID = "5d1c6e0a-2f7b-4f3e-9a51-3c1b0d7e9f42"
+QUICK = StoreTimeouts(connect_seconds=1, request_seconds=2, retries=1, retry_budget_seconds=3)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreProcess]:
+    subprocess.run(["bash", str(REPO / "hack/build-versitygw.sh")], check=True, timeout=1800)
+    workdir = tmp_path_factory.mktemp("versitygw")
+    process = ObjectStoreProcess(workdir / "data", workdir / "versitygw.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def request(
+    server: ObjectStoreProcess, method: str, key: str, credentials: Credentials, body: bytes = b""
+) -> int:
+    path = f"/{server.bucket}/{key}" if key else f"/{server.bucket}"
+    status, _ = s3_request(method, server.endpoint, path, body=body, credentials=credentials)
+    return status
+
+
+def test_a_namespaces_credentials_reach_its_own_prefix_only_and_never_delete(
+    server: ObjectStoreProcess,
+) -> None:
+    team_a = server.namespace_credentials("team-a")
+    server.namespace_credentials("team-b")
+    root = server.credentials
+    assert team_a.access_key == access_key("team-a", Access.WRITE) != root.access_key
+    assert request(server, "PUT", "team-b/run/sha256/theirs", root, b"b's state") == 200
+
+    assert request(server, "PUT", "team-a/run/sha256/mine", team_a, b"a's state") == 200
+    assert request(server, "GET", "team-a/run/sha256/mine", team_a) == 200
+    assert request(server, "HEAD", "team-a/run/sha256/mine", team_a) == 200
+    # another namespace's data: neither read nor written
+    assert request(server, "GET", "team-b/run/sha256/theirs", team_a) == 403
+    assert request(server, "PUT", "team-b/run/sha256/planted", team_a, b"forged") == 403
+    # outside every namespace's prefix, and a prefix that merely starts alike
+    assert request(server, "PUT", "archives/forged", team_a, b"forged") == 403
+    assert request(server, "PUT", "team-ab/run/sha256/x", team_a, b"forged") == 403
+    # never delete, never list
+    assert request(server, "DELETE", "team-a/run/sha256/mine", team_a) == 403
+    assert request(server, "GET", "team-a/run/sha256/mine", root) == 200  # still there
+    assert request(server, "GET", "", team_a) == 403
+
+
+def test_the_read_only_principal_reads_its_namespace_and_writes_nothing(server: ObjectStoreProcess) -> None:
+    writer = server.namespace_credentials("team-r")
+    reader = server.namespace_credentials("team-r", Access.READ)
+    assert request(server, "PUT", "team-r/run/sha256/state", writer, b"state") == 200
+
+    assert request(server, "GET", "team-r/run/sha256/state", reader) == 200
+    assert request(server, "PUT", "team-r/run/sha256/other", reader, b"x") == 403
+    assert request(server, "DELETE", "team-r/run/sha256/state", reader) == 403
+
+
+def test_the_blob_store_client_works_with_a_namespaces_credentials_and_is_refused_elsewhere(
+    server: ObjectStoreProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an attempt Pod does: obstore, put-if-absent and a verified read, as the namespace."""
+    for name, value in server.namespace_credentials("team-c").env().items():
+        monkeypatch.setenv(name, value)
+    store = BlobStore.from_url(server.url, timeouts=QUICK)
+
+    async def scenario() -> None:
+        ref = await store.put("team-c", RUN_UID, b"checkpoint of team-c")
+        assert await store.put("team-c", RUN_UID, b"checkpoint of team-c") == ref  # 412, then verified
+        assert await store.get(ref) == b"checkpoint of team-c"
+        with pytest.raises(StoreRefused):
+            await store.put("team-d", RUN_UID, b"planted in team-d")
+
+    asyncio.run(scenario())
+
+
+def test_ensuring_again_keeps_the_held_credentials_and_one_statement_each(server: ObjectStoreProcess) -> None:
+    first = server.namespace_credentials("team-e")
+    again = server.namespace_credentials("team-e", held=first)
+    assert again == first
+    assert request(server, "PUT", "team-e/run/sha256/x", first, b"x") == 200
+
+    # a Secret whose credentials the server lost (e.g. a crash before the user was made): made to match
+    lost = Credentials.new(access_key("team-e", Access.WRITE))
+    assert server.namespace_credentials("team-e", held=lost) == lost
+    assert request(server, "PUT", "team-e/run/sha256/y", lost, b"y") == 200
+    assert request(server, "PUT", "team-e/run/sha256/z", first, b"z") == 403
+
+    bundled = BundledStore(parse_store_url(server.url), server.credentials)
+    statements = bundled.policy()["Statement"]
+    principals = [json.dumps(s["Principal"]) for s in statements]
+    assert len(principals) == len(set(principals))
+    assert bundled.statement("team-e", Access.WRITE) in statements
