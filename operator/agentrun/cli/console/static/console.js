@@ -642,9 +642,9 @@ function renderRun(page) {
     h("thead", {}, h("tr", {}, h("th", { text: "Time (UTC)" }), h("th", { text: "What" }), h("th", { text: "Detail" }))),
     h("tbody", {}, page.timeline.map((e) => h("tr", {}, h("td", { class: "mono", text: e.time.replace("T", " ").replace("Z", "") }), h("td", { text: e.what }), h("td", { text: e.detail })))));
   const effects = page.effects.length
-    ? h("table", { class: "grid" },
-      h("thead", {}, h("tr", {}, ["Name", "Tool", "Target", "State", "Reference", "Reversible", "Sends", "Resolved by"].map((t) => h("th", { text: t })))),
-      h("tbody", {}, page.effects.map((e) => h("tr", {}, [e.name, e.tool, e.target, e.state, e.reference, e.reversible ? "yes" : "no", `${e.sends}/${e.maxSends}`, e.resolvedBy].map((v) => h("td", { text: v === null || v === undefined ? "" : String(v) }))))))
+    ? h("table", { class: "grid effects" },
+      h("thead", {}, h("tr", {}, ["Name", "Tool", "Target", "State", "Reference", "Reversible", "Sends", "Approved by", "Resolved by"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, page.effects.map((e) => h("tr", {}, [e.name, e.tool, e.target, e.state, e.reference, e.reversible ? "yes" : "no", `${e.sends}/${e.maxSends}`, e.approvedBy, e.resolvedBy].map((v) => h("td", { text: v === null || v === undefined ? "" : String(v) }))))))
     : h("p", { class: "muted", text: "No side effects recorded." });
   main.replaceChildren(h("section", { id: "run", "aria-label": `run ${page.name}` },
     h("p", { class: "crumbs" }, h("a", { href: "/", "data-route": true, text: "Inbox" }), ` / ${page.namespace} / `),
