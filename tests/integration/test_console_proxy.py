@@ -82,6 +82,15 @@ def test_behind_a_proxy_each_request_acts_with_its_persons_token(
         status, body = get(f"{started.base}/api/session", {HEADER: tokens["reader"]})
         assert (status, body["user"]) == (200, f"system:serviceaccount:{ns}:reader"), body
 
+        # A browser the proxy sent without a token: told to sign in again, not served.
+        nobody = browser.new_context()
+        page = nobody.new_page()
+        page.goto(f"{started.base}/")
+        expect(page.get_by_role("heading", name="Not signed in")).to_be_visible()
+        expect(page.locator("#main")).to_contain_text(f"no user token in the {HEADER} header")
+        expect(page.locator("#main")).to_contain_text("organisation's sign-in page")
+        nobody.close()
+
         # The reader: the request in the inbox, no action, and a forged answer refused by the API server.
         reader = browser.new_context(extra_http_headers={HEADER: tokens["reader"]})
         page = reader.new_page()

@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,14 +96,13 @@ class Console:
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
-SEAT = "agentrun.seat"  # the request's Seat, set by the guard
-CSRF = "agentrun.csrf"  # the CSRF token of the request's page
+# The request's seat and its page's CSRF token, set by the guard for the handler (the same task).
+CALLER: ContextVar[tuple[Seat, str]] = ContextVar("console_caller")
 HEALTH = "/healthz"  # for probes, which know no Host name of the console's
 
 
 def _seat(request: web.Request) -> Seat:
-    seat: Seat = request[SEAT]
-    return seat
+    return CALLER.get()[0]
 
 
 def cookie_name(request: web.Request) -> str:
@@ -169,7 +169,7 @@ async def _authorised(request: web.Request, handler: Handler, console: Console) 
             return _problem(403, "a write must come from the console's own page (Origin)")
         if not csrf_matches(session, request.headers.get(CSRF_HEADER)):
             return _problem(403, "missing or wrong CSRF token: reload the page")
-    request[SEAT], request[CSRF] = console.local, session.csrf
+    CALLER.set((console.local, session.csrf))
     return await handler(request)
 
 
@@ -198,7 +198,7 @@ async def _proxied(
         sent = request.headers.get(CSRF_HEADER)
         if sent is None or not hmac.compare_digest(csrf.encode(), sent.encode()):
             return _problem(403, "missing or wrong CSRF token: reload the page")
-    request[SEAT], request[CSRF] = seat, csrf
+    CALLER.set((seat, csrf))
     return await handler(request)
 
 
@@ -259,7 +259,7 @@ async def who(request: web.Request) -> web.StreamResponse:
     return web.json_response(
         {
             "user": seat.user,
-            "csrf": request[CSRF],
+            "csrf": CALLER.get()[1],
             "scopes": ["(all namespaces)" if s is None else s for s in seat.store.scopes],
             "sessionSeconds": left,
             "proxied": console.proxy is not None,

@@ -92,20 +92,24 @@ async function api(path, body) {
     data = { error: `HTTP ${response.status}` };
   }
   if (response.status === 401) {
-    signedOut(data.error);
+    signedOut(data.error, data.proxied);
     throw new SignedOut(data.error);
   }
   return { status: response.status, data };
 }
 
-function signedOut(why) {
+function signedOut(why, proxied) {
   const main = $("#main");
+  // Behind a proxy, signing in is the proxy's: reloading goes through it again.
+  const how = proxied
+    ? h("p", { text: "Sign in again through your organisation's sign-in page (reload this page)." })
+    : h("p", {}, "Sign in with the login URL that ", h("code", { text: "kubectl agentrun console" }),
+      " printed (each works once); restart it for a new one.");
   main.replaceChildren(
     h("section", { class: "empty" },
       h("h1", { text: "Not signed in" }),
       h("p", { text: why || "The session ended." }),
-      h("p", {}, "Sign in with the login URL that ", h("code", { text: "kubectl agentrun console" }),
-        " printed (each works once); restart it for a new one."),
+      how,
     ),
   );
   $("#live").textContent = "signed out";
@@ -793,7 +797,7 @@ async function start() {
     return; // signed out: said so
   }
   if (session.status !== 200) {
-    signedOut(session.data.error);
+    signedOut(session.data.error, session.data.proxied);
     return;
   }
   state.csrf = session.data.csrf;
