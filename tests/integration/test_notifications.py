@@ -218,17 +218,14 @@ def test_each_kind_is_notified_once_per_id_across_a_restart(
         "approval": f"{uid['approval']}/{approval_request['requestId']}",
         "unsure": f"{uid['unsure']}/IrreversibleUnknown-{unsure['attempts']}",
     }
-    for name, event_id in ids.items():
-        wait_for(lambda event_id=event_id: receiver.sent(event_id), timeout=60, what=f"{name}'s event")
 
+    def sent_all(times: int) -> bool:
+        return all(len(receiver.sent(event_id)) >= times for event_id in ids.values())
+
+    wait_for(lambda: sent_all(1), timeout=60, what=f"the events {sorted(ids.values())}")
     operator.restart()  # at least once: the restarted operator sends what it sees waiting again
     operator.wait_ready()
-    for name, event_id in ids.items():
-        wait_for(
-            lambda event_id=event_id: len(receiver.sent(event_id)) >= 2,
-            timeout=60,
-            what=f"{name}'s event sent again after the restart",
-        )
+    wait_for(lambda: sent_all(2), timeout=60, what="every event sent again after the restart")
 
     events = receiver.events()  # deduplicated by id, as a receiver keeps them
     for name, event_id in ids.items():
