@@ -5,7 +5,10 @@ shows; a denied one never runs; an unknown outcome is settled Failed or Absent b
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.console import ANSWER, console, launch, person, screenshot, signed_in
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, GROUP, VERSION, create_run, get_run, scenario_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, PRIORITY, VERSION, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 AGENT_MS = 90_000  # for an agent Pod to start and ask (a cold Python on a busy machine)
@@ -200,3 +203,48 @@ def test_an_unknown_outcome_settled_failed_or_absent_by_a_named_person(
         assert status["resolvedBy"] == who, "the person the API server knows"
         assert status["resolutionMessage"] == "the customer's ledger has no invoice"
         context.close()
+
+
+def test_answers_sent_in_the_browser_reach_the_held_attempts_measured(
+    kube: Kube, *, run_namespace: str, operator: OperatorProcess, browser: Browser, tmp_path: Path
+) -> None:
+    """The issue's measure, printed (timings depend on the machine): from the click on Send to the
+    operator's verdict on the page, and to the held Attempt's next checkpoint (the agent going on)."""
+    ns, names = run_namespace, ["m1", "m2", "m3"]
+    ask = {"atStep": 2, "prompt": "Which priority?", "schema": PRIORITY, "holdSeconds": 300}
+    for name in names:
+        create_run(kube, ns, scenario_run(name, {"steps": 2, "ask": ask}))
+
+    def held(name: str) -> dict[str, Any] | None:
+        status: dict[str, Any] = get_run(kube, ns, name).get("status", {})
+        pending = status.get("pendingRequest") or {}
+        return status if status.get("phase") == "InputRequired" and pending.get("heldBy") else None
+
+    def went_on(name: str, asked_at: str) -> bool:
+        return bool(get_run(kube, ns, name)["status"].get("latestCheckpoint") != asked_at)
+
+    verdicts: list[float] = []
+    continuing: list[float] = []
+    with console(kube.kubeconfig, [ns], tmp_path / "console.log") as started:
+        context, page = signed_in(browser, started)
+        for name in names:
+            asked = wait_for(partial(held, name), timeout=120, what=f"{name} held")
+            card = page.locator(f'article.card[data-kind="question"][data-id^="{ns}/{name}/"]')
+            expect(card).to_be_visible(timeout=AGENT_MS)
+            card.get_by_label("high").check()
+            began = time.monotonic()
+            card.get_by_role("button", name="Send answer").click()
+            expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=40_000)
+            verdicts.append((time.monotonic() - began) * 1000)
+            checkpoint = str(asked.get("latestCheckpoint"))
+            wait_for(partial(went_on, name, checkpoint), 60, 0.02, f"{name}'s held Attempt going on")
+            continuing.append((time.monotonic() - began) * 1000)
+        context.close()
+    for name in names:
+        done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
+        assert done["status"]["phase"] == "Succeeded", operator.log_tail()
+        result = done["status"]["result"]
+        assert (result["attempt"], result["resumed"]) == (f"{name}-a1", True), "the held Attempt went on"
+    n = len(names)
+    print(f"\nanswer sent in the browser -> accepted: p50 {statistics.median(verdicts):.0f} ms (n={n})")
+    print(f"answer sent -> the held Attempt's next checkpoint: p50 {statistics.median(continuing):.0f} ms")
