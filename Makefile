@@ -95,7 +95,7 @@ test: venv binaries chromium lint ## everything: lint, unit, integration (local 
 
 .PHONY: screenshots
 screenshots: venv binaries chromium ## the console's browser tests, writing their screenshots into docs/console/
-	AGENTRUN_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest tests/integration/test_console.py
+	AGENTRUN_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest tests/integration/test_console.py tests/integration/test_console_decisions.py
 
 .PHONY: bench
 bench: venv binaries ## benchmarks on local control planes (~25 min; not part of test): bench/REPORT.md

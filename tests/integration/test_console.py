@@ -225,10 +225,13 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
         winner = ("high", "low")[accepted[0]]
         loser_text = outcomes[1 - accepted[0]][1]
         assert "Accepted" in outcomes[accepted[0]][1]
-        # The other sees why: the operator refused the late answer, another one was on its way, the Run
-        # no longer waits, or it kept changing under the guarded write (the operator acting on the first).
-        reasons = ("Rejected", "another answer", "not waiting", "keeps changing")
+        # The other sees why: the operator refused the late answer, another one was on its way or came
+        # first (named, with its outcome), the Run no longer waits, or it kept changing under the guarded
+        # write (the operator acting on the first).
+        reasons = ("Rejected", "another answer", "answered first", "not waiting", "keeps changing")
         assert any(why in loser_text for why in reasons), loser_text
+        if "answered first" in loser_text:  # named, as the API server knows them
+            assert f"system:serviceaccount:{ns}:{('alice', 'bob')[accepted[0]]} answered first" in loser_text
         done = wait_phase(kube, ns, "both", {"Succeeded", "Failed"})
         assert done["status"]["phase"] == "Succeeded", operator.log_tail()
         assert done["status"]["result"]["answer"] == {"priority": winner}

@@ -15,11 +15,13 @@ import pytest
 from aiohttp import web
 
 from agentrun.api import NOTIFY_PROMPT_LABEL
+from agentrun.examples.manifests import agent_run
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
+from devcluster.tickets import TicketServiceProcess
 from support.clusters import CONSOLE_URL
 from support.kube import Kube, wait_for
-from support.runs import PRIORITY, create_run, get_run, resume, scenario_run, wait_phase
+from support.runs import FAST_RETRY, PRIORITY, create_run, get_run, resume, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -160,3 +162,96 @@ def test_a_sink_off_the_allow_list_is_refused_and_the_prompt_stays_home(
         lambda: [e for i, e in receiver.events().items() if i.startswith(uid)], what="the quiet Run's event"
     )
     assert "prompt" not in data and data["requestId"].startswith("quiet-r")
+
+
+def _ticket_run(name: str, sink: str, service: TicketServiceProcess, **scenario: Any) -> dict[str, Any]:
+    body = agent_run(
+        name,
+        "ticket_agent",
+        {"title": f"ticket of {name}", "body": "details", "askPriority": False, **scenario},
+        env=service.env(),
+        retry=FAST_RETRY,
+    )
+    body["spec"]["notify"] = {"sink": sink}
+    return body
+
+
+def test_each_kind_is_notified_once_per_id_across_a_restart(
+    kube: Kube,
+    run_namespace: str,
+    operator: OperatorProcess,
+    receiver: Receiver,
+    tickets: TicketServiceProcess,
+) -> None:
+    """An agent asking for credentials (AuthRequired), an approval waiting, and an irreversible action
+    whose outcome nobody knows (NeedsReconciliation): one event each, the same ids again after a restart."""
+    ns = run_namespace
+    kube.core.patch_namespace(ns, {"metadata": {"labels": {NOTIFY_PROMPT_LABEL: "true"}}})
+    signin = _asking("signin", receiver.url)
+    signin["spec"]["input"]["ask"] |= {"reason": "auth_required", "prompt": "Sign in to the tracker"}
+    create_run(kube, ns, signin)
+    create_run(kube, ns, _ticket_run("approval", receiver.url, tickets, requireApproval=True))
+    tickets.set_faults(dropCreateRequests=1)  # the create is lost: an irreversible one is never re-sent
+    create_run(kube, ns, _ticket_run("unsure", receiver.url, tickets, reversible=False))
+
+    runs = {
+        name: wait_phase(kube, ns, name, {phase, "Succeeded", "Failed"}, timeout=90)
+        for name, phase in (
+            ("signin", "AuthRequired"),
+            ("approval", "AuthRequired"),
+            ("unsure", "NeedsReconciliation"),
+        )
+    }
+    phases = {name: run["status"]["phase"] for name, run in runs.items()}
+    assert phases == {
+        "signin": "AuthRequired",
+        "approval": "AuthRequired",
+        "unsure": "NeedsReconciliation",
+    }, operator.log_tail()
+    uid = {name: run["metadata"]["uid"] for name, run in runs.items()}
+    signin_request = runs["signin"]["status"]["pendingRequest"]
+    approval_request = runs["approval"]["status"]["pendingRequest"]
+    unsure = runs["unsure"]["status"]
+    assert unsure["failure"]["reason"] == "IrreversibleUnknown"
+    ids = {
+        "signin": f"{uid['signin']}/{signin_request['requestId']}",
+        "approval": f"{uid['approval']}/{approval_request['requestId']}",
+        "unsure": f"{uid['unsure']}/IrreversibleUnknown-{unsure['attempts']}",
+    }
+
+    def sent_all(times: int) -> bool:
+        return all(len(receiver.sent(event_id)) >= times for event_id in ids.values())
+
+    wait_for(lambda: sent_all(1), timeout=60, what=f"the events {sorted(ids.values())}")
+    operator.restart()  # at least once: the restarted operator sends what it sees waiting again
+    operator.wait_ready()
+    wait_for(lambda: sent_all(2), timeout=60, what="every event sent again after the restart")
+
+    events = receiver.events()  # deduplicated by id, as a receiver keeps them
+    for name, event_id in ids.items():
+        assert [i for i in events if i.startswith(uid[name])] == [event_id], "one event per Run"
+    types = {name: events[event_id][0]["ce-type"] for name, event_id in ids.items()}
+    assert types == {
+        "signin": "dev.agentrun.run.auth_required",
+        "approval": "dev.agentrun.run.approval_waiting",
+        "unsure": "dev.agentrun.run.needs_reconciliation",
+    }
+    signin_data = events[ids["signin"]][1]
+    assert (signin_data["reason"], signin_data["prompt"]) == ("auth_required", "Sign in to the tracker")
+    approval_data = events[ids["approval"]][1]
+    assert (approval_data["requestId"], approval_data["checkpointId"]) == (
+        approval_request["requestId"],
+        approval_request["checkpointId"],
+    )
+    assert approval_data["action"]["tool"] == "create_ticket"  # opted in: what would be done
+    assert approval_data["console"] == f"{CONSOLE_URL}/runs/{ns}/approval"
+    unsure_data = events[ids["unsure"]][1]
+    assert unsure_data == {
+        "namespace": ns,
+        "run": "unsure",
+        "uid": uid["unsure"],
+        "phase": "NeedsReconciliation",
+        "reason": "IrreversibleUnknown",
+        "console": f"{CONSOLE_URL}/runs/{ns}/unsure",
+    }
+    assert tickets.creations() == [], "nothing was approved, and the lost create was never sent again"

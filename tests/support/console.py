@@ -135,3 +135,54 @@ def screenshot(page: Page, name: str, selector: str | None = None) -> Path:
     else:
         page.screenshot(path=str(path))
     return path
+
+
+@dataclass
+class ProxiedConsole:
+    """The console as the chart runs it behind an OIDC proxy: each request must carry a person's token."""
+
+    process: subprocess.Popen[str]
+    base: str
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-3000:]
+
+
+@contextmanager
+def proxied_console(
+    kubeconfig: Path, namespaces: list[str], header: str, log: Path
+) -> Iterator[ProxiedConsole]:
+    """`console --proxy-token-header HEADER` on 127.0.0.1 with `kubeconfig` (whose own credentials must
+    never act: give it an admin's to show that)."""
+    argv = [sys.executable, "-m", "agentrun.cli", "--kubeconfig", str(kubeconfig), "console", "--debug"]
+    argv += [
+        "--namespaces",
+        ",".join(namespaces),
+        "--proxy-token-header",
+        header,
+        "--allow-host",
+        "127.0.0.1",
+    ]
+    with log.open("w") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            assert process.stdout is not None
+            line = next((x for x in process.stdout if "behind a proxy" in x), None)
+            if line is None:
+                process.wait(timeout=20)
+                raise AssertionError(f"the console did not start:\n{log.read_text()[-3000:]}")
+            port = line.split(" behind a proxy")[0].rsplit(":", 1)[1]
+            yield ProxiedConsole(process, f"http://127.0.0.1:{port}", log)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def token_of(kube: Kube, namespace: str, account: str) -> str:
+    """A `kubectl create token` token of a ServiceAccount: a person as the proxy would forward them."""
+    return kube.kubectl("create", "token", account, "--duration=1h", namespace=namespace).stdout.strip()

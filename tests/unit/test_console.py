@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from agentrun.cli.app import parse
 from agentrun.cli.console import actions, inbox, server
+from agentrun.cli.console.seats import Seat
 from agentrun.cli.console.server import COOKIE, CSRF_HEADER, AccessLogger, Console, application
 from agentrun.cli.console.sessions import Sessions, csrf_matches
 from agentrun.cli.console.store import Store
@@ -76,6 +77,12 @@ def _console(tmp_path: Path, clock: Callable[[], float]) -> Console:
     return Console(api, Store(api, ["team-a"]), Sessions(3600, clock=clock), {HOST}, "alice", parse)
 
 
+def local(console: Console) -> Seat:
+    """The one seat of a console on a laptop: the kubeconfig user's."""
+    assert console.local is not None
+    return console.local
+
+
 def _serve(
     tmp_path: Path, test: Callable[[TestClient[Any, Any], Console, list[float]], Awaitable[None]]
 ) -> None:
@@ -90,7 +97,7 @@ def _serve(
             await test(client, console, now)
         finally:
             await client.close()
-            await console.api.aclose()
+            await local(console).api.aclose()
 
     asyncio.run(main())
 
@@ -168,7 +175,7 @@ def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_pat
     pending = {"requestId": request_id, "reason": "auth_required", "checkpointId": "c1", "action": tampered}
 
     async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
-        console.store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
+        local(console).store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
         cookie, csrf = await _signed_in(client, console)
         page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
         body = {"namespace": "team-a", "run": "ap", "requestId": request_id, "checkpointId": "c1"}
@@ -191,14 +198,14 @@ def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
     monkeypatch.setattr(server, "READY_SECONDS", 0.05)  # the lists never come: no need to wait long
 
     async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
-        console.store.start()  # its watches try the API server that is not there, again and again
+        local(console).store.start()  # its watches try the API server that is not there, again and again
         try:
             cookie, _ = await _signed_in(client, console)
             answer = await client.get("/api/inbox", headers={"Host": HOST, "Cookie": jar(cookie)})
             assert answer.status == 503
             assert "is the cluster reachable?" in (await answer.json())["error"]
         finally:
-            await console.store.stop()
+            await local(console).store.stop()
 
     _serve(tmp_path, test)
 
@@ -239,7 +246,7 @@ def test_the_access_log_never_holds_the_login_token(tmp_path: Path, caplog: pyte
             await client.get(f"/login?token={token}", headers={"Host": HOST}, allow_redirects=False)
         finally:
             await client.close()
-            await console.api.aclose()
+            await local(console).api.aclose()
 
     asyncio.run(main())
     logged = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]

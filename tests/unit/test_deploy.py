@@ -33,6 +33,7 @@ FREE_FORM_VALUES = {
     "tolerations[*]",
     "topologySpreadConstraints[*]",
     "operator.extraEnv[*]",
+    "console.resources",
 }
 NAMESPACED_RESOURCES = {
     ("agentrun.dev", "runs"),
@@ -205,6 +206,8 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "rbac",
         "podDisruptionBudget",
         "stateStore",
+        "console",
+        "console.service",
     }
 
 
@@ -542,3 +545,60 @@ def test_the_charts_operator_reads_the_agents_store_secrets_by_their_configured_
     rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
     names = [name, f"{name}-read"]
     assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": names}]
+
+
+# --- the console in the cluster -----------------------------------------------------------------------
+
+
+def test_the_console_is_off_by_default() -> None:
+    docs = template()
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-console")]
+    assert "AGENTRUN_CONSOLE_URL" not in env_of(operator_container(docs))
+
+
+def test_the_console_acts_with_the_proxys_tokens_and_a_service_account_bound_to_nothing() -> None:
+    docs = template(
+        "console.enabled=true",
+        "console.hosts={agentrun.example.com}",
+        "console.url=https://agentrun.example.com",
+        "console.namespaces={team-a,team-b}",
+    )
+    deployment = one(docs, "Deployment", "rel-agentrun-console", "ops")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["python", "-m", "agentrun.cli", "console"]
+    assert container["args"] == [
+        "--proxy-token-header=X-Forwarded-Access-Token",
+        "--address=0.0.0.0",
+        "--port=8080",
+        "--allow-host=agentrun.example.com",
+        "--namespaces=team-a,team-b",
+    ]
+    assert pod["serviceAccountName"] == "rel-agentrun-console"
+    one(docs, "ServiceAccount", "rel-agentrun-console", "ops")
+    bound = [
+        subject
+        for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding")
+        for subject in binding.get("subjects") or []
+    ]
+    assert "rel-agentrun-console" not in {s["name"] for s in bound}, "no permission of its own"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    service = one(docs, "Service", "rel-agentrun-console", "ops")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert env_of(operator_container(docs))["AGENTRUN_CONSOLE_URL"] == "https://agentrun.example.com"
+
+
+def test_the_console_needs_its_host_names_and_a_header_name() -> None:
+    assert "console.enabled needs console.hosts" in template_error("console.enabled=true")
+    assert "tokenHeader" in template_error(
+        "console.enabled=true", "console.hosts={a.example.com}", "console.tokenHeader=X Bad"
+    )
+    authorization = template(
+        "console.enabled=true", "console.hosts={a.example.com}", "console.tokenHeader=Authorization"
+    )
+    args = one(authorization, "Deployment", "rel-agentrun-console", "ops")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--proxy-token-header=Authorization" in args

@@ -167,6 +167,48 @@ class StateStore(_Values):
     fails before its first Attempt (StateStoreCredentialsMissing)."""
 
 
+class ConsoleService(_Values):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Type of the console's Service: ClusterIP (default) for the proxy in front of it."""
+    port: int = Field(80, ge=1, le=65535)
+    """Port of the console's Service (to the console container's port)."""
+
+
+class Console(_Values):
+    enabled: bool = False
+    """Run `kubectl agentrun console` in the cluster (a Deployment and a Service <fullname>-console)
+    behind an authenticating (OIDC) proxy that the administrator puts in front of it, e.g.
+    oauth2-proxy with --pass-access-token. Every request must carry the person's bearer token, and the
+    console reads and writes with that token alone: the API server's RBAC decides what each person sees
+    and may do, and records who they are. A request without a token is refused. The console's own
+    ServiceAccount is bound to nothing: it only tells the console where the API server is. The API
+    server must accept the proxy's tokens (its OIDC authentication configured for the same issuer)."""
+    token_header: str = Field("X-Forwarded-Access-Token", pattern=r"^[A-Za-z0-9-]+$", max_length=128)
+    """The request header the proxy puts the person's token in: X-Forwarded-Access-Token (oauth2-proxy's
+    --pass-access-token), or Authorization (`Bearer <token>`, e.g. --pass-authorization-header)."""
+    hosts: list[str] = Field(default_factory=list)
+    """The names people reach the console by (the Host header the proxy forwards, e.g.
+    agentrun.example.com): any other is refused (DNS rebinding). Required when enabled."""
+    url: str = Field("", max_length=2048)
+    """The console's public URL (e.g. https://agentrun.example.com): the operator's notifications link
+    to the Run's page under it (AGENTRUN_CONSOLE_URL). Empty: no link."""
+    namespaces: list[str] = Field(default_factory=list)
+    """The namespaces it shows; empty: for each person, those they may list Runs in."""
+    replica_count: int = Field(1, ge=1, le=10)
+    """Console replicas (each serves any person: no state is shared)."""
+    port: int = Field(8080, ge=1024, le=65535)
+    """Container port of the console."""
+    service: ConsoleService = Field(default_factory=ConsoleService)
+    """The console's Service, for the proxy."""
+    resources: KubeObject = Field(
+        default_factory=lambda: {
+            "requests": {"cpu": "50m", "memory": "96Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        }
+    )
+    """Resources of the console container."""
+
+
 class Values(_Values):
     name_override: str = Field("", max_length=63)
     """Replaces the chart name in object names."""
@@ -255,5 +297,8 @@ class Values(_Values):
     """Time a stopping replica has to finish its work and hand over to a standby."""
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     """The operator's PodDisruptionBudget."""
+    console: Console = Field(default_factory=Console)
+    """The web console in the cluster, behind an OIDC proxy (off by default; people can always run
+    `kubectl agentrun console` on their own machine instead)."""
     global_: KubeObject = Field(default_factory=dict, alias="global")
     """Values a parent chart shares with its dependencies (unused by this chart)."""

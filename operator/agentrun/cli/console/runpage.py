@@ -25,6 +25,7 @@ def _effect(e: SideEffect) -> JsonDict:
         "sends": len(status.sends or []) if status else 0,
         "maxSends": e.spec.max_sends,
         "resolvedBy": status.resolved_by if status else None,
+        "approvedBy": status.approval.approved_by if status and status.approval else None,
     }
 
 

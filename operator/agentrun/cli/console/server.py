@@ -9,14 +9,22 @@ Defences, since any web page the user visits can send requests to 127.0.0.1:
   text an agent wrote can never run even if it reached the page as markup (it does not: the page sets
   text as text);
 - the login token is spent on first use and never logged (the access log has no query strings).
+
+Behind an authenticating proxy (in a cluster, `--proxy-token-header`), there is no login URL and no
+cookie of the console's: each request carries its person's bearer token in the proxy's header, and is
+read and written with that token alone (seats.ProxySeats); a request without one is refused. Origin and
+a CSRF token bound to the person still guard every write (the proxy's own cookie rides along with any
+site's request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +35,8 @@ from aiohttp.abc import AbstractAccessLogger
 
 from agentrun.api import Run
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.console import access, actions, runpage
+from agentrun.cli.console import actions, runpage
+from agentrun.cli.console.seats import ProxySeats, Seat, token_from
 from agentrun.cli.console.sessions import Session, Sessions, csrf_matches
 from agentrun.cli.console.store import Store
 from agentrun.cli.control_requests import schema_problem
@@ -62,26 +71,38 @@ def utc_now() -> datetime:
 
 @dataclass
 class Console:
-    """Everything a request handler needs."""
+    """Everything a request handler needs. On a laptop: the kubeconfig user's api, store and user (one
+    seat) and the login sessions; behind a proxy (`proxy` set): a seat per person's token instead."""
 
-    api: KubeApi
-    store: Store
+    api: KubeApi | None
+    store: Store | None
     sessions: Sessions
     hosts: set[str]  # Host header values the console answers to, e.g. 127.0.0.1:8765
     user: str | None
     parse: actions.Parse
     kubeconfig: str | None = None
     now: Callable[[], datetime] = utc_now
-    permissions: access.Permissions = field(init=False)
+    proxy: ProxySeats | None = None
+    token_header: str = "Authorization"  # behind a proxy: where the person's bearer token comes
+    local: Seat | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.permissions = access.Permissions(self.api)
+        if self.proxy is None and (self.api is None or self.store is None):
+            raise ValueError("a console without a proxy acts with its kubeconfig: api and store needed")
+        self.local = None if self.api is None or self.store is None else Seat(self.api, self.store, self.user)
 
     def origins(self) -> set[str]:
         return {f"http://{host}" for host in self.hosts} | {f"https://{host}" for host in self.hosts}
 
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
+# The request's seat and its page's CSRF token, set by the guard for the handler (the same task).
+CALLER: ContextVar[tuple[Seat, str]] = ContextVar("console_caller")
+HEALTH = "/healthz"  # for probes, which know no Host name of the console's
+
+
+def _seat(request: web.Request) -> Seat:
+    return CALLER.get()[0]
 
 
 def cookie_name(request: web.Request) -> str:
@@ -105,16 +126,18 @@ class AccessLogger(AbstractAccessLogger):
         self.logger.info("%s %s %s %.0fms", request.method, request.path, response.status, time * 1000)
 
 
-def _problem(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _problem(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
 
 
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     console = request.app[CONSOLE]
-    if request.host not in console.hosts:
+    if request.path == HEALTH and request.method == "GET":
+        response: web.StreamResponse = await handler(request)  # no session, no Host name, no data
+    elif request.host not in console.hosts:
         # A page served under another name (DNS rebinding) reaches this port with its own Host.
-        response: web.StreamResponse = _problem(421, f"this console does not answer to {request.host!r}")
+        response = _problem(421, f"this console does not answer to {request.host!r}")
     else:
         try:
             response = await _authorised(request, handler, console)
@@ -136,14 +159,46 @@ async def _authorised(request: web.Request, handler: Handler, console: Console) 
     public = request.path in ("/login", "/") or request.path.startswith(("/static/", "/runs/"))
     if public and request.method == "GET":
         return await handler(request)
+    if console.proxy is not None:
+        return await _proxied(request, handler, console, console.proxy)
     session = console.sessions.find(request.cookies.get(cookie_name(request)))
-    if session is None:
+    if session is None or console.local is None:
         return _problem(401, "not signed in, or the session expired: open the login URL the console printed")
     if request.method not in ("GET", "HEAD"):
         if request.headers.get("Origin") not in console.origins():
             return _problem(403, "a write must come from the console's own page (Origin)")
         if not csrf_matches(session, request.headers.get(CSRF_HEADER)):
             return _problem(403, "missing or wrong CSRF token: reload the page")
+    CALLER.set((console.local, session.csrf))
+    return await handler(request)
+
+
+async def _proxied(
+    request: web.Request, handler: Handler, console: Console, proxy: ProxySeats
+) -> web.StreamResponse:
+    """A request the proxy sent: it acts as the person whose token it carries, or not at all."""
+    header = console.token_header
+    token = token_from(request.headers.get(header), header)
+    if token is None:
+        message = (
+            f"no user token in the {header} header: this console acts only as the person the proxy "
+            "signed in, never as itself (is the proxy set to pass the user's access token?)"
+        )
+        return _problem(401, message, proxied=True)
+    try:
+        seat = await proxy.of(token)
+    except ApiError as exc:
+        status = 401 if exc.status == 401 else 502
+        refused = f"the API server refuses the token the proxy sent: {exc.message}"
+        return _problem(status, refused, proxied=True)
+    csrf = proxy.csrf(seat, token)
+    if request.method not in ("GET", "HEAD"):
+        if request.headers.get("Origin") not in console.origins():
+            return _problem(403, "a write must come from the console's own page (Origin)")
+        sent = request.headers.get(CSRF_HEADER)
+        if sent is None or not hmac.compare_digest(csrf.encode(), sent.encode()):
+            return _problem(403, "missing or wrong CSRF token: reload the page")
+    CALLER.set((seat, csrf))
     return await handler(request)
 
 
@@ -152,6 +207,10 @@ async def _authorised(request: web.Request, handler: Handler, console: Console) 
 
 async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(STATIC / "index.html", headers={"Content-Type": "text/html; charset=utf-8"})
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    return web.Response(text="ok")
 
 
 async def static(request: web.Request) -> web.StreamResponse:
@@ -185,6 +244,8 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    if request.app[CONSOLE].proxy is not None:
+        return _problem(400, "this console has no session of its own: sign out at the proxy", proxied=True)
     session = _session(request)
     request.app[CONSOLE].sessions.end(session.id)
     response = web.json_response({"ok": True})
@@ -193,13 +254,15 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 
 async def who(request: web.Request) -> web.StreamResponse:
-    console, session = request.app[CONSOLE], _session(request)
+    console, seat = request.app[CONSOLE], _seat(request)
+    left = None if console.proxy is not None else int(console.sessions.seconds_left(_session(request)))
     return web.json_response(
         {
-            "user": console.user,
-            "csrf": session.csrf,
-            "scopes": ["(all namespaces)" if s is None else s for s in console.store.scopes],
-            "sessionSeconds": int(console.sessions.seconds_left(session)),
+            "user": seat.user,
+            "csrf": CALLER.get()[1],
+            "scopes": ["(all namespaces)" if s is None else s for s in seat.store.scopes],
+            "sessionSeconds": left,
+            "proxied": console.proxy is not None,
         }
     )
 
@@ -219,24 +282,24 @@ async def _ready(store: Store) -> bool:
 
 
 async def inbox(request: web.Request) -> web.StreamResponse:
-    console = request.app[CONSOLE]
-    if not await _ready(console.store):
+    console, seat = request.app[CONSOLE], _seat(request)
+    if not await _ready(seat.store):
         # The page hears from the event stream once the lists arrive, and loads again then.
         message = (
             "the API server has not answered the console's list of Runs yet: is the cluster reachable? "
             "(the console's terminal says what goes wrong)"
         )
         return _problem(503, message)
-    items = console.store.inbox()
-    permissions = await console.permissions.of(sorted({str(i["namespace"]) for i in items}))
+    items = seat.store.inbox()
+    permissions = await seat.permissions.of(sorted({str(i["namespace"]) for i in items}))
     return web.json_response(
         {
             "now": console.now().isoformat().replace("+00:00", "Z"),
-            "version": console.store.version,
+            "version": seat.store.version,
             "items": items,
             "may": permissions,
-            "problems": sorted(console.store.problems.values()),
-            "namespaces": console.store.namespaces(),
+            "problems": sorted(seat.store.problems.values()),
+            "namespaces": seat.store.namespaces(),
         },
         dumps=_dumps,
     )
@@ -247,25 +310,26 @@ def _dumps(value: Any) -> str:
 
 
 async def run_page(request: web.Request) -> web.StreamResponse:
-    console = request.app[CONSOLE]
+    console, seat = request.app[CONSOLE], _seat(request)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     try:
-        page = await runpage.load(Cluster(console.api, namespace), name, console.now())
+        page = await runpage.load(Cluster(seat.api, namespace), name, console.now())
     except ApiError as exc:
         return _problem(exc.status if exc.status in (401, 403) else 502, f"reading run {name}: {exc.message}")
     if page is None:
         return _problem(404, f"run {name} not found in namespace {namespace}: it may have been deleted")
-    page["may"] = (await console.permissions.of([namespace]))[namespace]
-    page["version"] = console.store.version
+    page["may"] = (await seat.permissions.of([namespace]))[namespace]
+    page["version"] = seat.store.version
     page["pending"] = next(
-        (i for i in console.store.inbox() if i["namespace"] == namespace and i["run"] == name), None
+        (i for i in seat.store.inbox() if i["namespace"] == namespace and i["run"] == name), None
     )
     return web.json_response(page, dumps=_dumps)
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `changed` with the store's version whenever a watched object changes."""
-    console, session = request.app[CONSOLE], _session(request)
+    console, seat = request.app[CONSOLE], _seat(request)
+    session = None if console.proxy is not None else _session(request)
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     )
@@ -276,11 +340,12 @@ async def events(request: web.Request) -> web.StreamResponse:
         version = int(request.query.get("since", "-1"))
     except ValueError:
         version = -1
+    seat.streams += 1  # a seat with a page listening is never closed as idle
     try:
-        while console.sessions.find(session.id) is not None:
+        while session is None or console.sessions.find(session.id) is not None:
             try:
                 async with asyncio.timeout(HEARTBEAT_SECONDS):
-                    version = await console.store.wait_newer(version)
+                    version = await seat.store.wait_newer(version)
                 message = f"event: changed\ndata: {version}\n\n"
             except TimeoutError:
                 message = ": still here\n\n"  # keeps proxies and the browser from giving up
@@ -288,6 +353,8 @@ async def events(request: web.Request) -> web.StreamResponse:
         await response.write(b"event: expired\ndata: sign in again\n\n")
     except ConnectionResetError:  # the page went away
         pass
+    finally:
+        seat.streams -= 1
     return response
 
 
@@ -311,9 +378,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 async def check(request: web.Request) -> web.StreamResponse:
     """The server's verdict on an answer before it is sent: the check `resume` makes (schema_problem)."""
-    console = request.app[CONSOLE]
     body = await _body(request)
-    stored = console.store.run(body["namespace"], str(body.get("run")))
+    stored = _seat(request).store.run(body["namespace"], str(body.get("run")))
     if stored is None:
         return _problem(404, "no such Run in the console's view")
     pending = Run.model_validate(stored).status.pending_request
@@ -323,29 +389,30 @@ async def check(request: web.Request) -> web.StreamResponse:
 
 
 async def act(request: web.Request) -> web.StreamResponse:
-    console = request.app[CONSOLE]
+    console, seat = request.app[CONSOLE], _seat(request)
     action = request.match_info["action"]
     body = await _body(request)
     try:
         argv = actions.command_line(action, body)
     except actions.BadAction as exc:
         return _problem(400, str(exc))
-    if action == "approve" and body.get("approved") is True and (why := _unverified(console, body)):
+    if action == "approve" and body.get("approved") is True and (why := _unverified(seat.store, body)):
         return web.json_response({"ok": False, "message": f"not approved: {why}; nothing sent"}, status=409)
-    outcome = await actions.perform(console.api, console.parse, body["namespace"], console.kubeconfig, argv)
+    kubeconfig = console.kubeconfig if console.proxy is None else None
+    outcome = await actions.perform(seat.api, console.parse, body["namespace"], kubeconfig, argv)
     log.info("%s in %s: %s", action, body["namespace"], "done" if outcome.ok else "refused")
     return web.json_response(
         {"ok": outcome.ok, "message": outcome.message}, status=200 if outcome.ok else 409
     )
 
 
-def _unverified(console: Console, body: dict[str, Any]) -> str | None:
+def _unverified(store: Store, body: dict[str, Any]) -> str | None:
     """Why the console will not approve this request: it must be the pending approval, whose action it
     shows and whose digest it recomputed (inbox.approval_check)."""
     item = next(
         (
             i
-            for i in console.store.inbox()
+            for i in store.inbox()
             if i["namespace"] == body["namespace"] and i["run"] == body.get("run") and i["kind"] == "approval"
         ),
         None,
@@ -359,6 +426,7 @@ def _unverified(console: Console, body: dict[str, Any]) -> str | None:
 def application(console: Console) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=MAX_BODY)
     app[CONSOLE] = console
+    app.router.add_get(HEALTH, health)
     app.router.add_get("/", index)
     app.router.add_get("/runs/{namespace}/{name}", index)
     app.router.add_get("/static/{name}", static)

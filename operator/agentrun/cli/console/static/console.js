@@ -92,20 +92,24 @@ async function api(path, body) {
     data = { error: `HTTP ${response.status}` };
   }
   if (response.status === 401) {
-    signedOut(data.error);
+    signedOut(data.error, data.proxied);
     throw new SignedOut(data.error);
   }
   return { status: response.status, data };
 }
 
-function signedOut(why) {
+function signedOut(why, proxied) {
   const main = $("#main");
+  // Behind a proxy, signing in is the proxy's: reloading goes through it again.
+  const how = proxied
+    ? h("p", { text: "Sign in again through your organisation's sign-in page (reload this page)." })
+    : h("p", {}, "Sign in with the login URL that ", h("code", { text: "kubectl agentrun console" }),
+      " printed (each works once); restart it for a new one.");
   main.replaceChildren(
     h("section", { class: "empty" },
       h("h1", { text: "Not signed in" }),
       h("p", { text: why || "The session ended." }),
-      h("p", {}, "Sign in with the login URL that ", h("code", { text: "kubectl agentrun console" }),
-        " printed (each works once); restart it for a new one."),
+      how,
     ),
   );
   $("#live").textContent = "signed out";
@@ -642,9 +646,9 @@ function renderRun(page) {
     h("thead", {}, h("tr", {}, h("th", { text: "Time (UTC)" }), h("th", { text: "What" }), h("th", { text: "Detail" }))),
     h("tbody", {}, page.timeline.map((e) => h("tr", {}, h("td", { class: "mono", text: e.time.replace("T", " ").replace("Z", "") }), h("td", { text: e.what }), h("td", { text: e.detail })))));
   const effects = page.effects.length
-    ? h("table", { class: "grid" },
-      h("thead", {}, h("tr", {}, ["Name", "Tool", "Target", "State", "Reference", "Reversible", "Sends", "Resolved by"].map((t) => h("th", { text: t })))),
-      h("tbody", {}, page.effects.map((e) => h("tr", {}, [e.name, e.tool, e.target, e.state, e.reference, e.reversible ? "yes" : "no", `${e.sends}/${e.maxSends}`, e.resolvedBy].map((v) => h("td", { text: v === null || v === undefined ? "" : String(v) }))))))
+    ? h("table", { class: "grid effects" },
+      h("thead", {}, h("tr", {}, ["Name", "Tool", "Target", "State", "Reference", "Reversible", "Sends", "Approved by", "Resolved by"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, page.effects.map((e) => h("tr", {}, [e.name, e.tool, e.target, e.state, e.reference, e.reversible ? "yes" : "no", `${e.sends}/${e.maxSends}`, e.approvedBy, e.resolvedBy].map((v) => h("td", { text: v === null || v === undefined ? "" : String(v) }))))))
     : h("p", { class: "muted", text: "No side effects recorded." });
   main.replaceChildren(h("section", { id: "run", "aria-label": `run ${page.name}` },
     h("p", { class: "crumbs" }, h("a", { href: "/", "data-route": true, text: "Inbox" }), ` / ${page.namespace} / `),
@@ -793,7 +797,7 @@ async function start() {
     return; // signed out: said so
   }
   if (session.status !== 200) {
-    signedOut(session.data.error);
+    signedOut(session.data.error, session.data.proxied);
     return;
   }
   state.csrf = session.data.csrf;
