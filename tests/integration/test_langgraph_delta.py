@@ -52,11 +52,12 @@ def rebuilt(kube: Kube, store: BlobStore, ns: str, run: str, snapshots: bool) ->
 @pytest.mark.parametrize("snapshots", [False, True], ids=["no-snapshot", "snapshot-every-10"])
 def test_a_growing_delta_channel_killed_and_resumed_keeps_every_message(
     kube: Kube,
-    local_cluster: LocalCluster,
     run_namespace: str,
     operator: OperatorProcess,
     tmp_path: Path,
     snapshots: bool,
+    *,
+    local_cluster: LocalCluster,
 ) -> None:
     ns, name, log = run_namespace, "grow", tmp_path / "tools.log"
     body = support_agent_run(
