@@ -21,6 +21,7 @@ structure (tests/integration/test_langgraph_state_store.py); this measures it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
@@ -105,9 +106,12 @@ def run_thread(
     saver.requests = requests
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 2 * calls + 10}
     graph = build(calls, output_bytes, delta=delta).compile(checkpointer=saver)
-    graph.invoke(task(), config)
-    saver.close()
-    api.close()
+
+    async def invoke() -> None:  # the async API, which MeasuredSaver wraps
+        await graph.ainvoke(task(), config, durability="sync")  # as run_graph runs a graph
+        await api.aclose()
+
+    asyncio.run(invoke())
 
     items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "checkpoints")["items"]
     mine = [c for c in items if c["spec"]["thread"]["id"] == thread]
