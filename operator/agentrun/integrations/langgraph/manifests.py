@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,10 @@ SEGMENTS_PER_NODE: Final = 16
 READ_CONCURRENCY: Final = 16
 _DOCUMENT_CACHE: Final = 4096
 _VALUE_CACHE: Final = 256
+# A blob this saver put moments ago is referenced again without a request (a checkpoint's new list
+# item that its task's pending write has just stored) only this long after its put: far below the
+# collector's grace period, so it cannot have been collected meanwhile.
+RECENT_SECONDS: Final = 60.0
 
 JsonDict = dict[str, Any]
 Typed = tuple[str, bytes]
@@ -126,6 +131,24 @@ class Write:
         return sha256(base64.b64decode(self.stored["data"]))
 
 
+@dataclass(frozen=True)
+class Applied:
+    """A pending write as a list's new items are matched against it: where it sorts, its channel, and
+    the digest of its serialized value."""
+
+    task_path: str
+    task_id: str
+    idx: int
+    channel: str
+    type: str
+    sha: str
+
+    @classmethod
+    def of(cls, write: Write) -> Applied:
+        encoding = str(write.stored.get("type"))
+        return cls(write.task_path, write.task_id, write.idx, write.channel, encoding, write.digest())
+
+
 @dataclass
 class Built:
     """A channel entry for a manifest and the blobs it names."""
@@ -143,16 +166,43 @@ class ThreadBlobs:
         self.blobs = blobs
         self._documents: OrderedDict[str, Document] = OrderedDict()
         self._values: OrderedDict[str, Any] = OrderedDict()
+        # puts under way (one request for the same bytes at once) and done lately: sha256 -> (put, when)
+        self._puts: dict[tuple[int, str], asyncio.Future[BlobRef]] = {}
+        self._recent: OrderedDict[str, tuple[BlobRef, float]] = OrderedDict()
         self.written = 0  # bytes this saver put (created or found already there), for measurements
 
     # ---- blobs ---------------------------------------------------------------------------------------
 
     async def put(self, data: bytes, known: Mapping[str, BlobRef] | None = None) -> BlobRef:
-        """The reference of `data`: one a live object already names (no request), else put."""
-        if known is not None and (ref := known.get(sha256(data))) is not None and ref.size == len(data):
+        """The reference of `data`: one a live object already names, or that this saver put moments ago
+        (no request); the put under way of the same bytes (waited for); else put."""
+        digest = sha256(data)
+        if known is not None and (ref := known.get(digest)) is not None and ref.size == len(data):
             return BlobRef(ref.key, ref.sha256, ref.size)
-        ref = await self.blobs.put_bytes(data)
+        if (recent := self._recent.get(digest)) is not None and time.monotonic() - recent[1] < RECENT_SECONDS:
+            return recent[0]
+        loop = asyncio.get_running_loop()
+        key = (id(loop), digest)
+        if (running := self._puts.get(key)) is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[BlobRef] = loop.create_future()
+        self._puts[key] = future
+        try:
+            ref = await self.blobs.put_bytes(data)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # retrieved here: waiters, if any, get it too
+            else:
+                future.cancel()
+            raise
+        finally:
+            self._puts.pop(key, None)
+        future.set_result(ref)
         self.written += len(data)
+        self._recent[digest] = (ref, time.monotonic())
+        while len(self._recent) > _VALUE_CACHE:
+            self._recent.popitem(last=False)
         return ref
 
     async def get(self, ref: BlobRef) -> bytes:
@@ -287,7 +337,15 @@ class Parent:
 
     manifest: Document | None
     versions: Mapping[str, Any]
-    writes: Sequence[Write]
+    writes: Sequence[Write]  # stored: the manifest records them
+    staged: Sequence[Applied] = ()  # being stored now by this saver (their tasks finished just before)
+
+    def applied(self) -> list[Applied]:
+        """Every write of the parent known here, in the order LangGraph applied them."""
+        found = {(w.task_id, w.idx): Applied.of(w) for w in self.writes}
+        for staged in self.staged:
+            found.setdefault((staged.task_id, staged.idx), staged)
+        return sorted(found.values(), key=lambda a: (a.task_path, a.task_id, a.idx))
 
     def known(self) -> dict[str, BlobRef]:
         """Blobs that live objects name already (the parent's and its writes'): referenced, not put."""
@@ -360,41 +418,41 @@ class ManifestWriter:
 
     async def _segments(self, channel: str, tail: list[Any]) -> list[tuple[Segment, BlobRef]]:
         """The new items as segments: those the parent's pending writes of this channel hold (as a list
-        or one item, in the order they were applied) are those writes' blobs; the rest is one segment."""
+        or one item, in the order they were applied) are those writes' blobs (the same bytes: no second
+        put); the rest is one segment."""
         aligned = self._aligned(channel, tail)
-        start = len(tail) - sum(segment.count for segment, _, _ in aligned)
-        found: list[tuple[Segment, BlobRef]] = []
+        start = len(tail) - sum(segment.count for segment, _ in aligned)
+        pieces = list(aligned)
         if start > 0:
             encoding, data = self.serde.dumps_typed(tail[:start])
+            pieces.insert(0, (Segment(sha256(data), start, encoding, False), data))
+        found: list[tuple[Segment, BlobRef]] = []
+        for segment, data in pieces:
             ref = await self.blobs.put(data, self.known)
-            found.append((Segment(ref.sha256, start, encoding, False), ref))
-        for segment, written, data in aligned:
-            # a write small enough to be inline has no blob: its segment gets one of its own
-            found.append((segment, written or await self.blobs.put(data, self.known)))
-        for _, ref in found:
             self.known[ref.sha256] = ref
+            found.append((segment, ref))
         return found
 
-    def _aligned(self, channel: str, tail: list[Any]) -> list[tuple[Segment, BlobRef | None, bytes]]:
+    def _aligned(self, channel: str, tail: list[Any]) -> list[tuple[Segment, bytes]]:
         """The parent's writes of `channel` that the end of `tail` holds, byte for byte, in order;
         none unless all of them match."""
-        writes = [w for w in self.parent.writes if w.channel == channel]
-        values = [self.blobs.value_of(w.digest()) for w in writes]
+        writes = [w for w in self.parent.applied() if w.channel == channel]
+        values = [self.blobs.value_of(w.sha) for w in writes]
         if not writes or not all(known for known, _ in values):
             return []
         counts = [len(v) if isinstance(v, list) else 1 for _, v in values]
         offset = len(tail) - sum(counts)
         if offset < 0:
             return []
-        aligned: list[tuple[Segment, BlobRef | None, bytes]] = []
+        aligned: list[tuple[Segment, bytes]] = []
         for write, (_, written), count in zip(writes, values, counts, strict=True):
             single = not isinstance(written, list)
             chunk = tail[offset] if single else tail[offset : offset + count]
             encoding, data = self.serde.dumps_typed(chunk)
             digest = sha256(data)
-            if encoding != write.stored.get("type") or digest != write.digest():
+            if encoding != write.type or digest != write.sha:
                 return []
-            aligned.append((Segment(digest, count, encoding, single), write.ref, data))
+            aligned.append((Segment(digest, count, encoding, single), data))
             offset += count
         return aligned
 

@@ -61,7 +61,14 @@ from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
 from agentrun.integrations.langgraph import ancestry, manifests
 from agentrun.integrations.langgraph.ancestry import Seed, Stored
-from agentrun.integrations.langgraph.manifests import MANIFEST_KIND, Document, Parent, ThreadBlobs, Write
+from agentrun.integrations.langgraph.manifests import (
+    MANIFEST_KIND,
+    Applied,
+    Document,
+    Parent,
+    ThreadBlobs,
+    Write,
+)
 from agentrun.integrations.langgraph.serde import AllowListSerializer, TypeKey, type_key
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.statestore import BlobRef, BlobStore
@@ -125,6 +132,8 @@ class _Shared:
     manifests: dict[str, BlobRef] = field(default_factory=dict)  # State name -> its manifest
     # State name -> its Writes objects known (read or written here), newest parents last
     write_bodies: OrderedDict[str, dict[str, JsonDict]] = field(default_factory=OrderedDict)
+    # State name -> the writes this saver is storing for it now (a new list item is matched against them)
+    staged: OrderedDict[str, list[Applied]] = field(default_factory=OrderedDict)
     blobs: ThreadBlobs | None = None
     blobs_opened: bool = False
     loop: asyncio.AbstractEventLoop | None = None
@@ -664,7 +673,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         ref = self._shared.manifests.get(parent)
         manifest = await blobs.document(ref, MANIFEST_KIND) if ref is not None else None
         versions = manifests.core_of(manifest, self.serde).get("channel_versions", {}) if manifest else {}
-        return Parent(manifest, versions, await self._writes_of(parent))
+        staged = self._shared.staged.get(parent, [])
+        return Parent(manifest, versions, await self._writes_of(parent), list(staged))
 
     async def _delta_ancestry(
         self,
@@ -804,15 +814,27 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.writes[parent] = sequence
         name = f"{parent}-w{sequence}-{_digest(task_id, task_path, self.attempt)}"
         blobs = await self._blobs()
+        serialized = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, value, self.serde.dumps_typed(value))
+            for idx, (channel, value) in enumerate(writes)
+        ]
         entries = []
-        for idx, (channel, value) in enumerate(writes):
-            typed = self.serde.dumps_typed(value)
-            if blobs is None:
-                entries.append([WRITES_IDX_MAP.get(channel, idx), channel, _encode(typed)])
-                continue
-            stored, _ = await blobs.store_value(typed)
-            blobs.remember_value(manifests.sha256(typed[1]), value)
-            entries.append([WRITES_IDX_MAP.get(channel, idx), channel, stored])
+        if blobs is None:
+            entries = [[idx, channel, _encode(typed)] for idx, channel, _, typed in serialized]
+        else:
+            # Known before any put: the checkpoint LangGraph saves next may be saved meanwhile, and its
+            # new list items are these values (one blob, put once).
+            staged = self._shared.staged.setdefault(parent, [])
+            self._shared.staged.move_to_end(parent)
+            while len(self._shared.staged) > _KNOWN_PARENTS:
+                self._shared.staged.popitem(last=False)
+            for idx, channel, value, typed in serialized:
+                digest = manifests.sha256(typed[1])
+                blobs.remember_value(digest, value)
+                staged.append(Applied(task_path, task_id, idx, channel, typed[0], digest))
+            for idx, channel, _, typed in serialized:
+                stored, _ = await blobs.store_value(typed)
+                entries.append([idx, channel, stored])
         labels = {
             KIND_LABEL: "Writes",
             THREAD_LABEL: _digest(thread_id),
@@ -860,6 +882,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.epochs.clear()
         self._shared.manifests.clear()
         self._shared.write_bodies.clear()
+        self._shared.staged.clear()
 
     # ---- the async API -------------------------------------------------------------------------------
 
