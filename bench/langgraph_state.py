@@ -102,7 +102,10 @@ def run_thread(
     api = KubeApi(load_configuration(str(cluster.kubeconfig)))
     requests = Requests()
     store = BlobStore.from_url(cluster.state_store_url, env=cluster.state_store_env(), observer=requests)
-    saver = MeasuredSaver(api, NAMESPACE, "bench", state_store=store)
+    # A Run per thread: blobs are per Run, and two threads of one Run with the same messages share them.
+    run = agent_run(thread, "echo", {}, checkpointRetention=1000)
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "runs", run)
+    saver = MeasuredSaver(api, NAMESPACE, thread, state_store=store)
     saver.requests = requests
     config: RunnableConfig = {"configurable": {"thread_id": thread}, "recursion_limit": 2 * calls + 10}
     graph = build(calls, output_bytes, delta=delta).compile(checkpointer=saver)
@@ -179,8 +182,6 @@ def main() -> None:
             kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
             install_crds(kube)
             kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
-            run = agent_run("bench", "echo", {}, checkpointRetention=1000)
-            kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "runs", run)
             results = {
                 name: run_thread(
                     cluster, kube, name, calls=args.calls, output_bytes=args.output_bytes, delta=delta
