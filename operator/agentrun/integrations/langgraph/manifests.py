@@ -53,6 +53,9 @@ _VALUE_CACHE: Final = 256
 # item that its task's pending write has just stored) only this long after its put: far below the
 # collector's grace period, so it cannot have been collected meanwhile.
 RECENT_SECONDS: Final = 60.0
+# Blob bytes this saver put or read and verified, kept to answer another read of the same digest (a
+# list's segments are shared by every checkpoint holding them): bytes whose sha256 is their key.
+_BYTES_CACHE: Final = 64 * 1024 * 1024
 
 JsonDict = dict[str, Any]
 Typed = tuple[str, bytes]
@@ -169,6 +172,8 @@ class ThreadBlobs:
         # puts under way (one request for the same bytes at once) and done lately: sha256 -> (put, when)
         self._puts: dict[tuple[int, str], asyncio.Future[BlobRef]] = {}
         self._recent: OrderedDict[str, tuple[BlobRef, float]] = OrderedDict()
+        self._bytes: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes_held = 0
         self.written = 0  # bytes this saver put (created or found already there), for measurements
 
     # ---- blobs ---------------------------------------------------------------------------------------
@@ -199,6 +204,7 @@ class ThreadBlobs:
         finally:
             self._puts.pop(key, None)
         future.set_result(ref)
+        self._keep(digest, data)
         self.written += len(data)
         self._recent[digest] = (ref, time.monotonic())
         while len(self._recent) > _VALUE_CACHE:
@@ -206,7 +212,23 @@ class ThreadBlobs:
         return ref
 
     async def get(self, ref: BlobRef) -> bytes:
-        return await self.blobs.get_bytes(BlobRef(ref.key, ref.sha256, ref.size))
+        """The blob's bytes, verified: read from the store (size and sha256 checked), or bytes this saver
+        already holds under that digest (checked when it put or read them)."""
+        if (held := self._bytes.get(ref.sha256)) is not None and len(held) == ref.size:
+            self._bytes.move_to_end(ref.sha256)
+            return held
+        data = await self.blobs.get_bytes(BlobRef(ref.key, ref.sha256, ref.size))
+        self._keep(ref.sha256, data)
+        return data
+
+    def _keep(self, digest: str, data: bytes) -> None:
+        if len(data) > _BYTES_CACHE // 8 or digest in self._bytes:
+            return
+        self._bytes[digest] = data
+        self._bytes_held += len(data)
+        while self._bytes_held > _BYTES_CACHE:
+            _, dropped = self._bytes.popitem(last=False)
+            self._bytes_held -= len(dropped)
 
     async def put_document(self, kind: str, refs: Iterable[BlobRef], body: JsonDict) -> Document:
         named = list(refs)

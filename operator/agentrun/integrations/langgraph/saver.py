@@ -523,7 +523,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
     # ---- delta channels: the history walk ------------------------------------------------------------
 
     async def _thread_states(
-        self, thread_id: str, ns: str
+        self, thread_id: str, ns: str, channels: Sequence[str]
     ) -> tuple[dict[str, JsonDict], Mapping[str, Stored]]:
         """The State checkpoints of one thread and namespace by name: as stored, and decoded when the
         walk first reaches each (those in the store are read now: a walk over the Checkpoint objects is
@@ -533,7 +533,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         loaded: dict[str, Stored] = {}
         for name, body in found.items():
             if self._manifest_ref(body) is not None:
-                node = await self._node(body, thread_id, ns, None)
+                node = await self._node(body, thread_id, ns, channels)
                 loaded[name] = node.stored
         return found, _Decoded(
             found, lambda name: loaded.get(name) or self._stored(found[name], thread_id, ns)
@@ -591,6 +591,21 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         out: ancestry.history then refuses (StateUnverifiable) instead of a shorter state."""
         states: dict[str, Stored] = {}
         pending: dict[str, list[PendingWrite]] = {}
+        listed: tuple[dict[str, JsonDict], dict[str, list[JsonDict]]] | None = None
+
+        async def inline() -> tuple[dict[str, JsonDict], dict[str, list[JsonDict]]]:
+            """The thread's Checkpoint objects, listed once (two requests) when the walk needs one."""
+            nonlocal listed
+            if listed is None:
+                selector = f"{NAMESPACE_LABEL}={_digest(thread_id, ns)}"
+                bodies = await self._select(f"{KIND_LABEL}=State,{selector}")
+                found = {b["metadata"]["name"]: b for b in bodies if self._is_langgraph(b, thread_id, ns)}
+                by_parent: dict[str, list[JsonDict]] = {}
+                for entry in await self._select(f"{KIND_LABEL}=Writes,{selector}"):
+                    by_parent.setdefault(str(entry["spec"].get("parent")), []).append(entry)
+                listed = found, by_parent
+            return listed
+
         node = await self._node(target, thread_id, ns, channels)
         remaining = set(channels)
         while True:
@@ -600,22 +615,19 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 break
             linked = node.manifest.body.get("parentManifest") if node.manifest is not None else None
             parent_node: _Node | None = None
-            parent_body: JsonDict | None = None
             if node.manifest is not None and isinstance(linked, str):
                 blobs = await self._reading_blobs(f"the manifest {node.manifest.ref.key}")
                 manifest = await blobs.document(node.manifest.named(linked), MANIFEST_KIND)
                 parent_node = await self._manifest_node(manifest, thread_id, ns, channels)
-            else:
-                parent_body = await self.api.get(self.api.custom_path("checkpoints", self.namespace, parent))
-                if self._is_langgraph(parent_body, thread_id, ns):
-                    assert parent_body is not None
-                    parent_node = await self._node(parent_body, thread_id, ns, channels)
+            elif (parent_body := (await inline())[0].get(parent)) is not None:
+                parent_node = await self._node(parent_body, thread_id, ns, channels)
             if node.manifest is not None:
                 written = [w for w in manifests.parent_writes(node.manifest) if w.channel in remaining]
                 pending[parent] = await self._decode_writes(written)
-            elif parent_node is not None and parent_body is not None:
-                found = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(parent)}")
-                pending[parent] = (await self._pending_writes([parent_body], found)).get(parent, [])
+            elif parent_node is not None:
+                bodies, writes = await inline()
+                decoded = await self._pending_writes([bodies[parent]], writes.get(parent, []))
+                pending[parent] = decoded.get(parent, [])
             if parent_node is None:
                 break  # missing: history() names it
             node = parent_node
@@ -692,7 +704,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         parent_seeds = self._shared.seeds.get(parent, {}) if parent else None
         found = ancestry.record(name, sequence, checkpoint, metadata, parent_seeds)
         if found.unknown and parent is not None:
-            _, states = await self._thread_states(thread_id, ns)
+            _, states = await self._thread_states(thread_id, ns, sorted(found.unknown))
             walked = {ch: ancestry.seed_by_walking(parent, ch, states) for ch in found.unknown}
             known = {ch: seed for ch, seed in walked.items() if seed is not None}
             found = ancestry.record(name, sequence, checkpoint, metadata, {**(parent_seeds or {}), **known})
