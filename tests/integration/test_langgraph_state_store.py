@@ -180,3 +180,10 @@ def test_a_thread_saved_inline_continues_in_the_store_whole(
     saver.close()
     assert [m.content for m in messages if m.type == "tool"] == [output(c, 3000) for c in range(6)]
     assert messages[-1].content == "read 6 files"
+    # A reader without the store refuses the checkpoints in it: never a state without their values.
+    storeless = AgentrunSaver(api, namespace, run)
+    try:
+        with pytest.raises(StateUnverifiable, match="none configured"):
+            storeless.get_tuple({"configurable": {"thread_id": thread}})
+    finally:
+        storeless.close()

@@ -574,14 +574,17 @@ def metadata_of(manifest: Document, serde: Serde) -> dict[str, Any]:
 
 
 async def channel_value(blobs: ThreadBlobs, manifest: Document, name: str, serde: Serde) -> Any:
-    entry = manifest.body["channels"][name]
     what = f"the channel {name} of {manifest.ref.key}"
-    if isinstance(entry.get("list"), str):
-        return await blobs.read_list(manifest.named(entry["list"]), int(entry["count"]), serde)
-    if isinstance(entry.get("blob"), str):
-        ref = manifest.named(entry["blob"])
-        return serde.loads_typed((str(entry.get("type")), await blobs.get(ref)))
-    return serde.loads_typed(_typed_of(entry, what))
+    try:
+        entry = manifest.body["channels"][name]
+        if isinstance(entry.get("list"), str):
+            return await blobs.read_list(manifest.named(entry["list"]), int(entry["count"]), serde)
+        if isinstance(entry.get("blob"), str):
+            ref = manifest.named(entry["blob"])
+            return serde.loads_typed((str(entry.get("type")), await blobs.get(ref)))
+        return serde.loads_typed(_typed_of(entry, what))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a manifest not written by a saver
+        raise StateUnverifiable(f"{what} is not readable: {exc!r}", key=manifest.ref.key) from None
 
 
 async def read_manifest(blobs: ThreadBlobs, manifest: Document, serde: Serde) -> Read:
@@ -596,9 +599,14 @@ async def read_manifest(blobs: ThreadBlobs, manifest: Document, serde: Serde) ->
 def parent_writes(manifest: Document) -> list[Write]:
     """The parent's pending writes as the manifest recorded them (blob references resolved)."""
     found = []
-    for task_id, task_path, idx, channel, stored in manifest.body.get("parentWrites", []):
-        entry = dict(stored)
-        if isinstance(entry.get("blob"), str):
-            entry = {"type": entry["type"], "ref": manifest.named(entry.pop("blob")).to_json()}
-        found.append(Write(str(task_id), str(task_path), int(idx), str(channel), entry))
+    try:
+        for task_id, task_path, idx, channel, stored in manifest.body.get("parentWrites", []):
+            entry = dict(stored)
+            if isinstance(entry.get("blob"), str):
+                entry = {"type": entry["type"], "ref": manifest.named(entry.pop("blob")).to_json()}
+            found.append(Write(str(task_id), str(task_path), int(idx), str(channel), entry))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise StateUnverifiable(
+            f"the pending writes in {manifest.ref.key} are not readable: {exc!r}", key=manifest.ref.key
+        ) from None
     return found
