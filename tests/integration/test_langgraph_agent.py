@@ -15,6 +15,8 @@ from pydantic_core import to_jsonable_python
 from agentrun.examples.manifests import agent_run
 from agentrun.integrations.langgraph import AgentrunSaver
 from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.statestore import BlobStore
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
 from support.kube import Kube, wait_for
@@ -103,7 +105,13 @@ def node_runs(log: Path) -> list[tuple[int, str, str]]:
 
 
 def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resumed(
-    kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess, tmp_path: Path
+    kube: Kube,
+    run_namespace: str,
+    operator: OperatorProcess,
+    tickets: TicketServiceProcess,
+    tmp_path: Path,
+    *,
+    local_cluster: LocalCluster,
 ) -> None:
     ns, name, log = run_namespace, "lg", tmp_path / "nodes.log"
     spec = {"title": "Printer on fire", "body": "third floor", "holdAfterTicket": [2]}
@@ -149,7 +157,9 @@ def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resume
 
     # The committed result is the graph's final state, as its last checkpoint holds it.
     api = KubeApi(load_configuration(str(kube.kubeconfig)))
-    saver = AgentrunSaver(api, ns, name)
+    # the attempt Pods wrote the checkpoints' values to the state store: read them from there
+    store = BlobStore.from_url(local_cluster.state_store_url, env=local_cluster.state_store_env())
+    saver = AgentrunSaver(api, ns, name, state_store=store)
     try:
         latest = saver.get_tuple({"configurable": {"thread_id": name, "checkpoint_ns": ""}})
     finally:

@@ -12,6 +12,8 @@ import pytest
 
 from agentrun.integrations.langgraph import AgentrunSaver
 from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.statestore import BlobStore
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
 from support.langgraph_growing import build, output
@@ -33,10 +35,11 @@ def states(kube: Kube, ns: str, run: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda c: c["spec"]["sequence"])
 
 
-def rebuilt(kube: Kube, ns: str, run: str, snapshots: bool) -> list[str]:
-    """The messages of the Run's last checkpoint, as LangGraph rebuilds them through the saver (sync)."""
+def rebuilt(kube: Kube, store: BlobStore, ns: str, run: str, snapshots: bool) -> list[str]:
+    """The messages of the Run's last checkpoint, as LangGraph rebuilds them through the saver (sync),
+    reading the manifests the attempt Pods wrote to the state store."""
     api = KubeApi(load_configuration(str(kube.kubeconfig)))
-    saver = AgentrunSaver(api, ns, run)
+    saver = AgentrunSaver(api, ns, run, state_store=store)
     try:
         graph = build(CALLS, None, snapshots).compile(checkpointer=saver)
         messages: list[str] = graph.get_state({"configurable": {"thread_id": run}}).values["messages"]
@@ -48,7 +51,13 @@ def rebuilt(kube: Kube, ns: str, run: str, snapshots: bool) -> list[str]:
 
 @pytest.mark.parametrize("snapshots", [False, True], ids=["no-snapshot", "snapshot-every-10"])
 def test_a_growing_delta_channel_killed_and_resumed_keeps_every_message(
-    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path, snapshots: bool
+    kube: Kube,
+    run_namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    snapshots: bool,
+    *,
+    local_cluster: LocalCluster,
 ) -> None:
     ns, name, log = run_namespace, "grow", tmp_path / "tools.log"
     body = support_agent_run(
@@ -83,4 +92,5 @@ def test_a_growing_delta_channel_killed_and_resumed_keeps_every_message(
         assert len(kept) == 2 * CALLS + 3 > 20
         assert "deltaBase" not in kept[0]["spec"]  # the first: its state is whole
         assert {c["spec"].get("deltaBase") for c in kept[1:]} == {kept[0]["metadata"]["name"]}
-    assert rebuilt(kube, ns, name, snapshots) == expected
+    store = BlobStore.from_url(local_cluster.state_store_url, env=local_cluster.state_store_env())
+    assert rebuilt(kube, store, ns, name, snapshots) == expected

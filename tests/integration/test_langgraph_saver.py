@@ -1,5 +1,6 @@
-"""AgentrunSaver against the real API server: LangGraph's own conformance suite (async and sync), a
-planted payload that names a class outside the allow-list, and a delta channel whose ancestor is gone."""
+"""AgentrunSaver against the real API server: LangGraph's own conformance suite (async and sync, values
+inline and in the local control plane's object store), a planted payload that names a class outside the
+allow-list, and a delta channel whose ancestor is gone."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from langgraph.checkpoint.conformance.test_utils import (
 from agentrun.examples.manifests import agent_run
 from agentrun.integrations.langgraph import AgentrunSaver, UnsafeCheckpoint
 from agentrun.kubeapi import KubeApi, load_configuration
+from agentrun.statestore import BlobStore
 from agentrun.worker.errors import StateUnverifiable
+from devcluster.cluster import LocalCluster
 from support.kube import Kube
 from support.langgraph_growing import build
 from support.runs import GROUP, VERSION, create_run
@@ -89,10 +92,20 @@ def saver_run(kube: Kube, agentrun_crds: None, namespace: str) -> str:
     return "threads"
 
 
-def conformance(saver_class: type[AgentrunSaver], api: KubeApi, namespace: str, run: str) -> CapabilityReport:
-    @checkpointer_test(name=f"{saver_class.__name__} (agentrun Checkpoints on a real API server)")
+@pytest.fixture
+def state_store(local_cluster: LocalCluster) -> BlobStore:
+    """The local control plane's object store (versitygw), with its credentials."""
+    return BlobStore.from_url(local_cluster.state_store_url, env=local_cluster.state_store_env())
+
+
+def conformance(
+    saver_class: type[AgentrunSaver], api: KubeApi, namespace: str, run: str, store: BlobStore | None
+) -> CapabilityReport:
+    where = "values in the state store" if store else "values inline"
+
+    @checkpointer_test(name=f"{saver_class.__name__} (agentrun Checkpoints on a real API server, {where})")
     async def factory() -> AsyncGenerator[AgentrunSaver, None]:
-        saver = saver_class(api, namespace, run)
+        saver = saver_class(api, namespace, run, state_store=store)
         try:
             yield saver
         finally:
@@ -101,20 +114,25 @@ def conformance(saver_class: type[AgentrunSaver], api: KubeApi, namespace: str, 
     return asyncio.run(validate(factory))
 
 
+@pytest.mark.parametrize("in_store", [True, False], ids=["store", "inline"])
 @pytest.mark.parametrize("saver_class", [AgentrunSaver, SyncDrivenSaver], ids=["async", "sync"])
 def test_langgraph_conformance_suite_passes_every_base_capability(
     saver_class: type[AgentrunSaver],
+    in_store: bool,
+    *,
     api: KubeApi,
     namespace: str,
     saver_run: str,
+    state_store: BlobStore,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    report = conformance(saver_class, api, namespace, saver_run)
+    report = conformance(saver_class, api, namespace, saver_run, state_store if in_store else None)
     with capsys.disabled():
         print(f"\nLangGraph conformance ({saver_class.__name__}): level {report.conformance_level()}")
         report.print_report()
     failures = [f for result in report.results.values() for f in result.failures]
     assert report.passed_all_base(), failures
+    assert report.conformance_level() == "FULL"
     base = ("put", "put_writes", "get_tuple", "list", "delete_thread")
     assert sum(report.results[c].tests_passed for c in base) >= 58  # the whole base suite ran
 

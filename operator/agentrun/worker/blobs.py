@@ -74,6 +74,22 @@ class RunBlobs:
             raise as_sdk_error(exc) from None
         return ref.to_json()
 
+    async def put_bytes(self, data: bytes) -> BlobRef:
+        """Stores bytes as they are (an integration's own encoding, e.g. a LangGraph channel value) and
+        returns the reference, put-if-absent like every blob."""
+        try:
+            return await self.store.put(self.namespace, self.run_uid, data)
+        except StateStoreError as exc:
+            raise as_sdk_error(exc) from None
+
+    async def get_bytes(self, ref: BlobRef) -> bytes:
+        """The bytes a reference names, read and verified (size and sha256): StateUnverifiable when the
+        blob is missing or changed, StoreUnavailable when the store cannot answer now."""
+        try:
+            return await self.store.get(ref)
+        except StateStoreError as exc:
+            raise as_sdk_error(exc) from None
+
     async def get(self, reference: Mapping[str, Any]) -> Any:
         """The value a reference names, read and verified."""
         try:

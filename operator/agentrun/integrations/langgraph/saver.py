@@ -15,9 +15,15 @@ Two ways to build one:
 - `AgentrunSaver(api, namespace, run)` anywhere else (tools, tests, LangGraph's conformance suite):
   the objects of a Run that exists, written as an identity RBAC lets write them, no fences.
 
-Sizes: each object's JSON must fit the Checkpoint state budget (256 KiB); past it, a PermanentError.
-A LangGraph checkpoint holds every channel's full value, so a long thread (a growing message list)
-should use LangGraph's DeltaChannel, which stores only each step's delta (and a periodic snapshot).
+With a state store (the Attempt's, or `state_store=` outside one), a State Checkpoint holds pointers
+only (ids, parent, delta seeds) and names its manifest in the store (`stateRef`, module manifests): a
+blob per channel version, an unchanged channel referenced rather than written again, a growing list
+written as its new items only, and pending writes' values as blobs. A superstep then costs its change,
+not the thread's history, in etcd and in the store. Checkpoints saved inline stay readable.
+
+Without a store, values stay inline: each object's JSON must fit the Checkpoint state budget (256 KiB);
+past it, a PermanentError. A LangGraph checkpoint holds every channel's full value then, so a long
+thread (a growing message list) should use LangGraph's DeltaChannel, or configure the store.
 
 Delta channels: a checkpoint records where each delta channel's value is rebuilt from (`deltaSeeds`,
 and the oldest such ancestor as spec.deltaBase, which retention keeps with the chain up to it), and the
@@ -33,6 +39,7 @@ import copy
 import hashlib
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -52,11 +59,20 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 
 from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
-from agentrun.integrations.langgraph import ancestry
+from agentrun.integrations.langgraph import ancestry, manifests
 from agentrun.integrations.langgraph.ancestry import Seed, Stored
+from agentrun.integrations.langgraph.manifests import (
+    MANIFEST_KIND,
+    Applied,
+    Document,
+    Parent,
+    ThreadBlobs,
+    Write,
+)
 from agentrun.integrations.langgraph.serde import AllowListSerializer, TypeKey, type_key
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.worker import PermanentError, StateUnverifiable
+from agentrun.statestore import BlobRef, BlobStore
+from agentrun.worker import PermanentError, RunBlobs, StateUnverifiable
 
 if TYPE_CHECKING:
     from agentrun.worker import Context, RunStore
@@ -71,10 +87,11 @@ PARENT_LABEL: Final = "agentrun.dev/parent"  # Writes: hash of the State checkpo
 KIND_LABEL: Final = "agentrun.dev/checkpoint-kind"
 OUTSIDE_ATTEMPT: Final = "a0"  # spec.attempt suffix of objects written outside any Attempt
 SIZE_ADVICE: Final = (
-    "keep large data out of the graph state (store it elsewhere and keep a reference), and use "
-    "LangGraph's DeltaChannel for channels that grow with the thread (message lists): each checkpoint "
-    "then stores only that step's delta"
+    "configure the agent-state store (AGENTRUN_STATE_STORE_URL) so that checkpoints go there, or keep "
+    "large data out of the graph state (store it elsewhere and keep a reference), or use LangGraph's "
+    "DeltaChannel for channels that grow with the thread (message lists)"
 )
+_KNOWN_PARENTS: Final = 64  # parents whose Writes a saver keeps at hand (for the next checkpoint)
 _UUID_LIKE = re.compile(r"^[0-9a-f][0-9a-f-]{0,62}[0-9a-f]$")
 
 
@@ -111,9 +128,25 @@ class _Shared:
     sequences: dict[str, int] = field(default_factory=dict)  # State name -> its sequence
     seeds: dict[str, dict[str, Seed]] = field(default_factory=dict)  # State name -> its deltaSeeds
     writes: dict[str, int] = field(default_factory=dict)  # State name -> last Writes sequence known
+    epochs: dict[str, int] = field(default_factory=dict)  # State name -> its lease epoch
+    manifests: dict[str, BlobRef] = field(default_factory=dict)  # State name -> its manifest
+    # State name -> its Writes objects known (read or written here), newest parents last
+    write_bodies: OrderedDict[str, dict[str, JsonDict]] = field(default_factory=OrderedDict)
+    # State name -> the writes this saver is storing for it now (a new list item is matched against them)
+    staged: OrderedDict[str, list[Applied]] = field(default_factory=OrderedDict)
+    blobs: ThreadBlobs | None = None
+    blobs_opened: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     loop_lock: threading.Lock = field(default_factory=threading.Lock)
     clones: dict[frozenset[TypeKey], AgentrunSaver] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A State checkpoint on a walk: what ancestry reads of it, and its manifest (None: inline)."""
+
+    stored: Stored
+    manifest: Document | None
 
 
 class _Decoded(Mapping[str, V]):
@@ -150,11 +183,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         allowed_types: Iterable[TypeKey | type] = (),
         attempt: str | None = None,
         lease_epoch: int = 0,
+        state_store: BlobStore | None = None,
     ) -> None:
         """The Checkpoints of Run `run` in `namespace`, written as whoever `api` authenticates as.
 
         allowed_types: classes (or (module, name)) a checkpoint may contain beyond LangGraph's safe
         types (messages, Send, Interrupt, datetime, ...); a compiled graph adds its state schema's own.
+        state_store: where values go (the Run's blobs, a manifest per checkpoint); None keeps them inline.
         """
         super().__init__(serde=AllowListSerializer(allowed_types))
         self.api = api
@@ -164,6 +199,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self.lease_epoch = lease_epoch
         self.collection = api.custom_path("checkpoints", namespace)
         self._session: RunStore | None = None
+        self._state_store = state_store
         self._shared = _Shared()
 
     @classmethod
@@ -237,6 +273,32 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             "ownerReferences": [{**owner, "blockOwnerDeletion": True}],
         }
 
+    async def _run_uid(self) -> str:
+        if self._shared.run_uid is None:
+            await self._owned_metadata("", {})
+        assert self._shared.run_uid is not None
+        return self._shared.run_uid
+
+    async def _blobs(self) -> ThreadBlobs | None:
+        """The Run's blobs in the state store (the Attempt's, or the one given), or None: inline."""
+        if not self._shared.blobs_opened:
+            run_blobs: RunBlobs | None = None
+            if self._session is not None:
+                run_blobs = await self._session.blobs()
+            elif self._state_store is not None:
+                run_blobs = RunBlobs(self._state_store, self.namespace, await self._run_uid())
+            self._shared.blobs = ThreadBlobs(run_blobs) if run_blobs is not None else None
+            self._shared.blobs_opened = True
+        return self._shared.blobs
+
+    async def _reading_blobs(self, what: str) -> ThreadBlobs:
+        if (blobs := await self._blobs()) is None:
+            raise StateUnverifiable(
+                f"{what} is in the state store, but this saver has none configured "
+                "(AGENTRUN_STATE_STORE_URL in an attempt Pod, state_store= elsewhere): it was not loaded"
+            )
+        return blobs
+
     async def _create(self, body: JsonDict, what: str) -> None:
         """Creates an immutable object; one that already exists under that name is the same one (a
         repeated call)."""
@@ -265,11 +327,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             items.extend(page)
         return items
 
-    def _pending_writes(
-        self, states: list[JsonDict], writes: list[JsonDict]
-    ) -> dict[str, list[PendingWrite]]:
-        """Each State's pending writes, merged as LangGraph's savers do: per (task, index), the first
-        write of a regular channel counts and the last of a special one (error, interrupt, resume)."""
+    def _merged(self, states: list[JsonDict], writes: list[JsonDict]) -> dict[str, list[Write]]:
+        """Each State's pending writes as stored, merged as LangGraph's savers do: per (task, index), the
+        first write of a regular channel counts and the last of a special one (error, interrupt,
+        resume); in writes_sort_key order (task path, task id, index)."""
         epochs = {s["spec"]["id"]: s["spec"]["leaseEpoch"] for s in states}
         by_parent: dict[str, list[JsonDict]] = {}
         for entry in writes:
@@ -277,13 +338,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             # Readers ignore records written under an older lease epoch than the checkpoint they name.
             if parent in epochs and entry["spec"]["leaseEpoch"] >= epochs[parent]:
                 by_parent.setdefault(parent, []).append(entry)
-        merged: dict[str, list[PendingWrite]] = {}
+        merged: dict[str, list[Write]] = {}
         for parent, entries in by_parent.items():
             entries.sort(key=lambda e: (e["spec"]["sequence"], e["metadata"]["name"]))
-            self._shared.writes[parent] = max(
-                self._shared.writes.get(parent, 0), entries[-1]["spec"]["sequence"]
-            )
-            found: dict[tuple[str, int], tuple[str, str, str, Any]] = {}
+            found: dict[tuple[str, int], Write] = {}
             for entry in entries:
                 state = entry["spec"]["state"]
                 task_id, task_path = state["taskId"], state.get("taskPath", "")
@@ -291,23 +349,66 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                     key = (task_id, int(idx))
                     if key in found and channel not in WRITES_IDX_MAP:
                         continue
-                    found[key] = (task_path, task_id, channel, value)
-            ordered = sorted(found.items(), key=lambda item: (item[1][0], item[0][0], item[0][1]))
-            merged[parent] = [
-                (task_id, channel, self.serde.loads_typed(_decode(value)))
-                for (_, (_, task_id, channel, value)) in ordered
-            ]
+                    # inline as [type, base64] (also before the store), or {type, data} / {type, ref}
+                    stored = value if isinstance(value, dict) else {"type": value[0], "data": value[1]}
+                    found[key] = Write(task_id, task_path, int(idx), channel, stored)
+            merged[parent] = sorted(found.values(), key=lambda w: (w.task_path, w.task_id, w.idx))
         return merged
 
-    def _tuple(self, state: JsonDict, pending: list[PendingWrite]) -> CheckpointTuple:
+    def _know_writes(self, states: list[JsonDict], writes: list[JsonDict]) -> None:
+        """Remembers the Writes objects read for these States (the next checkpoint records them)."""
+        by_parent: dict[str, list[JsonDict]] = {}
+        for entry in writes:
+            by_parent.setdefault(str(entry["spec"].get("parent")), []).append(entry)
+        for state in states:
+            name = state["spec"]["id"]
+            self._shared.epochs[name] = int(state["spec"]["leaseEpoch"])
+            known = self._shared.write_bodies.setdefault(name, {})
+            self._shared.write_bodies.move_to_end(name)
+            for entry in by_parent.get(name, []):
+                known[entry["metadata"]["name"]] = entry
+                self._shared.writes[name] = max(self._shared.writes.get(name, 0), entry["spec"]["sequence"])
+        while len(self._shared.write_bodies) > _KNOWN_PARENTS:
+            self._shared.write_bodies.popitem(last=False)
+
+    async def _decode_writes(self, writes: list[Write]) -> list[PendingWrite]:
+        found: list[PendingWrite] = []
+        for write in writes:
+            what = f"the pending write {write.idx} of task {write.task_id}"
+            if "ref" in write.stored:
+                blobs = await self._reading_blobs(what)
+                value = await blobs.load_value(write.stored, self.serde, what)
+            else:
+                value = self.serde.loads_typed(_decode([write.stored["type"], write.stored["data"]]))
+                if self._shared.blobs is not None:
+                    self._shared.blobs.remember_value(write.digest(), value)
+            found.append((write.task_id, write.channel, value))
+        return found
+
+    async def _pending_writes(
+        self, states: list[JsonDict], writes: list[JsonDict]
+    ) -> dict[str, list[PendingWrite]]:
+        """Each State's pending writes, merged and decoded (values in the store read and verified)."""
+        self._know_writes(states, writes)
+        merged = self._merged(states, writes)
+        return {parent: await self._decode_writes(found) for parent, found in merged.items()}
+
+    async def _tuple(self, state: JsonDict, pending: list[PendingWrite]) -> CheckpointTuple:
         spec = state["spec"]
         stored = spec["state"]
         thread = spec["thread"]
         self._shared.sequences[spec["id"]] = spec["sequence"]
         self._shared.seeds[spec["id"]] = ancestry.seeds_of(stored)
+        self._shared.epochs[spec["id"]] = int(spec["leaseEpoch"])
         self._shared.writes.setdefault(spec["id"], 0)
-        checkpoint: LangGraphCheckpoint = self.serde.loads_typed(_decode(stored["checkpoint"]))
-        metadata: CheckpointMetadata = self.serde.loads_typed(_decode(stored["metadata"]))
+        if (manifest := await self._manifest_of(state)) is not None:
+            blobs = await self._reading_blobs(f"the checkpoint {spec['id']}")
+            read = await manifests.read_manifest(blobs, manifest, self.serde)
+            checkpoint: LangGraphCheckpoint = read.checkpoint  # type: ignore[assignment]
+            metadata: CheckpointMetadata = read.metadata  # type: ignore[assignment]
+        else:
+            checkpoint = self.serde.loads_typed(_decode(stored["checkpoint"]))
+            metadata = self.serde.loads_typed(_decode(stored["metadata"]))
         configurable = {"thread_id": thread["id"], "checkpoint_ns": thread["ns"]}
         parent_id = stored.get("parentCheckpointId")
         return CheckpointTuple(
@@ -320,6 +421,26 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             pending_writes=pending,
         )
 
+    async def _manifest_of(self, state: JsonDict) -> Document | None:
+        """The manifest a State checkpoint names (read and verified), or None: saved inline."""
+        ref = self._manifest_ref(state)
+        if ref is None:
+            return None
+        blobs = await self._reading_blobs(f"the checkpoint {state['spec']['id']}")
+        return await blobs.document(ref, MANIFEST_KIND)
+
+    def _manifest_ref(self, state: JsonDict) -> BlobRef | None:
+        raw = (state.get("spec") or {}).get("stateRef")
+        if raw is None:
+            return None
+        try:
+            ref = BlobRef.from_json(raw)
+        except ValueError as exc:
+            name = state["spec"].get("id")
+            raise StateUnverifiable(f"the checkpoint {name} names no readable manifest: {exc}") from None
+        self._shared.manifests[state["spec"]["id"]] = ref
+        return ref
+
     def _is_langgraph(self, body: JsonDict | None, thread_id: str | None = None, ns: str = "") -> bool:
         """A State checkpoint this saver wrote (of that thread and namespace, when given)."""
         spec = (body or {}).get("spec") or {}
@@ -330,7 +451,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             and isinstance(thread, dict)
             and (thread_id is None or thread == {"id": thread_id, "ns": ns})
             and isinstance(spec.get("state"), dict)
-            and "checkpoint" in spec["state"]
+            and "checkpointId" in spec["state"]
+            and ("checkpoint" in spec["state"] or isinstance(spec.get("stateRef"), dict))
         )
 
     async def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -356,7 +478,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if checkpoint_id and state["spec"]["state"]["checkpointId"] != checkpoint_id:
             return None
         writes = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(name)}")
-        return self._tuple(state, (self._pending_writes([state], writes)).get(name, []))
+        return await self._tuple(state, (await self._pending_writes([state], writes)).get(name, []))
 
     async def _list(
         self,
@@ -387,10 +509,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if not states:
             return
         writes = await self._select(f"{KIND_LABEL}=Writes{selector}")
-        pending = self._pending_writes(states, writes)
+        pending = await self._pending_writes(states, writes)
         count = 0
         for state in states:
-            found = self._tuple(state, pending.get(state["spec"]["id"], []))
+            found = await self._tuple(state, pending.get(state["spec"]["id"], []))
             if filter and not all(found.metadata.get(k) == v for k, v in filter.items()):
                 continue
             yield found
@@ -401,13 +523,21 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
     # ---- delta channels: the history walk ------------------------------------------------------------
 
     async def _thread_states(
-        self, thread_id: str, ns: str
+        self, thread_id: str, ns: str, channels: Sequence[str]
     ) -> tuple[dict[str, JsonDict], Mapping[str, Stored]]:
         """The State checkpoints of one thread and namespace by name: as stored, and decoded when the
-        walk first reaches each."""
+        walk first reaches each (those in the store are read now: a walk over the Checkpoint objects is
+        for checkpoints saved before delta seeds were recorded, all inline)."""
         listed = await self._select(f"{KIND_LABEL}=State,{NAMESPACE_LABEL}={_digest(thread_id, ns)}")
         found = {s["metadata"]["name"]: s for s in listed if self._is_langgraph(s, thread_id, ns)}
-        return found, _Decoded(found, lambda name: self._stored(found[name], thread_id, ns))
+        loaded: dict[str, Stored] = {}
+        for name, body in found.items():
+            if self._manifest_ref(body) is not None:
+                node = await self._node(body, thread_id, ns, channels)
+                loaded[name] = node.stored
+        return found, _Decoded(
+            found, lambda name: loaded.get(name) or self._stored(found[name], thread_id, ns)
+        )
 
     def _stored(self, body: JsonDict, thread_id: str, ns: str) -> Stored:
         spec = body["spec"]
@@ -422,6 +552,88 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             versions=checkpoint["channel_versions"],
         )
 
+    async def _node(self, body: JsonDict, thread_id: str, ns: str, channels: Sequence[str] | None) -> _Node:
+        """One State checkpoint as the walk reads it, from its Checkpoint object."""
+        manifest = await self._manifest_of(body)
+        if manifest is None:
+            return _Node(self._stored(body, thread_id, ns), None)
+        return await self._manifest_node(manifest, thread_id, ns, channels)
+
+    async def _manifest_node(
+        self, manifest: Document, thread_id: str, ns: str, channels: Sequence[str] | None
+    ) -> _Node:
+        """A checkpoint as the walk reads it from its manifest: the values of `channels` it stores
+        (all when None), its versions, its parent."""
+        blobs = await self._reading_blobs(f"the manifest {manifest.ref.key}")
+        body = manifest.body
+        core = manifests.core_of(manifest, self.serde)
+        stored_channels = body.get("channels", {})
+        wanted = list(stored_channels) if channels is None else [c for c in channels if c in stored_channels]
+        values = {ch: await manifests.channel_value(blobs, manifest, ch, self.serde) for ch in wanted}
+        parent_id = body.get("parentCheckpointId")
+        stored = Stored(
+            name=self.state_name(thread_id, ns, str(body["checkpointId"])),
+            sequence=int(body.get("sequence", 0)),
+            parent=self.state_name(thread_id, ns, str(parent_id)) if parent_id else None,
+            values=values,
+            versions=core.get("channel_versions") or {},
+        )
+        return _Node(stored, manifest)
+
+    async def ancestry_of(
+        self, target: JsonDict, thread_id: str, ns: str, channels: Sequence[str]
+    ) -> tuple[dict[str, Stored], dict[str, list[PendingWrite]]]:
+        """The ancestors of the State checkpoint `target` (its Checkpoint object) that the values of
+        `channels` are rebuilt from, with their pending writes: the one place a thread's ancestry is
+        resolved. A checkpoint whose manifest names its parent's is followed in the store (its parent's
+        writes are in that manifest), so no Checkpoint object on the way is needed; a checkpoint saved
+        inline is followed through the thread's Checkpoint objects. An ancestor that is missing is left
+        out: ancestry.history then refuses (StateUnverifiable) instead of a shorter state."""
+        states: dict[str, Stored] = {}
+        pending: dict[str, list[PendingWrite]] = {}
+        listed: tuple[dict[str, JsonDict], dict[str, list[JsonDict]]] | None = None
+
+        async def inline() -> tuple[dict[str, JsonDict], dict[str, list[JsonDict]]]:
+            """The thread's Checkpoint objects, listed once (two requests) when the walk needs one."""
+            nonlocal listed
+            if listed is None:
+                selector = f"{NAMESPACE_LABEL}={_digest(thread_id, ns)}"
+                bodies = await self._select(f"{KIND_LABEL}=State,{selector}")
+                found = {b["metadata"]["name"]: b for b in bodies if self._is_langgraph(b, thread_id, ns)}
+                by_parent: dict[str, list[JsonDict]] = {}
+                for entry in await self._select(f"{KIND_LABEL}=Writes,{selector}"):
+                    by_parent.setdefault(str(entry["spec"].get("parent")), []).append(entry)
+                listed = found, by_parent
+            return listed
+
+        node = await self._node(target, thread_id, ns, channels)
+        remaining = set(channels)
+        while True:
+            states[node.stored.name] = node.stored
+            parent = node.stored.parent
+            if parent is None or not remaining or parent in states:
+                break
+            linked = node.manifest.body.get("parentManifest") if node.manifest is not None else None
+            parent_node: _Node | None = None
+            if node.manifest is not None and isinstance(linked, str):
+                blobs = await self._reading_blobs(f"the manifest {node.manifest.ref.key}")
+                manifest = await blobs.document(node.manifest.named(linked), MANIFEST_KIND)
+                parent_node = await self._manifest_node(manifest, thread_id, ns, channels)
+            elif (parent_body := (await inline())[0].get(parent)) is not None:
+                parent_node = await self._node(parent_body, thread_id, ns, channels)
+            if node.manifest is not None:
+                written = [w for w in manifests.parent_writes(node.manifest) if w.channel in remaining]
+                pending[parent] = await self._decode_writes(written)
+            elif parent_node is not None:
+                bodies, writes = await inline()
+                decoded = await self._pending_writes([bodies[parent]], writes.get(parent, []))
+                pending[parent] = decoded.get(parent, [])
+            if parent_node is None:
+                break  # missing: history() names it
+            node = parent_node
+            remaining -= {ch for ch in remaining if ch in node.stored.values}
+        return states, pending
+
     async def _delta_history(
         self, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
@@ -435,15 +647,12 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             target = self.state_name(thread_id, ns, latest.config["configurable"]["checkpoint_id"])
         else:
             raise StateUnverifiable(f"thread {thread_id!r} has no checkpoint to rebuild delta channels of")
-        bodies, states = await self._thread_states(thread_id, ns)
-        writes: dict[str, list[JsonDict]] = {}
-        for entry in await self._select(f"{KIND_LABEL}=Writes,{NAMESPACE_LABEL}={_digest(thread_id, ns)}"):
-            writes.setdefault(str(entry["spec"].get("parent")), []).append(entry)
-
-        def pending_of(name: str) -> list[PendingWrite]:
-            return self._pending_writes([bodies[name]], writes.get(name, [])).get(name, [])
-
-        return ancestry.history(target, states, _Decoded(bodies, pending_of), channels)
+        body = await self.api.get(self.api.custom_path("checkpoints", self.namespace, target))
+        if not self._is_langgraph(body, thread_id, ns):
+            raise StateUnverifiable(f"the checkpoint {target} is missing: its state cannot be rebuilt")
+        assert body is not None
+        states, pending = await self.ancestry_of(body, thread_id, ns, channels)
+        return ancestry.history(target, states, pending, channels)
 
     # ---- writing -------------------------------------------------------------------------------------
 
@@ -455,7 +664,29 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             spec = (parent or {}).get("spec") or {}
             self._shared.sequences[name] = int(spec.get("sequence", 0))
             self._shared.seeds[name] = ancestry.seeds_of(spec.get("state"))
+            self._shared.epochs[name] = int(spec.get("leaseEpoch", 0))
+            if parent is not None and self._is_langgraph(parent):
+                self._manifest_ref(parent)
         return self._shared.sequences[name]
+
+    async def _writes_of(self, parent: str) -> list[Write]:
+        """The pending writes of `parent` this saver knows (read or written here), else as stored."""
+        if parent not in self._shared.write_bodies:
+            found = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(parent)}")
+            state = {"spec": {"id": parent, "leaseEpoch": self._shared.epochs.get(parent, 0)}}
+            self._know_writes([state], found)
+        bodies = list(self._shared.write_bodies.get(parent, {}).values())
+        state = {"spec": {"id": parent, "leaseEpoch": self._shared.epochs.get(parent, 0)}}
+        return self._merged([state], bodies).get(parent, [])
+
+    async def _parent(self, blobs: ThreadBlobs, parent: str | None) -> Parent:
+        if parent is None:
+            return Parent(None, {}, [])
+        ref = self._shared.manifests.get(parent)
+        manifest = await blobs.document(ref, MANIFEST_KIND) if ref is not None else None
+        versions = manifests.core_of(manifest, self.serde).get("channel_versions", {}) if manifest else {}
+        staged = self._shared.staged.get(parent, [])
+        return Parent(manifest, versions, await self._writes_of(parent), list(staged))
 
     async def _delta_ancestry(
         self,
@@ -473,7 +704,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         parent_seeds = self._shared.seeds.get(parent, {}) if parent else None
         found = ancestry.record(name, sequence, checkpoint, metadata, parent_seeds)
         if found.unknown and parent is not None:
-            _, states = await self._thread_states(thread_id, ns)
+            _, states = await self._thread_states(thread_id, ns, sorted(found.unknown))
             walked = {ch: ancestry.seed_by_walking(parent, ch, states) for ch in found.unknown}
             known = {ch: seed for ch, seed in walked.items() if seed is not None}
             found = ancestry.record(name, sequence, checkpoint, metadata, {**(parent_seeds or {}), **known})
@@ -502,11 +733,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             checkpoint=checkpoint,
             metadata=metadata,
         )
-        stored: JsonDict = {
-            "checkpointId": checkpoint["id"],
-            "checkpoint": _encode(self.serde.dumps_typed(checkpoint)),
-            "metadata": _encode(self.serde.dumps_typed(merged_metadata)),
-        }
+        stored: JsonDict = {"checkpointId": checkpoint["id"]}
         if parent_id:
             stored["parentCheckpointId"] = parent_id
         if delta.seeds:
@@ -522,6 +749,26 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             "thread": {"id": thread_id, "ns": ns},
             "state": stored,
         }
+        if (blobs := await self._blobs()) is not None:
+            header: JsonDict = {"checkpointId": checkpoint["id"], "sequence": sequence}
+            if parent_id:
+                header["parentCheckpointId"] = parent_id
+            if delta.seeds:
+                header["deltaSeeds"] = stored["deltaSeeds"]
+            manifest = await manifests.write_manifest(
+                blobs,
+                self.serde,
+                await self._parent(blobs, parent),
+                checkpoint=checkpoint,
+                metadata=merged_metadata,
+                new_versions=new_versions,
+                header=header,
+                link_parent=delta.base is not None,
+            )
+            spec["stateRef"] = manifest.ref.to_json()
+        else:
+            stored["checkpoint"] = _encode(self.serde.dumps_typed(checkpoint))
+            stored["metadata"] = _encode(self.serde.dumps_typed(merged_metadata))
         if parent:
             spec["parent"] = parent
         if delta.base is not None:
@@ -540,7 +787,11 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         await self._create(body, f"the LangGraph checkpoint {checkpoint['id']} (Checkpoint {name})")
         self._shared.sequences[name] = sequence
         self._shared.seeds[name] = delta.seeds
+        self._shared.epochs[name] = self.lease_epoch
         self._shared.writes.setdefault(name, 0)
+        if "stateRef" in spec:
+            self._shared.manifests[name] = BlobRef.from_json(spec["stateRef"])
+        self._shared.write_bodies.setdefault(name, {})
         if self._session is not None and self._is_runs_thread(thread_id, ns):
             # The Run continues from here: moved with the fences of ctx.checkpoint. The Run this worker
             # wrote last is checked and written with its resourceVersion (no read when nothing changed).
@@ -566,18 +817,36 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         thread_id, ns = str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", ""))
         checkpoint_id = str(configurable["checkpoint_id"])
         parent = self.state_name(thread_id, ns, checkpoint_id)
-        if (
-            parent not in self._shared.writes
-        ):  # a checkpoint this saver neither wrote nor read: learn its writes
+        if parent not in self._shared.write_bodies:
+            # a checkpoint this saver neither wrote nor read: learn its writes
             found = await self._select(f"{KIND_LABEL}=Writes,{PARENT_LABEL}={_digest(parent)}")
-            self._shared.writes[parent] = max((int(w["spec"]["sequence"]) for w in found), default=0)
-        sequence = self._shared.writes[parent] + 1
+            state = {"spec": {"id": parent, "leaseEpoch": self._shared.epochs.get(parent, 0)}}
+            self._know_writes([state], found)
+        sequence = self._shared.writes.get(parent, 0) + 1
         self._shared.writes[parent] = sequence
         name = f"{parent}-w{sequence}-{_digest(task_id, task_path, self.attempt)}"
-        entries = [
-            [WRITES_IDX_MAP.get(channel, idx), channel, _encode(self.serde.dumps_typed(value))]
+        blobs = await self._blobs()
+        serialized = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, value, self.serde.dumps_typed(value))
             for idx, (channel, value) in enumerate(writes)
         ]
+        entries = []
+        if blobs is None:
+            entries = [[idx, channel, _encode(typed)] for idx, channel, _, typed in serialized]
+        else:
+            # Known before any put: the checkpoint LangGraph saves next may be saved meanwhile, and its
+            # new list items are these values (one blob, put once).
+            staged = self._shared.staged.setdefault(parent, [])
+            self._shared.staged.move_to_end(parent)
+            while len(self._shared.staged) > _KNOWN_PARENTS:
+                self._shared.staged.popitem(last=False)
+            for idx, channel, value, typed in serialized:
+                digest = manifests.sha256(typed[1])
+                blobs.remember_value(digest, value)
+                staged.append(Applied(task_path, task_id, idx, channel, typed[0], digest))
+            for idx, channel, _, typed in serialized:
+                stored, _ = await blobs.store_value(typed)
+                entries.append([idx, channel, stored])
         labels = {
             KIND_LABEL: "Writes",
             THREAD_LABEL: _digest(thread_id),
@@ -607,6 +876,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             },
         }
         await self._create(body, f"the pending writes of task {task_id} (Checkpoint {name})")
+        self._shared.write_bodies.setdefault(parent, {})[name] = body
+        self._shared.write_bodies.move_to_end(parent)
+        while len(self._shared.write_bodies) > _KNOWN_PARENTS:
+            self._shared.write_bodies.popitem(last=False)
 
     async def _delete_thread(self, thread_id: str) -> None:
         if self._session is not None:
@@ -618,6 +891,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.sequences.clear()
         self._shared.seeds.clear()
         self._shared.writes.clear()
+        self._shared.epochs.clear()
+        self._shared.manifests.clear()
+        self._shared.write_bodies.clear()
+        self._shared.staged.clear()
 
     # ---- the async API -------------------------------------------------------------------------------
 

@@ -1,0 +1,612 @@
+"""LangGraph checkpoints in the agent-state store: a manifest per checkpoint, a blob per channel version,
+and append-only lists written as their new items only.
+
+With a state store, a LangGraph checkpoint is a small Checkpoint object (ids, parent, delta seeds) whose
+`stateRef` names its **manifest**, a document (statestore.documents, every blob it names in `refs`):
+- the checkpoint without its values and its metadata (LangGraph's serde, small);
+- per channel, its value: inline when tiny, else the sha256 of a blob of `dumps_typed(value)`. A channel
+  whose version did not change since the parent names the parent's blob: nothing is written again;
+- per list channel, a **list document**: the list's items as segments (blobs of consecutive items),
+  up to SEGMENTS_PER_NODE per document, and the previous document holding the segments before them. A
+  list that extends its previous version (messages with operator.add or add_messages) writes only
+  its new items: one new segment, in a new list document that names the ones before. A new item that
+  a pending write of the parent also holds is stored as that write's own blob (one blob, not two);
+- the parent's pending writes as this saver knew them when the checkpoint was saved;
+- the parent's manifest, when delta channels of this checkpoint are rebuilt from ancestors, so that the
+  delta-history walk reads the store, not the Checkpoint objects retention may have pruned.
+
+Every read goes through the store's verified get (size and sha256 against the reference); a blob
+missing or changed is StateUnverifiable, never a shorter value. Bytes written per checkpoint grow with
+the change, not with the thread: the manifest and the newest list document are bounded by the graph's
+channels and SEGMENTS_PER_NODE, not by the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from agentrun.statestore import BlobRef
+from agentrun.statestore.documents import decode_document, encode_document
+from agentrun.worker import RunBlobs, StateUnverifiable
+
+MANIFEST_KIND: Final = "LangGraphCheckpoint"
+LIST_KIND: Final = "LangGraphList"
+FORMAT: Final = 1
+# Serialized values up to this many bytes stay inline (in a manifest, a Writes object): a store request
+# costs more than they do, and they do not grow with the thread.
+INLINE_LIMIT: Final = 512
+# Segments one list document names before it starts a new one that points at it: bounds the bytes a
+# superstep rewrites (~300 bytes a segment) against the documents a reader walks (items / this).
+SEGMENTS_PER_NODE: Final = 16
+# Blobs fetched at once when a list is read back.
+READ_CONCURRENCY: Final = 16
+_DOCUMENT_CACHE: Final = 4096
+_VALUE_CACHE: Final = 256
+# A blob this saver put moments ago is referenced again without a request (a checkpoint's new list
+# item that its task's pending write has just stored) only this long after its put: far below the
+# collector's grace period, so it cannot have been collected meanwhile.
+RECENT_SECONDS: Final = 60.0
+# Blob bytes this saver put or read and verified, kept to answer another read of the same digest (a
+# list's segments are shared by every checkpoint holding them): bytes whose sha256 is their key.
+_BYTES_CACHE: Final = 64 * 1024 * 1024
+
+JsonDict = dict[str, Any]
+Typed = tuple[str, bytes]
+
+
+class Serde(Protocol):
+    def dumps_typed(self, obj: Any) -> Typed: ...
+
+    def loads_typed(self, data: Typed) -> Any: ...
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive items of a list: one blob holding `count` items as a list, or one item (`single`)."""
+
+    sha: str
+    count: int
+    type: str
+    single: bool
+
+    def to_json(self) -> list[Any]:
+        return [self.sha, self.count, self.type, self.single]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Segment:
+        sha, count, type_, single = value
+        if not isinstance(sha, str) or not isinstance(count, int) or count < 1:
+            raise ValueError("a segment is [sha256, count >= 1, type, single]")
+        return cls(sha, count, str(type_), bool(single))
+
+
+@dataclass(frozen=True)
+class Document:
+    """A verified document of the store: its reference, its body, and the blobs it names by sha256."""
+
+    ref: BlobRef
+    body: JsonDict
+    refs: dict[str, BlobRef]
+
+    def named(self, sha: str) -> BlobRef:
+        if sha not in self.refs:
+            raise StateUnverifiable(
+                f"the state-store document {self.ref.key} names the blob {sha} without its reference: it "
+                "was not written by the saver and is not loaded",
+                key=self.ref.key,
+            )
+        return self.refs[sha]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One pending write as stored: its value inline ({type, data}) or in a blob ({type, ref})."""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    stored: JsonDict
+
+    @property
+    def ref(self) -> BlobRef | None:
+        ref = self.stored.get("ref")
+        return BlobRef.from_json(ref) if isinstance(ref, Mapping) else None
+
+    def digest(self) -> str:
+        if (ref := self.ref) is not None:
+            return ref.sha256
+        return sha256(base64.b64decode(self.stored["data"]))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A pending write as a list's new items are matched against it: where it sorts, its channel, and
+    the digest of its serialized value."""
+
+    task_path: str
+    task_id: str
+    idx: int
+    channel: str
+    type: str
+    sha: str
+
+    @classmethod
+    def of(cls, write: Write) -> Applied:
+        encoding = str(write.stored.get("type"))
+        return cls(write.task_path, write.task_id, write.idx, write.channel, encoding, write.digest())
+
+
+@dataclass
+class Built:
+    """A channel entry for a manifest and the blobs it names."""
+
+    entry: JsonDict
+    refs: list[BlobRef] = field(default_factory=list)
+
+
+class ThreadBlobs:
+    """A saver's access to one Run's blobs: verified reads, put-if-absent writes, documents cached by
+    digest (immutable, verified once), and the decoded values of recent pending writes (to find a new
+    list item that a write already stored)."""
+
+    def __init__(self, blobs: RunBlobs) -> None:
+        self.blobs = blobs
+        self._documents: OrderedDict[str, Document] = OrderedDict()
+        self._values: OrderedDict[str, Any] = OrderedDict()
+        # puts under way (one request for the same bytes at once) and done lately: sha256 -> (put, when)
+        self._puts: dict[tuple[int, str], asyncio.Future[BlobRef]] = {}
+        self._recent: OrderedDict[str, tuple[BlobRef, float]] = OrderedDict()
+        self._bytes: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes_held = 0
+        self.written = 0  # bytes this saver put (created or found already there), for measurements
+
+    # ---- blobs ---------------------------------------------------------------------------------------
+
+    async def put(self, data: bytes, known: Mapping[str, BlobRef] | None = None) -> BlobRef:
+        """The reference of `data`: one a live object already names, or that this saver put moments ago
+        (no request); the put under way of the same bytes (waited for); else put."""
+        digest = sha256(data)
+        if known is not None and (ref := known.get(digest)) is not None and ref.size == len(data):
+            return BlobRef(ref.key, ref.sha256, ref.size)
+        if (recent := self._recent.get(digest)) is not None and time.monotonic() - recent[1] < RECENT_SECONDS:
+            return recent[0]
+        loop = asyncio.get_running_loop()
+        key = (id(loop), digest)
+        if (running := self._puts.get(key)) is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[BlobRef] = loop.create_future()
+        self._puts[key] = future
+        try:
+            ref = await self.blobs.put_bytes(data)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # retrieved here: waiters, if any, get it too
+            else:
+                future.cancel()
+            raise
+        finally:
+            self._puts.pop(key, None)
+        future.set_result(ref)
+        self._keep(digest, data)
+        self.written += len(data)
+        self._recent[digest] = (ref, time.monotonic())
+        while len(self._recent) > _VALUE_CACHE:
+            self._recent.popitem(last=False)
+        return ref
+
+    async def get(self, ref: BlobRef) -> bytes:
+        """The blob's bytes, verified: read from the store (size and sha256 checked), or bytes this saver
+        already holds under that digest (checked when it put or read them)."""
+        if (held := self._bytes.get(ref.sha256)) is not None and len(held) == ref.size:
+            self._bytes.move_to_end(ref.sha256)
+            return held
+        data = await self.blobs.get_bytes(BlobRef(ref.key, ref.sha256, ref.size))
+        self._keep(ref.sha256, data)
+        return data
+
+    def _keep(self, digest: str, data: bytes) -> None:
+        if len(data) > _BYTES_CACHE // 8 or digest in self._bytes:
+            return
+        self._bytes[digest] = data
+        self._bytes_held += len(data)
+        while self._bytes_held > _BYTES_CACHE:
+            _, dropped = self._bytes.popitem(last=False)
+            self._bytes_held -= len(dropped)
+
+    async def put_document(self, kind: str, refs: Iterable[BlobRef], body: JsonDict) -> Document:
+        named = list(refs)
+        data = encode_document(kind, named, body)
+        ref = await self.put(data)
+        document = Document(
+            BlobRef(ref.key, ref.sha256, ref.size, links=True), body, {r.sha256: r for r in named}
+        )
+        self._remember(document)
+        return document
+
+    async def document(self, ref: BlobRef, kind: str) -> Document:
+        if (found := self._documents.get(ref.sha256)) is not None:
+            self._documents.move_to_end(ref.sha256)
+            return found
+        data = await self.get(ref)
+        try:
+            raw = decode_document(data)
+            if raw.get("kind") != kind or raw.get("format") != FORMAT:
+                raise ValueError(f"not a {kind} document of format {FORMAT}")
+            named = [BlobRef.from_json(r) for r in raw.pop("refs")]
+        except (ValueError, TypeError) as exc:
+            raise StateUnverifiable(
+                f"the state-store document {ref.key} is not a readable {kind}: {exc}", key=ref.key
+            ) from None
+        raw.pop("kind")
+        linked = BlobRef(ref.key, ref.sha256, ref.size, links=True)
+        document = Document(linked, raw, {r.sha256: r for r in named})
+        self._remember(document)
+        return document
+
+    def _remember(self, document: Document) -> None:
+        self._documents[document.ref.sha256] = document
+        while len(self._documents) > _DOCUMENT_CACHE:
+            self._documents.popitem(last=False)
+
+    # ---- values --------------------------------------------------------------------------------------
+
+    async def store_value(
+        self, typed: Typed, known: Mapping[str, BlobRef] | None = None
+    ) -> tuple[JsonDict, BlobRef | None]:
+        """A serialized value as a Writes object records it: inline when tiny, else a blob reference."""
+        encoding, data = typed
+        if len(data) <= INLINE_LIMIT:
+            return {"type": encoding, "data": _b64(data)}, None
+        ref = await self.put(data, known)
+        return {"type": encoding, "ref": ref.to_json()}, ref
+
+    async def load_value(self, stored: Mapping[str, Any], serde: Serde, what: str) -> Any:
+        """A value recorded by store_value (inline or a verified blob), decoded."""
+        try:
+            encoding = str(stored["type"])
+            if isinstance(stored.get("ref"), Mapping):
+                ref = BlobRef.from_json(stored["ref"])
+                data = await self.get(ref)
+                value = serde.loads_typed((encoding, data))
+                self.remember_value(ref.sha256, value)
+                return value
+            return serde.loads_typed((encoding, base64.b64decode(stored["data"])))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise StateUnverifiable(f"{what} is not a readable stored value: {exc}") from None
+
+    def remember_value(self, sha: str, value: Any) -> None:
+        self._values[sha] = value
+        self._values.move_to_end(sha)
+        while len(self._values) > _VALUE_CACHE:
+            self._values.popitem(last=False)
+
+    def value_of(self, sha: str) -> tuple[bool, Any]:
+        if sha in self._values:
+            return True, self._values[sha]
+        return False, None
+
+    # ---- lists ---------------------------------------------------------------------------------------
+
+    async def list_nodes(self, head: BlobRef) -> list[Document]:
+        """The list documents from the oldest to `head`."""
+        nodes: list[Document] = []
+        ref: BlobRef | None = head
+        while ref is not None:
+            node = await self.document(ref, LIST_KIND)
+            nodes.append(node)
+            prev = node.body.get("prev")
+            ref = node.named(prev) if isinstance(prev, str) else None
+        nodes.reverse()
+        return nodes
+
+    async def segments(self, head: BlobRef) -> list[tuple[Segment, BlobRef]]:
+        found: list[tuple[Segment, BlobRef]] = []
+        for node in await self.list_nodes(head):
+            for raw in node.body.get("segments", []):
+                try:
+                    segment = Segment.from_json(raw)
+                except (ValueError, TypeError) as exc:
+                    raise StateUnverifiable(
+                        f"the list {node.ref.key} has a malformed segment: {exc}", key=node.ref.key
+                    ) from None
+                found.append((segment, node.named(segment.sha)))
+        return found
+
+    async def read_list(self, head: BlobRef, count: int, serde: Serde) -> list[Any]:
+        segments = await self.segments(head)
+        gate = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def load(segment: Segment, ref: BlobRef) -> list[Any]:
+            async with gate:
+                data = await self.get(ref)
+            value = serde.loads_typed((segment.type, data))
+            if segment.single:
+                return [value]
+            if not isinstance(value, list) or len(value) != segment.count:
+                raise StateUnverifiable(f"the list segment {ref.key} does not hold {segment.count} items")
+            return value
+
+        parts = await asyncio.gather(*(load(s, r) for s, r in segments))
+        items = [item for part in parts for item in part]
+        if len(items) != count:
+            raise StateUnverifiable(
+                f"the list {head.key} holds {len(items)} items, its manifest says {count}: not loaded",
+                key=head.key,
+            )
+        return items
+
+
+@dataclass(frozen=True)
+class Parent:
+    """What a new checkpoint reuses of its parent: its manifest (None: saved inline, or none)."""
+
+    manifest: Document | None
+    versions: Mapping[str, Any]
+    writes: Sequence[Write]  # stored: the manifest records them
+    staged: Sequence[Applied] = ()  # being stored now by this saver (their tasks finished just before)
+
+    def applied(self) -> list[Applied]:
+        """Every write of the parent known here, in the order LangGraph applied them."""
+        found = {(w.task_id, w.idx): Applied.of(w) for w in self.writes}
+        for staged in self.staged:
+            found.setdefault((staged.task_id, staged.idx), staged)
+        return sorted(found.values(), key=lambda a: (a.task_path, a.task_id, a.idx))
+
+    def known(self) -> dict[str, BlobRef]:
+        """Blobs that live objects name already (the parent's and its writes'): referenced, not put."""
+        found: dict[str, BlobRef] = {}
+        if self.manifest is not None:
+            found.update(self.manifest.refs)
+        for write in self.writes:
+            if (ref := write.ref) is not None:
+                found[ref.sha256] = ref
+        return found
+
+
+class ManifestWriter:
+    """Builds one checkpoint's manifest from its parent's, writing only what changed."""
+
+    def __init__(self, blobs: ThreadBlobs, serde: Serde, parent: Parent) -> None:
+        self.blobs = blobs
+        self.serde = serde
+        self.parent = parent
+        self.known = parent.known()
+
+    async def channel(self, name: str, value: Any, version: Any, changed: bool) -> Built:
+        previous = self.parent.manifest.body.get("channels", {}).get(name) if self.parent.manifest else None
+        if previous is not None and not changed and self.parent.versions.get(name) == version:
+            return Built(previous, self._named(previous))
+        if isinstance(value, list) and value:
+            return await self._list(name, value, previous)
+        typed = self.serde.dumps_typed(value)
+        if len(typed[1]) <= INLINE_LIMIT:
+            return Built({"type": typed[0], "data": _b64(typed[1])})
+        ref = await self.blobs.put(typed[1], self.known)
+        self.known[ref.sha256] = ref
+        return Built({"type": typed[0], "blob": ref.sha256}, [ref])
+
+    def _named(self, entry: Mapping[str, Any]) -> list[BlobRef]:
+        assert self.parent.manifest is not None
+        sha = entry.get("blob") or entry.get("list")
+        return [self.parent.manifest.named(sha)] if isinstance(sha, str) else []
+
+    async def _list(self, name: str, value: list[Any], previous: Mapping[str, Any] | None) -> Built:
+        base: Document | None = None
+        done = 0
+        if previous is not None and isinstance(previous.get("list"), str):
+            assert self.parent.manifest is not None
+            head = self.parent.manifest.named(previous["list"])
+            if await self._extends(value, head):
+                base = await self.blobs.document(head, LIST_KIND)
+                done = int(previous["count"])
+        tail = value[done:]
+        if base is not None and not tail:
+            return Built({"list": base.ref.sha256, "count": done}, [base.ref])
+        new_segments = await self._segments(name, tail)
+        node = await self._node(base, done, new_segments)
+        return Built({"list": node.ref.sha256, "count": len(value)}, [node.ref])
+
+    async def _extends(self, value: list[Any], head: BlobRef) -> bool:
+        """Whether `value` starts with exactly the items of the list at `head`: each of its segments
+        serialized again from `value` gives the same bytes (not mere equality: what is stored is what
+        a reader gets back)."""
+        done = 0
+        for segment, _ in await self.blobs.segments(head):
+            if done + segment.count > len(value):
+                return False
+            chunk = value[done] if segment.single else value[done : done + segment.count]
+            encoding, data = self.serde.dumps_typed(chunk)
+            if encoding != segment.type or sha256(data) != segment.sha:
+                return False
+            done += segment.count
+        return True
+
+    async def _segments(self, channel: str, tail: list[Any]) -> list[tuple[Segment, BlobRef]]:
+        """The new items as segments: those the parent's pending writes of this channel hold (as a list
+        or one item, in the order they were applied) are those writes' blobs (the same bytes: no second
+        put); the rest is one segment."""
+        aligned = self._aligned(channel, tail)
+        start = len(tail) - sum(segment.count for segment, _ in aligned)
+        pieces = list(aligned)
+        if start > 0:
+            encoding, data = self.serde.dumps_typed(tail[:start])
+            pieces.insert(0, (Segment(sha256(data), start, encoding, False), data))
+        found: list[tuple[Segment, BlobRef]] = []
+        for segment, data in pieces:
+            ref = await self.blobs.put(data, self.known)
+            self.known[ref.sha256] = ref
+            found.append((segment, ref))
+        return found
+
+    def _aligned(self, channel: str, tail: list[Any]) -> list[tuple[Segment, bytes]]:
+        """The parent's writes of `channel` that the end of `tail` holds, byte for byte, in order;
+        none unless all of them match."""
+        writes = [w for w in self.parent.applied() if w.channel == channel]
+        values = [self.blobs.value_of(w.sha) for w in writes]
+        if not writes or not all(known for known, _ in values):
+            return []
+        counts = [len(v) if isinstance(v, list) else 1 for _, v in values]
+        offset = len(tail) - sum(counts)
+        if offset < 0:
+            return []
+        aligned: list[tuple[Segment, bytes]] = []
+        for write, (_, written), count in zip(writes, values, counts, strict=True):
+            single = not isinstance(written, list)
+            chunk = tail[offset] if single else tail[offset : offset + count]
+            encoding, data = self.serde.dumps_typed(chunk)
+            digest = sha256(data)
+            if encoding != write.type or digest != write.sha:
+                return []
+            aligned.append((Segment(digest, count, encoding, single), data))
+            offset += count
+        return aligned
+
+    async def _node(self, base: Document | None, done: int, new: list[tuple[Segment, BlobRef]]) -> Document:
+        refs = [ref for _, ref in new]
+        segments = [segment.to_json() for segment, _ in new]
+        if base is not None and len(base.body["segments"]) + len(new) <= SEGMENTS_PER_NODE:
+            # Still room: the base's segments and prev again, with the new ones.
+            prev = base.body.get("prev")
+            body = {
+                "format": FORMAT,
+                "prev": prev,
+                "prevCount": base.body.get("prevCount", 0),
+                "segments": [*base.body["segments"], *segments],
+            }
+            refs += [base.named(s[0]) for s in base.body["segments"]]
+            if isinstance(prev, str):
+                refs.append(base.named(prev))
+        else:
+            body = {"format": FORMAT, "prev": None, "prevCount": 0, "segments": segments}
+            if base is not None:
+                body["prev"], body["prevCount"] = base.ref.sha256, done
+                refs.append(base.ref)
+        return await self.blobs.put_document(LIST_KIND, refs, body)
+
+
+async def write_manifest(
+    blobs: ThreadBlobs,
+    serde: Serde,
+    parent: Parent,
+    *,
+    checkpoint: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    new_versions: Mapping[str, Any],
+    header: JsonDict,
+    link_parent: bool,
+) -> Document:
+    """Writes the manifest of `checkpoint` (and the blobs of what changed since `parent`)."""
+    writer = ManifestWriter(blobs, serde, parent)
+    values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
+    versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
+    channels: JsonDict = {}
+    refs: list[BlobRef] = []
+    for name in sorted(values):
+        built = await writer.channel(name, values[name], versions.get(name), name in new_versions)
+        channels[name] = built.entry
+        refs.extend(built.refs)
+    core = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+    writes = []
+    for write in parent.writes:
+        stored = dict(write.stored)
+        if (ref := write.ref) is not None:
+            refs.append(ref)
+            stored = {"type": stored["type"], "blob": ref.sha256}
+        writes.append([write.task_id, write.task_path, write.idx, write.channel, stored])
+    body: JsonDict = {
+        **header,
+        "format": FORMAT,
+        "checkpoint": _typed_json(serde.dumps_typed(core)),
+        "metadata": _typed_json(serde.dumps_typed(dict(metadata))),
+        "channels": channels,
+        "parentWrites": writes,
+    }
+    if link_parent and parent.manifest is not None:
+        body["parentManifest"] = parent.manifest.ref.sha256
+        refs.append(parent.manifest.ref)
+    return await blobs.put_document(MANIFEST_KIND, refs, body)
+
+
+def _typed_json(typed: Typed) -> JsonDict:
+    return {"type": typed[0], "data": _b64(typed[1])}
+
+
+def _typed_of(value: Any, what: str) -> Typed:
+    if not isinstance(value, Mapping) or not isinstance(value.get("data"), str):
+        raise StateUnverifiable(f"{what} is not a readable stored value")
+    return str(value.get("type")), base64.b64decode(value["data"])
+
+
+@dataclass(frozen=True)
+class Read:
+    """A manifest read back: the checkpoint with its values, its metadata, its parent's writes."""
+
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+def core_of(manifest: Document, serde: Serde) -> dict[str, Any]:
+    """The checkpoint without its values (ids, versions, versions seen)."""
+    core: dict[str, Any] = serde.loads_typed(_typed_of(manifest.body.get("checkpoint"), manifest.ref.key))
+    return core
+
+
+def metadata_of(manifest: Document, serde: Serde) -> dict[str, Any]:
+    metadata: dict[str, Any] = serde.loads_typed(_typed_of(manifest.body.get("metadata"), manifest.ref.key))
+    return metadata
+
+
+async def channel_value(blobs: ThreadBlobs, manifest: Document, name: str, serde: Serde) -> Any:
+    what = f"the channel {name} of {manifest.ref.key}"
+    try:
+        entry = manifest.body["channels"][name]
+        if isinstance(entry.get("list"), str):
+            return await blobs.read_list(manifest.named(entry["list"]), int(entry["count"]), serde)
+        if isinstance(entry.get("blob"), str):
+            ref = manifest.named(entry["blob"])
+            return serde.loads_typed((str(entry.get("type")), await blobs.get(ref)))
+        return serde.loads_typed(_typed_of(entry, what))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a manifest not written by a saver
+        raise StateUnverifiable(f"{what} is not readable: {exc!r}", key=manifest.ref.key) from None
+
+
+async def read_manifest(blobs: ThreadBlobs, manifest: Document, serde: Serde) -> Read:
+    """The whole checkpoint a manifest names: every channel value read and verified."""
+    checkpoint = core_of(manifest, serde)
+    names = sorted(manifest.body.get("channels", {}))
+    values = await asyncio.gather(*(channel_value(blobs, manifest, n, serde) for n in names))
+    checkpoint["channel_values"] = dict(zip(names, values, strict=True))
+    return Read(checkpoint, metadata_of(manifest, serde))
+
+
+def parent_writes(manifest: Document) -> list[Write]:
+    """The parent's pending writes as the manifest recorded them (blob references resolved)."""
+    found = []
+    try:
+        for task_id, task_path, idx, channel, stored in manifest.body.get("parentWrites", []):
+            entry = dict(stored)
+            if isinstance(entry.get("blob"), str):
+                entry = {"type": entry["type"], "ref": manifest.named(entry.pop("blob")).to_json()}
+            found.append(Write(str(task_id), str(task_path), int(idx), str(channel), entry))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise StateUnverifiable(
+            f"the pending writes in {manifest.ref.key} are not readable: {exc!r}", key=manifest.ref.key
+        ) from None
+    return found

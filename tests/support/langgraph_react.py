@@ -1,0 +1,99 @@
+"""A ReAct-style LangGraph agent whose tool returns a large output per call (a file, a web page, a query
+result), for the state-store tests and bench/langgraph_state.py: a model node asks for one tool call at
+a time until `calls` were made, a tool node answers each with `outputBytes` characters. The message
+list is LangGraph's ordinary `Annotated[list, operator.add]` (or a DeltaChannel, `delta: true`).
+
+    input: {calls: 50, outputBytes: 40000, delta: false, killAt: null}
+The first Attempt kills itself (SIGKILL) as it starts tool call `killAt`. Every tool call appends
+"<attempt> start|end <call>" to AGENTRUN_TOOL_LOG when set.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.channels.delta import DeltaChannel
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+
+from agentrun import worker
+from agentrun.integrations.langgraph import run_graph
+
+
+def append(messages: list[AnyMessage], writes: Sequence[list[AnyMessage]]) -> list[AnyMessage]:
+    return [*messages, *(message for write in writes for message in write)]
+
+
+class Conversation(TypedDict):
+    messages: Annotated[list[AnyMessage], operator.add]
+
+
+class DeltaConversation(TypedDict):
+    messages: Annotated[list[AnyMessage], DeltaChannel(append)]
+
+
+def output(call: int, size: int) -> str:
+    return f"output {call}: " + "abcdefghij"[call % 10] * size
+
+
+def calls_made(messages: list[AnyMessage]) -> int:
+    return sum(1 for m in messages if isinstance(m, ToolMessage))
+
+
+def _record(line: str) -> None:
+    if path := os.environ.get("AGENTRUN_TOOL_LOG"):
+        with open(path, "a") as log:
+            log.write(f"{line}\n")
+
+
+def build(
+    calls: int, output_bytes: int, *, delta: bool = False, kill_at: int | None = None
+) -> StateGraph[Any]:
+    def model(state: Any) -> dict[str, Any]:
+        made = calls_made(state["messages"])
+        if made >= calls:
+            return {"messages": [AIMessage(f"read {made} files", id=f"answer-{made}")]}
+        call = {"name": "read_file", "args": {"n": made}, "id": f"call-{made}"}
+        return {"messages": [AIMessage("", tool_calls=[call], id=f"ask-{made}")]}
+
+    def tools(state: Any) -> dict[str, Any]:
+        ask = state["messages"][-1]
+        call = int(ask.tool_calls[0]["args"]["n"])
+        attempt = os.environ.get("AGENTRUN_ATTEMPT", "outside-an-attempt")
+        _record(f"{attempt} start {call}")
+        if call == kill_at and attempt.endswith("-a1"):
+            os.kill(os.getpid(), signal.SIGKILL)  # killed mid-run, its checkpoints saved so far
+        _record(f"{attempt} end {call}")
+        call_id = ask.tool_calls[0]["id"]
+        return {"messages": [ToolMessage(output(call, output_bytes), tool_call_id=call_id, id=f"out-{call}")]}
+
+    builder: StateGraph[Any] = StateGraph(DeltaConversation if delta else Conversation)
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+    builder.add_edge("tools", "model")
+    return builder
+
+
+def task() -> dict[str, Any]:
+    return {"messages": [HumanMessage("read every file and summarize them", id="task")]}
+
+
+async def agent(ctx: worker.Context) -> Any:
+    spec: dict[str, Any] = ctx.input or {}
+    calls = int(spec.get("calls", 50))
+    graph = build(
+        calls, int(spec.get("outputBytes", 40_000)), delta=bool(spec.get("delta")), kill_at=spec.get("killAt")
+    )
+    final = await run_graph(ctx, graph, input=task(), config={"recursion_limit": 2 * calls + 10})
+    return {"messages": len(final["messages"]), "last": final["messages"][-1]["content"]}
+
+
+if __name__ == "__main__":
+    worker.main(agent)
