@@ -29,7 +29,7 @@ def summary(name: str, uid: str, phase: str = "Succeeded") -> a.RunSummary:
 
 
 async def archived(s: BlobStore, name: str, uid: str, body: dict[str, Any] | None = None) -> a.ArchiveEntry:
-    entry = await a.write_archive(s, summary(name, uid), body or {"attempts": []}, NOW)
+    entry = await a.write_archive(s, summary(name, uid), "7", body or {"attempts": []}, NOW)
     await a.index_archive(s, entry)
     return entry
 
@@ -73,11 +73,24 @@ def test_a_repeat_after_a_restart_keeps_the_first_archive_and_indexes_it_once() 
     async def scenario() -> None:
         s = store()
         first = await archived(s, "echo", "uid-1", {"attempts": ["as first written"]})
-        again = await a.write_archive(s, summary("echo", "uid-1"), {"attempts": ["changed since"]}, NOW)
-        assert (again.sha256, again.size) == (first.sha256, first.size)
+        again = await a.write_archive(s, summary("echo", "uid-1"), "7", {"attempts": ["changed since"]}, NOW)
+        assert (again.key, again.sha256, again.size) == (first.key, first.sha256, first.size)
         assert await a.index_archive(s, again) is False
         assert len(await a.archived_runs(s, NS)) == 1
         assert (await a.read_archive(s, NS, "echo"))[1]["attempts"] == ["as first written"]
+
+
+def test_a_run_changed_after_its_archive_is_archived_again_beside_it() -> None:
+    async def scenario() -> None:
+        s = store()
+        first = await archived(s, "echo", "uid-1", {"attempts": ["version 7"]})
+        later = datetime(2026, 12, 2, 9, 31, tzinfo=UTC)
+        changed = await a.write_archive(s, summary("echo", "uid-1"), "9", {"attempts": ["version 9"]}, later)
+        assert changed.key == "state/archives/team-a/echo/uid-1-9.json" != first.key
+        assert await a.index_archive(s, changed) is True
+        [entry] = await a.archived_runs(s, NS)
+        assert entry == changed, "one entry per Run: the latest archived"
+        assert (await a.read_archive(s, NS, "echo"))[1]["attempts"] == ["version 9"]
 
     asyncio.run(scenario())
 
@@ -103,7 +116,7 @@ def test_another_runs_archive_at_the_key_is_never_taken_for_this_one() -> None:
         planted = a.archive_key(s, NS, "echo", "uid-1")
         await s.put_new(planted, b'{"kind":"RunArchive","refs":[],"run":{"uid":"someone-else"}}')
         with pytest.raises(StateUnverifiable, match="not the archive of the Run with uid uid-1"):
-            await a.write_archive(s, summary("echo", "uid-1"), {}, NOW)
+            await a.write_archive(s, summary("echo", "uid-1"), "7", {}, NOW)
 
     asyncio.run(scenario())
 

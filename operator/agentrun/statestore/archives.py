@@ -53,12 +53,17 @@ def archives_prefix(store: BlobStore) -> str:
     return store.location.key(ARCHIVES_FOLDER) + "/"
 
 
-def archive_key(store: BlobStore, namespace: str, name: str, uid: str) -> str:
-    """Where the archive of Run `namespace/name` with `uid` is."""
+def archive_key(store: BlobStore, namespace: str, name: str, uid: str, version: str | None = None) -> str:
+    """Where the archive of Run `namespace/name` with `uid` is: `<uid>.json`; `<uid>-<version>.json` for
+    a later version of the Run when that key holds an earlier one (a Run changed after its archive was
+    written and before its delete: the delete is refused, and the changed Run is archived again)."""
     store.key_for(namespace, uid, "0" * 64)  # checks the namespace and uid as a blob key would
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name):
         raise ValueError(f"not a Run name: {name!r}")
-    return store.location.key(ARCHIVES_FOLDER, namespace, name, f"{uid}.json")
+    if version is not None and not re.fullmatch(r"[0-9A-Za-z]{1,64}", version):
+        raise ValueError(f"not a resourceVersion: {version!r}")
+    leaf = f"{uid}.json" if version is None else f"{uid}-{version}.json"
+    return store.location.key(ARCHIVES_FOLDER, namespace, name, leaf)
 
 
 def index_prefix(store: BlobStore, namespace: str) -> str:
@@ -121,50 +126,62 @@ class RunSummary:
 
 
 async def write_archive(
-    store: BlobStore, summary: RunSummary, body: Mapping[str, Any], archived_time: datetime
+    store: BlobStore, summary: RunSummary, version: str, body: Mapping[str, Any], archived_time: datetime
 ) -> ArchiveEntry:
-    """Writes the Run's archive (put-if-absent), reads it back and verifies it, and returns its index
-    entry (not indexed yet: `index_archive`). An archive already there (written before an operator
-    restart) is kept, after checking it is this Run's. Raises StoreUnavailable / StoreRefused when the
-    store cannot do it now, StateUnverifiable when what is read back is not what was meant."""
-    key = archive_key(store, summary.namespace, summary.name, summary.uid)
+    """Writes the archive of the Run at resourceVersion `version` (put-if-absent), reads it back and
+    verifies it, and returns its index entry (not indexed yet: `index_archive`). An archive of this
+    version already there (written before an operator restart) is kept. Raises StoreUnavailable or
+    StoreRefused when the store cannot do it now, StateUnverifiable when what is read back is not what
+    was meant."""
     document = {
-        "run": {"namespace": summary.namespace, "name": summary.name, "uid": summary.uid},
+        "run": {
+            "namespace": summary.namespace,
+            "name": summary.name,
+            "uid": summary.uid,
+            "resourceVersion": version,
+        },
         "archivedTime": archived_time.strftime("%Y-%m-%dT%H:%M:%SZ"),
         **body,
     }
     data = encode_document(ARCHIVE_KIND, list(refs_in(dict(body))), document)
-    if not await store.put_new(key, data):
-        existing = await store.read_key(key)
-        if existing is None:  # deleted between our put and read: only retention deletes, so try again
-            raise StoreUnavailable("put", key, "the archive vanished right after it was found")
-        data = existing
-    stored = await store.read_key(key)
-    digest = hashlib.sha256(data).hexdigest()
-    if stored is None or hashlib.sha256(stored).hexdigest() != digest:
-        raise StateUnverifiable(key, "the archive read back is not the one written")
-    found = _check_archive(key, stored, summary.uid)
-    return ArchiveEntry(
-        summary.namespace,
-        summary.name,
-        summary.uid,
-        summary.phase,
-        summary.created_time,
-        summary.finished_time,
-        str(found["archivedTime"]),
-        key,
-        digest,
-        len(stored),
-        summary.attempts,
-        summary.usage,
-    )
+    for key in (
+        archive_key(store, summary.namespace, summary.name, summary.uid),
+        archive_key(store, summary.namespace, summary.name, summary.uid, version),
+    ):
+        if not await store.put_new(key, data):
+            existing = await store.read_key(key)
+            if existing is None:  # deleted between our put and read (retention): try again later
+                raise StoreUnavailable("put", key, "the archive vanished right after it was found")
+            if _check_archive(key, existing, summary.uid)["run"].get("resourceVersion") != version:
+                continue  # an earlier version of the Run: this one goes to the next key
+            data = existing
+        stored = await store.read_key(key)
+        digest = hashlib.sha256(data).hexdigest()
+        if stored is None or hashlib.sha256(stored).hexdigest() != digest:
+            raise StateUnverifiable(key, "the archive read back is not the one written")
+        found = _check_archive(key, stored, summary.uid)
+        return ArchiveEntry(
+            summary.namespace,
+            summary.name,
+            summary.uid,
+            summary.phase,
+            summary.created_time,
+            summary.finished_time,
+            str(found["archivedTime"]),
+            key,
+            digest,
+            len(stored),
+            summary.attempts,
+            summary.usage,
+        )
+    raise StateUnverifiable(key, f"holds another version of the Run, not resourceVersion {version}")
 
 
 async def index_archive(store: BlobStore, entry: ArchiveEntry) -> bool:
     """Adds the entry to its namespace's index: a new segment of the day's last chain, put-if-absent (a
     writer that lost the race lists again). Nothing when that chain lists it already (an archive
     indexed before an operator restart); a duplicate in an older chain is harmless: readers keep one
-    entry per uid. Returns whether it was added now."""
+    entry per uid, the latest archived. Returns whether it was added now."""
     prefix = index_prefix(store, entry.namespace) + entry.day + "/"
     for _ in range(APPEND_TRIES):
         heads = _heads(await store.list_keys(prefix))
@@ -175,7 +192,7 @@ async def index_archive(store: BlobStore, entry: ArchiveEntry) -> bool:
             if found is None:
                 continue  # superseded meanwhile: list again
             entries = found
-        if any(e.uid == entry.uid for e in entries):
+        if any(e.key == entry.key for e in entries):
             return False
         if len(entries) >= CHAIN_LENGTH:
             chain, seq, entries = chain + 1, -1, []
@@ -197,7 +214,8 @@ async def archived_runs(store: BlobStore, namespace: str) -> list[ArchiveEntry]:
     for _ in range(APPEND_TRIES):
         heads = _heads(await store.list_keys(index_prefix(store, namespace)))
         segments = await _gather(_segment_entries(store, key) for _, key in heads.values())
-        found.update((e.uid, e) for entries in segments for e in entries or ())
+        listed = sorted((e for entries in segments for e in entries or ()), key=lambda e: e.archived_time)
+        found.update((e.uid, e) for e in listed)
         if all(entries is not None for entries in segments):
             break  # else a chain grew between the listing and the read: list again
     return sorted(found.values(), key=lambda e: (e.archived_time, e.name, e.uid))
