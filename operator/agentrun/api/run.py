@@ -95,6 +95,7 @@ class RunConditionType(StrEnum):
     WAITING = "Waiting"
     CANCEL_REQUESTED = "CancelRequested"
     LEASE_HELD = "LeaseHeld"
+    ARCHIVED = "Archived"
 
 
 class InterruptReason(StrEnum):

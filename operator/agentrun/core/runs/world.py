@@ -38,6 +38,10 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # A finished Run's lifecycle (core.runs.expiry): the operator's default ttlSecondsAfterFinished (None:
+    # keep), and whether it has a state store to archive to.
+    default_ttl_seconds: int | None = None
+    archive_store: bool = False
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
