@@ -29,6 +29,7 @@ from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
+from agentrun.statestore import StateStoreError
 from agentrun.tracing import now
 
 log = logging.getLogger("agentrun.operator")
@@ -59,6 +60,8 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
+        default_ttl_seconds: int | None = None,
+        archive_store: bool = False,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -67,6 +70,7 @@ class Reconciler:
         self.operator_account = operator_account
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
+        self.default_ttl_seconds, self.archive_store = default_ttl_seconds, archive_store
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -123,6 +127,10 @@ class Reconciler:
             self._stale.add(key)
             self.queue.add_rate_limited(key)
             return "superseded"
+        except StateStoreError as exc:  # an archive not written: the Run is kept, its deletion retried
+            delay = self.queue.add_rate_limited(key)
+            log.warning("run %s/%s: %s; retrying in %.2fs", *key, exc, delay, extra=_fields(key))
+            return "error"
         except ApiError as exc:
             if exc.permanent:  # the same request would be refused again: say so once, retry rarely
                 if self._refused.get(key) != str(exc):
@@ -242,6 +250,8 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            default_ttl_seconds=self.default_ttl_seconds,
+            archive_store=self.archive_store,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

@@ -15,6 +15,7 @@ from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
+from agentrun.operator.archiver import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, PhaseLog
@@ -53,12 +54,22 @@ class Runtime:
         self.state_store = open_state_store(config, StoreMetrics(operator_metrics.registry))
         self.cache = OwnedObjects(clock, on_put=operator_metrics.cached)
         self.runs = RunCache()
+        self.archiver = (
+            Archiver(self.state_store, clock, operator_metrics.registry, alive=self.runs.__contains__)
+            if self.state_store
+            else None
+        )
         self.accounts = AgentAccounts()
         self.leases = LeaseExpiry(self.cache, clock)
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing)
         self.executor = Executor(
-            api, self.cache, clock=clock, runs=self.runs, observers=(operator_metrics, self.spans, PhaseLog())
+            api,
+            self.cache,
+            clock=clock,
+            runs=self.runs,
+            observers=(operator_metrics, self.spans, PhaseLog()),
+            archiver=self.archiver,
         )
         self.reconciler = Reconciler(
             api,
@@ -74,6 +85,8 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
+            default_ttl_seconds=config.ttl_seconds_after_finished,
+            archive_store=self.state_store is not None,
         )
         self.informers = Informers(
             api,
@@ -90,6 +103,7 @@ class Runtime:
             record_refusal=refusal_event(api, clock),
         )
         self._task: asyncio.Task[None] | None = None
+        self._retention: asyncio.Task[None] | None = None
         self._metrics_server: WSGIServer | None = None
 
     def start(self) -> None:
@@ -97,6 +111,9 @@ class Runtime:
         self.informers.start()
         self.notifier.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
+        if self.archiver and self.config.archive_retention_seconds is not None:
+            retention = ArchiveRetention(self.archiver, self.config.archive_retention_seconds)
+            self._retention = asyncio.create_task(retention.run(), name="archive-retention")
         self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
 
     async def _reconcile_when_synced(self) -> None:
@@ -116,8 +133,9 @@ class Runtime:
             self.notifier.observe(body)  # queues only: a notification never holds up a Run
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in (self._task, self._retention):
+            if task:
+                task.cancel()
         self.queue.stop()
         await self.informers.stop()
         await self.notifier.stop()

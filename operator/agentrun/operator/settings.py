@@ -61,6 +61,10 @@ class OperatorSettings:
     # credentials for it (the Pods take them through secretKeyRef).
     state_store_url: str | None = None
     state_store_secret: str = "agentrun-state-store"
+    # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (None: kept), and how
+    # long its archive stays in the store after it (None: kept; DESIGN.md "Lifecycle of a finished Run").
+    ttl_seconds_after_finished: int | None = None
+    archive_retention_seconds: int | None = None
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -95,6 +99,8 @@ class OperatorSettings:
             notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
+            ttl_seconds_after_finished=_seconds(env("AGENTRUN_TTL_SECONDS_AFTER_FINISHED", ""), minimum=-1),
+            archive_retention_seconds=_seconds(env("AGENTRUN_ARCHIVE_RETENTION_SECONDS", ""), minimum=0),
         )
 
 
@@ -134,6 +140,17 @@ def _store_url(value: str) -> str | None:
         return None
     parse_store_url(value)
     return value
+
+
+def _seconds(value: str, *, minimum: int) -> int | None:
+    """A number of seconds from the environment; empty: None (unset)."""
+    value = value.strip()
+    if not value:
+        return None
+    seconds = int(value)
+    if seconds < minimum:
+        raise ValueError(f"a number of seconds of at least {minimum} was expected, not {value!r}")
+    return seconds
 
 
 def _priority(value: str, auto: int) -> int:
