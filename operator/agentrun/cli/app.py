@@ -10,7 +10,18 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, state, watch
+from agentrun.cli.commands import (
+    cancel,
+    compensate,
+    effects,
+    history,
+    inspect,
+    pause,
+    resume,
+    retry,
+    state,
+    watch,
+)
 from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
@@ -114,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a Run's timeline: attempts, checkpoints, inputs, side effects, controls",
     )
     p.add_argument("run", metavar="RUN")
+    p.add_argument(
+        "--archived",
+        action="store_true",
+        help="a Run archived and deleted after its time to live, read from the state store and verified",
+    )
+    p.add_argument("--uid", metavar="UID", help="with --archived: the Run of that name with this uid")
+
+    p = _add(sub, "history", history.history, "archived Runs, from the state store's archive index")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="archived Runs of every namespace")
 
     p = _add(sub, "cancel", cancel.cancel, "cancel a Run (compare-and-swap on spec.cancelEpoch)")
     p.add_argument("run", metavar="RUN")
