@@ -70,7 +70,8 @@ def expiry(world: World) -> Transition | None:
     status = world.run.status
     if status.phase not in TERMINAL_PHASES or world.run.metadata.deletion_timestamp is not None:
         return None
-    if _pending_writes(world):
+    at_rest = abort_leftovers(world).then(settle_after_cancel(world), refresh_report(world))
+    if at_rest.steps or upkeep(world):
         return None  # the Stopped rule and the upkeep first: the archive is of a Run at rest
     end, due = lifetime_end(world), expires_at(world)
     patch: dict[str, Any] = {}
@@ -79,11 +80,11 @@ def expiry(world: World) -> Transition | None:
     if end is not None and due is None and world.now >= end and not _said_no_store(world):
         patch["conditions"] = [*(c.to_api() for c in status.conditions or []), _no_store_condition(world)]
     if patch:
-        return writes(PatchRunStatus(patch))
+        return writes(PatchRunStatus(patch)).then(at_rest)
     if end is None or (due is None and world.now >= end):
         return None
     if world.now < end:
-        return NOTHING.wake_in((end - world.now).total_seconds())
+        return NOTHING.wake_in((end - world.now).total_seconds()).then(at_rest)
     return _archive_then_delete(world, end)
 
 
@@ -95,11 +96,6 @@ def _archive_then_delete(world: World, due: datetime) -> Transition:
         event("Normal", "Archived", message),
         writes(DeleteRun(str(run.metadata.uid), str(run.metadata.resource_version))),
     )
-
-
-def _pending_writes(world: World) -> bool:
-    leftovers = abort_leftovers(world).then(settle_after_cancel(world), refresh_report(world))
-    return bool(leftovers.steps) or bool(upkeep(world))
 
 
 def _said_no_store(world: World) -> bool:
