@@ -16,7 +16,7 @@ from typing import Any
 from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
-from agentrun.core.plan import Plan
+from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -193,6 +193,8 @@ class Reconciler:
             run = current
             plan = fail_squatted(await self._world(key, run), squat.message)
             changed = await self._execute(plan, run)
+        if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
+            return
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
