@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
@@ -290,6 +292,23 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and "obstore" in sys.modules:
+        _leave(code)
+    return code
+
+
+def _leave(code: int) -> NoReturn:
+    """Ends a program that used the state store without finalizing the interpreter: obstore's Tokio
+    threads may still be winding down then, and abort the process (SIGABRT) after the command did its
+    work. Its output is flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         return asyncio.run(_run(args))

@@ -210,14 +210,15 @@ class BlobStore:
         """Writes data at `key` if nothing is there (put-if-absent): True when written now, False when
         the key was taken (what is there is left alone, for the caller to read and judge)."""
         self._check_inside(key)
+        created = False
         with self._request("put", key) as request:
             try:
                 await obstore.put_async(self._store, key, bytes(data), mode="create", use_multipart=False)
             except (AlreadyExistsError, PreconditionError):
                 request.outcome = "exists"
-                return False
-            request.outcome, request.size = "created", len(data)
-            return True
+            else:
+                request.outcome, request.size, created = "created", len(data), True
+        return created
 
     async def read_key(self, key: str) -> bytes | None:
         """The bytes at `key`, unverified (the caller checks them); None when nothing is there."""
