@@ -293,7 +293,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     code = _main(argv)
-    if argv is None and "obstore" in sys.modules:
+    if argv is None and state.store_used():
         _leave(code)
     return code
 

@@ -8,29 +8,15 @@ environment (docs/state-store.md), as for `state`."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from agentrun.api import Attempt, Checkpoint, Run, SideEffect, Usage
 from agentrun.cli import render, timeline
-from agentrun.cli.commands.state import STORE_URL_ENV
+from agentrun.cli.commands.state import open_store
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
-from agentrun.statestore import BlobStore, StateStoreError
+from agentrun.statestore import StateStoreError
 from agentrun.statestore import archives as stored
-
-
-def open_store(what: str) -> BlobStore:
-    url = os.environ.get(STORE_URL_ENV, "").strip()
-    if not url:
-        raise CliError(
-            f"{what} is in the state store: set {STORE_URL_ENV} and the store's credentials (the "
-            "namespace's read-only Secret) to read it"
-        )
-    try:
-        return BlobStore.from_url(url)
-    except StateStoreError as exc:
-        raise CliError(f"{what}: {exc}") from None
 
 
 async def history(ctx: Context, args: argparse.Namespace) -> int:
