@@ -308,11 +308,16 @@ class KubeApi:
     async def json_patch(self, path: str, operations: list[JsonDict]) -> JsonDict:
         return await self.request("PATCH", path, operations, content_type=JSON_PATCH)
 
-    async def delete(self, path: str, grace_seconds: int | None = None) -> bool:
-        """Deletes (in the background); False when there was nothing to delete."""
+    async def delete(
+        self, path: str, grace_seconds: int | None = None, *, preconditions: JsonDict | None = None
+    ) -> bool:
+        """Deletes (in the background); False when there was nothing to delete. `preconditions` (uid,
+        resourceVersion) that do not hold: ApiError 409."""
         body: JsonDict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if preconditions:
+            body["preconditions"] = preconditions
         try:
             await self.request("DELETE", path, body)
         except ApiError as exc:

@@ -35,7 +35,8 @@ ATTEMPT_POD_RULES: list[Rule] = [
 # namespaces and CRDs, and (with peering) its peering objects, which the operator creates when missing
 # (agentrun.operator.bootstrap).
 OPERATOR_RULES: list[Rule] = [
-    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
+    # delete: a finished Run past its time to live, once its archive is verified in the state store
+    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch", "update"]},
     {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get", "list", "watch", "create"]},
     {"apiGroups": [GROUP], "resources": ["attempts/status"], "verbs": ["get", "patch"]},

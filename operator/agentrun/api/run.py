@@ -95,6 +95,7 @@ class RunConditionType(StrEnum):
     WAITING = "Waiting"
     CANCEL_REQUESTED = "CancelRequested"
     LEASE_HELD = "LeaseHeld"
+    ARCHIVED = "Archived"
 
 
 class InterruptReason(StrEnum):
@@ -568,6 +569,17 @@ class RunSpec(ApiModel):
         None,
         description="Where to send the notifications of this Run (default: the operator's default sink).",
     )
+    ttl_seconds_after_finished: int | None = Field(
+        None,
+        ge=-1,
+        le=31536000,
+        description="Seconds a Succeeded, Failed or Cancelled Run stays after it ended (from the "
+        "lastTransitionTime of its Succeeded condition); then the operator writes its archive to the "
+        "state store, verifies it and deletes the Run (status.expiresTime says when). -1 keeps the Run; "
+        "unset: the operator's default (itself unset: kept). A Run with open side effects or "
+        "NeedsReconciliation never expires; without a state store it is kept (condition Archived=False, "
+        "NoStateStore).",
+    )
     checkpoint_retention: int = Field(
         20,
         ge=1,
@@ -876,7 +888,8 @@ class RunStatus(ApiModel):
         None,
         max_length=MAX_CONDITIONS,
         description="The same facts as the phase for tools, per the API conventions: Succeeded, "
-        "Waiting, CancelRequested, LeaseHeld.",
+        "Waiting, CancelRequested, LeaseHeld; and Archived=False when a finished Run cannot be archived "
+        "(NoStateStore) or its archive is delayed.",
         json_schema_extra=CONDITIONS_SCHEMA,
     )
     attempts: int | None = Field(
@@ -963,6 +976,11 @@ class RunStatus(ApiModel):
     usage: Usage | None = Field(
         None,
         description="The sum of its Attempts' usage (failed Attempts included), written by the operator.",
+    )
+    expires_time: datetime | None = Field(
+        None,
+        description="When the operator archives and deletes this finished Run (spec.ttlSecondsAfterFinished "
+        "or the operator's default); absent while it is kept.",
     )
 
 

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, state, watch
+from agentrun.cli.commands import (
+    cancel,
+    compensate,
+    effects,
+    history,
+    inspect,
+    pause,
+    resume,
+    retry,
+    state,
+    watch,
+)
 from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
@@ -114,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a Run's timeline: attempts, checkpoints, inputs, side effects, controls",
     )
     p.add_argument("run", metavar="RUN")
+    p.add_argument(
+        "--archived",
+        action="store_true",
+        help="a Run archived and deleted after its time to live, read from the state store and verified",
+    )
+    p.add_argument("--uid", metavar="UID", help="with --archived: the Run of that name with this uid")
+
+    p = _add(sub, "history", history.history, "archived Runs, from the state store's archive index")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="archived Runs of every namespace")
 
     p = _add(sub, "cancel", cancel.cancel, "cancel a Run (compare-and-swap on spec.cancelEpoch)")
     p.add_argument("run", metavar="RUN")
@@ -270,6 +292,23 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and state.store_used():
+        _leave(code)
+    return code
+
+
+def _leave(code: int) -> NoReturn:
+    """Ends a program that used the state store without finalizing the interpreter: obstore's Tokio
+    threads may still be winding down then, and abort the process (SIGABRT) after the command did its
+    work. Its output is flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         return asyncio.run(_run(args))

@@ -175,9 +175,11 @@ def describe(
     now: datetime,
     *,
     where: Target | None = None,
+    archived: str | None = None,
 ) -> str:
     """The account of a Run; `where` is the namespace and context the suggested commands act in
-    (default: the Run's namespace)."""
+    (default: the Run's namespace). `archived`: the Run is gone from the cluster, this is its archive
+    (what to say about it): no command is suggested."""
     s, meta = run.status, run.metadata
     where = where or Target(meta.namespace or "default")
     cancel = f"{run.spec.cancel_epoch} (observed {s.observed_cancel_epoch or 0})"
@@ -192,6 +194,10 @@ def describe(
         f"Created:       {render.rfc3339(meta.creation_timestamp)} "
         f"({render.age(meta.creation_timestamp, now)} ago)",
     ]
+    if archived:
+        lines.append(f"Archived:      {archived}")
+    elif s.expires_time:
+        lines.append(f"Expires:       {render.rfc3339(s.expires_time)} (archived, then deleted)")
     if s.next_attempt_time:
         lines.append(f"Next attempt:  {render.rfc3339(s.next_attempt_time)}")
     by = f" (committed by {s.committed_by.attempt})" if s.committed_by else ""
@@ -245,8 +251,8 @@ def describe(
                 f"{counts.confirmed} confirmed ({counts.irreversible} cannot be undone), "
                 f"{counts.compensated} compensated, {counts.unknown} unknown"
             )
-        details = where.command("report", str(meta.name))
-        lines += _section("Side-effect report", f"{summary}; details: {details}")
-    if s.phase in STOPPED_PHASES and (steps := run_steps(run, where)):
+        details = "" if archived else f"; details: {where.command('report', str(meta.name))}"
+        lines += _section("Side-effect report", f"{summary}{details}")
+    if not archived and s.phase in STOPPED_PHASES and (steps := run_steps(run, where)):
         lines += _section("Next", "\n".join(steps))
     return "\n".join(lines)

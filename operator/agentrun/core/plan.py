@@ -82,6 +82,25 @@ class RecordEvent:
     attempt: str | None = None  # the Attempt the event is about; the Run otherwise
 
 
+@dataclass(frozen=True)
+class ArchiveRun:
+    """Write the Run's archive to the state store (statestore.archives), read it back, verify it and
+    index it; the Plan stops here when the store cannot (the Run is kept, its deletion delayed).
+    `document` is the archive's body (core.archive), `summary` its index entry's fields."""
+
+    document: JsonDict
+    summary: JsonDict
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    """Delete the Run (its owned objects go with it), preconditioned on its uid and on the
+    resourceVersion its archive recorded: a Run changed since is decided again, never deleted unseen."""
+
+    uid: str
+    resource_version: str
+
+
 Action = (
     PatchRunStatus
     | WriteLease
@@ -92,6 +111,8 @@ Action = (
     | DeletePod
     | DeleteCheckpoint
     | RecordEvent
+    | ArchiveRun
+    | DeleteRun
 )
 
 

@@ -103,6 +103,13 @@ class OperatorTuning(_Values):
     """Cap of kopf's per-object watch-event workers (AGENTRUN_EVENT_WORKERS)."""
     watch_timeout_seconds: int = Field(300, ge=30, le=3600)
     """Re-list after this long even if a watch looks healthy (AGENTRUN_WATCH_TIMEOUT_SECONDS)."""
+    ttl_seconds_after_finished: int | None = Field(None, ge=-1)
+    """A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset: then the operator
+    archives it to the state store and deletes it (AGENTRUN_TTL_SECONDS_AFTER_FINISHED). null (default)
+    or -1: kept."""
+    archive_retention_seconds: int | None = Field(None, ge=0)
+    """How long archives of deleted Runs stay in the state store, at least (a day more at most)
+    (AGENTRUN_ARCHIVE_RETENTION_SECONDS). null (default): kept."""
     verbose: bool = False
     """Debug logging."""
     extra_env: list[KubeObject] = Field(default_factory=list)

@@ -14,6 +14,7 @@ from agentrun.clock import Clock
 from agentrun.core import plan as p
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator.archiver import Archiver
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.run_cache import RunCache
 
@@ -94,8 +95,10 @@ class Executor:
         clock: Clock,
         runs: RunCache | None = None,
         observers: Sequence[Observer] = (),
+        archiver: Archiver | None = None,
     ) -> None:
         self.api = api
+        self.archiver = archiver
         self.cache = cache
         self.clock = clock
         self.runs = runs
@@ -110,6 +113,8 @@ class Executor:
             p.DeletePod: self._delete_pod,
             p.DeleteCheckpoint: self._delete_checkpoint,
             p.RecordEvent: self._event,
+            p.ArchiveRun: self._archive_run,
+            p.DeleteRun: self._delete_run,
         }
 
     async def execute(self, plan: p.Plan, run: Run) -> Executed:
@@ -198,6 +203,27 @@ class Executor:
     async def _delete_checkpoint(self, action: p.DeleteCheckpoint, progress: _Progress) -> Written:
         ns = str(progress.run.metadata.namespace)
         await self.api.delete(self.api.custom_path("checkpoints", ns, action.name))
+        return Written(action)
+
+    async def _archive_run(self, action: p.ArchiveRun, progress: _Progress) -> Written:
+        """The archive written and verified (operator.archiver); a store that cannot raises, and the
+        Plan stops before the Run's deletion."""
+        if self.archiver is None:
+            raise RuntimeError("an archive was planned but the operator has no state store")
+        await self.archiver.archive(progress.run, action)
+        return Written(action)
+
+    async def _delete_run(self, action: p.DeleteRun, progress: _Progress) -> Written:
+        """Deletes the Run as archived (its uid and resourceVersion as preconditions): one changed since,
+        or recreated under the name, is decided again instead. Its owned objects go with it (GC)."""
+        ns, name = self._ns(progress.run)
+        preconditions = {"uid": action.uid, "resourceVersion": action.resource_version}
+        try:
+            await self.api.delete(self.api.custom_path("runs", ns, name), preconditions=preconditions)
+        except ApiError as exc:
+            if exc.conflict:
+                raise Superseded(str(exc)) from None
+            raise
         return Written(action)
 
     async def _conditional(self, write: Any) -> JsonDict:

@@ -16,7 +16,7 @@ from typing import Any
 from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
-from agentrun.core.plan import Plan
+from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
@@ -30,6 +30,7 @@ from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
+from agentrun.statestore import StateStoreError
 from agentrun.tracing import now
 
 log = logging.getLogger("agentrun.operator")
@@ -61,6 +62,8 @@ class Reconciler:
         operator_account: Account | None,
         workers: int,
         store_credentials: StoreCredentials,
+        default_ttl_seconds: int | None = None,
+        archive_store: bool = False,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -70,6 +73,7 @@ class Reconciler:
         self.store_credentials = store_credentials
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
+        self.default_ttl_seconds, self.archive_store = default_ttl_seconds, archive_store
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -139,6 +143,10 @@ class Reconciler:
             self._stale.add(key)
             self.queue.add_rate_limited(key)
             return "superseded"
+        except StateStoreError as exc:  # an archive not written: the Run is kept, its deletion retried
+            delay = self.queue.add_rate_limited(key)
+            log.warning("run %s/%s: %s; retrying in %.2fs", *key, exc, delay, extra=_fields(key))
+            return "error"
         except ApiError as exc:
             if exc.permanent:  # the same request would be refused again: say so once, retry rarely
                 if self._refused.get(key) != str(exc):
@@ -201,6 +209,8 @@ class Reconciler:
             run = current
             plan = fail_squatted(await self._world(key, run), squat.message)
             changed = await self._execute(plan, run)
+        if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
+            return
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
@@ -263,6 +273,8 @@ class Reconciler:
             refused_pods=dict(refused),
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
+            default_ttl_seconds=self.default_ttl_seconds,
+            archive_store=self.archive_store,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

@@ -21,6 +21,7 @@ from agentrun.core.identity import Account
 from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
+from agentrun.operator.archiver import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, PhaseLog
@@ -72,12 +73,22 @@ class Runtime:
         self.state_store = open_state_store(config, StoreMetrics(operator_metrics.registry))
         self.cache = OwnedObjects(clock, on_put=operator_metrics.cached)
         self.runs = RunCache()
+        self.archiver = (
+            Archiver(self.state_store, clock, operator_metrics.registry, alive=self.runs.__contains__)
+            if self.state_store
+            else None
+        )
         self.accounts = AgentAccounts()
         self.leases = LeaseExpiry(self.cache, clock)
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing)
         self.executor = Executor(
-            api, self.cache, clock=clock, runs=self.runs, observers=(operator_metrics, self.spans, PhaseLog())
+            api,
+            self.cache,
+            clock=clock,
+            runs=self.runs,
+            observers=(operator_metrics, self.spans, PhaseLog()),
+            archiver=self.archiver,
         )
         self.reconciler = Reconciler(
             api,
@@ -94,6 +105,8 @@ class Runtime:
             operator_account=operator_account,
             workers=config.workers,
             store_credentials=StoreCredentials.for_settings(api, clock, config),
+            default_ttl_seconds=config.ttl_seconds_after_finished,
+            archive_store=self.state_store is not None,
         )
         self.informers = Informers(
             api,
@@ -112,6 +125,8 @@ class Runtime:
         # What runs only while this replica acts, beside the informers and the reconcile workers: a new
         # sender, collector or timer of its own is added here (built on the runtime's clock).
         self.activities: list[Activity] = [self.notifier]
+        if self.archiver is not None and config.archive_retention_seconds is not None:
+            self.activities.append(ArchiveRetention(self.archiver, config.archive_retention_seconds))
         self.peering = (
             PeeringStanding(
                 api,

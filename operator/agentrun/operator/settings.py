@@ -66,6 +66,10 @@ class OperatorSettings:
     # the operator holds its root credentials: each opted-in namespace gets its principals and Secrets
     # from the operator (operator.store_credentials). Elsewhere an administrator provides the Secrets.
     state_store_provision: bool = False
+    # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (None: kept), and how
+    # long its archive stays in the store after it (None: kept; DESIGN.md "Lifecycle of a finished Run").
+    ttl_seconds_after_finished: int | None = None
+    archive_retention_seconds: int | None = None
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -101,6 +105,8 @@ class OperatorSettings:
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
             state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
+            ttl_seconds_after_finished=_seconds(env("AGENTRUN_TTL_SECONDS_AFTER_FINISHED", ""), minimum=-1),
+            archive_retention_seconds=_seconds(env("AGENTRUN_ARCHIVE_RETENTION_SECONDS", ""), minimum=0),
         )
 
 
@@ -148,6 +154,17 @@ def _store_url(value: str) -> str | None:
         return None
     parse_store_url(value)
     return value
+
+
+def _seconds(value: str, *, minimum: int) -> int | None:
+    """A number of seconds from the environment; empty: None (unset)."""
+    value = value.strip()
+    if not value:
+        return None
+    seconds = int(value)
+    if seconds < minimum:
+        raise ValueError(f"a number of seconds of at least {minimum} was expected, not {value!r}")
+    return seconds
 
 
 def _priority(value: str, auto: int) -> int:

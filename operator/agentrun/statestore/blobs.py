@@ -203,6 +203,70 @@ class BlobStore:
             request.outcome = "ok"
             return data
 
+    # ---- documents at keys their writer names (archives and their index: statestore.archives) ----------
+    # Not content addresses, so a reader verifies them against a digest recorded elsewhere.
+
+    async def put_new(self, key: str, data: bytes) -> bool:
+        """Writes data at `key` if nothing is there (put-if-absent): True when written now, False when
+        the key was taken (what is there is left alone, for the caller to read and judge)."""
+        self._check_inside(key)
+        created = False
+        with self._request("put", key) as request:
+            try:
+                await obstore.put_async(self._store, key, bytes(data), mode="create", use_multipart=False)
+            except (AlreadyExistsError, PreconditionError):
+                request.outcome = "exists"
+            else:
+                request.outcome, request.size, created = "created", len(data), True
+        return created
+
+    async def read_key(self, key: str) -> bytes | None:
+        """The bytes at `key`, unverified (the caller checks them); None when nothing is there."""
+        self._check_inside(key)
+        with self._request("get", key) as request:
+            try:
+                result = await obstore.get_async(self._store, key)
+            except FileNotFoundError:
+                request.outcome = "missing"
+                return None
+            data = bytes(await result.bytes_async())
+            request.outcome, request.size = "ok", len(data)
+            return data
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (a folder: ends with '/'), in pages, sorted."""
+        self._check_inside(prefix)
+        keys: list[str] = []
+        try:
+            async for page in obstore.list(self._store, prefix, chunk_size=1000):
+                keys.extend(str(meta["path"]) for meta in page)
+        except Exception as exc:
+            raise _store_error("list", prefix, exc) from None
+        return sorted(keys)
+
+    async def list_folders(self, prefix: str) -> list[str]:
+        """The folders right under `prefix` (ends with '/'), as keys ending with '/'."""
+        self._check_inside(prefix)
+        try:
+            found = await obstore.list_with_delimiter_async(self._store, prefix)
+        except Exception as exc:
+            raise _store_error("list", prefix, exc) from None
+        return sorted(str(folder).rstrip("/") + "/" for folder in found["common_prefixes"])
+
+    async def delete_key(self, key: str) -> None:
+        """Deletes the object at `key`; nothing there is no error (a delete repeated after a crash)."""
+        self._check_inside(key)
+        try:
+            await obstore.delete_async(self._store, key)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise _store_error("delete", key, exc) from None
+
+    def _check_inside(self, key: str) -> None:
+        if self.location.prefix and not key.startswith(self.location.prefix + "/"):
+            raise ValueError(f"{key!r} is not under the store's prefix {self.location.prefix!r}")
+
     def _check_address(self, ref: BlobRef) -> None:
         # A reference whose key is not its own content address under this store is not trusted either.
         expected_tail = f"sha256/{ref.sha256}"
@@ -250,6 +314,11 @@ def classify(operation: str, key: str, exc: BaseException) -> StoreUnavailable |
     if isinstance(exc, BaseError | OSError | TimeoutError):
         return StoreUnavailable(operation, key, detail)
     return None
+
+
+def _store_error(operation: str, key: str, exc: BaseException) -> StateStoreError | BaseException:
+    """A client error as the store's own (classify), else the error itself."""
+    return classify(operation, key, exc) or exc
 
 
 def _status_part(message: str) -> str:

@@ -7,8 +7,9 @@ import asyncio
 
 from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.cli import render, timeline
+from agentrun.cli.commands import history
 from agentrun.cli.context import Context
-from agentrun.cli.errors import EXIT_OK
+from agentrun.cli.errors import EXIT_OK, CliError
 from agentrun.cli.output import as_list
 from agentrun.core.compensation import compensable
 
@@ -38,6 +39,10 @@ async def get(ctx: Context, args: argparse.Namespace) -> int:
 
 
 async def describe(ctx: Context, args: argparse.Namespace) -> int:
+    if getattr(args, "archived", False):
+        return await history.describe_archived(ctx, args)
+    if getattr(args, "uid", None):
+        raise CliError("--uid names an archived Run: use it with --archived")
     body = await ctx.cluster.run(args.run)
     attempts, checkpoints, effects = await asyncio.gather(
         ctx.cluster.owned("attempts", args.run),

@@ -53,16 +53,40 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def fetch(ref: BlobRef, what: str) -> Any:
-    """The value a reference names, read from the store and verified; a clear error when it cannot be."""
+# The stores this process opened (app.main ends a process that used one without finalization).
+_OPENED: list[BlobStore] = []
+
+
+def open_store(what: str) -> BlobStore:
+    """The store AGENTRUN_STATE_STORE_URL names, its credentials from the environment; a clear error
+    saying what to set when it is not configured."""
     url = os.environ.get(STORE_URL_ENV, "").strip()
     if not url:
         raise CliError(
-            f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
+            f"{what} is in the state store: set {STORE_URL_ENV} and the store's credentials (the "
             "namespace's read-only Secret) to read it"
         )
     try:
         store = BlobStore.from_url(url)
+    except StateStoreError as exc:
+        raise CliError(f"{what}: {exc}") from None
+    _OPENED.append(store)
+    return store
+
+
+def store_used() -> bool:
+    return bool(_OPENED)
+
+
+async def fetch(ref: BlobRef, what: str) -> Any:
+    """The value a reference names, read from the store and verified; a clear error when it cannot be."""
+    if not os.environ.get(STORE_URL_ENV, "").strip():
+        raise CliError(
+            f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
+            "namespace's read-only Secret) to read it"
+        )
+    store = open_store(what)
+    try:
         data = await store.get(StoredRef(ref.key, ref.sha256, ref.size))
     except StateStoreError as exc:
         raise CliError(f"{what}: {exc}") from None

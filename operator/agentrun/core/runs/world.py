@@ -44,6 +44,10 @@ class World:
     # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
     # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
     store_credentials_missing: bool = False
+    # A finished Run's lifecycle (core.runs.expiry): the operator's default ttlSecondsAfterFinished (None:
+    # keep), and whether it has a state store to archive to.
+    default_ttl_seconds: int | None = None
+    archive_store: bool = False
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)

@@ -1,0 +1,151 @@
+"""Archives of finished Runs (DESIGN.md, "Lifecycle of a finished Run"): the executor's handler of
+core's ArchiveRun (write, read back, verify, index: statestore.archives), the retention pass that deletes
+archives past `archiveRetention`, and their metrics in the runtime's registry.
+
+A store that is down raises out of the handler, so the Plan stops before its DeleteRun: the deletion
+waits for the store (the reconciler retries with backoff), the record is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from agentrun.api import Run
+from agentrun.clock import Clock
+from agentrun.core import archive
+from agentrun.core.plan import ArchiveRun
+from agentrun.statestore import BlobStore, StateStoreError
+from agentrun.statestore import archives as stored
+
+log = logging.getLogger("agentrun.operator")
+Key = tuple[str, str]
+ARCHIVE_OUTCOMES: Final = ("verified", "failed")
+
+
+class ArchiveMetrics:
+    """Archives written and verified (or failed), Runs whose deletion waits for their archive, archives
+    deleted by retention."""
+
+    def __init__(self, registry: CollectorRegistry | None, pending: Callable[[], int]) -> None:
+        self.archives = Counter(
+            "agentrun_run_archives",
+            "Archives of finished Runs written, read back and verified (verified), or not (failed: retried)",
+            ("outcome",),
+            registry=registry,
+        )
+        for outcome in ARCHIVE_OUTCOMES:
+            self.archives.labels(outcome)
+        self.pending = Gauge(
+            "agentrun_run_deletions_pending",
+            "Expired Runs kept because their archive could not be written yet (the store is down)",
+            registry=registry,
+        )
+        self.pending.set_function(lambda: float(pending()))
+        self.expired = Counter(
+            "agentrun_run_archives_expired",
+            "Archives deleted by the retention pass (archiveRetention)",
+            registry=registry,
+        )
+
+
+class Archiver:
+    """Carries out ArchiveRun: the archive written put-if-absent, read back, verified and indexed."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        clock: Clock,
+        registry: CollectorRegistry | None,
+        alive: Callable[[Key], bool] = lambda key: True,
+    ) -> None:
+        self.store, self.clock = store, clock
+        self._waiting: set[Key] = set()
+        self._alive = alive
+        self.metrics = ArchiveMetrics(registry, self.deletions_pending)
+
+    def deletions_pending(self) -> int:
+        """Runs whose archive failed and that are still there (their deletion waits)."""
+        self._waiting = {key for key in self._waiting if self._alive(key)}
+        return len(self._waiting)
+
+    async def archive(self, run: Run, action: ArchiveRun) -> stored.ArchiveEntry:
+        namespace, name = str(run.metadata.namespace), str(run.metadata.name)
+        summary = stored.RunSummary(
+            namespace,
+            name,
+            str(run.metadata.uid),
+            str(action.summary.get("phase") or ""),
+            action.summary.get("createdTime"),
+            action.summary.get("finishedTime"),
+            int(action.summary.get("attempts") or 0),
+            action.summary.get("usage"),
+        )
+        try:
+            entry = await stored.write_archive(
+                self.store, summary, str(run.metadata.resource_version), action.document, self.clock.now()
+            )
+            await stored.index_archive(self.store, entry)
+        except (StateStoreError, ValueError):
+            self._waiting.add((namespace, name))
+            self.metrics.archives.labels("failed").inc()
+            raise
+        self._waiting.discard((namespace, name))
+        self.metrics.archives.labels("verified").inc()
+        log.info(
+            "run %s/%s archived to %s (%d bytes, sha256 %s)",
+            namespace,
+            name,
+            entry.key,
+            entry.size,
+            entry.sha256,
+            extra={"namespace": namespace, "run": name},
+        )
+        return entry
+
+
+class ArchiveRetention:
+    """Deletes archives past `retention_seconds` (and their index), a day at a time, every
+    `interval_seconds` on the runtime's Clock. Several replicas may run it: every delete is idempotent."""
+
+    def __init__(self, archiver: Archiver, retention_seconds: int) -> None:
+        self.store, self.clock, self.metrics = archiver.store, archiver.clock, archiver.metrics
+        self.retention_seconds = retention_seconds
+        self.interval_seconds = float(min(3600, max(60, retention_seconds // 24)))
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Runs its passes while this replica acts (one of the runtime's activities)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="archive-retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except StateStoreError as exc:
+                log.warning("archive retention: %s; trying again in %.0fs", exc, self.interval_seconds)
+            await self.clock.sleep(self.interval_seconds)
+
+    async def pass_once(self) -> int:
+        """One pass over every namespace's index; returns how many archives it deleted."""
+        deleted = 0
+        now = self.clock.now()
+        for namespace in await stored.archived_namespaces(self.store):
+            days = await stored.index_days(self.store, namespace)
+            for day in archive.expired_days(days, now, self.retention_seconds):
+                count = await stored.delete_day(self.store, namespace, day)
+                deleted += count
+                self.metrics.expired.inc(count)
+                log.info("archive retention: deleted %d archives of %s archived on %s", count, namespace, day)
+        return deleted

@@ -1,0 +1,87 @@
+"""operator.archiver on a memory:// store and a fake Clock: ArchiveRun written, verified and indexed (its
+metrics in the given registry), a store that refuses counted as a failure with the deletion pending, and
+the retention pass deleting a day's archives once the whole day is past archiveRetention."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agentrun.core import archive
+from agentrun.core.plan import ArchiveRun
+from agentrun.core.runs import World
+from agentrun.operator.archiver import Archiver, ArchiveRetention
+from agentrun.statestore import BlobStore, StateStoreError
+from agentrun.statestore import archives as stored
+from support.clock import FakeClock
+from unit.factories import NAMESPACE, NOW, RUN, RUN_UID, make_attempt, make_run, run_status
+
+ARCHIVED = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+
+
+def action() -> tuple[World, ArchiveRun]:
+    world = World(
+        run=make_run(run_status("Succeeded", current=1, lease_epoch=1)),
+        attempts={1: make_attempt(1, phase="Succeeded")},
+        pods={},
+        lease=None,
+        now=NOW,
+    )
+    return world, ArchiveRun(archive.archive_document(world), archive.run_summary(world, NOW))
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    found = registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+def test_an_archive_is_written_verified_and_indexed_and_counted() -> None:
+    async def scenario() -> None:
+        registry, clock = CollectorRegistry(), FakeClock(ARCHIVED)
+        archiver = Archiver(BlobStore.from_url("memory://state"), clock, registry)
+        world, planned = action()
+        entry = await archiver.archive(world.run, planned)
+        assert (entry.namespace, entry.name, entry.uid, entry.phase) == (NAMESPACE, RUN, RUN_UID, "Succeeded")
+        [listed] = await stored.archived_runs(archiver.store, NAMESPACE)
+        assert listed == entry
+        assert value(registry, "agentrun_run_archives_total", outcome="verified") == 1
+        assert value(registry, "agentrun_run_deletions_pending") == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_store_that_cannot_keeps_the_run_pending_and_is_counted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        store = BlobStore.from_url(f"file://{tmp_path}/store")
+        (tmp_path / "store" / "archives").write_text("a file where the archives' folder should be")
+        archiver = Archiver(store, FakeClock(ARCHIVED), registry)
+        world, planned = action()
+        with pytest.raises(StateStoreError):
+            await archiver.archive(world.run, planned)
+        assert value(registry, "agentrun_run_archives_total", outcome="failed") == 1
+        assert value(registry, "agentrun_run_deletions_pending") == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_retention_pass_deletes_whole_days_past_retention() -> None:
+    async def scenario() -> None:
+        registry, clock = CollectorRegistry(), FakeClock(ARCHIVED)
+        archiver = Archiver(BlobStore.from_url("memory://state"), clock, registry)
+        world, planned = action()
+        entry = await archiver.archive(world.run, planned)
+        retention = ArchiveRetention(archiver, retention_seconds=86400)
+        clock.advance(timedelta(hours=38).total_seconds())  # the day ended 23 h ago: kept
+        assert await retention.pass_once() == 0
+        clock.advance(timedelta(hours=1).total_seconds())
+        assert await retention.pass_once() == 1
+        assert await archiver.store.read_key(entry.key) is None
+        assert await stored.archived_runs(archiver.store, NAMESPACE) == []
+        assert value(registry, "agentrun_run_archives_expired_total") == 1
+
+    asyncio.run(scenario())
