@@ -367,6 +367,12 @@ def _side_effect_status(operator: str) -> list[Manifest]:
                 " an approval is recorded by the operator or by a person, never by an "
                 "attempt Pod'",
             ),
+            _validation(
+                unchanged("object.status", "oldObject.status", "inheritedFrom"),
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " inheritedFrom marks a forked Run's copy of its source's record, written by the operator, "
+                "never by an attempt Pod'",
+            ),
             *[
                 _validation(
                     unchanged("object.status", "oldObject.status", field),
