@@ -868,6 +868,12 @@ class RunReport(ApiModel):
         description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves "
         "them.",
     )
+    inherited: list[SideEffectName] | None = Field(
+        None,
+        max_length=MAX_REPORTED_EFFECTS,
+        description="For a forked Run: the SideEffects it inherited from its source (status.inheritedFrom), "
+        "the source's actions, which this Run reused and never executed nor compensated.",
+    )
 
 
 class ForkSource(ApiModel):
@@ -875,7 +881,9 @@ class ForkSource(ApiModel):
 
     run: RunName = Field(description="Name of the source Run.")
     uid: str = Field(
-        min_length=1, max_length=64, description="UID of the source Run (a later Run of that name is another)."
+        min_length=1,
+        max_length=64,
+        description="UID of the source Run (a later Run of that name is another).",
     )
     checkpoint_id: Identifier = Field(description="The source's State checkpoint the fork continues from.")
     ledger_mark: Epoch = Field(

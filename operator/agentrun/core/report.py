@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrun.api import SideEffect, SideEffectState
 from agentrun.api.run import MAX_REPORT_NOTE_LENGTH, MAX_REPORTED_EFFECTS
-from agentrun.core.ledger import is_compensation_record
+from agentrun.core.ledger import is_compensation_record, is_inherited
 
 MAX_REPORTED = MAX_REPORTED_EFFECTS  # the report's maxItems, inside the Run's status budget
 
@@ -26,6 +26,8 @@ def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
     counts = {"confirmed": 0, "compensated": 0, "unknown": 0, "irreversible": 0}
     for effect in own_effects(effects):
         state = _state(effect)
+        if is_inherited(effect) and state != SideEffectState.UNKNOWN:
+            continue  # the source's action, not this Run's (an open one still waits for a person)
         if state == SideEffectState.CONFIRMED:
             counts["confirmed"] += 1
             if not effect.spec.reversible:
@@ -38,8 +40,15 @@ def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
 
 
 def _note(effect: SideEffect) -> str | None:
-    """Why an effect is not settled: the ledger's last word on it (the SDK's or the operator's)."""
+    """Why an effect is not settled: the ledger's last word on it (the SDK's or the operator's); for an
+    inherited one, whose action it was."""
     status = effect.status
+    if status is not None and status.inherited_from is not None:
+        source = status.inherited_from
+        return (
+            f"inherited from Run {source.run} ({source.record}): its action, reused by this Run, never "
+            "executed nor compensated by it"
+        )[:MAX_REPORT_NOTE_LENGTH]
     if status is None or status.state not in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
         return None
     if status.conflict:
@@ -67,11 +76,23 @@ def cannot_be_undone(effect: SideEffect) -> bool:
 
 
 def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
-    """The report's four lists of SideEffect names, oldest first: what happened (and stands), what was
-    compensated, what cannot be undone (a subset of happened), what nobody knows yet."""
-    lists: dict[str, list[str]] = {"happened": [], "compensated": [], "cannotBeUndone": [], "unknown": []}
+    """The report's lists of SideEffect names, oldest first: what happened (and stands), what was
+    compensated, what cannot be undone (a subset of happened), what nobody knows yet, and what a fork
+    inherited from its source (not its own: in no other list but unknown)."""
+    lists: dict[str, list[str]] = {
+        "happened": [],
+        "compensated": [],
+        "cannotBeUndone": [],
+        "unknown": [],
+        "inherited": [],
+    }
     for effect in effects:
         state, name = _state(effect), str(effect.metadata.name)
+        if is_inherited(effect):
+            lists["inherited"].append(name)
+            if state == SideEffectState.UNKNOWN:
+                lists["unknown"].append(name)
+            continue
         if state == SideEffectState.CONFIRMED:
             lists["happened"].append(name)
             if cannot_be_undone(effect):
@@ -80,7 +101,10 @@ def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
             lists["compensated"].append(name)
         elif state in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
             lists["unknown"].append(name)
-    # Every list is written, empty ones too: a merge patch would keep a list that is left out.
+    # Every list is written, empty ones too: a merge patch would keep a list that is left out. Only a
+    # fork inherits, and what it inherited never changes: the list is left out of other Runs' reports.
+    if not lists["inherited"]:
+        del lists["inherited"]
     return {kind: names[:MAX_REPORTED] for kind, names in lists.items()}
 
 

@@ -20,7 +20,7 @@ from agentrun.core.plan import Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
-from agentrun.operator import logs
+from agentrun.operator import forks, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
@@ -59,6 +59,7 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
+        archives: forks.ArchivedSources | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -67,6 +68,7 @@ class Reconciler:
         self.operator_account = operator_account
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
+        self.archives = archives or forks.NoArchives()  # where a deleted fork source is read from
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -230,6 +232,9 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
+        fork_source = None
+        if forks.wants_source(run):  # a fork not started yet: its source, read from the API server
+            fork_source = await forks.read_source(self.api, run, self.archives)
         return World(
             run=run,
             attempts=attempts,
@@ -242,6 +247,7 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            fork_source=fork_source,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

@@ -23,7 +23,7 @@ from agentrun.api import (
 )
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compensating, rules
+from agentrun.core.runs import attempts, compensating, fork, rules
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
 from agentrun.core.runs.grants import failure_fields
 from agentrun.core.runs.stopping import revoked
@@ -80,6 +80,12 @@ TABLE: Final = Chain(
         ),
         Rule("Stopped", rules.stopped, applies_in=STOPPED),
         Rule("RequestExpired", rules.request_expired, applies_in=WAITING, moves_to=frozenset({P.FAILED})),
+        Rule(
+            "ForkStart",
+            fork.fork_start,
+            applies_in=frozenset({None, P.QUEUED}),
+            moves_to=frozenset({P.RUNNING, P.FAILED, P.NEEDS_RECONCILIATION}),
+        ),
         Rule(
             "FirstAttempt",
             rules.first_attempt,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
+from agentrun.core.forking import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView
 
@@ -38,6 +39,9 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # A fork's source (spec.forkFrom), observed by the I/O layer while the fork has not started (phase
+    # None or Queued); None otherwise, or when not looked at yet.
+    fork_source: ForkSourceView | None = None
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
