@@ -370,8 +370,8 @@ def _side_effect_status(operator: str) -> list[Manifest]:
             _validation(
                 unchanged("object.status", "oldObject.status", "inheritedFrom"),
                 f"'{RefusalCause.NOT_WORKER_FIELD}:"
-                " inheritedFrom marks a forked Run's copy of its source's record, written by the operator, "
-                "never by an attempt Pod'",
+                " inheritedFrom marks the record a fork inherited from its source Run; the operator writes "
+                "it, never an attempt Pod'",
             ),
             *[
                 _validation(
