@@ -203,3 +203,56 @@ def test_the_api_server_refuses_a_fork_of_itself_and_any_change_of_fork_from(
     with pytest.raises(ApiException) as added:
         patch_spec(kube, ns, "plain", {"forkFrom": {"run": "fixed", "checkpointId": "c"}})
     assert "spec.forkFrom is immutable" in str(added.value.body)
+
+
+def test_a_fork_that_inherits_an_open_effect_stops_for_a_person_then_reuses_what_they_resolved(
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = run_namespace
+    source = fork_agent_run("held", tmp_path, "first-key", "second-key")
+    source["spec"]["input"]["holdFirst"] = str(tmp_path / "never")  # the first send never answers
+    create_run(kube, ns, source)
+
+    def saved_in_flight() -> dict[str, Any] | None:
+        saved = checkpoints(kube, ns, "held")
+        return next((c for c in saved if c["spec"]["step"] == "first-in-flight"), None)
+
+    in_flight = wait_for(
+        saved_in_flight,
+        timeout=60,
+        what="the checkpoint saved while the first send is in flight",
+    )
+    assert in_flight["spec"]["ledgerMark"] == 1  # the record in flight was opened before it
+    patch_spec(kube, ns, "held", {"cancelEpoch": 1})
+    wait_phase(kube, ns, "held", {"Cancelled"})
+    wait_for(
+        lambda: side_effect(kube, ns, "held", "first-key")["status"]["state"] == "Unknown",
+        what="the source's record in flight marked Unknown",
+    )
+
+    fork_from = {"run": "held", "checkpointId": in_flight["spec"]["id"]}
+    create_run(kube, ns, fork_agent_run("careful", tmp_path, "first-key", "other", forkFrom=fork_from))
+    run = wait_phase(kube, ns, "careful", {"NeedsReconciliation", "Running", "Succeeded", "Failed"})
+    assert run["status"]["phase"] == "NeedsReconciliation", run["status"]
+    assert run["status"]["failure"]["reason"] == "InheritedUnknown"
+    assert attempts(kube, ns, "careful") == []  # stopped before any send
+    record = side_effect(kube, ns, "careful", "first-key")
+    assert record["status"]["state"] == "Unknown"
+    assert record["status"]["inheritedFrom"]["run"] == "held"
+
+    # A person establishes that it happened; the retry resumes from the copy and reuses it.
+    found = {"reference": "first-key"}
+    resolution = {"status": {"state": "Confirmed", "resolvedBy": "alice", "result": found}}
+    kube.impersonating("alice").custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, ns, "sideeffects", record["metadata"]["name"], resolution
+    )
+    patch_spec(kube, ns, "careful", {"retryRequest": {"idempotencyKey": "retry-1", "reason": "resolved"}})
+    [control] = wait_for(
+        lambda: get_run(kube, ns, "careful")["status"].get("controls"), what="the retry judged"
+    )
+    assert control["outcome"] == "Accepted", control
+    run = wait_phase(kube, ns, "careful", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"]["resumedAt"] == 2
+    assert run["status"]["result"]["first"] == {**found, "executedNow": False, "inherited": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]  # the held send never got through
