@@ -269,3 +269,21 @@ def test_the_fork_never_compensates_an_inherited_effect_and_the_report_says_so()
     assert "never executed nor compensated" in listed[str(effect.metadata.name)]["note"]
     assert report.side_effect_counts([effect, own])["confirmed"] == 1
     assert "inherited" not in report.run_report([own])  # only a fork's report has the list
+
+
+def test_an_archived_source_is_read_from_its_archive_document() -> None:
+    document = {
+        "object": source_run().to_api(),
+        "checkpoints": [checkpoint("source-a1-s1").to_api(), checkpoint().to_api()],
+        "sideEffects": [record("k1", 1).to_api(), record("k3", 3).to_api()],
+        "report": {},
+    }
+
+    source = forking.archived_source(document, "source-a1-s2")
+    plan = decide_fork(source)
+
+    assert source.archived and source.checkpoint is not None and source.checkpoint.spec.id == "source-a1-s2"
+    assert [c.body["spec"]["idempotencyKey"] for c in of_type(plan, CreateSideEffect)] == ["k1"]
+    assert run_patch(plan)["fork"]["archived"] is True
+    missing = decide_fork(forking.archived_source(document, "nope"))
+    assert run_patch(missing)["failure"]["reason"] == forking.NOT_FOUND

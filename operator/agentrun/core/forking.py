@@ -10,7 +10,7 @@ executing it again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -46,6 +46,18 @@ class ForkSourceView:
     archived: bool = False
     # Why the checkpoint could not be read although the Run exists (e.g. compacted into its index).
     missing_note: str | None = None
+
+
+def archived_source(document: Mapping[str, Any], checkpoint_id: str) -> ForkSourceView:
+    """The source as its archive holds it (the document statestore.archives writes and verifies: the Run
+    as "object", its "checkpoints" and "sideEffects", whole)."""
+    checkpoints = [Checkpoint.model_validate(c) for c in document.get("checkpoints") or []]
+    return ForkSourceView(
+        run=Run.model_validate(document["object"]),
+        checkpoint=next((c for c in checkpoints if c.spec.id == checkpoint_id), None),
+        side_effects=tuple(SideEffect.model_validate(e) for e in document.get("sideEffects") or []),
+        archived=True,
+    )
 
 
 def refusal(fork: Run, source: ForkSourceView) -> tuple[str, str] | None:

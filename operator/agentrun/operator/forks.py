@@ -3,17 +3,19 @@ SideEffects, read from the API server (not the caches: a record a lagging cache 
 not be inherited, and its action could be executed again). Done only while the fork has not started.
 
 A source Run that is gone may have been archived: `ArchivedSources` is the seam where its archive is
-read (statestore archives); until that reader is wired, a deleted source is not found. A compacted
+read (`DocumentArchives` over the archive reader of statestore archives); until the runtime wires one,
+a deleted source is not found. A compacted
 source keeps only its latest Checkpoint object (the rest are in its checkpoint index in the store): an
 older checkpoint of it is reported missing, with that said.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from agentrun.api import RUN_LABEL, Checkpoint, Run, RunPhase, SideEffect
-from agentrun.core.forking import ForkSourceView
+from agentrun.core.forking import ForkSourceView, archived_source
 from agentrun.core.identity import owned_by
 from agentrun.kubeapi import KubeApi
 
@@ -31,6 +33,22 @@ class NoArchives:
 
     async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
         return None
+
+
+# Reads the verified archive document of the latest archived Run of that name (None: no archive), e.g.
+# statestore.archives.read_archive(store, namespace, name)[1], LookupError mapped to None.
+ReadArchive = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+
+
+class DocumentArchives:
+    """Deleted sources read from their archive documents (core.forking.archived_source)."""
+
+    def __init__(self, read: ReadArchive) -> None:
+        self.read = read
+
+    async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
+        document = await self.read(namespace, run)
+        return None if document is None else archived_source(document, checkpoint_id)
 
 
 def wants_source(run: Run) -> bool:
