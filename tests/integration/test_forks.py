@@ -4,6 +4,7 @@ fork before any Attempt; the API server keeps forkFrom as it was created."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from agentrun.core.ledger import side_effect_name
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.security import STATE_STORE_SECRET
+from integration.test_cli import cli
 from support.kube import Kube, wait_for
 from support.runs import (
     GROUP,
@@ -125,6 +127,18 @@ def test_a_fork_resumes_at_the_middle_checkpoint_and_never_sends_again_what_its_
     assert report == [side_effect_name("branch", "first-key")]
     happened = get_run(kube, ns, "branch")["status"]["report"]["happened"]
     assert happened == [side_effect_name("branch", "other")]
+
+    # The same from the command line: the source's agent and settings, another input.
+    scenario = {"dir": str(tmp_path), "first": "first-key", "second": "third", "pad": PAD}
+    args = ["fork", "source", "--checkpoint", middle["spec"]["id"], "--name", "by-cli"]
+    done = cli(kube, ns, *args, "--input", json.dumps(scenario))
+    assert done.returncode == 0, done.stderr
+    assert "run by-cli created: forked from run source at checkpoint" in done.stdout
+    by_cli = wait_phase(kube, ns, "by-cli", {"Succeeded", "Failed", "NeedsReconciliation"})
+    assert by_cli["status"]["phase"] == "Succeeded", operator.log_tail()
+    reused = {"reference": "first-key", "executedNow": False, "inherited": True}
+    assert by_cli["status"]["result"]["first"] == reused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first-key", "other", "second-key", "third"]
 
 
 def failed_fork(kube: Kube, ns: str, name: str, fork_from: dict[str, str], tmp_path: Path) -> dict[str, Any]:
