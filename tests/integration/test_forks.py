@@ -120,11 +120,15 @@ def test_a_fork_resumes_at_the_middle_checkpoint_and_never_sends_again_what_its_
 
     # The report says whose the inherited effect is.
     report = wait_for(
-        lambda: get_run(kube, ns, "branch")["status"].get("report", {}).get("inherited"),
+        lambda: get_run(kube, ns, "branch")["status"].get("report", {}).get("effects"),
         timeout=10,
-        what="the fork's report listing what it inherited",
+        what="the fork's report",
     )
-    assert report == [side_effect_name("branch", "first-key")]
+    inherited_name = side_effect_name("branch", "first-key")
+    assert {e["name"]: e.get("inherited", False) for e in report} == {
+        inherited_name: True,
+        side_effect_name("branch", "other"): False,
+    }
     happened = get_run(kube, ns, "branch")["status"]["report"]["happened"]
     assert happened == [side_effect_name("branch", "other")]
 

@@ -833,6 +833,12 @@ class ReportedEffect(ApiModel):
         description="Who established an outcome nobody knew: a person's user name, or the lookup that "
         "found it (lookup by <attempt>).",
     )
+    inherited: bool | None = Field(
+        None,
+        description="True for a forked Run's record inherited from its source (SideEffect "
+        "status.inheritedFrom): the source's action, reused by this Run, never executed nor compensated "
+        "by it; listed in none of happened, compensated and cannotBeUndone.",
+    )
 
 
 class RunReport(ApiModel):
@@ -867,12 +873,6 @@ class RunReport(ApiModel):
         max_length=MAX_REPORTED_EFFECTS,
         description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves "
         "them.",
-    )
-    inherited: list[SideEffectName] | None = Field(
-        None,
-        max_length=MAX_REPORTED_EFFECTS,
-        description="For a forked Run: the SideEffects it inherited from its source (status.inheritedFrom), "
-        "the source's actions, which this Run reused and never executed nor compensated.",
     )
 
 

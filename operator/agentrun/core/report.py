@@ -76,20 +76,13 @@ def cannot_be_undone(effect: SideEffect) -> bool:
 
 
 def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
-    """The report's lists of SideEffect names, oldest first: what happened (and stands), what was
-    compensated, what cannot be undone (a subset of happened), what nobody knows yet, and what a fork
-    inherited from its source (not its own: in no other list but unknown)."""
-    lists: dict[str, list[str]] = {
-        "happened": [],
-        "compensated": [],
-        "cannotBeUndone": [],
-        "unknown": [],
-        "inherited": [],
-    }
+    """The report's four lists of SideEffect names, oldest first: what happened (and stands), what was
+    compensated, what cannot be undone (a subset of happened), what nobody knows yet. What a fork
+    inherited from its source is not its own: in none of them but unknown (effects[] marks it)."""
+    lists: dict[str, list[str]] = {"happened": [], "compensated": [], "cannotBeUndone": [], "unknown": []}
     for effect in effects:
         state, name = _state(effect), str(effect.metadata.name)
         if is_inherited(effect):
-            lists["inherited"].append(name)
             if state == SideEffectState.UNKNOWN:
                 lists["unknown"].append(name)
             continue
@@ -101,10 +94,7 @@ def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
             lists["compensated"].append(name)
         elif state in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
             lists["unknown"].append(name)
-    # Every list is written, empty ones too: a merge patch would keep a list that is left out. Only a
-    # fork inherits, and what it inherited never changes: the list is left out of other Runs' reports.
-    if not lists["inherited"]:
-        del lists["inherited"]
+    # Every list is written, empty ones too: a merge patch would keep a list that is left out.
     return {kind: names[:MAX_REPORTED] for kind, names in lists.items()}
 
 
@@ -126,6 +116,7 @@ def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
             "reversible": e.spec.reversible,
             **({"note": note} if (note := _note(e)) else {}),
             **_deciders(e),
+            **({"inherited": True} if is_inherited(e) else {}),
         }
         for e in ordered
     ]
