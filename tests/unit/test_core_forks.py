@@ -287,3 +287,15 @@ def test_an_archived_source_is_read_from_its_archive_document() -> None:
     assert run_patch(plan)["fork"]["archived"] is True
     missing = decide_fork(forking.archived_source(document, "nope"))
     assert run_patch(missing)["failure"]["reason"] == forking.NOT_FOUND
+
+
+def test_a_fork_that_never_started_is_not_retried_from_the_beginning() -> None:
+    failure = {"class": "deterministic", "reason": forking.NOT_FOUND, "message": "no Run", "fingerprint": "f"}
+    run = fork_run(phase="Failed", failure=failure)
+    body = run.to_api()
+    body["spec"]["retryRequest"] = {"idempotencyKey": "retry-1"}
+    plan = decide(make_world(Run.model_validate(body)))
+
+    assert kinds(plan) == ["PatchRunStatus"]  # no Attempt
+    [control] = run_patch(plan)["controls"]
+    assert (control["outcome"], control["reason"]) == ("Rejected", "ForkNotStarted")

@@ -317,6 +317,9 @@ class Session:
             return self._ledger_position
 
     async def _read_ledger_position(self) -> int:
+        run = self.run or await self.read_run()
+        if self.me.attempt_number == 1 and run.spec.fork_from is None:
+            return 0  # a Run's first Attempt, not a fork's: no record can precede it
         collection = self.api.custom_path("sideeffects", self.me.namespace)
         highest = 0
         async for page in self.api.list_pages(collection, label_selector=f"{RUN_LABEL}={self.me.run}"):
