@@ -367,6 +367,12 @@ def _side_effect_status(operator: str) -> list[Manifest]:
                 " an approval is recorded by the operator or by a person, never by an "
                 "attempt Pod'",
             ),
+            _validation(
+                unchanged("object.status", "oldObject.status", "inheritedFrom"),
+                f"'{RefusalCause.NOT_WORKER_FIELD}:"
+                " inheritedFrom marks the record a fork inherited from its source Run; the operator writes "
+                "it, never an attempt Pod'",
+            ),
             *[
                 _validation(
                     unchanged("object.status", "oldObject.status", field),

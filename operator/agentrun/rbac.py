@@ -43,7 +43,8 @@ OPERATOR_RULES: list[Rule] = [
     {
         "apiGroups": [GROUP],
         "resources": ["checkpoints", "sideeffects"],
-        "verbs": ["get", "list", "watch", "delete"],
+        # create: a fork's copy of its source's checkpoint and its inherited records (core.forking)
+        "verbs": ["get", "list", "watch", "create", "delete"],
     },
     {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},

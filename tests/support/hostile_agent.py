@@ -32,6 +32,7 @@ EXPECTED_CAUSES = {
     "own phase": "NotWorkerField",
     "own side effect resolutionMessage": "NotWorkerField",
     "own side effect resolvedSends": "NotWorkerField",
+    "own side effect inheritedFrom": "NotWorkerField",
     "own leaseEpoch": "NotWorkerField",
     "own expiresAt": "NotWorkerField",
     "own attempt phase": "NotWorkerField",
@@ -126,6 +127,12 @@ async def attacks(api: KubeApi, ctx: worker.Context, victim: str, victim_attempt
         ),
         "own side effect resolvedSends": lambda: api.merge_patch(
             own_effect_status, {"status": {"resolvedSends": 0}}
+        ),
+        # only the operator marks a fork's inherited records: a Pod could otherwise pass off its own
+        # action as its source's (never compensated by it)
+        "own side effect inheritedFrom": lambda: api.merge_patch(
+            own_effect_status,
+            {"status": {"inheritedFrom": {"run": "victim", "uid": "forged", "record": "sfx-forged"}}},
         ),
         "victim result": lambda: api.merge_patch(
             victim_status, {"status": {"result": {"forged": True}, "committedBy": forged}}

@@ -583,6 +583,28 @@ def test_describe_shows_what_a_waiting_run_asks_for() -> None:
     assert "kubectl agentrun resume ask --value JSON -n team-a" in waiting
 
 
+def test_describe_says_where_a_fork_started_and_what_it_inherited() -> None:
+    fork_from = {"run": "source", "checkpointId": "source-a1-s2"}
+    started = {
+        "phase": "Running",
+        "fork": {
+            "run": "source",
+            "uid": UID,
+            "checkpointId": "source-a1-s2",
+            "ledgerMark": 1,
+            "inherited": 1,
+        },
+    }
+
+    text = timeline.describe(make_run(started, forkFrom=fork_from), [], [], [], T0)
+    not_started = timeline.describe(make_run(forkFrom=fork_from), [], [], [], T0)
+
+    expected = f"Forked from:   run source at checkpoint source-a1-s2 (uid {UID}; 1 side effect(s) inherited)"
+    assert expected in text
+    assert "Forked from:   run source at checkpoint source-a1-s2 (not started)" in not_started
+    assert "Forked from" not in timeline.describe(make_run(WAITING), [], [], [], T0)
+
+
 def test_control_lines() -> None:
     accepted = ControlRecord.model_validate(
         control("k3", "Accepted", "Accepted", "answer to ask-r1 accepted", 5)

@@ -28,6 +28,6 @@ def test_every_row_of_a_sub_table_says_its_transition() -> None:
 def test_the_diagram_draws_the_declared_moves_and_the_rewrites() -> None:
     doc = markdown(TABLE)
 
-    assert "    [*] --> Running: FirstAttempt" in doc
+    assert "    [*] --> Running: ForkStart, FirstAttempt" in doc
     assert "        CompensateFirst: a move to Cancelled or Failed comes here first" in doc
     assert "    Running --> RetryBackoff: Running" in doc

@@ -16,6 +16,7 @@ from agentrun.api.common import (
     FreeJson,
     Identifier,
     KubernetesObject,
+    ObjectName,
     PrinterColumn,
     RunName,
     cel,
@@ -41,6 +42,14 @@ class Thread(ApiModel):
     ns: str = Field(
         "", max_length=1024, description="The checkpoint namespace within the thread; empty for the root."
     )
+
+
+class CopiedFrom(ApiModel):
+    """The checkpoint of another Run that a fork's first Checkpoint copies."""
+
+    run: RunName = Field(description="Name of the source Run.")
+    uid: str = Field(min_length=1, max_length=64, description="UID of the source Run.")
+    checkpoint: ObjectName = Field(description="Name of the source's Checkpoint object.")
 
 
 class CheckpointSpec(ApiModel):
@@ -73,6 +82,18 @@ class CheckpointSpec(ApiModel):
     )
     thread: Thread | None = Field(
         None, description="The framework thread this checkpoint belongs to, when it is not the Run's own."
+    )
+    ledger_mark: Epoch | None = Field(
+        None,
+        description="The Run's ledger as it stood when the checkpoint was saved: the highest "
+        "ledgerSequence among the Run's SideEffects opened by then (0: none). A fork from this "
+        "checkpoint inherits exactly the SideEffects up to it. Absent on checkpoints saved by an SDK "
+        "that predates forks (they cannot be forked from).",
+    )
+    copied_from: CopiedFrom | None = Field(
+        None,
+        description="For the first Checkpoint of a forked Run: the source checkpoint it copies (its state "
+        "reference names the source's blobs, shared by digest).",
     )
     state: FreeJson = Field(
         None,

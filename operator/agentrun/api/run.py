@@ -38,6 +38,7 @@ from agentrun.api.common import (
     ObjectName,
     PrinterColumn,
     Reason,
+    RunName,
     UserName,
     cel,
     cel_list,
@@ -483,6 +484,21 @@ class NotifySpec(ApiModel):
     )
 
 
+class ForkFrom(ApiModel):
+    """Where a forked Run starts: a State checkpoint of another Run of the same namespace."""
+
+    run: RunName = Field(
+        description="Name of the source Run, in this Run's namespace (a fork never crosses namespaces); "
+        "never this Run itself. A source that was deleted after its archive was written is read from "
+        "the archive."
+    )
+    checkpoint_id: Identifier = Field(
+        description="Id of the source's State checkpoint (spec.id) the fork continues from. Its state is "
+        "shared, not copied (blobs by digest); the source's SideEffects up to the checkpoint's ledger "
+        "mark become the fork's own records, marked status.inheritedFrom."
+    )
+
+
 class RunSpec(ApiModel):
     """The desired state of a Run, owned by its user."""
 
@@ -579,6 +595,14 @@ class RunSpec(ApiModel):
         "unset: the operator's default (itself unset: kept). A Run with open side effects or "
         "NeedsReconciliation never expires; without a state store it is kept (condition Archived=False, "
         "NoStateStore).",
+    )
+    fork_from: ForkFrom | None = Field(
+        None,
+        description="Start this Run from another Run's State checkpoint instead of from the beginning: "
+        "its first Attempt resumes there, and an effect the source confirmed before that checkpoint is "
+        "not executed again. Immutable once the Run is created. A source that does not exist fails the "
+        "Run before any Attempt (ForkSourceNotFound); a checkpoint that is not a State checkpoint, or "
+        "this Run itself, fails it too (ForkSourceInvalid).",
     )
     checkpoint_retention: int = Field(
         20,
@@ -821,6 +845,12 @@ class ReportedEffect(ApiModel):
         description="Who established an outcome nobody knew: a person's user name, or the lookup that "
         "found it (lookup by <attempt>).",
     )
+    inherited: bool | None = Field(
+        None,
+        description="True for a forked Run's record inherited from its source (SideEffect "
+        "status.inheritedFrom): the source's action, reused by this Run, never executed nor compensated "
+        "by it; listed in none of happened, compensated and cannotBeUndone.",
+    )
 
 
 class RunReport(ApiModel):
@@ -855,6 +885,26 @@ class RunReport(ApiModel):
         max_length=MAX_REPORTED_EFFECTS,
         description="SideEffects whose outcome nobody knows yet (Pending or Unknown): a person resolves "
         "them.",
+    )
+
+
+class ForkSource(ApiModel):
+    """The source a forked Run started from, as the operator resolved it before its first Attempt."""
+
+    run: RunName = Field(description="Name of the source Run.")
+    uid: str = Field(
+        min_length=1,
+        max_length=64,
+        description="UID of the source Run (a later Run of that name is another).",
+    )
+    checkpoint_id: Identifier = Field(description="The source's State checkpoint the fork continues from.")
+    ledger_mark: Epoch = Field(
+        description="The checkpoint's ledger mark: the source's SideEffects with a ledgerSequence up to it "
+        "were inherited."
+    )
+    inherited: int = Field(0, ge=0, description="How many of the source's SideEffects the fork inherited.")
+    archived: bool = Field(
+        False, description="True when the source was read from its archive (the Run itself was gone)."
     )
 
 
@@ -982,6 +1032,11 @@ class RunStatus(ApiModel):
         description="When the operator archives and deletes this finished Run (spec.ttlSecondsAfterFinished "
         "or the operator's default); absent while it is kept.",
     )
+    fork: ForkSource | None = Field(
+        None,
+        description="For a Run with spec.forkFrom: the source Run (with its uid) and checkpoint it started "
+        "from, and how many SideEffects it inherited.",
+    )
 
 
 # --- the object ---------------------------------------------------------------------------------------
@@ -1012,6 +1067,20 @@ class Run(KubernetesObject):
                 f"a Run name has at most {MAX_RUN_NAME_LENGTH} characters, so that the names derived from "
                 "it (Attempt <run>-a<number>, its Pod, the Lease, label values of at most 63 characters) "
                 "stay valid: choose a shorter metadata.name",
+            ),
+            cel(
+                "!has(self.spec.forkFrom) || self.spec.forkFrom.run != self.metadata.name",
+                "spec.forkFrom.run names this Run itself: a Run forks from another Run's checkpoint",
+                reason="FieldValueInvalid",
+                field_path=".spec.forkFrom.run",
+            ),
+            cel(
+                "has(self.spec.forkFrom) == has(oldSelf.spec.forkFrom)"
+                " && (!has(self.spec.forkFrom) || self.spec.forkFrom == oldSelf.spec.forkFrom)",
+                "spec.forkFrom is immutable: it is set when the Run is created and never changed or "
+                "removed; create another Run to fork from another checkpoint",
+                reason="FieldValueForbidden",
+                field_path=".spec.forkFrom",
             ),
             cel(
                 "!has(oldSelf.status) || !has(oldSelf.status.phase)"

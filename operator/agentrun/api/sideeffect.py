@@ -19,6 +19,7 @@ from agentrun.api.common import (
     Identifier,
     KubernetesObject,
     Message,
+    ObjectName,
     PrinterColumn,
     RunName,
     UserName,
@@ -144,6 +145,12 @@ class SideEffectSpec(ApiModel):
         description="The most sends of the action (status.sends) before the Run goes NeedsReconciliation "
         "(MaxSendsReached); a resolution Absent starts a fresh count.",
     )
+    ledger_sequence: Epoch | None = Field(
+        None,
+        description="Position of the record in its Run's ledger, counting up from 1, assigned by the SDK "
+        "when it records the intent: a Checkpoint's ledgerMark says which records were opened before it "
+        "was saved. An inherited record keeps its source's.",
+    )
     send_deadline_seconds: int = Field(
         300,
         ge=1,
@@ -205,6 +212,15 @@ class Approval(ApiModel):
         "the user who sent it.",
     )
     time: datetime = Field(description="When the approval was recorded (RFC 3339).")
+
+
+class InheritedFrom(ApiModel):
+    """The source record a fork's inherited SideEffect copies: the action happened (or may have) in the
+    source Run, before the checkpoint the fork started from."""
+
+    run: RunName = Field(description="Name of the source Run.")
+    uid: str = Field(min_length=1, max_length=64, description="UID of the source Run.")
+    record: ObjectName = Field(description="Name of the source's SideEffect.")
 
 
 class SideEffectStatus(ApiModel):
@@ -299,6 +315,12 @@ class SideEffectStatus(ApiModel):
     )
     history: list[HistoryEntry] | None = Field(
         None, max_length=MAX_HISTORY, description="The state changes, oldest first."
+    )
+    inherited_from: InheritedFrom | None = Field(
+        None,
+        description="Set by the operator on a forked Run's copy of its source's record: the fork reuses a "
+        "Confirmed one instead of executing it again, stops for a person on an open one, and never "
+        "compensates it. Never written by an attempt Pod.",
     )
 
 

@@ -16,6 +16,7 @@ from agentrun.cli.commands import (
     cancel,
     compensate,
     effects,
+    fork,
     history,
     inspect,
     pause,
@@ -216,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reason", metavar="TEXT", help="why, shown to whoever resumes it")
     _timeout(p, 10, "how long to wait for the agent to reach its step boundary")
+
+    p = _add(sub, "fork", fork.fork, "a new Run that continues from a checkpoint of this one (spec.forkFrom)")
+    p.add_argument("run", metavar="RUN", help="the source Run")
+    p.add_argument("--name", required=True, metavar="NEW", help="the new Run's name")
+    p.add_argument("--checkpoint", metavar="ID", help="the source's State checkpoint (default: its latest)")
+    p.add_argument("--input", metavar="JSON", help="the fork's spec.input (default: the source's)")
+    p.add_argument("--wait", action="store_true", help="follow the fork until it stops or waits")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="with --wait: give up")
 
     p = _add(sub, "effects", effects.effects, "a Run's side effects")
     p.add_argument("run", metavar="RUN")

@@ -163,6 +163,17 @@ def entries(
     return sorted(out, key=lambda e: (e.time, e.attempt, e.rank))
 
 
+def _fork_line(run: Run) -> str:
+    """Where a fork started: its source and checkpoint, and what it inherited once it started."""
+    wanted, started = run.spec.fork_from, run.status.fork
+    assert wanted is not None
+    line = f"run {wanted.run} at checkpoint {wanted.checkpoint_id}"
+    if started is None:
+        return line + " (not started)"
+    archived = ", from its archive" if started.archived else ""
+    return line + f" (uid {started.uid}{archived}; {started.inherited} side effect(s) inherited)"
+
+
 def _section(title: str, body: str) -> list[str]:
     return ["", f"{title}:", *("  " + line if line else "" for line in body.splitlines())]
 
@@ -198,6 +209,8 @@ def describe(
         lines.append(f"Archived:      {archived}")
     elif s.expires_time:
         lines.append(f"Expires:       {render.rfc3339(s.expires_time)} (archived, then deleted)")
+    if run.spec.fork_from is not None:
+        lines.append(f"Forked from:   {_fork_line(run)}")
     if s.next_attempt_time:
         lines.append(f"Next attempt:  {render.rfc3339(s.next_attempt_time)}")
     by = f" (committed by {s.committed_by.attempt})" if s.committed_by else ""

@@ -47,9 +47,13 @@ def _state(record: SideEffect) -> SideEffectState:
 
 
 def in_scope(record: SideEffect, effects: Sequence[str] | None) -> bool:
-    """Whether a compensation of `effects` (idempotency keys; None or empty: all) covers the record."""
-    return not ledger.is_compensation_record(record) and (
-        not effects or record.spec.idempotency_key in effects
+    """Whether a compensation of `effects` (idempotency keys; None or empty: all) covers the record. A
+    fork's inherited records never are: their actions are the source's, and only the source (or a
+    person) undoes them; the report says so."""
+    return (
+        not ledger.is_compensation_record(record)
+        and not ledger.is_inherited(record)
+        and (not effects or record.spec.idempotency_key in effects)
     )
 
 
@@ -73,6 +77,7 @@ def compensable(record: SideEffect) -> bool:
         and record.spec.reversible
         and bool(record.spec.compensation)
         and not ledger.is_compensation_record(record)
+        and not ledger.is_inherited(record)
     )
 
 

@@ -243,6 +243,14 @@ def judge_retry(run: Run, checkpoint_ids: set[str], unresolved_effects: list[str
         return Verdict(
             False, "NotRetryable", f"the Run is {phase}: only Failed or NeedsReconciliation Runs retry"
         )
+    if run.spec.fork_from is not None and run.status.fork is None:
+        # Its source could not be used: a retry would start the agent from the beginning, not a fork.
+        return Verdict(
+            False,
+            "ForkNotStarted",
+            f"this fork never started (its source {run.spec.fork_from.run} could not be used): create a "
+            "new Run with a usable spec.forkFrom",
+        )
     if phase == RunPhase.NEEDS_RECONCILIATION and run.status.compensating is not None:
         # A retry would run the agent again over a half-undone world (core.compensation).
         return Verdict(

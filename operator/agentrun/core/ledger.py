@@ -51,6 +51,7 @@ class StopReason(StrEnum):
     CONFLICT = "ConflictingResults"  # answers disagree about the action
     IRREVERSIBLE = "IrreversibleUnknown"  # never re-sent automatically after an unknown outcome
     UNKNOWN = "UnknownSideEffect"  # no lookup, and the external system does not deduplicate by key
+    INHERITED_UNKNOWN = "InheritedUnknown"  # a fork's inherited record whose outcome is open
 
 
 class Answer(StrEnum):
@@ -246,6 +247,21 @@ def _failed(r: Recorded) -> Decision | None:
     return Decision(Step.REFUSE, StopReason.FAILED, "it failed for good earlier")
 
 
+def _inherited_open(r: Recorded) -> Decision | None:
+    """A record a fork inherited from its source, whose outcome is open: the fork never looks it up or
+    sends it (the source's Attempt may still be deciding it); a person resolves it first."""
+    status = r.record.status
+    if status is None or status.inherited_from is None:
+        return None
+    if r.state not in (SideEffectState.PENDING, SideEffectState.UNKNOWN):
+        return None
+    source = status.inherited_from
+    return _stop(
+        StopReason.INHERITED_UNKNOWN,
+        f"inherited from Run {source.run} ({source.record}) with its outcome open: resolve it first",
+    )
+
+
 def _conflicting(r: Recorded) -> Decision | None:
     """Answers contradicted each other earlier: a person decides."""
     status = r.record.status
@@ -287,6 +303,7 @@ NEXT_STEP: tuple[Callable[[Recorded], Decision | None], ...] = (
     _key_reused,
     _took_effect,
     _failed,
+    _inherited_open,
     _conflicting,
     _nothing_sent,
     _in_flight,
@@ -502,6 +519,12 @@ COMPENSATION_STEP = "compensate"
 def compensation_key(key: str) -> str:
     """The idempotency key of the compensation of the effect recorded under `key`."""
     return key + COMPENSATE_SUFFIX
+
+
+def is_inherited(record: SideEffect) -> bool:
+    """Whether a fork inherited the record from its source (written by the operator): its action is the
+    source's, reused but never executed nor compensated by the fork."""
+    return record.status is not None and record.status.inherited_from is not None
 
 
 def is_compensation_record(record: SideEffect) -> bool:

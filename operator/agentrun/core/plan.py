@@ -75,6 +75,23 @@ class DeleteCheckpoint:
 
 
 @dataclass(frozen=True)
+class CreateCheckpoint:
+    """Create a Checkpoint the operator writes for the Run (a fork's copy of its source's): idempotent, its
+    name is deterministic; one found under that name must be the Run's own."""
+
+    body: JsonDict
+
+
+@dataclass(frozen=True)
+class CreateSideEffect:
+    """Create a SideEffect the operator writes for the Run (a fork's inherited record), then write its
+    `statuses` in order (the status subresource: a create cannot carry one). Idempotent like the others."""
+
+    body: JsonDict
+    statuses: tuple[JsonDict, ...] = ()
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -110,6 +127,8 @@ Action = (
     | CreatePod
     | DeletePod
     | DeleteCheckpoint
+    | CreateCheckpoint
+    | CreateSideEffect
     | RecordEvent
     | ArchiveRun
     | DeleteRun

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrun.api import SideEffect, SideEffectState
 from agentrun.api.run import MAX_REPORT_NOTE_LENGTH, MAX_REPORTED_EFFECTS
-from agentrun.core.ledger import is_compensation_record
+from agentrun.core.ledger import is_compensation_record, is_inherited
 
 MAX_REPORTED = MAX_REPORTED_EFFECTS  # the report's maxItems, inside the Run's status budget
 
@@ -26,6 +26,8 @@ def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
     counts = {"confirmed": 0, "compensated": 0, "unknown": 0, "irreversible": 0}
     for effect in own_effects(effects):
         state = _state(effect)
+        if is_inherited(effect) and state != SideEffectState.UNKNOWN:
+            continue  # the source's action, not this Run's (an open one still waits for a person)
         if state == SideEffectState.CONFIRMED:
             counts["confirmed"] += 1
             if not effect.spec.reversible:
@@ -38,8 +40,15 @@ def side_effect_counts(effects: Iterable[SideEffect]) -> dict[str, int]:
 
 
 def _note(effect: SideEffect) -> str | None:
-    """Why an effect is not settled: the ledger's last word on it (the SDK's or the operator's)."""
+    """Why an effect is not settled: the ledger's last word on it (the SDK's or the operator's); for an
+    inherited one, whose action it was."""
     status = effect.status
+    if status is not None and status.inherited_from is not None:
+        source = status.inherited_from
+        return (
+            f"inherited from Run {source.run} ({source.record}): its action, reused by this Run, never "
+            "executed nor compensated by it"
+        )[:MAX_REPORT_NOTE_LENGTH]
     if status is None or status.state not in (SideEffectState.UNKNOWN, SideEffectState.PENDING):
         return None
     if status.conflict:
@@ -68,10 +77,15 @@ def cannot_be_undone(effect: SideEffect) -> bool:
 
 def fate_lists(effects: Iterable[SideEffect]) -> dict[str, list[str]]:
     """The report's four lists of SideEffect names, oldest first: what happened (and stands), what was
-    compensated, what cannot be undone (a subset of happened), what nobody knows yet."""
+    compensated, what cannot be undone (a subset of happened), what nobody knows yet. What a fork
+    inherited from its source is not its own: in none of them but unknown (effects[] marks it)."""
     lists: dict[str, list[str]] = {"happened": [], "compensated": [], "cannotBeUndone": [], "unknown": []}
     for effect in effects:
         state, name = _state(effect), str(effect.metadata.name)
+        if is_inherited(effect):
+            if state == SideEffectState.UNKNOWN:
+                lists["unknown"].append(name)
+            continue
         if state == SideEffectState.CONFIRMED:
             lists["happened"].append(name)
             if cannot_be_undone(effect):
@@ -102,6 +116,7 @@ def run_report(effects: Iterable[SideEffect]) -> dict[str, Any]:
             "reversible": e.spec.reversible,
             **({"note": note} if (note := _note(e)) else {}),
             **_deciders(e),
+            **({"inherited": True} if is_inherited(e) else {}),
         }
         for e in ordered
     ]

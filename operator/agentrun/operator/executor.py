@@ -112,6 +112,8 @@ class Executor:
             p.CreatePod: self._create_pod,
             p.DeletePod: self._delete_pod,
             p.DeleteCheckpoint: self._delete_checkpoint,
+            p.CreateCheckpoint: self._create_checkpoint,
+            p.CreateSideEffect: self._create_side_effect,
             p.RecordEvent: self._event,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
@@ -225,6 +227,29 @@ class Executor:
                 raise Superseded(str(exc)) from None
             raise
         return Written(action)
+
+    async def _create_checkpoint(self, action: p.CreateCheckpoint, progress: _Progress) -> Written:
+        ns = str(progress.run.metadata.namespace)
+        collection = self.api.custom_path("checkpoints", ns)
+        created, new = await self._create_or_get(collection, action.body, progress.run, "Checkpoint")
+        self.cache.put("checkpoints", created)
+        return Written(action, after=created, created=new, changed=True)
+
+    async def _create_side_effect(self, action: p.CreateSideEffect, progress: _Progress) -> Written:
+        """The record, then its status writes (a repeat after a crash writes the same status again: a
+        state kept as it is passes the ledger's transition rules)."""
+        ns = str(progress.run.metadata.namespace)
+        collection = self.api.custom_path("sideeffects", ns)
+        written, new = await self._create_or_get(collection, action.body, progress.run, "SideEffect")
+        name = written["metadata"]["name"]
+        for status in action.statuses:
+            if (written.get("status") or {}).get("state") == "Compensated":
+                break  # written in full before: Compensated is final
+            written = await self.api.merge_patch(
+                self.api.custom_path("sideeffects", ns, name, "status"), {"status": status}
+            )
+        self.cache.put("sideeffects", written)
+        return Written(action, after=written, created=new, changed=True)
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:

@@ -20,7 +20,7 @@ from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
-from agentrun.operator import logs
+from agentrun.operator import forks, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
@@ -64,6 +64,7 @@ class Reconciler:
         store_credentials: StoreCredentials,
         default_ttl_seconds: int | None = None,
         archive_store: bool = False,
+        archives: forks.ArchivedSources | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -74,6 +75,7 @@ class Reconciler:
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
         self.default_ttl_seconds, self.archive_store = default_ttl_seconds, archive_store
+        self.archives = archives or forks.NoArchives()  # where a deleted fork source is read from
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -259,6 +261,9 @@ class Reconciler:
         # The store's Secret is looked for (made, with the bundled server) once the account may run Pods.
         allowed = may_start_pods(run) and account_refused is None and not role_denied
         store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
+        fork_source = None
+        if forks.wants_source(run):  # a fork not started yet: its source, read from the API server
+            fork_source = await forks.read_source(self.api, run, self.archives)
         return World(
             run=run,
             attempts=attempts,
@@ -275,6 +280,7 @@ class Reconciler:
             store_credentials_missing=store_missing,
             default_ttl_seconds=self.default_ttl_seconds,
             archive_store=self.archive_store,
+            fork_source=fork_source,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

@@ -72,6 +72,8 @@ class Effect:
     state: SideEffectState
     executed_now: bool
     key: str = ""  # the idempotency key it was recorded under
+    # The source's action, inherited by a forked Run (status.inheritedFrom): reused, never executed by it.
+    inherited: bool = False
 
 
 def _too_large(record: SideEffect, result: Any) -> str | None:
@@ -433,7 +435,12 @@ class Ledger:
             "apiVersion": API_VERSION,
             "kind": "SideEffect",
             "metadata": await self.session.owned_metadata(name),
-            "spec": {"runName": self.me.run, "operationId": f"op-{uuid.uuid4().hex[:20]}", **spec},
+            "spec": {
+                "runName": self.me.run,
+                "operationId": f"op-{uuid.uuid4().hex[:20]}",
+                "ledgerSequence": await self.session.next_ledger_sequence(),
+                **spec,
+            },
         }
         try:
             created = await self.session.api.create(self._path(), body)
@@ -471,4 +478,5 @@ class Ledger:
             state=status.state,
             executed_now=executed_now,
             key=record.spec.idempotency_key,
+            inherited=status.inherited_from is not None,
         )

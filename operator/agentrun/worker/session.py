@@ -79,6 +79,11 @@ class Session:
         # The agent's liveness (spec.progressTimeoutSeconds, set once the Run is read): a stalled agent's
         # lease is no longer renewed.
         self.progress = Progress(self.clock)
+        # The Run's ledger position (the highest SideEffect.spec.ledgerSequence), read once per Attempt
+        # and counted on from there: each new record takes the next, each Checkpoint records it as its
+        # ledgerMark, so a fork knows exactly which records precede a checkpoint.
+        self._ledger_position: int | None = None
+        self._ledger_lock = asyncio.Lock()
 
     async def read_run(self) -> Run:
         body = await self.api.get(self.run_path)
@@ -294,6 +299,35 @@ class Session:
         path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
         await self.api.merge_patch(path, {"status": {"usage": usage.to_status()}})
 
+    # ---- the ledger's position ---------------------------------------------------------------------
+
+    async def ledger_position(self) -> int:
+        """The highest ledgerSequence among the Run's SideEffects (0: none): read once, then counted."""
+        async with self._ledger_lock:
+            if self._ledger_position is None:
+                self._ledger_position = await self._read_ledger_position()
+            return self._ledger_position
+
+    async def next_ledger_sequence(self) -> int:
+        """The sequence a new SideEffect record of this Run takes (one Attempt writes at a time)."""
+        await self.ledger_position()
+        async with self._ledger_lock:
+            assert self._ledger_position is not None
+            self._ledger_position += 1
+            return self._ledger_position
+
+    async def _read_ledger_position(self) -> int:
+        run = self.run or await self.read_run()
+        if self.me.attempt_number == 1 and run.spec.fork_from is None:
+            return 0  # a Run's first Attempt, not a fork's: no record can precede it
+        collection = self.api.custom_path("sideeffects", self.me.namespace)
+        highest = 0
+        async for page in self.api.list_pages(collection, label_selector=f"{RUN_LABEL}={self.me.run}"):
+            for item in page:
+                if (item.get("spec") or {}).get("runName") == self.me.run:
+                    highest = max(highest, int((item.get("spec") or {}).get("ledgerSequence") or 0))
+        return highest
+
     # ---- checkpoints -------------------------------------------------------------------------------
 
     async def read_journal(self, name: str) -> Checkpoint | None:
@@ -367,6 +401,7 @@ class Session:
                 "sequence": sequence,
                 "attempt": self.me.attempt,
                 "leaseEpoch": self.me.lease_epoch,
+                "ledgerMark": await self.ledger_position(),
             },
         }
         if ref is not None:

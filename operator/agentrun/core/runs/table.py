@@ -23,7 +23,7 @@ from agentrun.api import (
 )
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compensating, expiry, rules, store_credentials
+from agentrun.core.runs import attempts, compensating, expiry, fork, rules, store_credentials
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
 from agentrun.core.runs.grants import failure_fields
 from agentrun.core.runs.stopping import revoked
@@ -86,6 +86,12 @@ TABLE: Final = Chain(
             store_credentials.credentials_missing,
             applies_in=frozenset({None, P.QUEUED}),
             moves_to=frozenset({P.FAILED}),
+        ),
+        Rule(
+            "ForkStart",
+            fork.fork_start,
+            applies_in=frozenset({None, P.QUEUED}),
+            moves_to=frozenset({P.RUNNING, P.FAILED, P.NEEDS_RECONCILIATION}),
         ),
         Rule(
             "FirstAttempt",

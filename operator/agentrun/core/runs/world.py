@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
+from agentrun.core.forking import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView, StateStorePodEnv
 
@@ -48,6 +49,9 @@ class World:
     # keep), and whether it has a state store to archive to.
     default_ttl_seconds: int | None = None
     archive_store: bool = False
+    # A fork's source (spec.forkFrom), observed by the I/O layer while the fork has not started (phase
+    # None or Queued); None otherwise, or when not looked at yet.
+    fork_source: ForkSourceView | None = None
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)

@@ -1,0 +1,93 @@
+"""Reading a fork's source (spec.forkFrom) for core.forking: the source Run, its checkpoint and its
+SideEffects, read from the API server (not the caches: a record a lagging cache had not seen yet would
+not be inherited, and its action could be executed again). Done only while the fork has not started.
+
+A source Run that is gone may have been archived: `ArchivedSources` is the seam where its archive is
+read (`DocumentArchives` over the archive reader of statestore archives); until the runtime wires one,
+a deleted source is not found. A compacted
+source keeps only its latest Checkpoint object (the rest are in its checkpoint index in the store): an
+older checkpoint of it is reported missing, with that said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from agentrun.api import RUN_LABEL, Checkpoint, Run, RunPhase, SideEffect
+from agentrun.core.forking import ForkSourceView, archived_source
+from agentrun.core.identity import owned_by
+from agentrun.kubeapi import KubeApi
+
+JsonDict = dict[str, Any]
+
+
+class ArchivedSources(Protocol):
+    """Reads a deleted source Run from its archive: None when there is none."""
+
+    async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None: ...
+
+
+class NoArchives:
+    """No archive reader configured: a deleted source is not found."""
+
+    async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
+        return None
+
+
+# Reads the verified archive document of the latest archived Run of that name (None: no archive), e.g.
+# statestore.archives.read_archive(store, namespace, name)[1], LookupError mapped to None.
+ReadArchive = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+
+
+class DocumentArchives:
+    """Deleted sources read from their archive documents (core.forking.archived_source)."""
+
+    def __init__(self, read: ReadArchive) -> None:
+        self.read = read
+
+    async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
+        document = await self.read(namespace, run)
+        return None if document is None else archived_source(document, checkpoint_id)
+
+
+def wants_source(run: Run) -> bool:
+    """Whether decide needs the fork's source now: a fork that has not started."""
+    return run.spec.fork_from is not None and run.status.phase in (None, RunPhase.QUEUED)
+
+
+async def read_source(api: KubeApi, fork: Run, archives: ArchivedSources) -> ForkSourceView:
+    """The source as the API server has it now (or its archive, when the Run is gone)."""
+    wanted = fork.spec.fork_from
+    assert wanted is not None
+    ns = str(fork.metadata.namespace)
+    if wanted.run == fork.metadata.name:
+        return ForkSourceView(run=fork)  # core refuses it: never read as a source of itself
+    body = await api.get(api.custom_path("runs", ns, wanted.run))
+    if body is None:
+        archived = await archives.fork_source(ns, wanted.run, wanted.checkpoint_id)
+        return archived if archived is not None else ForkSourceView(run=None)
+    source = Run.model_validate(body)
+    uid = str(source.metadata.uid)
+    checkpoints = [
+        Checkpoint.model_validate(o) for o in await _owned(api, "checkpoints", ns, wanted.run, uid)
+    ]
+    checkpoint = next((c for c in checkpoints if c.spec.id == wanted.checkpoint_id), None)
+    note = None
+    if checkpoint is None and (body.get("status") or {}).get("checkpointIndex"):
+        note = (
+            "the Run was compacted: its older checkpoints are in its checkpoint index, which forks do not "
+            "read yet"
+        )
+    records = [SideEffect.model_validate(o) for o in await _owned(api, "sideeffects", ns, wanted.run, uid)]
+    return ForkSourceView(run=source, checkpoint=checkpoint, side_effects=records, missing_note=note)
+
+
+async def _owned(api: KubeApi, plural: str, ns: str, run: str, uid: str) -> list[JsonDict]:
+    """The source Run's own objects of a kind (its label, its spec.runName, owned by its uid)."""
+    found: list[JsonDict] = []
+    async for page in api.list_pages(api.custom_path(plural, ns), label_selector=f"{RUN_LABEL}={run}"):
+        for obj in page:
+            if (obj.get("spec") or {}).get("runName") == run and owned_by(obj, uid, controller=False):
+                found.append(obj)
+    return found
