@@ -6,8 +6,11 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.operator.forks import DocumentArchives, NoArchives
+from agentrun.operator.forks import DocumentArchives, NoArchives, archives_in
+from agentrun.statestore import BlobStore
+from agentrun.statestore import archives as stored
 from unit.test_core_forks import checkpoint, record, source_run
+from unit.test_statestore_archives import NOW, summary
 
 
 def test_a_deleted_source_is_read_from_its_archive_document_when_a_reader_is_wired() -> None:
@@ -32,3 +35,25 @@ def test_a_deleted_source_is_read_from_its_archive_document_when_a_reader_is_wir
     assert absent is None
     assert asked == [("team-a", "source"), ("team-a", "other")]
     assert asyncio.run(NoArchives().fork_source("team-a", "source", "source-a1-s2")) is None
+
+
+def test_the_runtime_reads_deleted_sources_from_the_stores_verified_archives() -> None:
+    """archives_in: what the runtime wires: the archive statestore.archives wrote, read back verified."""
+    source = source_run()
+    body = {
+        "object": source.to_api(),
+        "checkpoints": [checkpoint().to_api()],
+        "sideEffects": [record("k1", 1).to_api()],
+    }
+    store = BlobStore.from_url("memory://state")
+
+    async def scenario() -> None:
+        entry = await stored.write_archive(store, summary("source", str(source.metadata.uid)), "7", body, NOW)
+        await stored.index_archive(store, entry)
+
+    asyncio.run(scenario())
+    found = asyncio.run(archives_in(store).fork_source("team-a", "source", "source-a1-s2"))
+    assert found is not None and found.archived and found.run is not None
+    assert found.checkpoint is not None and found.checkpoint.spec.id == "source-a1-s2"
+    assert asyncio.run(archives_in(store).fork_source("team-a", "never-archived", "x")) is None
+    assert isinstance(archives_in(None), NoArchives)

@@ -3,8 +3,8 @@ SideEffects, read from the API server (not the caches: a record a lagging cache 
 not be inherited, and its action could be executed again). Done only while the fork has not started.
 
 A source Run that is gone may have been archived: `ArchivedSources` is the seam where its archive is
-read (`DocumentArchives` over the archive reader of statestore archives); until the runtime wires one,
-a deleted source is not found. A compacted
+read (`archives_in`: the state store's archives, verified; without a store a deleted source is not
+found). A compacted
 source keeps only its latest Checkpoint object (the rest are in its checkpoint index in the store): an
 older checkpoint of it is reported missing, with that said.
 """
@@ -18,6 +18,7 @@ from agentrun.api import RUN_LABEL, Checkpoint, Run, RunPhase, SideEffect
 from agentrun.core.forking import ForkSourceView, archived_source
 from agentrun.core.identity import owned_by
 from agentrun.kubeapi import KubeApi
+from agentrun.statestore import BlobStore, archives
 
 JsonDict = dict[str, Any]
 
@@ -49,6 +50,21 @@ class DocumentArchives:
     async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
         document = await self.read(namespace, run)
         return None if document is None else archived_source(document, checkpoint_id)
+
+
+def archives_in(store: BlobStore | None) -> ArchivedSources:
+    """Where deleted fork sources are read from: the state store's archives (statestore.archives), or
+    nowhere without a store."""
+    if store is None:
+        return NoArchives()
+
+    async def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return (await archives.read_archive(store, namespace, name))[1]
+        except LookupError:
+            return None
+
+    return DocumentArchives(read)
 
 
 def wants_source(run: Run) -> bool:
