@@ -42,8 +42,8 @@ def quarantined(address: BlobAddress) -> StoredBlob:
 @dataclass(frozen=True)
 class Case:
     listing: tuple[StoredBlob, ...]
-    roots: Roots = Roots()
-    marks: Marks = Marks()
+    roots: Roots = field(default_factory=Roots)
+    marks: Marks = field(default_factory=Marks)
     namespaces: frozenset[str] | None = None
     quarantine: tuple[BlobAddress, ...] = ()
     restore: tuple[BlobAddress, ...] = ()
@@ -79,9 +79,7 @@ CASES = {
     "roots not complete: nothing anywhere is marked or quarantined": Case(
         (live(A), live(B)), Roots(complete=False), Marks({A.key: ago(86400)})
     ),
-    "a quarantined blob is first given its period": Case(
-        (quarantined(A),), quarantined_since={A.key: NOW}
-    ),
+    "a quarantined blob is first given its period": Case((quarantined(A),), quarantined_since={A.key: NOW}),
     "a quarantined blob still in its period stays": Case(
         (quarantined(A),),
         marks=Marks(quarantined_since={A.key: ago(7199)}),
@@ -91,7 +89,10 @@ CASES = {
         (quarantined(A),), marks=Marks(quarantined_since={A.key: ago(7200)}), delete=(A,)
     ),
     "a quarantined blob referenced again is restored": Case(
-        (quarantined(A),), Roots(frozenset({A.key})), Marks(quarantined_since={A.key: ago(7200)}), restore=(A,)
+        (quarantined(A),),
+        Roots(frozenset({A.key})),
+        Marks(quarantined_since={A.key: ago(7200)}),
+        restore=(A,),
     ),
     "a restore happens even where nothing may be deleted": Case(
         (quarantined(A),), Roots(frozenset({A.key}), complete=False), restore=(A,)
@@ -128,7 +129,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_decide(case: Case) -> None:
-    sweep = decide(case.listing, case.roots, case.marks, NOW, SETTINGS, case.namespaces)
+    sweep = decide(case.listing, case.roots, case.marks, NOW, SETTINGS, namespaces=case.namespaces)
     assert (sweep.quarantine, sweep.restore, sweep.delete) == (case.quarantine, case.restore, case.delete)
     assert dict(sweep.marks.unreferenced_since) == case.unreferenced_since
     assert dict(sweep.marks.quarantined_since) == case.quarantined_since
@@ -148,16 +149,20 @@ def test_a_blob_goes_from_mark_to_quarantine_to_deletion_across_sweeps() -> None
         sweep = decide(listing, Roots(), marks, NOW + timedelta(seconds=seconds), SETTINGS)
         newly_marked = A.key in sweep.marks.unreferenced_since and A.key not in marks.unreferenced_since
         marks = sweep.marks
-        seen.append(
-            "quarantine" if sweep.quarantine else "delete" if sweep.delete else "mark" if newly_marked else "wait"
-        )
+        moved = "quarantine" if sweep.quarantine else "delete" if sweep.delete else None
+        seen.append(moved or ("mark" if newly_marked else "wait"))
     assert seen == [expected for _, _, expected in sweeps]
     assert marks == Marks()
 
 
 def test_the_counts_say_why_blobs_stayed() -> None:
     sweep = decide(
-        [live(A), live(B), live(BlobAddress("team-c", RUN, "c" * 64), age=1), live(BlobAddress("team-d", FORK, "d" * 64))],
+        [
+            live(A),
+            live(B),
+            live(BlobAddress("team-c", RUN, "c" * 64), age=1),
+            live(BlobAddress("team-d", FORK, "d" * 64)),
+        ],
         Roots(frozenset({A.key}), held=frozenset({"team-b"})),
         Marks(),
         NOW,

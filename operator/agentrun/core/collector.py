@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -150,12 +150,11 @@ def decide(
     marks: Marks,
     now: datetime,
     settings: CollectorSettings,
+    *,
     namespaces: frozenset[str] | None = None,
 ) -> Sweep:
     """One sweep's decisions. `listing` is what the store listed before the roots were gathered;
     `namespaces` limits the sweep to the operator's namespaces (None: all)."""
-    grace = timedelta(seconds=settings.grace_seconds)
-    in_quarantine_for = timedelta(seconds=settings.quarantine_seconds)
     live: dict[str, tuple[BlobAddress, StoredBlob]] = {}
     quarantined: dict[str, BlobAddress] = {}
     for blob in listing:
@@ -163,58 +162,95 @@ def decide(
             live[address.key] = (address, blob)
         elif (address := quarantine_address(blob.key)) is not None:
             quarantined[address.key] = address
+    scope = _Scope(roots, namespaces)
+    live_sweep = _sweep_live(live, scope, marks, now, settings)
+    moving = {address.key for address in live_sweep.quarantine}
+    restore, delete, quarantined_since = _sweep_quarantine(
+        quarantined, scope, marks, now, settings, moving=moving
+    )
+    return replace(
+        live_sweep,
+        restore=restore,
+        delete=delete,
+        marks=Marks(live_sweep.marks.unreferenced_since, quarantined_since),
+    )
 
-    def in_scope(address: BlobAddress) -> bool:
-        return namespaces is None or address.namespace in namespaces
 
-    def held(address: BlobAddress) -> bool:
-        return not roots.complete or address.namespace in roots.held
+@dataclass(frozen=True)
+class _Scope:
+    roots: Roots
+    namespaces: frozenset[str] | None
 
-    to_quarantine: list[BlobAddress] = []
+    def mine(self, address: BlobAddress) -> bool:
+        return self.namespaces is None or address.namespace in self.namespaces
+
+    def held(self, address: BlobAddress) -> bool:
+        return not self.roots.complete or address.namespace in self.roots.held
+
+
+def _sweep_live(
+    live: Mapping[str, tuple[BlobAddress, StoredBlob]],
+    scope: _Scope,
+    marks: Marks,
+    now: datetime,
+    settings: CollectorSettings,
+) -> Sweep:
+    grace = timedelta(seconds=settings.grace_seconds)
+    quarantine: list[BlobAddress] = []
     unreferenced_since: dict[str, datetime] = {}
-    referenced = young = held_count = 0
+    referenced = young = held = 0
     for key, (address, blob) in sorted(live.items()):
-        if not in_scope(address):
+        if not scope.mine(address):
             continue
-        if key in roots.keys:
+        if key in scope.roots.keys:
             referenced += 1
-        elif held(address):
-            held_count += 1  # marking starts again once the namespace is known
+        elif scope.held(address):
+            held += 1  # marking starts again once the namespace is known
         elif now - blob.last_modified < grace:
             young += 1
         elif (since := marks.unreferenced_since.get(key)) is None:
             unreferenced_since[key] = now
         elif now - since >= grace:
-            to_quarantine.append(address)
+            quarantine.append(address)
         else:
             unreferenced_since[key] = since
-
-    moving = {address.key for address in to_quarantine}
-    to_restore: list[BlobAddress] = []
-    to_delete: list[BlobAddress] = []
-    quarantined_since: dict[str, datetime] = {key: now for key in moving}
-    for key, address in sorted(quarantined.items()):
-        if not in_scope(address) or key in moving:
-            continue  # moved into quarantine again this sweep: its period starts now
-        if key in roots.keys:
-            to_restore.append(address)
-            continue
-        since = marks.quarantined_since.get(key, now)
-        if not held(address) and now - since >= in_quarantine_for:
-            to_delete.append(address)
-        else:
-            quarantined_since[key] = since
-
     return Sweep(
-        quarantine=tuple(to_quarantine),
-        restore=tuple(to_restore),
-        delete=tuple(to_delete),
-        marks=Marks(unreferenced_since, quarantined_since),
+        quarantine=tuple(quarantine),
+        restore=(),
+        delete=(),
+        marks=Marks(unreferenced_since),
         referenced=referenced,
         young=young,
-        held=held_count,
+        held=held,
         marked=len(unreferenced_since),
     )
+
+
+def _sweep_quarantine(
+    quarantined: Mapping[str, BlobAddress],
+    scope: _Scope,
+    marks: Marks,
+    now: datetime,
+    settings: CollectorSettings,
+    *,
+    moving: set[str],
+) -> tuple[tuple[BlobAddress, ...], tuple[BlobAddress, ...], dict[str, datetime]]:
+    period = timedelta(seconds=settings.quarantine_seconds)
+    restore: list[BlobAddress] = []
+    delete: list[BlobAddress] = []
+    since_by_key: dict[str, datetime] = {key: now for key in moving}
+    for key, address in sorted(quarantined.items()):
+        if not scope.mine(address) or key in moving:
+            continue  # moved into quarantine again this sweep: its period starts now
+        if key in scope.roots.keys:
+            restore.append(address)
+            continue
+        since = marks.quarantined_since.get(key, now)
+        if not scope.held(address) and now - since >= period:
+            delete.append(address)
+        else:
+            since_by_key[key] = since
+    return tuple(restore), tuple(delete), since_by_key
 
 
 def relative_key(prefix: str, key: str) -> str | None:
