@@ -17,6 +17,7 @@ from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
@@ -27,7 +28,7 @@ from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
-from agentrun.statestore import BlobStore
+from agentrun.statestore.operatorstore import OperatorStore
 from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
@@ -89,6 +90,9 @@ class Runtime:
             namespace_labels=namespace_labels(api, clock),
             record_refusal=refusal_event(api, clock),
         )
+        self.collector = build_collector(
+            api, self.state_store, config, namespaces, clock=clock, registry=operator_metrics.registry
+        )
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: WSGIServer | None = None
 
@@ -96,6 +100,8 @@ class Runtime:
         """Starts the informers; the reconcile workers start once every cache has synced."""
         self.informers.start()
         self.notifier.start()
+        if self.collector is not None:
+            self.collector.start()
         self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
         self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
 
@@ -121,6 +127,8 @@ class Runtime:
         self.queue.stop()
         await self.informers.stop()
         await self.notifier.stop()
+        if self.collector is not None:
+            await self.collector.stop()
         if self._metrics_server:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()
@@ -128,10 +136,10 @@ class Runtime:
         self.api.close()
 
 
-def open_state_store(config: OperatorSettings, metrics: StoreMetrics) -> BlobStore | None:
+def open_state_store(config: OperatorSettings, metrics: StoreMetrics) -> OperatorStore | None:
     """The operator's own client of the state store, or None when none is configured. Its credentials
     come from the operator's environment (the operator alone may delete: the collector, compaction and
     archives); attempt Pods get their namespace's own credentials instead (core.pods.StateStorePodEnv)."""
     if config.state_store_url is None:
         return None
-    return BlobStore.from_url(config.state_store_url, observer=metrics.observe)
+    return OperatorStore.from_url(config.state_store_url, observer=metrics.observe)

@@ -61,6 +61,13 @@ class OperatorSettings:
     # credentials for it (the Pods take them through secretKeyRef).
     state_store_url: str | None = None
     state_store_secret: str = "agentrun-state-store"
+    # The one collector (docs/state-store.md, "Collection"): a sweep of the store every interval (0: no
+    # collection); a blob must be older than the grace period before it is marked, and stay unreferenced
+    # that long again before it is quarantined (far longer than any upload: StoreTimeouts allow about a
+    # minute); a quarantined blob is deleted for good after the quarantine period.
+    state_store_gc_interval_seconds: float = 600.0
+    state_store_gc_grace_seconds: float = 3600.0
+    state_store_gc_quarantine_seconds: float = 86400.0
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -71,6 +78,10 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if self.event_worker_idle_seconds <= 0:
             raise ValueError("event_worker_idle_seconds must be above 0 (see its comment)")
+        if self.state_store_gc_interval_seconds < 0:
+            raise ValueError("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS must be 0 (no collection) or more")
+        if self.state_store_gc_grace_seconds <= 0 or self.state_store_gc_quarantine_seconds <= 0:
+            raise ValueError("the state store collector's grace and quarantine periods must be above 0 s")
 
     @classmethod
     def from_env(cls, auto_priority: int) -> OperatorSettings:
@@ -95,6 +106,15 @@ class OperatorSettings:
             notify_retry_seconds=float(env("AGENTRUN_NOTIFY_RETRY_SECONDS", cls.notify_retry_seconds)),
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
+            state_store_gc_interval_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS", cls.state_store_gc_interval_seconds)
+            ),
+            state_store_gc_grace_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_GRACE_SECONDS", cls.state_store_gc_grace_seconds)
+            ),
+            state_store_gc_quarantine_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_QUARANTINE_SECONDS", cls.state_store_gc_quarantine_seconds)
+            ),
         )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import obstore
 from obstore.exceptions import (
@@ -127,7 +127,7 @@ class BlobStore:
         observer: Observer | None = None,
         timeouts: StoreTimeouts | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> BlobStore:
+    ) -> Self:
         """The store a state store URL names. Credentials come from the process environment (see
         location.py), or from `env` when given: a host running attempts in-process passes each
         container's own environment, so one Attempt never uses another namespace's credentials."""

@@ -1,0 +1,105 @@
+"""The collector's pieces that need no store or cluster: how references are found in objects (tolerant
+of malformed records), its settings, and when the runtime builds it. Its decisions:
+test_core_collector.py; its sweeps on a real cluster and S3 server: tests/integration/test_collector.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agentrun.kubeapi import KubeApi
+from agentrun.operator.collector import Collector, build_collector, references
+from agentrun.operator.settings import OperatorSettings
+from agentrun.statestore import BlobRef, parse_store_url
+from agentrun.statestore.operatorstore import OperatorStore
+from support.clock import FakeClock
+
+SHA = "a" * 64
+
+
+def test_references_are_found_in_every_field_and_a_malformed_one_still_roots_its_key() -> None:
+    run = {
+        "metadata": {"name": "r", "annotations": {"x": "not a ref"}},
+        "spec": {"input": {"nested": [{"key": "s/ns/u/sha256/" + SHA, "sha256": SHA, "size": 3}]}},
+        "status": {
+            "resultRef": {"key": "s/ns/u/sha256/" + "b" * 64, "sha256": "b" * 64, "size": 1, "links": True},
+            "forged": {"key": "s/ns/u/sha256/c", "sha256": "not hex", "size": -1},
+            "extra": {"key": "k", "sha256": SHA, "size": 1, "other": 1},
+        },
+    }
+    found = {ref.key: ref for ref in references(run)}
+    assert sorted(found) == ["s/ns/u/sha256/" + SHA, "s/ns/u/sha256/" + "b" * 64, "s/ns/u/sha256/c"]
+    assert found["s/ns/u/sha256/" + "b" * 64].links
+    assert not found["s/ns/u/sha256/c"].links  # rooted, never read as a document
+    assert found["s/ns/u/sha256/" + SHA] == BlobRef("s/ns/u/sha256/" + SHA, SHA, 3)
+
+
+def test_the_collector_runs_only_with_a_store_and_a_non_zero_interval(unreachable_api: KubeApi) -> None:
+    store = OperatorStore.from_url("memory://state")
+    clock = FakeClock()
+    off = OperatorSettings(state_store_url="memory://state", state_store_gc_interval_seconds=0)
+    on = OperatorSettings(state_store_url="memory://state")
+    assert build_collector(unreachable_api, None, on, (), clock=clock, registry=None) is None
+    assert build_collector(unreachable_api, store, off, (), clock=clock, registry=None) is None
+    registry = CollectorRegistry()
+    collector = build_collector(unreachable_api, store, on, ("team-a",), clock=clock, registry=registry)
+    assert collector is not None
+    assert (collector.settings.grace_seconds, collector.settings.quarantine_seconds) == (3600, 86400)
+    assert collector.interval_seconds == 600
+    assert collector.namespaces == ("team-a",)
+    assert parse_store_url("memory://state") == store.location
+
+
+def test_the_collector_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS", "5")
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_GC_GRACE_SECONDS", "2.5")
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_GC_QUARANTINE_SECONDS", "7")
+    config = OperatorSettings.from_env(auto_priority=0)
+    assert (
+        config.state_store_gc_interval_seconds,
+        config.state_store_gc_grace_seconds,
+        config.state_store_gc_quarantine_seconds,
+    ) == (5, 2.5, 7)
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_GC_GRACE_SECONDS", "0")
+    with pytest.raises(ValueError, match="grace and quarantine periods"):
+        OperatorSettings.from_env(auto_priority=0)
+    with pytest.raises(ValueError, match="0 \\(no collection\\) or more"):
+        OperatorSettings(state_store_gc_interval_seconds=-1)
+
+
+class SweepCountingClock(FakeClock):
+    """The loop waits an interval after each sweep: the second wait says two sweeps are done."""
+
+    two_sweeps: asyncio.Event
+    waits = 0
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits += 1
+        if self.waits == 2:
+            self.two_sweeps.set()
+        await super().sleep(seconds)
+
+
+def test_a_sweep_whose_roots_cannot_be_gathered_decides_nothing(unreachable_api: KubeApi) -> None:
+    store = OperatorStore.from_url("memory://state")
+    asyncio.run(store.put("team-a", "3f1c2a9e-8d5b-4c47-9f0e-2b6d7a1c5e34", b"unreferenced"))
+    registry = CollectorRegistry()
+    config = OperatorSettings(state_store_url="memory://state", state_store_gc_grace_seconds=1)
+    clock = SweepCountingClock()
+    collector = build_collector(unreachable_api, store, config, (), clock=clock, registry=registry)
+    assert isinstance(collector, Collector)
+
+    async def two_sweeps_of_the_loop() -> None:
+        clock.two_sweeps = asyncio.Event()
+        collector.start()
+        await clock.two_sweeps.wait()
+        await collector.stop()
+        await unreachable_api.aclose()
+
+    asyncio.run(two_sweeps_of_the_loop())
+    assert registry.get_sample_value("agentrun_state_store_gc_sweeps_total", {"outcome": "error"}) == 2
+    assert registry.get_sample_value("agentrun_state_store_gc_sweeps_total", {"outcome": "ok"}) == 0
+    assert collector.marks.unreferenced_since == {}
+    assert len(asyncio.run(store.list_blobs())) == 1
