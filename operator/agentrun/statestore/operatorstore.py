@@ -79,9 +79,13 @@ class OperatorStore(BlobStore):
         return True
 
     async def restore(self, address: BlobAddress, size: int) -> None:
-        """Puts a quarantined blob back at its key (put-if-absent: a writer may have created it again,
-        then it is verified), after checking its digest, then deletes the quarantine copy. A copy that is
-        not its content raises StateUnverifiable and is left where it is."""
-        data = await self.get_at(address.quarantine_key, size)
-        await self.put(address.namespace, address.run_uid, data)
+        """Puts a quarantined blob back at its key after checking its digest, then deletes the
+        quarantine copy. A copy that is not its content raises StateUnverifiable and stays where it is.
+
+        Copied, not put-if-absent: on a versioned bucket the key's delete marker may refuse
+        `If-None-Match: *` (versitygw v1.8.0 does), and what lands at the key is the address's own,
+        verified content, so overwriting (a writer's identical blob) loses nothing."""
+        await self.get_at(address.quarantine_key, size)
+        if not await self.copy(address.quarantine_key, address.key):
+            raise StateUnverifiable(self.location.key(address.quarantine_key), "gone before it was restored")
         await self.delete(address.quarantine_key)
