@@ -107,13 +107,15 @@ def test_a_runs_blobs_stay_while_it_lives_and_garbage_goes_after_mark_and_quaran
     assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
     referenced = references_of_run(kube, ns, run)
     assert len(referenced) >= 4  # three states and the result, at least
-    # what an Attempt that died between its upload and the object naming it leaves behind
-    planted_data = b"uploaded, never referenced " * 1000
-    planted = asyncio.run(operator_store(local_cluster).put(ns, run["metadata"]["uid"], planted_data))
+    # what Attempts that died between an upload and the object naming it leave behind
+    store, uid = operator_store(local_cluster), run["metadata"]["uid"]
+    lost = asyncio.run(store.put(ns, uid, b"uploaded, never referenced " * 1000))
+    wanted_data = b"uploaded, named again later " * 1000
+    wanted = asyncio.run(store.put(ns, uid, wanted_data))
 
     with Sweeps(kube, local_cluster, ns) as sweeps:
         kept = {sweeps.address(ref) for ref in referenced}
-        garbage = sweeps.address(planted)
+        garbage = {sweeps.address(lost), sweeps.address(wanted)}
 
         first = sweeps.after(0)  # every blob is younger than the grace period: none is touched
         assert first.marks.unreferenced_since == {}
@@ -121,44 +123,57 @@ def test_a_runs_blobs_stay_while_it_lives_and_garbage_goes_after_mark_and_quaran
         assert first.referenced == len(kept)
 
         marked = sweeps.after(GRACE)
-        assert set(marked.marks.unreferenced_since) == {garbage.key}
+        assert set(marked.marks.unreferenced_since) == {a.key for a in garbage}
         assert marked.quarantine == ()
 
         moved = sweeps.after(GRACE)
-        assert moved.quarantine == (garbage,)
+        assert set(moved.quarantine) == garbage
         with pytest.raises(StateUnverifiable) as gone:
-            sweeps.readable(planted)
+            sweeps.readable(wanted)
         assert gone.value.missing
-        assert garbage.quarantine_key in {blob.key for blob in sweeps.listing()}
+        assert {a.quarantine_key for a in garbage} <= {blob.key for blob in sweeps.listing()}
 
-        deleted = sweeps.after(GRACE)
-        assert deleted.delete == (garbage,)
+        # another Run names one of them (as a writer that verified it just before the move would, or a
+        # fork naming its source's blob): the next sweep restores it; the other is deleted for good
+        naming = big_state_run("names-it", local_cluster, steps=1, outputBytes=10, names=wanted.to_json())
+        create_run(kube, ns, naming)
+        settled = sweeps.after(GRACE)
+        assert settled.restore == (sweeps.address(wanted),)
+        assert settled.delete == (sweeps.address(lost),)
+        assert sweeps.readable(wanted) == wanted_data
         listed = {blob.key for blob in sweeps.listing()}
-        assert {garbage.key, garbage.quarantine_key}.isdisjoint(listed)
+        assert {sweeps.address(lost).key, sweeps.address(lost).quarantine_key}.isdisjoint(listed)
         # the Run's own blobs were never marked, and read back verified
         assert {a.key for a in kept} <= listed
         for ref in referenced:
             sweeps.readable(ref)
 
-        # a deleted Run's blobs become garbage (its Checkpoints go with it: owner references)
+        # a deleted Run's blobs become garbage (its Checkpoints go with it: owner references), except the
+        # one the other Run names
         kube.custom.delete_namespaced_custom_object(
             GROUP, VERSION, ns, "runs", name, body={"propagationPolicy": "Foreground"}
         )
+
+        def run_gone() -> bool:
+            return not (run_named(kube, ns, name) or checkpoints(kube, ns, name) or attempts(kube, ns, name))
+
         wait_for(
-            lambda: not checkpoints(kube, ns, name) and not attempts(kube, ns, name) and not runs(kube, ns),
+            run_gone,
             timeout=60,
             what=f"Run {name} and its Checkpoints and Attempts deleted",
         )
         assert set(sweeps.after(GRACE).marks.unreferenced_since) == {a.key for a in kept}
         assert set(sweeps.after(GRACE).quarantine) == kept
         assert set(sweeps.after(GRACE).delete) == kept
-        assert sweeps.listing() == []
+        listed = {blob.key for blob in sweeps.listing()}
+        assert sweeps.address(wanted).key in listed
+        assert listed.isdisjoint({a.key for a in kept} | {a.quarantine_key for a in kept})
+        assert sweeps.readable(wanted) == wanted_data
 
 
-def runs(kube: Kube, ns: str) -> list[dict[str, Any]]:
+def run_named(kube: Kube, ns: str, name: str) -> bool:
     found = kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "runs")
-    items: list[dict[str, Any]] = found["items"]
-    return items
+    return any(item["metadata"]["name"] == name for item in found["items"])
 
 
 @pytest.fixture
