@@ -5,14 +5,21 @@ test_core_collector.py; its sweeps on a real cluster and S3 server: tests/integr
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from dataclasses import replace
+from typing import Any
 
+import obstore
 import pytest
+from obstore.store import MemoryStore
 from prometheus_client import CollectorRegistry
 
+from agentrun.core.collector import Roots, live_address
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.collector import Collector, build_collector, references
 from agentrun.operator.settings import OperatorSettings
 from agentrun.statestore import BlobRef, parse_store_url
+from agentrun.statestore.documents import encode_document
 from agentrun.statestore.operatorstore import OperatorStore
 from support.clock import FakeClock
 
@@ -103,3 +110,74 @@ def test_a_sweep_whose_roots_cannot_be_gathered_decides_nothing(unreachable_api:
     assert registry.get_sample_value("agentrun_state_store_gc_sweeps_total", {"outcome": "ok"}) == 0
     assert collector.marks.unreferenced_since == {}
     assert len(asyncio.run(store.list_blobs())) == 1
+
+
+RUN_UID = "3f1c2a9e-8d5b-4c47-9f0e-2b6d7a1c5e34"
+
+
+def memory() -> tuple[OperatorStore, MemoryStore]:
+    raw = MemoryStore()
+    return OperatorStore(raw, parse_store_url("memory://state")), raw
+
+
+def roots_of(store: OperatorStore, objects: list[dict[str, Any]], api: KubeApi) -> Roots:
+    collector = build_collector(
+        api, store, OperatorSettings(state_store_url="memory://state"), (), clock=FakeClock(), registry=None
+    )
+    assert collector is not None
+    return asyncio.run(collector.roots_of(objects))
+
+
+def relative(ref: BlobRef) -> str:
+    return ref.key.removeprefix("state/")
+
+
+def checkpoint_naming(ref: BlobRef, namespace: str = "team-a") -> dict[str, Any]:
+    return {"metadata": {"name": "c", "namespace": namespace}, "spec": {"stateRef": ref.to_json()}}
+
+
+def test_roots_follow_links_through_documents_and_archives(unreachable_api: KubeApi) -> None:
+    store, raw = memory()
+
+    def put(data: bytes, namespace: str = "team-a") -> BlobRef:
+        return asyncio.run(store.put(namespace, RUN_UID, data))
+
+    channel, message, archived = put(b"channel"), put(b"message"), put(b"archived state")
+    inner = replace(put(encode_document("Writes", [message], {})), links=True)
+    manifest = replace(put(encode_document("Manifest", [channel, inner], {"parents": []})), links=True)
+    archive = encode_document("Archive", [archived], {"run": "gone"})
+    digest = hashlib.sha256(archive).hexdigest()
+    obstore.put(raw, f"state/_archives/team-a/sha256/{digest}", archive)
+
+    roots = roots_of(store, [checkpoint_naming(manifest)], unreachable_api)
+    assert roots.keys == {relative(r) for r in (manifest, channel, inner, message, archived)}
+    assert (roots.held, roots.complete) == (frozenset(), True)
+
+
+def test_a_document_that_cannot_be_read_holds_its_namespace(unreachable_api: KubeApi) -> None:
+    store = OperatorStore.from_url("memory://state")
+    missing = BlobRef(f"state/team-b/{RUN_UID}/sha256/{'b' * 64}", "b" * 64, 10, links=True)
+    not_a_document = replace(asyncio.run(store.put("team-c", RUN_UID, b"[1, 2]")), links=True)
+    objects = [checkpoint_naming(missing, "team-b"), checkpoint_naming(not_a_document, "team-c")]
+    roots = roots_of(store, objects, unreachable_api)
+    assert roots.held == {"team-b", "team-c"}
+    assert roots.complete
+    assert roots.keys == {relative(missing), relative(not_a_document)}
+
+
+def test_a_document_in_quarantine_is_read_there_and_an_unreadable_archive_stops_all(
+    unreachable_api: KubeApi,
+) -> None:
+    store, raw = memory()
+    named = asyncio.run(store.put("team-a", RUN_UID, b"named"))
+    stored = asyncio.run(store.put("team-a", RUN_UID, encode_document("M", [named], {})))
+    document = replace(stored, links=True)
+    address = live_address(relative(document))
+    assert address is not None
+    asyncio.run(store.quarantine(address))
+    roots = roots_of(store, [checkpoint_naming(document)], unreachable_api)
+    assert relative(named) in roots.keys
+    assert roots.complete
+
+    obstore.put(raw, "state/_archives/team-a/archive.json", b"{}")
+    assert not roots_of(store, [], unreachable_api).complete

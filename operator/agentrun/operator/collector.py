@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -38,6 +38,7 @@ from agentrun.statestore.documents import document_refs
 from agentrun.statestore.operatorstore import OperatorStore
 
 log = logging.getLogger("agentrun.operator.collector")
+JsonDict = dict[str, Any]
 
 # The kinds whose objects hold references (every field is searched).
 ROOT_KINDS: Final = ("runs", "attempts", "checkpoints", "sideeffects")
@@ -101,6 +102,12 @@ class _Gathering:
         self.keys.add(key)
         if ref.links:
             self.documents.append((ref, namespace))
+
+    def take(self, objects: Iterable[JsonDict]) -> None:
+        for obj in objects:
+            namespace = (obj.get("metadata") or {}).get("namespace")
+            for ref in references(obj):
+                self.add(ref, namespace)
 
     def hold(self, key: str | None, namespace: str | None, why: str) -> None:
         address = live_address(key) if key is not None else None
@@ -204,10 +211,16 @@ class Collector:
         for plural in ROOT_KINDS:
             for path, _ in collection_paths(GROUP, VERSION, plural, self.namespaces):
                 async for page in self.api.list_pages(path):
-                    for obj in page:
-                        namespace = (obj.get("metadata") or {}).get("namespace")
-                        for ref in references(obj):
-                            gathering.add(ref, namespace)
+                    gathering.take(page)
+        return await self._complete(gathering)
+
+    async def roots_of(self, objects: Iterable[JsonDict]) -> Roots:
+        """The roots as they would be if `objects` were the live objects (the store read as in a sweep)."""
+        gathering = _Gathering(self.store.location.prefix)
+        gathering.take(objects)
+        return await self._complete(gathering)
+
+    async def _complete(self, gathering: _Gathering) -> Roots:
         for archive in await self.store.list_blobs(ARCHIVES_SEGMENT):
             try:
                 data = await self.store.get_at(archive.key, archive.size)
