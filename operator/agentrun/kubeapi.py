@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 
 from agentrun.api import GROUP, VERSION
+from agentrun.deferredtls import aiohttp  # aiohttp, without reading the CA bundle at import
 from agentrun.kubeauth import Configuration, Endpoint, load_configuration
 
 __all__ = [

@@ -131,3 +131,30 @@ def test_the_worker_sdk_loads_nothing_it_does_not_use() -> None:
     assert {m for m in loaded if m.startswith("opentelemetry.")} == set()
     programs = ("agentrun.operator", "agentrun.cli", "agentrun.deploy")
     assert {m for m in loaded if m.startswith(programs)} == set()
+
+
+def run_after_import(module: str, code: str) -> str:
+    """What `code` prints in a fresh interpreter that has imported `module`."""
+    script = f"import {module}\n{code}"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+
+
+def test_importing_the_worker_sdk_builds_no_model_and_reads_no_ca_bundle() -> None:
+    """The two costs that were half of the SDK's import: every model's validator (built when a model is
+    first used) and aiohttp's default TLS contexts reading the system's CA bundle (at their first
+    handshake, agentrun.deferredtls)."""
+    check = (
+        "import ssl, pydantic\n"
+        "from agentrun.api import ApiModel\n"
+        "import aiohttp.connector as connector\n"
+        "models, pending = [], [ApiModel]\n"
+        "while pending:\n"
+        "    models.append(pending.pop()); pending.extend(models[-1].__subclasses__())\n"
+        "print(sum(m.__pydantic_complete__ for m in models), len(models))\n"
+        # aiohttp's own names for its two default contexts (ssl=True, ssl=False)
+        "for context in (connector._SSL_CONTEXT_VERIFIED, connector._SSL_CONTEXT_UNVERIFIED):\n"
+        "    print(ssl.SSLContext.cert_store_stats(context)['x509'])\n"
+    )
+    built, models, verified, unverified = map(int, run_after_import("agentrun.worker", check).split())
+    assert (built, verified, unverified) == (0, 0, 0) and models > 40
+    assert "pydantic.plugin._loader" not in loaded_after_import("agentrun.worker")  # no validator made

@@ -235,6 +235,7 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_lease_takeovers",
         "agentrun_rejected_commits",
         "agentrun_work_queue_depth",
+        "agentrun_operator_active",
         "agentrun_usage_input_tokens",
         "agentrun_usage_output_tokens",
         "agentrun_usage_cost_usd",

@@ -378,6 +378,7 @@ def start_up(clock: FakeClock | None = None) -> Runtime:
         tracing=Tracing("agentrun-operator", {}),
         operator_metrics=OperatorMetrics(None),
         clock=clock or FakeClock(),
+        identity="replica-a",
     )
 
 

@@ -128,8 +128,12 @@ def defaulted_object(factory: Callable[[], BaseModel], description: str) -> Any:
     omitted field. (A `{}` default is not enough: the server checks a default against the CEL rules
     before its own nested defaults apply.)
     """
-    default: JsonDict = factory().model_dump(mode="json", by_alias=True)
-    return Field(default_factory=factory, description=description, json_schema_extra={"default": default})
+
+    def with_default(schema: JsonDict) -> None:
+        # when a schema is made, not at import: building the object builds its model's validator
+        schema["default"] = factory().model_dump(mode="json", by_alias=True)
+
+    return Field(default_factory=factory, description=description, json_schema_extra=with_default)
 
 
 # --- enums --------------------------------------------------------------------------------------------
@@ -170,6 +174,10 @@ class ApiModel(BaseModel):
     Unknown fields are ignored (not forbidden) so that objects read back from the API server parse
     even when a newer server or another writer added fields; such a model is for reading and for
     building new objects or patches, not for round-tripping a full object back in an update.
+
+    A model's validator is built when it is first used (defer_build), not at import: an attempt Pod
+    uses a few of the models (its import was a third model building); a long-running program builds
+    them all at start-up (`build_models`).
     """
 
     model_config = ConfigDict(
@@ -178,7 +186,21 @@ class ApiModel(BaseModel):
         validate_by_alias=True,
         serialize_by_alias=True,
         extra="ignore",
+        defer_build=True,
     )
+
+    @classmethod
+    def build_models(cls) -> int:
+        """Builds the validator of every model of agentrun.dev imported so far (the operator does, before
+        it freezes what it holds at start-up); returns how many models there are."""
+        models, pending = [], list(cls.__subclasses__())
+        while pending:
+            model = pending.pop()
+            models.append(model)
+            pending.extend(model.__subclasses__())
+        for model in models:
+            model.model_rebuild()
+        return len(models)
 
     def to_api(self) -> dict[str, Any]:
         """The object as JSON for a create or a replace: camelCase, unset optional fields left out."""

@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # core.runs (its CompensateFirst row) asks redirect(): the ty
 INCOMPLETE: Final = "CompensationIncomplete"
 # Run failures after which no Pod may run for the Run: nothing could compensate, the Run ends as it is.
 NO_PODS: Final = frozenset({identity.NOT_ALLOWED, identity.ROLE_NOT_BOUND, identity.NAME_SQUATTED})
-DEFAULT_POLICY: Final = CompensationPolicy()
 
 # ---- which effects ------------------------------------------------------------------------------------
 
@@ -105,7 +104,7 @@ def settled_state(answer: ledger.Answer) -> SideEffectState | None:
 
 
 def policy_of(run: Run) -> CompensationPolicy:
-    return run.spec.compensation or DEFAULT_POLICY
+    return run.spec.compensation or CompensationPolicy()  # made here: at import it would build its model
 
 
 def compensates_on(run: Run, phase: RunPhase) -> bool:

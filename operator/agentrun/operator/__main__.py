@@ -12,10 +12,12 @@ import random
 import kopf
 import uvloop
 
+from agentrun.api import ApiModel
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
 from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
+from agentrun.operator.standby import replica_identity
 
 log = logging.getLogger("agentrun.operator")
 
@@ -24,7 +26,9 @@ def freeze_startup_objects() -> None:
     """Takes what the process holds now (kopf, pydantic's schemas, the kubernetes client: most of its
     objects, all of them as long-lived as the process) out of the garbage collector's generations, after
     collecting what is already garbage. Each full collection then scans only what the operator built
-    since; rescanning these was about a tenth of its CPU per Run (bench/findings.md, "Cost per Run")."""
+    since; rescanning these was about a tenth of its CPU per Run (bench/findings.md, "Cost per Run").
+    The models' validators (built on first use, for the SDK's start) are built first, to be among them."""
+    ApiModel.build_models()
     gc.collect()
     gc.freeze()
 
@@ -46,7 +50,9 @@ async def require_policies(api: KubeApi, clock: Clock) -> None:
 
 async def run(namespaces: list[str], liveness: str | None) -> None:
     clock = SystemClock()  # the operator's one clock: every collaborator is given it
-    config = OperatorSettings.from_env(auto_priority(clock, random.Random()))
+    chance = random.Random()
+    config = OperatorSettings.from_env(auto_priority(clock, chance))
+    identity = replica_identity(os.environ, clock, chance)
     api = KubeApi(threads=2)
     try:
         await bootstrap.prepare(api, namespaces, config.peering, clock)
@@ -63,7 +69,8 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        registry=handlers.registry(namespaces, config, clock),
+        identity=identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str, not exported
+        registry=handlers.registry(namespaces, config, clock, identity),
     )
 
 

@@ -145,6 +145,8 @@ class Collector:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Starts sweeping. Marks start afresh: a replica that stood by saw nothing meanwhile."""
+        self.marks = Marks()
         self._task = asyncio.create_task(self._sweep_forever(), name="state-store-collector")
 
     async def stop(self) -> None:

@@ -1,5 +1,6 @@
 """kopf's part: the Run watch (and the peering, in settings). The startup handler builds the Runtime into
-kopf's memo, which kopf hands to every handler; the Run event handler passes each event on."""
+kopf's memo, which kopf hands to every handler; the Run event handler passes each event on. With peering,
+the Runtime follows kopf's pause on its own (agentrun.operator.standby): kopf gets the same `identity`."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from agentrun.tracing import Tracing
 log = logging.getLogger("agentrun.operator")
 
 
-def registry(namespaces: Sequence[str], config: OperatorSettings, clock: Clock) -> kopf.OperatorRegistry:
+def registry(
+    namespaces: Sequence[str], config: OperatorSettings, clock: Clock, identity: str
+) -> kopf.OperatorRegistry:
     """The handlers of an operator watching `namespaces` (none: the whole cluster), configured by
-    `config`, on `clock`: the one clock of the operator, given to every collaborator."""
+    `config`, on `clock`: the one clock of the operator, given to every collaborator; `identity`: this
+    replica's name among its peers, the one kopf.operator is given."""
     handlers = kopf.OperatorRegistry()
     # kopf's default registry logs in through the kubernetes client by itself; ours says so.
     kopf.on.login(registry=handlers)(kopf.login_via_client)
@@ -38,10 +42,16 @@ def registry(namespaces: Sequence[str], config: OperatorSettings, clock: Clock) 
             tracing=Tracing("agentrun-operator"),  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
             operator_metrics=OperatorMetrics(new_registry()),
             clock=clock,
+            identity=identity,
         )
         runtime.start()
         memo.runtime = runtime
-        log.info("agentrun operator started: %s; its own ServiceAccount: %s", config, own_account())
+        log.info(
+            "agentrun operator started: %s; its own ServiceAccount: %s; among its peers: %s",
+            config,
+            own_account(),
+            identity,
+        )
 
     @kopf.on.cleanup(registry=handlers)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -97,6 +97,10 @@ class Informers:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        """Lists and watches every collection; `synced` is set again once each is listed (a restart
+        after `stop` lists afresh)."""
+        self._pending = len(self._collections)
+        self.synced = asyncio.Event()
         for kind, path, selector, ns in self._collections:
             self._tasks.append(
                 asyncio.create_task(self._follow(kind, path, selector, ns), name=f"watch {path}")
@@ -106,6 +110,7 @@ class Informers:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
     async def _follow(self, kind: str | None, path: str, selector: str, namespace: str | None) -> None:
         first = True

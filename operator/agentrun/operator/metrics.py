@@ -224,6 +224,11 @@ class OperatorMetrics:
             ["reason"],
             registry=registry,
         )
+        self.active = Gauge(
+            "agentrun_operator_active",
+            "1 while this replica acts, 0 while it stands by (peering: a live peer of higher priority acts).",
+            registry=registry,
+        )
         self.work_queue_depth = Gauge(
             "agentrun_work_queue_depth",
             "Runs waiting in the work queue for a reconcile worker.",
@@ -270,6 +275,9 @@ class OperatorMetrics:
 
     def forget_run(self, key: Key) -> None:
         self.run_phases.pop(key, None)
+
+    def forget_runs(self) -> None:
+        self.run_phases.clear()
 
     def reconciled(self, outcome: str, seconds: float) -> None:
         self.reconciles.labels(_known(outcome, OUTCOMES)).inc()

@@ -107,18 +107,25 @@ class Notifier:
         ]
 
     async def stop(self) -> None:
+        """Stops the senders; what is queued stays (a delivery under way is queued again if its Run
+        still waits for it) for a start again: a replica that stands by sends nothing until it takes
+        over."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     async def _send_forever(self) -> None:
         while True:
             notice = await self._queue.get()
             try:
                 await self.deliver(notice)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # stopped: sent again after a start, if still due
+                if self.still_due(notice) and not self._queue.full():
+                    self._queue.put_nowait(notice)
                 raise
             except Exception:  # a notification is worth a log line, never the notifier
                 log.exception("notification %s not delivered", notice.id)

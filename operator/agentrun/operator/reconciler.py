@@ -89,6 +89,17 @@ class Reconciler:
         if key in self.runs:
             self.queue.add(key)
 
+    def resync(self) -> None:
+        """Taking over (a start, or the end of a standby): every Run known is reconciled, level-based."""
+        for key in self.runs.known():
+            self.queue.add(key)
+
+    def stand_by(self) -> None:
+        """This replica stops acting: another one writes the Runs meanwhile, so the cached views are
+        read again before they are decided on (a Run kopf hands over later is fresh again)."""
+        self._stale.update(self.runs.known())
+        self.metrics.forget_runs()  # the active replica counts them
+
     def forget(self, key: Key) -> None:
         """The Run is gone: drop what this operator keeps about it."""
         self.cache.forget_run(key)
@@ -108,11 +119,13 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
-            started = self.clock.monotonic()
-            with logs.bound(namespace=key[0], run=key[1]):
-                outcome = await self._process(key)
-            self.metrics.reconciled(outcome, self.clock.monotonic() - started)
-            self.queue.done(key)
+            try:  # cancelled (the replica stands by): the key is done all the same
+                started = self.clock.monotonic()
+                with logs.bound(namespace=key[0], run=key[1]):
+                    outcome = await self._process(key)
+                self.metrics.reconciled(outcome, self.clock.monotonic() - started)
+            finally:
+                self.queue.done(key)
 
     async def _process(self, key: Key) -> str:
         """One reconcile and what its outcome asks of the queue; returns the outcome for the metrics."""

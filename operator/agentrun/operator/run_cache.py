@@ -63,6 +63,10 @@ class RunCache:
         cached = self._runs.get(key)
         return None if cached is None or cached[0] is None else str(cached[0])
 
+    def known(self) -> list[Key]:
+        """The keys of every Run cached."""
+        return list(self._runs)
+
     def remove(self, key: Key) -> None:
         self._runs.pop(key, None)
 

@@ -1,18 +1,24 @@
 """The operator's one object graph, built at start-up on one Clock: the API client, the caches, the
 informers that fill them, the lease expiry, the work queue, the executor and its observers, the
 reconciler, metrics and tracing. kopf delivers the Run events (and keeps the peering); everything else is
-here, with nothing held at module level and nothing built behind a default."""
+here, with nothing held at module level and nothing built behind a default.
+
+With peering, the runtime acts only while kopf would (agentrun.operator.standby): a replica standing by
+runs no informer, no reconcile worker, no timer and no notification sender (the Runs kopf still hands
+over are only noted). Taking over is a full resync: the caches are listed again and every Run known is
+reconciled, as at a start."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
+from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import metrics
 from agentrun.operator.attempt_role import AttemptRoleChecks
@@ -26,6 +32,7 @@ from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
+from agentrun.operator.standby import PeeringStanding
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore.operatorstore import OperatorStore
@@ -33,6 +40,15 @@ from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
+
+
+class Activity(Protocol):
+    """Something that works on its own (senders, collectors, timers of its own): it runs only while the
+    replica acts. start() begins it; stop() ends what it does, keeping what a start again needs."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Runtime:
@@ -48,7 +64,9 @@ class Runtime:
         tracing: Tracing,
         operator_metrics: metrics.OperatorMetrics,
         clock: Clock,
+        identity: str,
     ) -> None:
+        """identity: this replica's name among its peers (the one kopf is given)."""
         self.api, self.config, self.clock, self.tracing = api, config, clock, tracing
         self.metrics = operator_metrics
         self.state_store = open_state_store(config, StoreMetrics(operator_metrics.registry))
@@ -93,17 +111,72 @@ class Runtime:
         self.collector = build_collector(
             api, self.state_store, config, namespaces, clock=clock, registry=operator_metrics.registry
         )
+        # What runs only while this replica acts, beside the informers and the reconcile workers: a new
+        # sender, collector or timer of its own is added here (built on the runtime's clock).
+        self.activities: list[Activity] = [self.notifier, *([self.collector] if self.collector else [])]
+        self.peering = (
+            PeeringStanding(
+                api,
+                name=config.peering,
+                namespaces=namespaces,
+                identity=identity,
+                priority=config.priority,
+                clock=clock,
+                flip=self._flip,
+                timeout_seconds=config.watch_timeout_seconds,
+            )
+            if config.peering
+            else None
+        )
+        self.active = False
         self._task: asyncio.Task[None] | None = None
         self._metrics_server: WSGIServer | None = None
 
     def start(self) -> None:
-        """Starts the informers; the reconcile workers start once every cache has synced."""
-        self.informers.start()
-        self.notifier.start()
-        if self.collector is not None:
-            self.collector.start()
-        self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
+        """Acts at once when standalone; with peering, once the peering objects say this replica may."""
         self._metrics_server = metrics.serve(self.config.metrics_port, self.metrics.registry)
+        if self.peering is None:
+            self._activate()
+        else:
+            log.info("standing by until the peering %s is read", self.config.peering)
+            self.peering.start()
+
+    async def _flip(self, standing: Standing) -> None:
+        """A new standing among the peers: logged once it holds (a replica says it stands by only once
+        nothing of it runs any more)."""
+        if standing.active and not self.active:
+            self._activate()
+        elif not standing.active:
+            await self._stand_by()
+        log.info("%s: %s", "active" if standing.active else "standing by", standing.reason)
+
+    def _activate(self) -> None:
+        """Starts the informers (a fresh listing) and queues every Run known; the reconcile workers
+        start once every cache has synced."""
+        self.active = True
+        self.metrics.active.set(1)
+        self.reconciler.resync()
+        self.informers.start()
+        for activity in self.activities:
+            activity.start()
+        self._task = asyncio.create_task(self._reconcile_when_synced(), name="reconciler")
+
+    async def _stand_by(self) -> None:
+        """Stops everything that reads or writes on its own: workers (a reconcile under way is cancelled,
+        as if the process had stopped), timers, informers and the activities (notification senders)."""
+        if not self.active:
+            return
+        self.active = False
+        self.metrics.active.set(0)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.queue.pause()
+        await self.informers.stop()
+        for activity in self.activities:
+            await activity.stop()
+        self.reconciler.stand_by()
 
     async def _reconcile_when_synced(self) -> None:
         started = self.clock.monotonic()
@@ -122,13 +195,9 @@ class Runtime:
             self.notifier.observe(body)  # queues only: a notification never holds up a Run
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-        self.queue.stop()
-        await self.informers.stop()
-        await self.notifier.stop()
-        if self.collector is not None:
-            await self.collector.stop()
+        if self.peering is not None:
+            await self.peering.stop()
+        await self._stand_by()
         if self._metrics_server:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()

@@ -159,5 +159,13 @@ class WorkQueue(Generic[K]):
             self._task.cancel()
             self._task = None
 
+    def pause(self) -> None:
+        """No timer fires from now on: each is dropped (the resync that ends a pause queues every key,
+        and their reconciles arm them again). The queued keys and the failure counts stay."""
+        self.stop()
+        self._timers.clear()
+        self._lease_timers.clear()
+        self._heap.clear()
+
     def __len__(self) -> int:
         return self._ready.qsize()
