@@ -14,7 +14,7 @@ import pytest
 from obstore.store import MemoryStore
 from prometheus_client import CollectorRegistry
 
-from agentrun.core.collector import Roots, live_address
+from agentrun.core.collector import Marks, Roots, live_address
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.collector import Collector, build_collector, references
 from agentrun.operator.settings import OperatorSettings
@@ -181,3 +181,19 @@ def test_a_document_in_quarantine_is_read_there_and_an_unreadable_archive_stops_
 
     obstore.put(raw, "state/_archives/team-a/archive.json", b"{}")
     assert not roots_of(store, [], unreachable_api).complete
+
+
+def test_a_start_forgets_the_marks_made_before_a_replica_stood_by(unreachable_api: KubeApi) -> None:
+    store, _ = memory()
+    config = OperatorSettings(state_store_url="memory://state")
+    collector = build_collector(unreachable_api, store, config, (), clock=FakeClock(), registry=None)
+    assert collector is not None
+    collector.marks = Marks({"team-a/uid/sha256/" + "a" * 64: FakeClock().now()})
+
+    async def start_and_stop() -> None:
+        collector.start()
+        assert collector.marks == Marks()
+        await collector.stop()
+        await unreachable_api.aclose()
+
+    asyncio.run(start_and_stop())
