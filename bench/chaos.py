@@ -80,6 +80,9 @@ Invariants (each figure must be 0; any violation makes the exit status 1, with t
       latestCheckpoint that no longer exists; a status.inputs entry whose key is not an Accepted Resume in
       status.controls; an Accepted control record seen during the run that is gone; Accepted resumes and
       Attempts started by a resume that do not match one to one (same request, same value as sent).
+  referenced blobs deleted: a state-store reference ({key, sha256, size}, in any field of a Run, Attempt,
+      Checkpoint or SideEffect at the end) whose blob is not at its key. The operator runs its collector
+      through the whole run with short periods (a sweep every 2 s, 30 s of grace and quarantine).
 Also checked, and counted as violations too:
   results that disagree with the world: a Succeeded Run whose result names another ticket than the one
       the service holds for its key, or another priority than the answer its last resumed Attempt got.
@@ -93,6 +96,7 @@ Also checked, and counted as violations too:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -121,6 +125,8 @@ from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from agentrun.kubeapi import ApiError
 from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
+from agentrun.statestore.documents import refs_in
+from agentrun.statestore.operatorstore import OperatorStore
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -230,10 +236,20 @@ INVARIANTS = (
     ("unknown_not_surfaced", "unknown side effects not surfaced as NeedsReconciliation"),
     ("forged_writes_accepted", "forged writes accepted"),
     ("history_lost", "history lost"),
+    ("referenced_blobs_deleted", "referenced blobs deleted by the collector"),
     ("results_disagree", "results that disagree with the world (also checked)"),
     ("controls_mishandled", "control requests mishandled (also checked)"),
     ("attempts_misrecorded", "Attempts misrecorded (also checked)"),
 )
+
+
+# The collector at work through the whole run: periods far shorter than a production operator's, still
+# longer than a frozen worker's pause between its upload and the object that names the blob.
+COLLECTOR_ENV = {
+    "AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS": "2",
+    "AGENTRUN_STATE_STORE_GC_GRACE_SECONDS": "30",
+    "AGENTRUN_STATE_STORE_GC_QUARANTINE_SECONDS": "30",
+}
 
 
 class HarnessError(Exception):
@@ -465,13 +481,22 @@ class Chaos:
             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
         }
         self.api.call("POST", f"{rbac}/rolebindings", binding)
+        store_env = self.cluster.state_store_env()
+        self.api.call("POST", f"/api/v1/namespaces/{NS}/secrets", security.state_store_secret(NS, store_env))
         self.tickets.start()
         os.environ["AGENTRUN_METRICS_PORT"] = "0"  # other operators on this machine may hold the default
         operator_kubeconfig = security.install(
             self.cluster.binary("kubectl"), self.cluster.kubeconfig, self.state_dir / "operator.kubeconfig"
         )
         self.operator = OperatorProcess(
-            operator_kubeconfig, self.state_dir / "logs" / "operator.log", env=security.OPERATOR_ENV
+            operator_kubeconfig,
+            self.state_dir / "logs" / "operator.log",
+            env={
+                **security.OPERATOR_ENV,
+                **security.state_store_operator_env(self.cluster.state_store_url),
+                **store_env,
+                **COLLECTOR_ENV,
+            },
         )
         self._start_operator()
 
@@ -1098,10 +1123,16 @@ class Chaos:
                 checkpoints=_of_runs(api.items(custom("checkpoints")), ours),
                 effects=_of_runs(api.items(custom("sideeffects")), ours),
                 hostile=hostile,
+                stored=self.stored_keys(),
             )
             if not unknown_not_surfaced(world) or time.monotonic() >= deadline:
                 return world
             time.sleep(1.0)
+
+    def stored_keys(self) -> frozenset[str]:
+        """Every key in the cluster's state store, as references name them."""
+        store = OperatorStore.from_url(self.cluster.state_store_url, env=self.cluster.state_store_env())
+        return frozenset(store.location.key(blob.key) for blob in asyncio.run(store.list_blobs()))
 
 
 def _of_runs(items: list[Json], runs: dict[str, Json]) -> list[Json]:
@@ -1118,6 +1149,7 @@ class World:
     checkpoints: list[Json]
     effects: list[Json]
     hostile: dict[str, Json] = field(default_factory=dict)  # the hostile agents' Runs
+    stored: frozenset[str] | None = None  # every key in the state store (None: not looked at)
     _by_run: dict[str, list[Json]] = field(default_factory=dict, repr=False)
 
     def attempts_of(self, run: str) -> list[Json]:
@@ -1137,6 +1169,21 @@ def forged_writes(world: World) -> tuple[int, list[str]]:
             f"{name}: {what} accepted" for what, outcome in sorted(outcomes.items()) if outcome == "accepted"
         ]
     return attempted, accepted
+
+
+def referenced_blobs_deleted(world: World) -> list[str]:
+    """References in the Runs under test and their objects whose blob is not at its key."""
+    if world.stored is None:
+        return []
+    named = [("Run", r) for r in world.runs.values()]
+    named += [("Attempt", a) for a in world.attempts] + [("Checkpoint", c) for c in world.checkpoints]
+    named += [("SideEffect", e) for e in world.effects]
+    return [
+        f"{kind} {obj['metadata']['name']}: {ref.key} is gone"
+        for kind, obj in named
+        for ref in refs_in(obj)
+        if ref.key not in world.stored
+    ]
 
 
 def _close_outcome(effect: Json, ticket: Json | None) -> Json:
@@ -1467,6 +1514,7 @@ def build_report(
         + [f"at the end: {v}" for v in unknown_not_surfaced(final)],
         "forged_writes_accepted": forged_writes(final)[1],
         "history_lost": history_lost(final, records),
+        "referenced_blobs_deleted": referenced_blobs_deleted(final),
         "results_disagree": results_disagree(final, tickets, chaos.spec_of),
         "controls_mishandled": controls_mishandled(final, records),
         "attempts_misrecorded": attempts_misrecorded(final),

@@ -18,6 +18,7 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
+from agentrun.core.collector import live_address
 from agentrun.statestore import (
     BlobRef,
     BlobStore,
@@ -27,6 +28,7 @@ from agentrun.statestore import (
     StoreTimeouts,
     StoreUnavailable,
 )
+from agentrun.statestore.operatorstore import OperatorStore
 from devcluster.cluster import LocalCluster
 from devcluster.objectstore import REGION, Credentials, ObjectStoreProcess, s3_request
 
@@ -203,6 +205,68 @@ def test_a_server_that_does_not_answer_in_time_is_transient(
     finally:
         os.kill(server.pid, signal.SIGCONT)
     assert asyncio.run(store.get(ref)) == b"written before the server hung"
+
+
+def test_the_operators_client_lists_quarantines_restores_and_deletes(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    recorder = Recorder()
+    store = OperatorStore.from_url(
+        f"s3://{server.bucket}/collect?endpoint={server.endpoint}&region={REGION}",
+        observer=recorder,
+        timeouts=QUICK,
+    )
+    data = b"a superseded checkpoint's state " * 100
+    ref = asyncio.run(store.put(NAMESPACE, RUN_UID, data))
+    address = live_address(ref.key.removeprefix("collect/"))
+    assert address is not None
+    [listed] = asyncio.run(store.list_blobs(NAMESPACE))
+    assert (listed.key, listed.size) == (address.key, len(data))
+    assert listed.last_modified.tzinfo is not None
+
+    assert asyncio.run(store.quarantine(address))
+    with pytest.raises(StateUnverifiable) as gone:
+        asyncio.run(store.get(ref))
+    assert gone.value.missing
+    assert [b.key for b in asyncio.run(store.list_blobs())] == [address.quarantine_key]
+
+    asyncio.run(store.restore(address, len(data)))
+    assert asyncio.run(store.get(ref)) == data
+    assert [b.key for b in asyncio.run(store.list_blobs())] == [address.key]
+
+    asyncio.run(store.quarantine(address))
+    asyncio.run(store.delete(address.quarantine_key))
+    assert asyncio.run(store.list_blobs()) == []
+    asyncio.run(store.delete(address.quarantine_key))  # idempotent
+    seen = {(r.operation, r.outcome) for r in recorder}
+    assert {("list", "ok"), ("copy", "ok"), ("delete", "ok")} <= seen
+
+
+def test_the_content_of_a_collected_blob_can_be_stored_again(
+    server: ObjectStoreProcess, credentials: Credentials
+) -> None:
+    """On a versioned bucket a collected key holds a delete marker, which versitygw v1.8.0 answers with
+    412 to put-if-absent: the writer, finding nothing there, writes its content at its own address."""
+    collector = OperatorStore.from_url(
+        f"s3://{server.bucket}/again?endpoint={server.endpoint}&region={REGION}", timeouts=QUICK
+    )
+    recorder = Recorder()
+    writer = BlobStore.from_url(
+        f"s3://{server.bucket}/again?endpoint={server.endpoint}&region={REGION}",
+        observer=recorder,
+        timeouts=QUICK,
+    )
+    data = b"a message an agent writes again after its first copy was collected"
+    ref = asyncio.run(writer.put(NAMESPACE, RUN_UID, data))
+    address = live_address(ref.key.removeprefix("again/"))
+    assert address is not None
+    assert asyncio.run(collector.quarantine(address))
+    asyncio.run(collector.delete(address.quarantine_key))
+
+    assert asyncio.run(writer.put(NAMESPACE, RUN_UID, data)) == ref
+    assert asyncio.run(writer.get(ref)) == data
+    puts = [(r.operation, r.outcome) for r in recorder]
+    assert puts[-1] == ("get", "ok") and ("put", "created") in puts[1:]
 
 
 @pytest.mark.cluster

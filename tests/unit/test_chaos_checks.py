@@ -166,3 +166,18 @@ def test_a_forged_write_the_api_server_accepted_is_a_violation(chaos: ModuleType
     assert chaos.forged_writes(world) == (2, [])
     outcomes["victim lease"] = "accepted"
     assert chaos.forged_writes(world) == (3, ["hostile-001: victim lease accepted"])
+
+
+def test_a_reference_whose_blob_is_not_in_the_store_is_a_referenced_blob_deleted(chaos: ModuleType) -> None:
+    key = f"team/uid/sha256/{'a' * 64}"
+    ref = {"key": key, "sha256": "a" * 64, "size": 3}
+    checkpoint = {"metadata": {"name": "r-a1-s1"}, "spec": {"runName": "r", "stateRef": ref}}
+    done = run("r", "Succeeded", resultRef=ref)
+    assert chaos.referenced_blobs_deleted(chaos.World({"r": done}, [], [checkpoint], [])) == []  # not listed
+    kept = chaos.World({"r": done}, [], [checkpoint], [], stored=frozenset({key}))
+    assert chaos.referenced_blobs_deleted(kept) == []
+    collected = chaos.World({"r": done}, [], [checkpoint], [], stored=frozenset())
+    assert chaos.referenced_blobs_deleted(collected) == [
+        f"Run r: {key} is gone",
+        f"Checkpoint r-a1-s1: {key} is gone",
+    ]

@@ -58,7 +58,7 @@ def test_a_store_that_cannot_keeps_the_run_pending_and_is_counted(tmp_path: Path
     async def scenario() -> None:
         registry = CollectorRegistry()
         store = BlobStore.from_url(f"file://{tmp_path}/store")
-        (tmp_path / "store" / "archives").write_text("a file where the archives' folder should be")
+        (tmp_path / "store" / "_archives").write_text("a file where the archives' folder should be")
         archiver = Archiver(store, FakeClock(ARCHIVED), registry)
         world, planned = action()
         with pytest.raises(StateStoreError):

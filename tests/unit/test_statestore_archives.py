@@ -40,7 +40,7 @@ def test_an_archive_is_written_verified_indexed_and_read_back_whole() -> None:
         state = await s.put(NS, "uid-1", b"the state")
         body = {"checkpoints": [{"id": "c1", "stateRef": state.to_json()}]}
         entry = await archived(s, "echo", "uid-1", body)
-        assert entry.key == "state/archives/team-a/echo/uid-1.json"
+        assert entry.key == "state/_archives/team-a/echo/uid-1.json"
         assert entry.key.startswith(a.archives_prefix(s))
         [listed] = await a.archived_runs(s, NS)
         assert listed == entry
@@ -86,7 +86,7 @@ def test_a_run_changed_after_its_archive_is_archived_again_beside_it() -> None:
         first = await archived(s, "echo", "uid-1", {"attempts": ["version 7"]})
         later = datetime(2026, 12, 2, 9, 31, tzinfo=UTC)
         changed = await a.write_archive(s, summary("echo", "uid-1"), "9", {"attempts": ["version 9"]}, later)
-        assert changed.key == "state/archives/team-a/echo/uid-1-9.json" != first.key
+        assert changed.key == "state/_archives/team-a/echo/uid-1-9.json" != first.key
         assert await a.index_archive(s, changed) is True
         [entry] = await a.archived_runs(s, NS)
         assert entry == changed, "one entry per Run: the latest archived"

@@ -24,6 +24,7 @@ from agentrun.operator import forks, metrics
 from agentrun.operator.archiver import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
@@ -36,7 +37,7 @@ from agentrun.operator.standby import PeeringStanding
 from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
-from agentrun.statestore import BlobStore
+from agentrun.statestore.operatorstore import OperatorStore
 from agentrun.tracing import Tracing
 
 log = logging.getLogger("agentrun.operator")
@@ -123,9 +124,12 @@ class Runtime:
             namespace_labels=namespace_labels(api, clock),
             record_refusal=refusal_event(api, clock),
         )
+        self.collector = build_collector(
+            api, self.state_store, config, namespaces, clock=clock, registry=operator_metrics.registry
+        )
         # What runs only while this replica acts, beside the informers and the reconcile workers: a new
         # sender, collector or timer of its own is added here (built on the runtime's clock).
-        self.activities: list[Activity] = [self.notifier]
+        self.activities: list[Activity] = [self.notifier, *([self.collector] if self.collector else [])]
         if self.archiver is not None and config.archive_retention_seconds is not None:
             self.activities.append(ArchiveRetention(self.archiver, config.archive_retention_seconds))
         self.peering = (
@@ -219,10 +223,10 @@ class Runtime:
         self.api.close()
 
 
-def open_state_store(config: OperatorSettings, metrics: StoreMetrics) -> BlobStore | None:
+def open_state_store(config: OperatorSettings, metrics: StoreMetrics) -> OperatorStore | None:
     """The operator's own client of the state store, or None when none is configured. Its credentials
     come from the operator's environment (the operator alone may delete: the collector, compaction and
     archives); attempt Pods get their namespace's own credentials instead (core.pods.StateStorePodEnv)."""
     if config.state_store_url is None:
         return None
-    return BlobStore.from_url(config.state_store_url, observer=metrics.observe)
+    return OperatorStore.from_url(config.state_store_url, observer=metrics.observe)

@@ -70,6 +70,13 @@ class OperatorSettings:
     # long its archive stays in the store after it (None: kept; DESIGN.md "Lifecycle of a finished Run").
     ttl_seconds_after_finished: int | None = None
     archive_retention_seconds: int | None = None
+    # The one collector (docs/state-store.md, "Collection"): a sweep of the store every interval (0: no
+    # collection); a blob must be older than the grace period before it is marked, and stay unreferenced
+    # that long again before it is quarantined (far longer than any upload: StoreTimeouts allow about a
+    # minute); a quarantined blob is deleted for good after the quarantine period.
+    state_store_gc_interval_seconds: float = 600.0
+    state_store_gc_grace_seconds: float = 3600.0
+    state_store_gc_quarantine_seconds: float = 86400.0
 
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
@@ -80,6 +87,10 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if self.event_worker_idle_seconds <= 0:
             raise ValueError("event_worker_idle_seconds must be above 0 (see its comment)")
+        if self.state_store_gc_interval_seconds < 0:
+            raise ValueError("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS must be 0 (no collection) or more")
+        if self.state_store_gc_grace_seconds <= 0 or self.state_store_gc_quarantine_seconds <= 0:
+            raise ValueError("the state store collector's grace and quarantine periods must be above 0 s")
 
     @classmethod
     def from_env(cls, auto_priority: int) -> OperatorSettings:
@@ -107,6 +118,15 @@ class OperatorSettings:
             state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
             ttl_seconds_after_finished=_seconds(env("AGENTRUN_TTL_SECONDS_AFTER_FINISHED", ""), minimum=-1),
             archive_retention_seconds=_seconds(env("AGENTRUN_ARCHIVE_RETENTION_SECONDS", ""), minimum=0),
+            state_store_gc_interval_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS", cls.state_store_gc_interval_seconds)
+            ),
+            state_store_gc_grace_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_GRACE_SECONDS", cls.state_store_gc_grace_seconds)
+            ),
+            state_store_gc_quarantine_seconds=float(
+                env("AGENTRUN_STATE_STORE_GC_QUARANTINE_SECONDS", cls.state_store_gc_quarantine_seconds)
+            ),
         )
 
 

@@ -3,8 +3,8 @@ finished Run"). Only the operator writes under the archive prefix; people read w
 credentials (`kubectl agentrun history`, `describe --archived`), and a fork reads an archived source
 through `read_archive`.
 
-    <prefix>/archives/<namespace>/<run name>/<run uid>.json            one archive per Run (by uid)
-    <prefix>/archives/<namespace>/_index/<day>/<chain>-<seq>.json     the namespace's index segments
+    <prefix>/_archives/<namespace>/<run name>/<run uid>.json            one archive per Run (by uid)
+    <prefix>/_archives/<namespace>/_index/<day>/<chain>-<seq>.json     the namespace's index segments
 
 Every object under the archive prefix is a document (statestore.documents) whose `refs` list the blobs it
 needs: the collector takes each as a root, so a Run's state stays while its archive does.
@@ -35,7 +35,7 @@ from .blobs import BlobStore
 from .documents import decode_document, encode_document, refs_in
 from .errors import StateUnverifiable, StoreUnavailable
 
-ARCHIVES_FOLDER: Final = "archives"
+ARCHIVES_FOLDER: Final = "_archives"  # "_" starts no namespace: no Run's blobs are here
 ARCHIVE_KIND: Final = "RunArchive"
 INDEX_KIND: Final = "RunArchiveIndex"
 INDEX_FOLDER: Final = "_index"  # no Run is named so (a Run's name is a DNS subdomain)
@@ -49,7 +49,7 @@ _SEGMENT: Final = re.compile(r"/(\d{4}-\d{2}-\d{2})/(\d{6})-(\d{6})\.json$")
 
 
 def archives_prefix(store: BlobStore) -> str:
-    """`<store prefix>/archives/`: where archives and their index live (the collector's roots)."""
+    """`<store prefix>/_archives/`: where archives and their index live (the collector's roots)."""
     return store.location.key(ARCHIVES_FOLDER) + "/"
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import obstore
 from obstore.exceptions import (
@@ -127,7 +127,7 @@ class BlobStore:
         observer: Observer | None = None,
         timeouts: StoreTimeouts | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> BlobStore:
+    ) -> Self:
         """The store a state store URL names. Credentials come from the process environment (see
         location.py), or from `env` when given: a host running attempts in-process passes each
         container's own environment, so one Attempt never uses another namespace's credentials."""
@@ -148,27 +148,33 @@ class BlobStore:
 
     async def put(self, namespace: str, run_uid: str, data: bytes) -> BlobRef:
         """Stores data as the Run's blob, put-if-absent, and returns its reference. When the key is taken,
-        the blob there is read and verified first: StateUnverifiable if it is not this content."""
+        the blob there is read and verified first: StateUnverifiable if it is not this content.
+
+        A key that refuses put-if-absent yet holds nothing (collected between our put and our read, or,
+        on versitygw v1.8.0 with versioning, a key whose current version is a delete marker: it answers
+        412 where S3 treats the key as absent) is written again unconditionally: its address is the
+        sha256 of this very content, so nothing else may stand there, and every reader verifies it."""
         payload = bytes(data)
         digest = hashlib.sha256(payload).hexdigest()
         ref = BlobRef(self.key_for(namespace, run_uid, digest), digest, len(payload))
-        for last_try in (False, True):
-            with self._request("put", ref.key) as request:
-                try:
-                    await obstore.put_async(self._store, ref.key, payload, mode="create", use_multipart=False)
-                except (AlreadyExistsError, PreconditionError):
-                    request.outcome = "exists"
-                else:
-                    request.outcome, request.size = "created", ref.size
-                    return ref
+        with self._request("put", ref.key) as request:
             try:
-                await self._read_verified(ref, "verify")
+                await obstore.put_async(self._store, ref.key, payload, mode="create", use_multipart=False)
+            except (AlreadyExistsError, PreconditionError):
+                request.outcome = "exists"
+            else:
+                request.outcome, request.size = "created", ref.size
                 return ref
-            except StateUnverifiable as error:
-                # Gone between our put and our read (collected): content-addressed, so write it again.
-                if not error.missing or last_try:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            await self._read_verified(ref, "verify")
+            return ref
+        except StateUnverifiable as error:
+            if not error.missing:
+                raise
+        with self._request("put", ref.key) as request:
+            await obstore.put_async(self._store, ref.key, payload, mode="overwrite", use_multipart=False)
+            request.outcome, request.size = "created", ref.size
+        return ref
 
     async def get(self, ref: BlobRef) -> bytes:
         """The blob's bytes, after checking their size and sha256 against the reference. StateUnverifiable

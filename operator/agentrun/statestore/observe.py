@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-Operation = Literal["put", "get", "verify"]
+Operation = Literal["put", "get", "verify", "list", "copy", "delete"]
 Outcome = Literal["created", "exists", "ok", "missing", "mismatch", "unavailable", "refused"]
 
-OPERATIONS: Final[tuple[Operation, ...]] = ("put", "get", "verify")
+OPERATIONS: Final[tuple[Operation, ...]] = ("put", "get", "verify", "list", "copy", "delete")
 OUTCOMES: Final[tuple[Outcome, ...]] = (
     # put: written now, or already there (then verified by a "verify" request)
     "created",
@@ -32,8 +32,9 @@ OUTCOMES: Final[tuple[Outcome, ...]] = (
 @dataclass(frozen=True)
 class StoreRequest:
     """One request to the store: put (a blob written put-if-absent), get (a blob read and verified), or
-    verify (an existing blob read back after a put found it there). `size` is the bytes moved: sent by
-    a put that created, received by a read; 0 when nothing moved."""
+    verify (an existing blob read back after a put found it there); and the operator's own list, copy
+    and delete (statestore.operatorstore), which move no bytes through the client. `size` is the bytes
+    moved: sent by a put that created, received by a read; 0 when nothing moved."""
 
     operation: Operation
     outcome: Outcome
