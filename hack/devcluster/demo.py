@@ -11,6 +11,9 @@
 5. A create that times out is looked up by its key and found (never sent again); and a Run with
    spec.compensation.onCancel: Compensate is cancelled after opening its ticket: a compensation Attempt
    closes the ticket, once, and the Run ends Cancelled with the ticket reported as compensated.
+6. A LangGraph research agent reads twelve 40 KB documents (the ordinary message list: half a megabyte,
+   more than a Kubernetes object may hold): its checkpoints go to the object store, the cluster keeps
+   references; killed mid-way, it finishes with every document in its state, each read to its end once.
 Each Run ends with `kubectl agentrun report`. Everything started here stops on exit or Ctrl-C.
 """
 
@@ -353,6 +356,40 @@ def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
     demo.sh("kubectl-agentrun", "report", "undo", "-n", NAMESPACE)
 
 
+def act_six(demo: Demo, state_dir: Path) -> None:
+    say("6. Agent state outside etcd: a research agent reads twelve 40 KB documents and is killed mid-way")
+    reads = state_dir / "research-reads.log"
+    spec = {"documents": 12, "documentBytes": 40_000, "holdAt": [1, 7]}
+    retry = {"maxAttempts": 3, "backoff": {"initialSeconds": 1, "factor": 1.0, "maxSeconds": 1}}
+    env = {"AGENTRUN_TOOL_LOG": str(reads)}
+    demo.apply(agent_run("research", "research_agent", spec, env=env, retry=retry))
+    demo.wait(
+        "the read of document 7 under way",
+        lambda: reads.exists() and "research-a1 start 7" in reads.read_text().splitlines(),
+        timeout=180,
+    )
+    pod = _worker_pod(demo, "research-a1")
+    print(f"  seven documents read (280 KB of messages); killing {pod[0]} (pid {pod[1]}) amid the 8th")
+    os.killpg(pod[1], signal.SIGKILL)
+    run = demo.wait_phase("research", "Succeeded", "Failed", "NeedsReconciliation")
+    demo.sh("kubectl", "get", "attempts", "-n", NAMESPACE, "-l", "agentrun.dev/run=research")
+    latest = run["status"].get("latestCheckpoint", "")
+    checkpoint = json.loads(
+        demo.sh("kubectl", "get", "checkpoint", latest, "-n", NAMESPACE, "-o", "json", show=False)
+    )
+    stored = checkpoint["spec"].get("stateRef")
+    where = "inline"
+    if stored:
+        where = f"{stored['size']} bytes in the object store, sha256 {stored['sha256'][:12]}…"
+    size = len(json.dumps(checkpoint))
+    print(f"  its latest checkpoint object is {size} bytes; the state it names: {where}")
+    result = run["status"].get("result") or {}
+    print(f"  documents in the final state: {result.get('documents')} ({result.get('bytes')} bytes)")
+    lines = [line.split() for line in reads.read_text().splitlines()]
+    ended = [int(number) for _, event, number in lines if event == "end"]
+    print(f"  every document read to its end once: {sorted(ended) == list(range(12))}")
+
+
 def _worker_pod(demo: Demo, name: str) -> tuple[str, int]:
     pod = json.loads(demo.sh("kubectl", "get", "pod", name, "-n", NAMESPACE, "-o", "json", show=False))
     container_id = pod["status"]["containerStatuses"][0]["containerID"]
@@ -367,6 +404,7 @@ def main(state_dir: Path) -> int:
             act_three(demo, tickets)
             act_four(demo, tickets, state_dir)
             act_five(demo, tickets)
+            act_six(demo, state_dir)
             say("Done. Every process started by the demo stops now.")
     except KeyboardInterrupt:
         print("\ninterrupted: stopping everything the demo started", file=sys.stderr)
