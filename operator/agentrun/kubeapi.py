@@ -245,6 +245,19 @@ class KubeApi:
         result = orjson.loads(data)
         return result if isinstance(result, dict) else {}
 
+    async def read_text(self, path: str, query: dict[str, str] | None = None) -> bytes:
+        """A GET of a resource that answers in plain text (a Pod's log): its bytes as sent."""
+        self.requests += 1
+        session = self._for_this_loop().requests
+        options = self._request_options(None, None)
+        options["headers"]["Accept"] = "text/plain, */*"
+        url = self._endpoint.base_url + path
+        async with session.request("GET", url, params=query, **options) as response:
+            data = await response.read()
+            if response.status >= 400:
+                raise ApiError.of_answer(response.status, data.decode(errors="replace"))
+        return data
+
     # ---- paths -----------------------------------------------------------------------------------------
 
     @staticmethod
@@ -308,11 +321,16 @@ class KubeApi:
     async def json_patch(self, path: str, operations: list[JsonDict]) -> JsonDict:
         return await self.request("PATCH", path, operations, content_type=JSON_PATCH)
 
-    async def delete(self, path: str, grace_seconds: int | None = None) -> bool:
-        """Deletes (in the background); False when there was nothing to delete."""
+    async def delete(
+        self, path: str, grace_seconds: int | None = None, *, resource_version: str | None = None
+    ) -> bool:
+        """Deletes (in the background); False when there was nothing to delete. With resource_version,
+        only the object at that version (else a 409 Conflict)."""
         body: JsonDict = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if resource_version is not None:
+            body["preconditions"] = {"resourceVersion": resource_version}
         try:
             await self.request("DELETE", path, body)
         except ApiError as exc:

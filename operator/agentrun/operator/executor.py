@@ -15,7 +15,10 @@ from agentrun.core import plan as p
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
+from agentrun.statestore import BlobRef, BlobStore
+from agentrun.statestore.checkpoint_index import decode_index, encode_index, entry, inline_state_bytes, merged
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -94,8 +97,10 @@ class Executor:
         clock: Clock,
         runs: RunCache | None = None,
         observers: Sequence[Observer] = (),
+        state_store: BlobStore | None = None,
     ) -> None:
         self.api = api
+        self.state_store = state_store
         self.cache = cache
         self.clock = clock
         self.runs = runs
@@ -109,6 +114,9 @@ class Executor:
             p.CreatePod: self._create_pod,
             p.DeletePod: self._delete_pod,
             p.DeleteCheckpoint: self._delete_checkpoint,
+            p.WriteCheckpointIndex: self._write_checkpoint_index,
+            p.DeleteLease: self._delete_lease,
+            p.SaveLogTail: self._save_log_tail,
             p.RecordEvent: self._event,
         }
 
@@ -199,6 +207,56 @@ class Executor:
         ns = str(progress.run.metadata.namespace)
         await self.api.delete(self.api.custom_path("checkpoints", ns, action.name))
         return Written(action)
+
+    async def _write_checkpoint_index(self, action: p.WriteCheckpointIndex, progress: _Progress) -> Written:
+        """Every Checkpoint's entry (inline states moved into blobs), merged with the index recorded
+        before, as one content-addressed document; then status.checkpointIndex, preconditioned. Written
+        again from the same Checkpoints (an operator restarted half-way), it is the same blob."""
+        store = self.state_store
+        if store is None:  # core asks only when told there is a store
+            raise RuntimeError("a checkpoint index needs the state store")
+        run = progress.run
+        ns, uid = str(run.metadata.namespace), str(run.metadata.uid)
+        previous = []
+        if action.previous is not None:
+            previous = decode_index(await store.get(BlobRef.from_json(action.previous)))
+        current = []
+        for body in action.checkpoints:
+            state = (body.get("spec") or {}).get("state")
+            inline = None if state is None else await store.put(ns, uid, inline_state_bytes(state))
+            current.append(entry(body, inline))
+        stored = await store.put(ns, uid, encode_index(merged(previous, current)))
+        indexed = BlobRef(stored.key, stored.sha256, stored.size, links=True)
+        patched = await self._patch_run_status(
+            p.PatchRunStatus({"checkpointIndex": indexed.to_json()}), progress
+        )
+        return Written(action, after=patched.after, changed=patched.changed)
+
+    async def _delete_lease(self, action: p.DeleteLease, progress: _Progress) -> Written:
+        """The finished Run's Lease, at the version the decision saw (a renewal since: decide again)."""
+        ns, name = self._ns(progress.run)
+        lease = lease_name(name)
+        previous = self._cached_lease(ns, name)
+        try:
+            await self.api.delete(self.api.lease_path(ns, lease), resource_version=action.resource_version)
+        except ApiError as exc:
+            if exc.conflict:
+                raise Superseded(str(exc)) from None
+            raise
+        self._forget("leases", (ns, name), lease)
+        return Written(action, before=previous, changed=True)
+
+    async def _save_log_tail(self, action: p.SaveLogTail, progress: _Progress) -> Written:
+        """The tail of the ended Attempt's Pod log into Attempt status.logTail (core deletes the Pod once
+        it is recorded). A Pod already gone leaves nothing to keep."""
+        run = progress.run
+        data = await read_log(self.api, str(run.metadata.namespace), action.pod)
+        if data is None:
+            return Written(action)
+        tail = await log_tail(data, run, self.state_store, self._now_micro()[:19] + "Z")
+        return await self._patch_attempt_status(
+            p.PatchAttemptStatus(action.attempt, {"logTail": tail}), progress
+        )
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:

@@ -59,6 +59,7 @@ class Reconciler:
         clock: Clock,
         operator_account: Account | None,
         workers: int,
+        state_store: bool = False,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -67,6 +68,7 @@ class Reconciler:
         self.operator_account = operator_account
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
+        self.state_store = state_store  # told to core: a finished Run's index and log tails go there
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -242,6 +244,7 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            state_store=self.state_store,
         )
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:

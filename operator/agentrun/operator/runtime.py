@@ -58,7 +58,12 @@ class Runtime:
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing)
         self.executor = Executor(
-            api, self.cache, clock=clock, runs=self.runs, observers=(operator_metrics, self.spans, PhaseLog())
+            api,
+            self.cache,
+            clock=clock,
+            runs=self.runs,
+            observers=(operator_metrics, self.spans, PhaseLog()),
+            state_store=self.state_store,
         )
         self.reconciler = Reconciler(
             api,
@@ -74,6 +79,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
+            state_store=self.state_store is not None,
         )
         self.informers = Informers(
             api,

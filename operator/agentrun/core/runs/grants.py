@@ -62,7 +62,7 @@ def grant(
     run, status = w.run, w.run.status
     name = attempt_name(str(run.metadata.name), number)
     t = superseded_pods_deleted(w, name)
-    epoch, write = epoch_for_grant(w.lease, name)
+    epoch, write = epoch_for_grant(w.lease, name, status.lease_epoch or 0)
     if write:
         rv = w.lease.resource_version if w.lease else None
         t = t.then(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))

@@ -38,6 +38,8 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # Whether the operator has a state store (Run status.checkpointIndex, Attempt status.logTail go there).
+    state_store: bool = False
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
