@@ -12,9 +12,11 @@ import pytest
 from agentrun.api import Checkpoint, FailureClass
 from agentrun.core.lease import epoch_for_grant
 from agentrun.core.plan import (
+    CreateAttempt,
     DeleteCheckpoint,
     DeleteLease,
     DeletePod,
+    PatchRunStatus,
     SaveLogTail,
     WriteCheckpointIndex,
     WriteLease,
@@ -175,11 +177,9 @@ def test_a_manual_retry_of_a_compacted_run_creates_a_lease_at_the_next_epoch() -
 
     [lease] = of_type(plan, WriteLease)
     assert (lease.holder, lease.epoch, lease.expected_resource_version) == (name_of(2), 5, None)
-    [run_write] = [
-        a for a in plan.actions if type(a).__name__ == "PatchRunStatus" and "leaseEpoch" in a.patch
-    ]
+    [run_write] = [a for a in of_type(plan, PatchRunStatus) if "leaseEpoch" in a.patch]
     assert run_write.patch["leaseEpoch"] == 5
-    [created] = [a for a in plan.actions if type(a).__name__ == "CreateAttempt"]
+    [created] = of_type(plan, CreateAttempt)
     assert created.body["spec"]["resumeFrom"] == "ckpt-5"  # the kept latest Checkpoint
 
 
