@@ -10,7 +10,18 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agentrun.cli import config
 from agentrun.cli.cluster import Cluster
-from agentrun.cli.commands import cancel, compensate, effects, inspect, pause, resume, retry, state, watch
+from agentrun.cli.commands import (
+    cancel,
+    compensate,
+    effects,
+    finished,
+    inspect,
+    pause,
+    resume,
+    retry,
+    state,
+    watch,
+)
 from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
 from agentrun.cli.control_requests import identifier_problem
@@ -227,6 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN")
     p.add_argument("--checkpoint", metavar="ID", help="this checkpoint's state instead of the latest")
     p.add_argument("--result", action="store_true", help="the Run's committed result instead of a state")
+
+    p = _add(
+        sub,
+        "logs",
+        finished.logs,
+        "an Attempt's log: its Pod's while it is there, else the tail kept when it was deleted (spec.podGC)",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--attempt", type=int, metavar="N", help="Attempt N (default: the Run's current one)")
 
     p = _add(sub, "report", inspect.report, "what a Run did: happened, compensated, cannot be undone")
     p.add_argument("run", metavar="RUN")

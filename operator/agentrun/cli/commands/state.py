@@ -13,6 +13,7 @@ from typing import Any
 
 from agentrun.api import BlobRef, Checkpoint, Run
 from agentrun.cli import render
+from agentrun.cli.commands import finished
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
 from agentrun.statestore import BlobRef as StoredRef
@@ -35,9 +36,13 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
         if not checkpoint_id:
             raise CliError(f"Run {args.run} has saved no checkpoint yet")
         body = await ctx.cluster.api.get(ctx.cluster.path("checkpoints", checkpoint_id))
-        if body is None:
+        # A finished Run's superseded Checkpoints are in its index in the store (status.checkpointIndex).
+        found = Checkpoint.model_validate(body) if body is not None else None
+        if found is None and run.status.checkpoint_index is not None:
+            found = await finished.indexed_checkpoint(run, checkpoint_id)
+        if found is None:
             raise CliError(f'checkpoint "{checkpoint_id}" not found in namespace "{ctx.namespace}"')
-        checkpoint = Checkpoint.model_validate(body)
+        checkpoint = found
         if checkpoint.spec.run_name != args.run:
             owner = checkpoint.spec.run_name
             raise CliError(f"checkpoint {checkpoint_id} belongs to Run {owner}, not {args.run}")
