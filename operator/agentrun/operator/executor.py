@@ -221,7 +221,7 @@ class Executor:
         if action.previous is not None:
             previous = decode_index(await store.get(BlobRef.from_json(action.previous)))
         current = []
-        for body in action.checkpoints:
+        for body in await self._every_checkpoint(run, action.checkpoints):
             state = (body.get("spec") or {}).get("state")
             inline = None if state is None else await store.put(ns, uid, inline_state_bytes(state))
             current.append(entry(body, inline))
@@ -231,6 +231,18 @@ class Executor:
             p.PatchRunStatus({"checkpointIndex": indexed.to_json()}), progress
         )
         return Written(action, after=patched.after, changed=patched.changed)
+
+    async def _every_checkpoint(self, run: Run, seen: Sequence[JsonDict]) -> list[JsonDict]:
+        """The Checkpoints the decision saw, with any the cache had not seen yet (listed from the API
+        server: the index must name every one, since those it does not name could be deleted later)."""
+        ns, uid = str(run.metadata.namespace), str(run.metadata.uid)
+        by_name = {c["metadata"]["name"]: c for c in seen}
+        collection = self.api.custom_path("checkpoints", ns)
+        async for page in self.api.list_pages(collection, f"{RUN_LABEL}={run.metadata.name}"):
+            for found in page:
+                if owned_by(found, uid, controller=False):
+                    by_name.setdefault(found["metadata"]["name"], found)
+        return list(by_name.values())
 
     async def _delete_lease(self, action: p.DeleteLease, progress: _Progress) -> Written:
         """The finished Run's Lease, at the version the decision saw (a renewal since: decide again)."""
