@@ -3,7 +3,7 @@
 all Succeeded, on a local control plane with its object store and the operator told the store. Once every
 Run is compacted (status.checkpointIndex recorded, its Lease and superseded Checkpoints deleted) and its
 Pod collected, the bytes per Run are the JSON of its runs, attempts, checkpoints, sideeffects and leases
-as `kubectl get -o json --show-managed-fields` prints them.
+as `kubectl get -o json --show-managed-fields` prints them (indented), and compact.
 
     PYTHONPATH=hack:tests .venv/bin/python bench/finished_runs.py [--runs 50] [--checkpoints 10]
         [--state-bytes 20000] [--effects 2] [--no-store]   # bench/finished_runs.json, a Markdown table
@@ -47,8 +47,9 @@ def kubectl_json(kube: Kube, ns: str, kind: str) -> list[dict[str, Any]]:
     return items
 
 
-def bytes_per_run(kube: Kube, ns: str) -> dict[str, dict[str, int]]:
-    """run -> kind -> bytes of its objects' JSON (compact, as stored: one object per item)."""
+def bytes_per_run(kube: Kube, ns: str, *, printed: bool) -> dict[str, dict[str, int]]:
+    """run -> kind -> bytes of its objects' JSON: as kubectl prints each (indented by 4), or compact (about
+    what etcd stores, before its own encoding)."""
     sizes: dict[str, dict[str, int]] = {}
     for kind in KINDS:
         for item in kubectl_json(kube, ns, kind):
@@ -57,7 +58,8 @@ def bytes_per_run(kube: Kube, ns: str) -> dict[str, dict[str, int]]:
             if run is None:
                 continue
             per = sizes.setdefault(run, dict.fromkeys(KINDS, 0))
-            per[kind] += len(json.dumps(item, separators=(",", ":")))
+            text = json.dumps(item, indent=4) if printed else json.dumps(item, separators=(",", ":"))
+            per[kind] += len(text.encode())
     return sizes
 
 
@@ -127,7 +129,8 @@ def main() -> None:
             log(f"started {batch + len(chunk)}/{len(names)}")
             wait_for(partial(settled, kube, ns, chunk, args.no_store), 600, interval=1.0, what="a batch")
         took = time.monotonic() - started
-        sizes = bytes_per_run(kube, ns)
+        sizes = bytes_per_run(kube, ns, printed=True)
+        compact = bytes_per_run(kube, ns, printed=False)
         phases = {r["status"]["phase"] for r in kubectl_json(kube, ns, "runs")}
         pods = len(kube.core.list_namespaced_pod(ns).items)
         per_run = sorted(sum(kinds.values()) for kinds in sizes.values())
@@ -143,6 +146,7 @@ def main() -> None:
             "bytesPerRunMax": per_run[-1],
             "bytesPerRunMean": round(sum(per_run) / len(per_run)),
             "bytesByKindMean": {k: round(sum(s[k] for s in sizes.values()) / len(sizes)) for k in KINDS},
+            "compactBytesPerRunMean": round(sum(sum(s.values()) for s in compact.values()) / len(compact)),
         }
         out = HERE / ("finished_runs.json" if not args.no_store else "finished_runs_no_store.json")
         out.write_text(json.dumps(result, indent=2) + "\n")

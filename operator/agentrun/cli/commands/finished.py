@@ -64,11 +64,11 @@ async def indexed_checkpoints(run: Run, live: list[Checkpoint]) -> tuple[list[Ch
         )
     seen = {str(c.metadata.name) for c in live}
     ns, name = str(run.metadata.namespace), str(run.metadata.name)
-    found = [
-        Checkpoint.model_validate(as_checkpoint(e, name, ns))
-        for e in await index_entries(run)
-        if e["name"] not in seen
-    ]
+    try:
+        entries = await index_entries(run)
+    except CliError as exc:  # the timeline is still worth showing: say what is missing from it
+        return live, f"its other Checkpoints could not be listed: {exc}"
+    found = [Checkpoint.model_validate(as_checkpoint(e, name, ns)) for e in entries if e["name"] not in seen]
     return sorted([*live, *found], key=lambda c: (c.spec.sequence, str(c.metadata.name))), None
 
 
