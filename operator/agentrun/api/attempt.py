@@ -219,6 +219,12 @@ class LogTail(ApiModel):
     truncated: bool | None = Field(
         None, description="True when the log was longer than what is kept (earlier lines are not kept)."
     )
+    unavailable: str | None = Field(
+        None,
+        max_length=1024,
+        description="Why no log could be kept, when none could (the API server's answer: e.g. the Pod "
+        "never ran on a node).",
+    )
     time: datetime | None = Field(None, description="When the tail was read (RFC 3339).")
 
 

@@ -265,7 +265,11 @@ class Executor:
         data = await read_log(self.api, str(run.metadata.namespace), action.pod)
         if data is None:
             return Written(action)
-        tail = await log_tail(data, run, self.state_store, self._now_micro()[:19] + "Z")
+        now = self._now_micro()[:19] + "Z"
+        if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
+            tail: JsonDict = {"unavailable": data, "time": now}
+        else:
+            tail = await log_tail(data, run, self.state_store, now)
         return await self._patch_attempt_status(
             p.PatchAttemptStatus(action.attempt, {"logTail": tail}), progress
         )

@@ -29,8 +29,10 @@ def tail(data: bytes, limit: int) -> tuple[bytes, bool]:
     return kept, True
 
 
-async def read_log(api: KubeApi, namespace: str, pod: str) -> bytes | None:
-    """The last lines of the agent container's log; None when the Pod is gone."""
+async def read_log(api: KubeApi, namespace: str, pod: str) -> bytes | str | None:
+    """The last lines of the agent container's log; None when the Pod is gone; why, when the API server
+    says there is no log to read (400: e.g. the Pod never ran on a node). Any other error is raised: the
+    tail is read again later (a node that does not answer now)."""
     query = {
         "container": AGENT_CONTAINER,
         "tailLines": str(LOG_TAIL_LINES),
@@ -41,6 +43,8 @@ async def read_log(api: KubeApi, namespace: str, pod: str) -> bytes | None:
     except ApiError as exc:
         if exc.not_found:
             return None
+        if exc.status == 400:
+            return exc.message[:1024] or "the API server has no log of this Pod"
         raise
 
 

@@ -114,6 +114,8 @@ async def logs(ctx: Context, args: argparse.Namespace) -> int:
     tail = attempt.status.log_tail
     if tail is None:
         raise CliError(f"the Pod of {name} is gone and no tail of its log was kept")
+    if tail.ref is None and tail.text is None:
+        raise CliError(f"the Pod of {name} is gone; its log could not be kept: {tail.unavailable}")
     earlier = " (earlier lines not kept)" if tail.truncated else ""
     ctx.out.note(f"{name}: the tail of its log, kept when its Pod was deleted{earlier}")
     if tail.ref is not None:
