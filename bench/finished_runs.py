@@ -8,7 +8,8 @@ as `kubectl get -o json --show-managed-fields` prints them (indented), and compa
     PYTHONPATH=hack:tests .venv/bin/python bench/finished_runs.py [--runs 50] [--checkpoints 10]
         [--state-bytes 20000] [--effects 2] [--no-store]   # bench/finished_runs.json, a Markdown table
 
---no-store: the operator without a store (the Lease goes, every Checkpoint stays), for comparison.
+--no-store: neither the agents nor the operator have a store (states inline; the Lease goes, every
+Checkpoint stays), for comparison.
 """
 
 from __future__ import annotations
@@ -115,16 +116,23 @@ def main() -> None:
             chunk = names[batch : batch + args.concurrency]
             for name in chunk:
                 body = support_agent_run(name, "finishing_agent", agent_input)
-                body["spec"]["agent"]["env"] += [
-                    {"name": "AGENTRUN_STATE_STORE_URL", "value": cluster.state_store_url},
-                    *(
-                        {
-                            "name": k,
-                            "valueFrom": {"secretKeyRef": {"name": security.STATE_STORE_SECRET, "key": k}},
-                        }
-                        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-                    ),
-                ]
+                # without a store neither the agent nor the operator has one: states stay inline
+                body["spec"]["agent"]["env"] += (
+                    []
+                    if args.no_store
+                    else [
+                        {"name": "AGENTRUN_STATE_STORE_URL", "value": cluster.state_store_url},
+                        *(
+                            {
+                                "name": k,
+                                "valueFrom": {
+                                    "secretKeyRef": {"name": security.STATE_STORE_SECRET, "key": k}
+                                },
+                            }
+                            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+                        ),
+                    ]
+                )
                 kube.custom.create_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", body)
             log(f"started {batch + len(chunk)}/{len(names)}")
             wait_for(partial(settled, kube, ns, chunk, args.no_store), 600, interval=1.0, what="a batch")
