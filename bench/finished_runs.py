@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--effects", type=int, default=2)
     parser.add_argument("--no-store", action="store_true")
     parser.add_argument("--concurrency", type=int, default=8, help="Runs started at once")
+    parser.add_argument(
+        "--dump", type=Path, help="write the first Run's objects (as kubectl prints them) here"
+    )
     args = parser.parse_args()
 
     state_dir = Path(tempfile.mkdtemp(prefix="agentrun-finished-runs-"))
@@ -137,6 +140,15 @@ def main() -> None:
             log(f"started {batch + len(chunk)}/{len(names)}")
             wait_for(partial(settled, kube, ns, chunk, args.no_store), 600, interval=1.0, what="a batch")
         took = time.monotonic() - started
+        if args.dump:
+            first = names[0]
+            objects = [
+                item
+                for kind in KINDS
+                for item in kubectl_json(kube, ns, kind)
+                if first in (item["metadata"]["name"], (item["metadata"].get("labels") or {}).get(LABEL))
+            ]
+            args.dump.write_text(json.dumps(objects, indent=4))
         sizes = bytes_per_run(kube, ns, printed=True)
         compact = bytes_per_run(kube, ns, printed=False)
         phases = {r["status"]["phase"] for r in kubectl_json(kube, ns, "runs")}
