@@ -203,6 +203,7 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "agents.serviceAccount",
         "rbac",
         "podDisruptionBudget",
+        "stateStore",
     }
 
 
@@ -223,10 +224,33 @@ def test_values_yaml_is_the_model_defaults_and_valid() -> None:
         "metrics.port=80",
         "metrics.serviceMonitor.interval=soon",
         "logFormat=xml",
+        "stateStore.url=s3://key:secret@bucket/prefix",
+        "stateStore.url=http://bucket",
+        "stateStore.agentSecretName=Not_A_Name",
     ],
 )
 def test_bad_values_are_refused_by_the_schema(bad: str) -> None:
     assert "agentrun" in template_error(bad)
+
+
+def test_without_a_state_store_the_operator_is_told_none() -> None:
+    container = operator_container(template())
+    assert not {"AGENTRUN_STATE_STORE_URL", "AGENTRUN_STATE_STORE_SECRET"} & set(env_of(container))
+    assert "envFrom" not in container
+
+
+def test_a_state_store_reaches_the_operator_with_its_own_credentials() -> None:
+    url = "s3://agent-state/prod?endpoint=https://s3.example.com&region=eu-west-1"
+    container = operator_container(
+        template(
+            f"stateStore.url={url}",
+            "stateStore.credentialsSecret=operator-store",
+            "stateStore.agentSecretName=team-store",
+        )
+    )
+    env = env_of(container)
+    assert (env["AGENTRUN_STATE_STORE_URL"], env["AGENTRUN_STATE_STORE_SECRET"]) == (url, "team-store")
+    assert container["envFrom"] == [{"secretRef": {"name": "operator-store"}}]
 
 
 def test_several_replicas_need_peering() -> None:

@@ -151,6 +151,22 @@ class PodDisruptionBudget(_Values):
     """How many operator replicas a voluntary disruption (a node drain) may take down at once."""
 
 
+class StateStore(_Values):
+    url: str = Field("", max_length=2048, pattern=r"^$|^(s3|gs|az|file)://[^@\s]+$")
+    """The agent-state store's URL (docs/state-store.md), e.g. s3://bucket/prefix?endpoint=https://...;
+    empty (default): no store, all state stays inline within the byte budgets. A URL never holds
+    credentials (the schema and the operator refuse one with '@')."""
+    credentials_secret: str = Field("", pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    """A Secret in the release's namespace whose keys become the operator's environment (e.g.
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY): the operator's own store principal, the one allowed to
+    delete (the collector, compaction, archives). Empty: the operator's environment gives them some other
+    way (workload identity, operator.extraEnv)."""
+    agent_secret_name: str = Field("agentrun-state-store", pattern=NAME_PATTERN, max_length=253)
+    """The Secret, in each agent namespace, holding that namespace's own store credentials (get and put
+    under its prefix, no delete); attempt Pods take them by secretKeyRef. A Run whose namespace lacks it
+    fails before its first Attempt (StateStoreCredentialsMissing)."""
+
+
 class Values(_Values):
     name_override: str = Field("", max_length=63)
     """Replaces the chart name in object names."""
@@ -193,6 +209,8 @@ class Values(_Values):
     """Where attempt Pods run, and as whom."""
     rbac: Rbac = Field(default_factory=Rbac)
     """RBAC objects."""
+    state_store: StateStore = Field(default_factory=StateStore)
+    """Where agent state goes when it outgrows a Kubernetes object."""
     resources: KubeObject = Field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
