@@ -252,3 +252,18 @@ def test_the_pod_of_a_run_being_deleted_is_left_to_the_garbage_collector() -> No
     )
 
     assert kinds(decide(replace(world, run=run))) == []
+
+
+def test_a_grant_keeps_a_stopped_superseded_pods_tail_before_deleting_it_at_once() -> None:
+    """Its Pod must go at once (credentials): the tail is kept first as far as it can be read now."""
+    status = run_status("RetryBackoff", current=1, lease_epoch=1, nextAttemptTime="2026-03-01T12:00:00Z")
+    world = replace(
+        with_pod("OnAttemptEnd"), run=make_run(status, spec={"podGC": "OnAttemptEnd"}), lease=held_by(1)
+    )
+
+    plan = decide(world)
+
+    assert kinds(plan)[:2] == ["SaveLogTail", "DeletePod"]
+    assert of_type(plan, SaveLogTail) == [SaveLogTail(name_of(1), name_of(1), best_effort=True)]
+    assert of_type(plan, DeletePod) == [DeletePod(name_of(1), grace_seconds=0)]
+    assert of_type(plan, WriteLease)[0].holder == name_of(2)

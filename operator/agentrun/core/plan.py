@@ -99,6 +99,9 @@ class SaveLogTail:
 
     attempt: str
     pod: str
+    # Before a grant deletes the Pod at once: a log that cannot be read now is logged and skipped, never
+    # holding up the grant (else the tail is read again later, and the Pod waits for it).
+    best_effort: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
-from agentrun.statestore import BlobRef, BlobStore
+from agentrun.statestore import BlobRef, BlobStore, StateStoreError
 from agentrun.statestore.checkpoint_index import decode_index, encode_index, entry, inline_state_bytes, merged
 
 log = logging.getLogger("agentrun.operator")
@@ -262,14 +262,20 @@ class Executor:
         """The tail of the ended Attempt's Pod log into Attempt status.logTail (core deletes the Pod once
         it is recorded). A Pod already gone leaves nothing to keep."""
         run = progress.run
-        data = await read_log(self.api, str(run.metadata.namespace), action.pod)
-        if data is None:
+        try:
+            data = await read_log(self.api, str(run.metadata.namespace), action.pod)
+            if data is None:
+                return Written(action)
+            now = self._now_micro()[:19] + "Z"
+            if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
+                tail: JsonDict = {"unavailable": data, "time": now}
+            else:
+                tail = await log_tail(data, run, self.state_store, now)
+        except (ApiError, StateStoreError) as exc:
+            if not action.best_effort:
+                raise
+            log.warning("the log tail of %s was not kept before its Pod went: %s", action.pod, exc)
             return Written(action)
-        now = self._now_micro()[:19] + "Z"
-        if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
-            tail: JsonDict = {"unavailable": data, "time": now}
-        else:
-            tail = await log_tail(data, run, self.state_store, now)
         return await self._patch_attempt_status(
             p.PatchAttemptStatus(action.attempt, {"logTail": tail}), progress
         )
