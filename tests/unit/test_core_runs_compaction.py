@@ -267,3 +267,11 @@ def test_a_grant_keeps_a_stopped_superseded_pods_tail_before_deleting_it_at_once
     assert of_type(plan, SaveLogTail) == [SaveLogTail(name_of(1), name_of(1), best_effort=True)]
     assert of_type(plan, DeletePod) == [DeletePod(name_of(1), grace_seconds=0)]
     assert of_type(plan, WriteLease)[0].holder == name_of(2)
+
+
+def test_a_run_refused_before_any_attempt_is_not_compacted() -> None:
+    """Only an Attempt's Pod saves Checkpoints: those of a Run that never had one are left alone."""
+    world = finished(phase="Failed", lease=False, attempts=0)
+    world = replace(world, attempts={})
+
+    assert kinds(decide(world)) == []

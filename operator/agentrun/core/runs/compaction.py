@@ -67,11 +67,14 @@ def compacting(w: World) -> Transition | None:
 
 
 def settled(w: World) -> bool:
-    """Succeeded, Failed or Cancelled, with nothing left to do but compact: no Attempt or Pod still
+    """Succeeded, Failed or Cancelled after at least one Attempt (a Run refused before any has neither
+    Lease nor Checkpoints of its own), with nothing left to do but compact: no Attempt or Pod still
     going, no effect whose outcome is open (a person may still need the Run as it is), and nothing the
     Stopped rule would still write (leftovers, a cancelled Run's Pending records, the report)."""
     run = w.run
     if run.status.phase not in TERMINAL_PHASES or run.metadata.deletion_timestamp is not None:
+        return False
+    if not run.status.attempts:  # ended before any Attempt (refused): nothing of its own to compact
         return False
     if live_attempts(w) or compensation.to_settle(w.side_effects):
         return False
