@@ -290,6 +290,17 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if finished.opened and argv is None:
+        # obstore's Tokio threads may still wind down while the interpreter finalizes, and abort the
+        # process (SIGABRT) after the command did its work: end it without finalizing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         return asyncio.run(_run(args))

@@ -21,6 +21,9 @@ from agentrun.statestore import BlobStore, StateStoreError
 from agentrun.statestore.checkpoint_index import as_checkpoint, decode_index
 
 STORE_URL_ENV = "AGENTRUN_STATE_STORE_URL"
+# Whether this process opened the state store (obstore): then it ends without finalizing the interpreter
+# (cli.app.main), whose teardown can race obstore's Tokio threads and abort the process after its work.
+opened: list[BlobStore] = []
 
 
 def store_url() -> str | None:
@@ -36,7 +39,8 @@ async def read_blob(ref: BlobRef, what: str) -> bytes:
             "namespace's read-only Secret) to read it"
         )
     try:
-        return await BlobStore.from_url(url).get(StoredRef(ref.key, ref.sha256, ref.size, bool(ref.links)))
+        opened.append(store := BlobStore.from_url(url))
+        return await store.get(StoredRef(ref.key, ref.sha256, ref.size, bool(ref.links)))
     except StateStoreError as exc:
         raise CliError(f"{what}: {exc}") from None
 

@@ -67,7 +67,7 @@ async def fetch(ref: BlobRef, what: str) -> Any:
             "namespace's read-only Secret) to read it"
         )
     try:
-        store = BlobStore.from_url(url)
+        finished.opened.append(store := BlobStore.from_url(url))
         data = await store.get(StoredRef(ref.key, ref.sha256, ref.size))
     except StateStoreError as exc:
         raise CliError(f"{what}: {exc}") from None
