@@ -102,6 +102,8 @@ def operator(
         **security.OPERATOR_ENV,
         # the cluster's versitygw; each run_namespace gets the credentials Secret its Pods read
         **security.state_store_operator_env(local_cluster.state_store_url),
+        # ... and the operator's own credentials (it writes checkpoint indexes and log tails there)
+        **local_cluster.state_store_env(),
     }
     process = OperatorProcess(
         operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env

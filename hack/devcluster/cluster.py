@@ -175,6 +175,7 @@ class LocalCluster:
             for cert, key in [ca.client_cert(identity)]
         }
         admin_cert, admin_key = ca.client_cert(pki.ADMIN)
+        kubelet_client_cert, kubelet_client_key = ca.client_cert(pki.KUBELET_CLIENT)
         deadline = time.monotonic() + timeout_seconds
         if self.with_object_store:
             self._start_object_store(tie, deadline)
@@ -221,6 +222,11 @@ class LocalCluster:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+                # pods/log is proxied to the node agent's containerLogs endpoint, at the Node's InternalIP
+                f"--kubelet-client-certificate={kubelet_client_cert}",
+                f"--kubelet-client-key={kubelet_client_key}",
+                f"--kubelet-certificate-authority={ca.cert_path}",
+                "--kubelet-preferred-address-types=InternalIP",
                 *self.apiserver_flags,
             ],
             f"{self.server}/readyz",
@@ -267,6 +273,9 @@ class LocalCluster:
         )
         if self.with_node_agent:
             node_kubeconfig = configs[pki.node_identity(self.node_name).file_stem]
+            kubelet_cert, kubelet_key = ca.serving_cert(
+                f"kubelet-{self.node_name}", [self.node_name, "localhost"], ["127.0.0.1"]
+            )
             self._launch(
                 "node-agent",
                 [
@@ -276,6 +285,9 @@ class LocalCluster:
                     f"--kubeconfig={node_kubeconfig}",
                     f"--node-name={self.node_name}",
                     f"--state-dir={self.state_dir / 'node'}",
+                    f"--serving-cert={kubelet_cert}",
+                    f"--serving-key={kubelet_key}",
+                    f"--client-ca={ca.cert_path}",
                     *(["--instant"] if self.instant else []),
                 ],
                 "",

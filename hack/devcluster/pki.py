@@ -36,6 +36,10 @@ def node_identity(node_name: str) -> ClientIdentity:
 ADMIN = ClientIdentity("admin", "agentrun-admin", ("system:masters",))
 CONTROLLER_MANAGER = ClientIdentity("controller-manager", "system:kube-controller-manager")
 SCHEDULER = ClientIdentity("scheduler", "system:kube-scheduler")
+# The API server's client certificate towards kubelets (pods/log, exec...): the node agent serves logs to it.
+KUBELET_CLIENT = ClientIdentity(
+    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+)
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:

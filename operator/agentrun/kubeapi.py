@@ -245,6 +245,19 @@ class KubeApi:
         result = orjson.loads(data)
         return result if isinstance(result, dict) else {}
 
+    async def read_text(self, path: str, query: dict[str, str] | None = None) -> bytes:
+        """A GET of a resource that answers in plain text (a Pod's log): its bytes as sent."""
+        self.requests += 1
+        session = self._for_this_loop().requests
+        options = self._request_options(None, None)
+        options["headers"]["Accept"] = "text/plain, */*"
+        url = self._endpoint.base_url + path
+        async with session.request("GET", url, params=query, **options) as response:
+            data = await response.read()
+            if response.status >= 400:
+                raise ApiError.of_answer(response.status, data.decode(errors="replace"))
+        return data
+
     # ---- paths -----------------------------------------------------------------------------------------
 
     @staticmethod

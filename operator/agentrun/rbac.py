@@ -48,6 +48,8 @@ OPERATOR_RULES: list[Rule] = [
     },
     {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # The tail of an ended Attempt's log is kept before its Pod is deleted (Run spec.podGC).
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     # Attempt Pods run only as ServiceAccounts labelled agentrun.dev/agent=true (agentrun.core.identity).
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     # ... and only when they may do what an attempt Pod does (agentrun.operator.attempt_role asks).
@@ -62,7 +64,8 @@ OPERATOR_RULES: list[Rule] = [
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
-        "verbs": ["get", "list", "watch", "create", "patch"],
+        # delete: a finished Run's Lease goes (compaction; the next grant takes status.leaseEpoch + 1)
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},

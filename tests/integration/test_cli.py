@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands.cancel import Swap, compare_and_swap
 from agentrun.kubeapi import KubeApi, load_configuration
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.pki import ADMIN as ADMIN_IDENTITY
 from support.kube import Kube, wait_for
@@ -81,7 +82,7 @@ def status_of(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 
 def test_get_describe_effects_report_and_watch_of_a_finished_run(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("done", {"steps": 2}))
@@ -99,7 +100,13 @@ def test_get_describe_effects_report_and_watch_of_a_finished_run(
     one = yaml.safe_load(ok(cli(kube, ns, "get", "done", "-o", "yaml")))
     assert (one["kind"], one["status"]["phase"]) == ("Run", "Succeeded")
 
-    text = ok(cli(kube, ns, "describe", "done"))
+    # A finished Run is compacted: its superseded Checkpoints are read from its index in the state store.
+    reader = {**env_for(kube.kubeconfig), "AGENTRUN_STATE_STORE_URL": local_cluster.state_store_url}
+    reader |= local_cluster.state_store_env()
+    described = subprocess.run(
+        argv(ns, "describe", "done"), env=reader, capture_output=True, text=True, timeout=120, check=False
+    )
+    text = ok(described)
     assert "Phase:         Succeeded: done-a1 committed the result" in text
     assert '"steps": 2' in text.split("Result:")[1].splitlines()[0]
     story = text.split("Timeline (UTC):\n")[1].split("\n\n")[0]

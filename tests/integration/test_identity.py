@@ -151,6 +151,7 @@ def test_an_account_labelled_just_before_the_run_is_used(
     kube.rbac.create_namespaced_role_binding(ns, binding)
     body = scenario_run("opted", {"steps": 1})
     body["spec"]["agent"]["serviceAccountName"] = "agents"
+    body["spec"]["podGC"] = "Never"  # its Pod is read below, after the Run ended
     author_creates(run_author(kube, ns), ns, body)
     run = wait_phase(kube, ns, "opted", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", run["status"]

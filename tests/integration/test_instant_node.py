@@ -8,17 +8,21 @@ reports exit code 0 like a process would. A Pod with any other command completes
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes import watch
+from urllib3.exceptions import ProtocolError
 
 from agentrun.examples.manifests import agent_run
 from devcluster import security
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
 from support.clusters import operator_identity, own_cluster
-from support.kube import Kube
+from support.kube import Kube, wait_for
 from support.runs import attempts, create_run, wait_phase
 
 pytestmark = pytest.mark.cluster
@@ -60,7 +64,27 @@ def test_echo_run_succeeds_in_the_node_agents_process(
     kube: Kube, run_namespace: str, namespaced_operator: OperatorProcess
 ) -> None:
     ns = run_namespace
-    create_run(kube, ns, agent_run("echo", "echo", {"hello": "instant"}))
+    # Every version of the Run's Lease, from a watch: a finished Run's Lease is deleted (compaction).
+    leases: list[Any] = []
+    watching = watch.Watch()
+
+    def record() -> None:
+        stream = watching.stream(
+            kube.coordination.list_namespaced_lease,
+            ns,
+            field_selector="metadata.name=echo.run.agentrun.dev",
+            timeout_seconds=50,
+        )
+        try:
+            leases.extend(event["object"].spec for event in stream)
+        except ProtocolError:  # the stream cut when the test stops the watch
+            return
+
+    recorder = threading.Thread(target=record, daemon=True)
+    recorder.start()
+    body = agent_run("echo", "echo", {"hello": "instant"})
+    body["spec"]["podGC"] = "Never"  # its Pod is read below
+    create_run(kube, ns, body)
     run = wait_phase(kube, ns, "echo", {"Succeeded", "Failed"}, timeout=40)
     assert run["status"]["phase"] == "Succeeded", namespaced_operator.log_tail()
     assert run["status"]["result"] == {"echo": {"hello": "instant"}}
@@ -73,11 +97,17 @@ def test_echo_run_succeeds_in_the_node_agents_process(
     assert container["containerID"].startswith("instant://")  # no process was started for it
     assert container["state"]["terminated"]["exitCode"] == 0
     assert pod["status"]["phase"] == "Succeeded"
+
     # the Attempt renewed the Lease it was granted (renew_once before the agent starts), with the Pod's
     # service account: the node's own credentials may not even read a Run
-    lease = kube.coordination.read_namespaced_lease("echo.run.agentrun.dev", ns)
-    assert (lease.spec.holder_identity, lease.spec.lease_transitions) == ("echo-a1", 1)
-    assert lease.spec.renew_time > lease.spec.acquire_time
+    def renewed() -> bool:
+        return any(
+            (s.holder_identity, s.lease_transitions) == ("echo-a1", 1) and s.renew_time > s.acquire_time
+            for s in list(leases)
+        )
+
+    wait_for(renewed, 30, what="a renewal of echo-a1's Lease among its watched versions")
+    watching.stop()
 
 
 @pytest.mark.timeout(60)

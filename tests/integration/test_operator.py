@@ -253,9 +253,7 @@ def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoc
         history = attempts(kube, ns, name)
         assert [a["spec"]["number"] for a in history] == [1, 2]
         assert [a["spec"]["leaseEpoch"] for a in history] == [1, 2]
-        assert run["status"]["leaseEpoch"] == 2
-        lease = kube.coordination.read_namespaced_lease(f"{name}.run.agentrun.dev", ns)
-        assert lease.spec.lease_transitions == 2
+        assert run["status"]["leaseEpoch"] == 2  # (its Lease, at that epoch, is deleted once it ended)
     assert operator.starts >= 5
 
 

@@ -121,6 +121,8 @@ class Cluster:
             },
             # A retry never comes due during the test: the stories end in RetryBackoff at most.
             "retry": {"backoff": {"initialSeconds": 3600, "maxSeconds": 3600}},
+            # Its Pods never run on a node (no log to keep): the stories are about grants, not Pod collection.
+            "podGC": "Never",
         }
         body = {"apiVersion": API_VERSION, "kind": "Run", "metadata": {"name": RUN}, "spec": spec}
         self.kube.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, "runs", body)
@@ -163,14 +165,15 @@ class Cluster:
             )
             for a in listed
         )
-        lease = self.kube.coordination.read_namespaced_lease(lease_name(RUN), self.ns).spec
+        held = self.kube.get("lease", lease_name(RUN), self.ns)  # a finished Run's Lease is deleted
+        lease = (held or {}).get("spec") or {}
         pods = self.kube.core.list_namespaced_pod(self.ns, label_selector=f"{RUN_LABEL}={RUN}").items
         accepted = [c["op"] for c in status.get("controls") or [] if c["outcome"] == "Accepted"]
         return {
             "phase": status["phase"],
             "run": (status.get("currentAttempt"), status.get("attempts"), status.get("leaseEpoch")),
             "attempts": attempts,
-            "lease": (lease.holder_identity, lease.lease_transitions),
+            "lease": (lease.get("holderIdentity"), lease.get("leaseTransitions")) if held else None,
             "pods": sorted(p.metadata.name for p in pods if not p.metadata.deletion_timestamp),
             "accepted": accepted,
         }
@@ -260,15 +263,28 @@ STORIES = {
             "pods": [],
         },
     ),
+    # A Cancelled Run's Lease is deleted once it has settled (no state store here: the Lease only).
     "cancel": Story(
         _cancelled,
         ["PatchRunStatus", "DeletePod"],
-        {**GRANTED, "phase": "Cancelled", "attempts": [(1, "initial", 1, None, "Aborted")], "pods": []},
+        {
+            **GRANTED,
+            "phase": "Cancelled",
+            "attempts": [(1, "initial", 1, None, "Aborted")],
+            "pods": [],
+            "lease": None,
+        },
     ),
     "cancel-finishing": Story(
         _cancel_requested,
         ["PatchAttemptStatus", "PatchRunStatus"],
-        {**GRANTED, "phase": "Cancelled", "attempts": [(1, "initial", 1, None, "Aborted")], "pods": []},
+        {
+            **GRANTED,
+            "phase": "Cancelled",
+            "attempts": [(1, "initial", 1, None, "Aborted")],
+            "pods": [],
+            "lease": None,
+        },
     ),
     "resume": Story(
         _answered,

@@ -58,13 +58,14 @@ def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
     assert set(outcomes) == set(EXPECTED_CAUSES)
     assert refusals_missing(outcomes) == {}, json.dumps(outcomes, indent=1)
 
+    # read while the victim still holds it (a finished Run's Lease is deleted)
+    lease = kube.coordination.read_namespaced_lease("victim.run.agentrun.dev", ns)
+    assert lease.spec.lease_duration_seconds == running["spec"]["lease"]["durationSeconds"]
     release.write_text("go")
     done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=60)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert done["status"]["result"] == {"by": "victim-a1"}
     assert done["status"]["committedBy"]["attempt"] == "victim-a1"
-    lease = kube.coordination.read_namespaced_lease("victim.run.agentrun.dev", ns)
-    assert lease.spec.lease_duration_seconds == running["spec"]["lease"]["durationSeconds"]
 
 
 def _token_not_bound_to_a_pod(kube: Kube, namespace: str) -> str:

@@ -31,6 +31,7 @@ from support.runs import (
     VERSION,
     attempts,
     create_run,
+    get_run,
     resume,
     support_agent_run,
     wait_phase,
@@ -105,8 +106,14 @@ def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_i
     assert result["attempt"] == f"{name}-a2"
     assert len(result["padding"]) == 40_000
 
-    # etcd holds references: every state and the journaled document went to the store
-    saved = checkpoints(kube, ns, name)
+    # etcd holds references: every state and the journaled document went to the store. The finished Run
+    # is compacted: its Checkpoint index (status.checkpointIndex) names every Checkpoint it saved.
+    def indexed() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = get_run(kube, ns, name)["status"].get("checkpointIndex")
+        return found
+
+    index = wait_for(indexed, 60, what=f"{name}'s Checkpoint index")
+    saved = [{"spec": entry} for entry in read_blob(local_cluster, index)["checkpoints"]]
     states = [c for c in saved if c["spec"].get("kind", "State") == "State"]
     journal = [c for c in saved if c["spec"].get("kind") == "Journal"]
     assert states

@@ -65,7 +65,13 @@ def make_run(
             "creationTimestamp": ts(CREATED),
             **(metadata or {}),
         },
-        "spec": {"agent": {"image": IMAGE, "command": ["python", "-m", "agent"]}, **(spec or {})},
+        # Pods are not collected unless a test asks (spec.podGC): the table's rows show their own rule's
+        # writes; Pod collection has its own tests (test_core_runs_compaction).
+        "spec": {
+            "agent": {"image": IMAGE, "command": ["python", "-m", "agent"]},
+            "podGC": "Never",
+            **(spec or {}),
+        },
     }
     if status is not None:
         body["status"] = status

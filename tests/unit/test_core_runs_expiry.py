@@ -70,7 +70,7 @@ def finished(
         now=now,
         side_effects=effects,
         default_ttl_seconds=default,
-        archive_store=store,
+        has_store=store,
     )
 
 

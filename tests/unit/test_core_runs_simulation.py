@@ -26,11 +26,14 @@ from agentrun.core.plan import (
     CreateAttempt,
     CreatePod,
     DeleteCheckpoint,
+    DeleteLease,
     DeletePod,
     PatchAttemptStatus,
     PatchRunStatus,
     Plan,
     RecordEvent,
+    SaveLogTail,
+    WriteCheckpointIndex,
     WriteLease,
 )
 from agentrun.core.pods import pod_view
@@ -121,6 +124,9 @@ class Cluster:
     pods_created: list[str] = field(default_factory=list)
     checkpoints_pruned: list[str] = field(default_factory=list)
     saved: set[str] = field(default_factory=set)  # attempts whose worker saved its Checkpoints
+    store: bool = False  # whether the operator has a state store
+    indexed: set[str] = field(default_factory=set)  # the Checkpoints the recorded index names
+    saved_checkpoints: list[str] = field(default_factory=list)  # every Checkpoint saved, in order
 
     @property
     def now(self) -> datetime:
@@ -132,7 +138,7 @@ class Cluster:
 
     def world(self) -> World:
         lease = expires_in = None
-        run = make_run(self.status, spec=self.spec)
+        run = make_run(self.status, spec={"podGC": "OnAttemptEnd", **self.spec})  # the API's default
         if self.lease is not None:
             lease = LeaseView(self.lease["holder"], self.lease["epoch"], self.lease["rv"])
             self.sighting = sight(self.sighting, lease.resource_version, self.clock)
@@ -148,6 +154,7 @@ class Cluster:
             lease_expires_in=expires_in,
             side_effects=[SideEffect.model_validate(b) for b in self.side_effects.values()],
             checkpoints=[Checkpoint.model_validate(b) for b in self.checkpoints.values()],
+            has_store=self.store,
         )
 
     def protected_checkpoints(self) -> set[str]:
@@ -162,7 +169,8 @@ class Cluster:
         match action:
             case PatchRunStatus(patch=patch):
                 old = self.status or {}
-                if old.get("phase") in ("Succeeded", "Cancelled") and set(patch) - {"sideEffects", "report"}:
+                kept = {"sideEffects", "report", "checkpointIndex"}
+                if old.get("phase") in ("Succeeded", "Cancelled") and set(patch) - kept:
                     raise Violation(f"a {old['phase']} Run changed: {patch}")
                 if patch.get("leaseEpoch", old.get("leaseEpoch", 0)) < old.get("leaseEpoch", 0):
                     raise Violation(
@@ -176,7 +184,8 @@ class Cluster:
                     raise Violation("the Lease was created twice")
                 if rv is not None and (self.lease is None or self.lease["rv"] != rv):
                     raise Violation(f"the Lease write expected resourceVersion {rv}: it changed")
-                previous = self.lease["epoch"] if self.lease else 0
+                # With no Lease (a finished Run's was deleted) the next epoch follows the Run's recorded one.
+                previous = self.lease["epoch"] if self.lease else (self.status or {}).get("leaseEpoch", 0)
                 # A revoked Lease (no holder) carries a fresh epoch that the next grant gives out as is.
                 adopts_revoked = (
                     self.lease is not None and self.lease["holder"] is None and holder is not None
@@ -221,8 +230,40 @@ class Cluster:
             case DeleteCheckpoint(name=name):
                 if name in self.protected_checkpoints():
                     raise Violation(f"Checkpoint {name} pruned while the Run or an Attempt points at it")
+                finished = (self.status or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+                if self.store and finished and name in self.checkpoints and name not in self.indexed:
+                    raise Violation(f"Checkpoint {name} deleted before the recorded index names it")
                 if self.checkpoints.pop(name, None) is not None:
                     self.checkpoints_pruned.append(name)
+            case WriteCheckpointIndex(checkpoints=checkpoints, previous=previous):
+                if not self.store:
+                    raise Violation("a checkpoint index written without a state store")
+                recorded = (self.status or {}).get("checkpointIndex")
+                if previous != recorded:
+                    raise Violation(f"the index merged {previous}, the Run records {recorded}")
+                names = (self.indexed if recorded else set()) | {c["metadata"]["name"] for c in checkpoints}
+                # content-addressed: the same Checkpoints, the same blob
+                digest = f"{abs(hash(tuple(sorted(names)))):064d}"[-64:]
+                ref = {
+                    "key": f"p/ns/uid/sha256/{digest}",
+                    "sha256": digest,
+                    "size": len(names),
+                    "links": True,
+                }
+                self.indexed = names
+                self.apply(PatchRunStatus({"checkpointIndex": ref}))
+            case DeleteLease(resource_version=rv):
+                if self.lease is None or self.lease["rv"] != rv:
+                    raise Violation(f"the Lease delete expected resourceVersion {rv}: it changed")
+                if (self.status or {}).get("phase") not in ("Succeeded", "Failed", "Cancelled"):
+                    raise Violation("the Lease of a Run that has not ended was deleted")
+                self.lease = None
+            case SaveLogTail(attempt=name, pod=pod):
+                if pod not in self.pods or self.pods[pod]["status"]["phase"] not in ("Succeeded", "Failed"):
+                    raise Violation(f"the log tail of {pod} read before it stopped")
+                self.attempts[name]["status"] = merge(
+                    self.attempts[name]["status"], {"logTail": {"text": "..."}}
+                )
             case RecordEvent():
                 pass
 
@@ -238,7 +279,8 @@ class Cluster:
             assert status.get("leaseEpoch") == self.lease["epoch"], (status.get("leaseEpoch"), self.lease)
         for name, attempt in self.attempts.items():
             if attempt["status"].get("phase") == "LeaseLost":
-                assert self.lease is not None and self.lease["holder"] != name, f"{name} still holds it"
+                # no Lease at all (a finished Run's was deleted) is held by nobody
+                assert self.lease is None or self.lease["holder"] != name, f"{name} still holds it"
 
     # ---- the kubelet, the workers and the user
 
@@ -330,6 +372,7 @@ class Cluster:
                 "state": {"sequence": sequence},
             },
         }
+        self.saved_checkpoints.append(checkpoint_id)
         self.status = merge(self.status or {}, {"latestCheckpoint": checkpoint_id})
         return checkpoint_id
 
@@ -422,6 +465,10 @@ class Story:
     inputs: dict[int, Any] = field(default_factory=dict)  # spec.input of the Attempts that resumed
     saves: int = 0  # Checkpoints each worker saves when it starts
     side_effects: dict[str, int] = field(default_factory=lambda: dict(NO_SIDE_EFFECTS))
+    # The epoch of each Attempt, when not 1, 2, 3...: a grant after a finished Run's Lease was deleted
+    # takes the epoch after the recorded one, which may skip one nobody held (never reuse one).
+    attempt_epochs: list[int] | None = None
+    store: bool = False  # the operator has a state store: a finished Run is compacted
 
 
 STORIES = {
@@ -552,16 +599,37 @@ STORIES = {
         # Attempt 3 failed before saving a Checkpoint after the answer: its retry carries the answer on.
         inputs={3: "yes", 4: "yes"},
     ),
-    # Lease loss is not retried here: the Run fails with the Lease revoked at epoch 2, and the manual
-    # retry's Attempt 2 is granted that same epoch.
+    # Lease loss is not retried here: the Run fails with the Lease revoked at epoch 2; the failed Run's
+    # Lease is deleted, and the manual retry's Attempt 2 is granted the epoch after the recorded one.
     "lease-lost-then-manual-retry": Story(
         {1: "hang", 2: "commit"},
         "Succeeded",
         [("LeaseLost", "initial"), ("Succeeded", "manual_retry")],
-        [1, 2],
+        [1, 2, 3],
         spec={"retry": {"retryOn": ["transient"]}},
         user=(("Failed", retry_request("retry-1")),),
         controls=[("Retry", "Accepted", "Accepted")],
+        attempt_epochs=[1, 3],
+    ),
+    # With a state store a finished Run is compacted: its index written, its Lease and its superseded
+    # Checkpoints deleted (the latest kept).
+    "compacted-after-success": Story(
+        {1: "commit"}, "Succeeded", [("Succeeded", "initial")], [1], saves=3, store=True
+    ),
+    # Compacted when it failed, retried by hand: the grant with no Lease takes leaseEpoch + 1, continues
+    # from the kept latest Checkpoint, and the second compaction's index still names the first's.
+    "compacted-then-manual-retry": Story(
+        {1: "exit:1:KeyError", 2: "commit"},
+        "Succeeded",
+        [("Failed", "initial"), ("Succeeded", "manual_retry")],
+        [1, 2],
+        user=(("Failed", retry_request("retry-1")),),
+        controls=[("Retry", "Accepted", "Accepted")],
+        saves=2,
+        store=True,
+    ),
+    "compacted-cancelled": Story(
+        {1: "cancel"}, "Cancelled", [("Aborted", "initial")], [1], saves=2, store=True
     ),
     "checkpoints-pruned-beyond-retention": Story(
         {1: "interrupt", 2: "interrupt", 3: "commit"},
@@ -579,7 +647,11 @@ STORIES = {
 
 def check_story(story: Story, crash: tuple[int, int] | None) -> None:
     cluster = Cluster(
-        spec=copy.deepcopy(story.spec), fates=story.fates, user=list(story.user), saves=story.saves
+        spec=copy.deepcopy(story.spec),
+        fates=story.fates,
+        user=list(story.user),
+        saves=story.saves,
+        store=story.store,
     )
     cluster.drive(crash)
     status = cluster.status or {}
@@ -589,7 +661,8 @@ def check_story(story: Story, crash: tuple[int, int] | None) -> None:
     assert (status.get("failure") or {}).get("reason") == story.stop_reason
     assert [(a["status"]["phase"], a["spec"]["reason"]) for a in attempts] == story.attempts
     assert {a["spec"]["number"]: a["spec"]["input"] for a in attempts if "input" in a["spec"]} == story.inputs
-    assert [a["spec"]["leaseEpoch"] for a in attempts] == list(range(1, len(attempts) + 1))
+    epochs = [a["spec"]["leaseEpoch"] for a in attempts]
+    assert epochs == (story.attempt_epochs or list(range(1, len(attempts) + 1)))
     assert cluster.lease_epochs == story.lease_epochs
     assert status["leaseEpoch"] == story.lease_epochs[-1]
     assert status["currentAttempt"] == status["attempts"] == len(attempts)
@@ -605,6 +678,20 @@ def check_story(story: Story, crash: tuple[int, int] | None) -> None:
     assert len(set(cluster.checkpoints) - cluster.protected_checkpoints()) <= retention
     if story.saves:
         assert cluster.checkpoints_pruned, "the story saves more Checkpoints than it keeps"
+    # A finished Run holds no Lease; without a store it keeps every Checkpoint retention keeps, with one
+    # its index names every Checkpoint ever saved and only those pointed at are left in the API server.
+    assert cluster.lease is None
+    # spec.podGC OnAttemptEnd (the default): every Pod of an ended Attempt was deleted, after its log tail
+    # was kept (the superseded Pods a grant deletes at once excepted: they are not waited for).
+    assert not cluster.pods, f"Pods left: {sorted(cluster.pods)}"
+    if attempts[-1]["status"]["phase"] in ("Succeeded", "Failed"):  # it stopped by itself: its log is kept
+        assert "logTail" in attempts[-1]["status"]
+    if story.store:
+        assert cluster.indexed >= set(cluster.saved_checkpoints)
+        assert set(cluster.checkpoints) == cluster.protected_checkpoints()  # the latest, those resumed from
+        assert "checkpointIndex" in status
+    else:
+        assert "checkpointIndex" not in status
 
 
 @pytest.mark.parametrize("story", STORIES.values(), ids=STORIES.keys())
@@ -617,7 +704,11 @@ def crash_points() -> dict[str, tuple[Story, tuple[int, int]]]:
     points = {}
     for name, story in STORIES.items():
         cluster = Cluster(
-            spec=copy.deepcopy(story.spec), fates=story.fates, user=list(story.user), saves=story.saves
+            spec=copy.deepcopy(story.spec),
+            fates=story.fates,
+            user=list(story.user),
+            saves=story.saves,
+            store=story.store,
         )
         for step, plan in enumerate(cluster.drive()):
             for n in range(len(plan.actions)):

@@ -1073,7 +1073,7 @@ TRANSITIONS.update(
             stopped(
                 spec=retry_spec(), controls=[record("retry-1", "Retry", "Rejected", "UnresolvedSideEffects")]
             ),
-            [],
+            ["DeleteLease"],  # nothing but the finished Run's Lease released (no state store: compaction)
         ),
         "manual-retry-of-a-succeeded-run-is-refused-and-recorded": Transition(
             replace(
@@ -1143,7 +1143,7 @@ TRANSITIONS.update(
         ),
         "checkpoints-pruned-of-a-stopped-run": Transition(
             with_checkpoints(stopped(latestCheckpoint="ckpt-5"), *CHAIN, retention=1),
-            ["DeleteCheckpoint"] * 4,
+            ["DeleteCheckpoint"] * 4 + ["DeleteLease"],  # retention, then the Lease of a finished Run
         ),
         "checkpoints-pruned-before-a-grant": Transition(
             with_checkpoints(queued(latestCheckpoint="ckpt-5"), *CHAIN, retention=3),

@@ -74,6 +74,7 @@ FULL_RUN: dict[str, Any] = {
         "retryRequest": {"idempotencyKey": "retry-1", "fromCheckpoint": "ckpt-1", "reason": "fixed the API"},
         "pause": {"requestId": "pause-1", "reason": "maintenance"},
         "checkpointRetention": 10,
+        "podGC": "OnRunEnd",
     },
     "status": {
         "phase": "InputRequired",

@@ -26,7 +26,11 @@ def main() -> None:
         help="instant mode: agentrun example agents run in this process through the real SDK protocol, "
         "other containers complete at once (see devcluster/nodeagent/instant.py)",
     )
+    parser.add_argument("--serving-cert", type=Path, help="the containerLogs endpoint's certificate")
+    parser.add_argument("--serving-key", type=Path)
+    parser.add_argument("--client-ca", type=Path, help="the CA of the API server's kubelet client cert")
     args = parser.parse_args()
+    log_tls = (args.serving_cert, args.serving_key, args.client_ca) if args.serving_cert else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = NodeAgent(
         Kube(args.kubeconfig),
@@ -34,6 +38,7 @@ def main() -> None:
         args.state_dir,
         Restarts(),
         instant=args.instant,
+        log_tls=log_tls,
     )
 
     async def run() -> None:

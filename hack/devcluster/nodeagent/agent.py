@@ -7,7 +7,7 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from ..kubeconfig import write_kubeconfig
 from .instant import InstantRunner
 from .kube import Kube, in_background, now_rfc3339
+from .logserver import ContainerLogServer
 from .node import NodeHeartbeat, NodeSettings
 from .podenv import decode_secret, service_environment
 from .runner import PodRunner, Restarts
@@ -40,8 +41,10 @@ class NodeAgent:
         restarts: Restarts,
         *,
         instant: bool = False,
+        log_tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
-        """instant: run Pods in the instant mode (instant.py) instead of as local processes."""
+        """instant: run Pods in the instant mode (instant.py) instead of as local processes; log_tls: the
+        serving certificate, its key and the client CA of the containerLogs endpoint (logserver.py)."""
         self.kube = kube
         self.runner_class: type[PodRunner] = InstantRunner if instant else PodRunner
         self.settings = settings
@@ -51,6 +54,7 @@ class NodeAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._stopping = threading.Event()
+        self.logs = ContainerLogServer(self.container_log, *log_tls) if log_tls else None
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -63,6 +67,9 @@ class NodeAgent:
                 _return_http_data_only=True,
             )
         ).get("gitVersion", "v0.0.0")
+        if self.logs is not None:  # before the Node says where its kubelet endpoint is
+            self.settings.kubelet_port = await self.logs.start()
+            log.info("serving container logs on port %d", self.settings.kubelet_port)
         heartbeat = NodeHeartbeat(self.kube, self.settings, version)
         await heartbeat.register()
         log.info("node %s registered and Ready (kubelet version %s)", self.settings.name, version)
@@ -182,6 +189,19 @@ class NodeAgent:
             }
         runner.phase = "Failed"
         await self.publish_status(runner.pod, runner.status())
+
+    def container_log(
+        self, namespace: str, name: str, container: str
+    ) -> tuple[Path, Callable[[], bool]] | None:
+        """A container's log file on this node and whether it may still grow; None if there is no such
+        container here (a Pod deleted takes its sandbox, and its logs, with it)."""
+        for runner in self.runners.values():
+            if runner.key != f"{namespace}/{name}":
+                continue
+            for c in [*runner.init_containers, *runner.containers]:
+                if c.name == container:
+                    return runner.sandbox / f"{c.name}.log", lambda c=c: not c.done
+        return None
 
     def _sandbox(self, pod: dict[str, Any]) -> Path:
         return self.state_dir / "pods" / str(pod["metadata"]["uid"])

@@ -25,6 +25,7 @@ class NodeSettings:
     lease_duration_seconds: int = 40
     renew_interval_seconds: float = 10.0
     status_interval_seconds: float = 60.0
+    kubelet_port: int = 0  # where the containerLogs endpoint listens (0: not served)
 
 
 def _conditions(ready: bool) -> list[dict[str, Any]]:
@@ -71,7 +72,7 @@ class NodeHeartbeat:
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": s.name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
             "nodeInfo": {
                 "machineID": s.name,
                 "systemUUID": s.name,

@@ -9,6 +9,7 @@ from typing import ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api.blobref import BlobRef
 from agentrun.api.budgets import KIB, RESUME_VALUE_BUDGET
 from agentrun.api.common import (
     ApiModel,
@@ -196,6 +197,37 @@ class RejectedCommit(ApiModel):
     time: datetime | None = Field(None, description="When the commit was refused (RFC 3339).")
 
 
+# The tail of an Attempt's Pod log kept: at most this much in the state store, or inline without one.
+LOG_TAIL_LINES: Final = 1000
+LOG_TAIL_STORED_BYTES: Final = 64 * KIB
+LOG_TAIL_INLINE_BYTES: Final = 4 * KIB
+
+
+class LogTail(ApiModel):
+    """The last lines of the agent container's log, kept when the operator deletes the Attempt's Pod."""
+
+    ref: BlobRef | None = Field(
+        None,
+        description=f"The tail (at most {LOG_TAIL_LINES} lines and {LOG_TAIL_STORED_BYTES // KIB} KiB) as a "
+        "blob in the state store, when one is configured.",
+    )
+    text: str | None = Field(
+        None,
+        max_length=LOG_TAIL_INLINE_BYTES,
+        description=f"Without a state store: the last {LOG_TAIL_INLINE_BYTES // KIB} KiB of the log, inline.",
+    )
+    truncated: bool | None = Field(
+        None, description="True when the log was longer than what is kept (earlier lines are not kept)."
+    )
+    unavailable: str | None = Field(
+        None,
+        max_length=1024,
+        description="Why no log could be kept, when none could (the API server's answer: e.g. the Pod "
+        "never ran on a node).",
+    )
+    time: datetime | None = Field(None, description="When the tail was read (RFC 3339).")
+
+
 class AttemptStatus(ApiModel):
     """What happened to the Attempt."""
 
@@ -235,6 +267,11 @@ class AttemptStatus(ApiModel):
         pattern=r"^[A-Za-z0-9-]+$",
         description="Trace id of the Attempt's work (the W3C trace id of its Run, 32 hex digits), to find "
         "it in the tracing backend.",
+    )
+    log_tail: LogTail | None = Field(
+        None,
+        description="The tail of its Pod's log, kept by the operator before it deleted the Pod (spec.podGC "
+        "of the Run); `kubectl agentrun logs RUN --attempt N` shows it.",
     )
 
 

@@ -26,10 +26,10 @@ ETCD_REQUEST_LIMIT: Final = 1536 * KIB
 # last-applied-configuration counts against); labels, owners, finalizers and managedFields the rest.
 METADATA_ALLOWANCE: Final = 320 * KIB
 
-# A Run's whole status (its declared maxima: who answered, approved and resolved, and the action an
-# approval shows, took it past 256 KiB; the Run still fits etcd), and an inline Checkpoint state (larger
-# state goes to spec.stateRef).
-RUN_STATUS_BUDGET: Final = 288 * KIB
+# A Run's whole status (its declared maxima: who answered, approved and resolved, the action an approval
+# shows, then a finished Run's checkpoint index, expiry and fork source, took it past 256 KiB; the Run
+# still fits etcd), and an inline Checkpoint state (larger state goes to spec.stateRef).
+RUN_STATUS_BUDGET: Final = 292 * KIB
 CHECKPOINT_STATE_BUDGET: Final = 256 * KIB
 
 # Free-form fields inside the Run status budget (the bounded rest of the status takes < 200 KiB).

@@ -499,6 +499,15 @@ class ForkFrom(ApiModel):
     )
 
 
+class PodGC(StrEnum):
+    """When the operator deletes an Attempt's Pod (after the tail of its log went to the state store,
+    or inline without one: Attempt status.logTail)."""
+
+    ON_ATTEMPT_END = "OnAttemptEnd"  # once the Attempt's outcome is recorded and its Pod has stopped
+    ON_RUN_END = "OnRunEnd"  # once the Run is Succeeded, Failed or Cancelled
+    NEVER = "Never"  # kept until the Run is deleted
+
+
 class RunSpec(ApiModel):
     """The desired state of a Run, owned by its user."""
 
@@ -611,6 +620,15 @@ class RunSpec(ApiModel):
         description="How many Checkpoints to keep. Older ones are deleted, except the latest, any "
         "that a pending request or an Attempt resumes from, and the ancestors a kept one's state is "
         "rebuilt from (its deltaBase chain).",
+    )
+    pod_gc: PodGC = Field(
+        PodGC.ON_ATTEMPT_END,
+        alias="podGC",
+        description="When an Attempt's Pod is deleted: OnAttemptEnd (the default: once the Attempt's "
+        "outcome is recorded and its Pod has stopped), OnRunEnd (once the Run is Succeeded, Failed or "
+        "Cancelled) or Never (kept until the Run is deleted). Before a Pod is deleted the tail of its log "
+        "is kept with its Attempt (status.logTail: in the state store, or a short tail inline without "
+        "one), for `kubectl agentrun logs`.",
     )
 
 
@@ -1036,6 +1054,14 @@ class RunStatus(ApiModel):
         None,
         description="For a Run with spec.forkFrom: the source Run (with its uid) and checkpoint it started "
         "from, and how many SideEffects it inherited.",
+    )
+    checkpoint_index: BlobRef | None = Field(
+        None,
+        description="Once the Run has ended (Succeeded, Failed or Cancelled) with a state store configured: "
+        "its Checkpoint index in the store (every Checkpoint's id, parent, kind, step, attempt, lease epoch, "
+        "sequence and thread, and its state as a blob reference), a document whose references the store's "
+        "collector follows (links). Written by the operator before it deletes the superseded Checkpoints and "
+        "the Lease; `kubectl agentrun describe` and `state` read a compacted Run's Checkpoints from it.",
     )
 
 

@@ -16,6 +16,7 @@ from agentrun.cli.commands import (
     cancel,
     compensate,
     effects,
+    finished,
     fork,
     history,
     inspect,
@@ -31,6 +32,7 @@ from agentrun.cli.control_requests import identifier_problem
 from agentrun.cli.errors import EXIT_FAILED, CliError, api_error_from, describe_api_error
 from agentrun.cli.hints import Target
 from agentrun.cli.output import FORMATS, Output
+from agentrun.cli.store import store_used
 
 Command = Callable[[Context, argparse.Namespace], Awaitable[int]]
 PROG = "kubectl agentrun"
@@ -259,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", metavar="ID", help="this checkpoint's state instead of the latest")
     p.add_argument("--result", action="store_true", help="the Run's committed result instead of a state")
 
+    p = _add(
+        sub,
+        "logs",
+        finished.logs,
+        "an Attempt's log: its Pod's while it is there, else the tail kept when it was deleted (spec.podGC)",
+    )
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--attempt", type=int, metavar="N", help="Attempt N (default: the Run's current one)")
+
     p = _add(sub, "report", inspect.report, "what a Run did: happened, compensated, cannot be undone")
     p.add_argument("run", metavar="RUN")
 
@@ -302,7 +313,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     code = _main(argv)
-    if argv is None and state.store_used():
+    if argv is None and store_used():
         _leave(code)
     return code
 

@@ -58,15 +58,18 @@ def seconds_until_expiry(
     return since + duration_seconds - now
 
 
-def epoch_for_grant(lease: LeaseView | None, holder: str) -> tuple[int, bool]:
-    """(epoch, write needed) for giving the Lease to `holder`.
+def epoch_for_grant(lease: LeaseView | None, holder: str, recorded: int = 0) -> tuple[int, bool]:
+    """(epoch, write needed) for giving the Lease to `holder`; `recorded` is the Run's status.leaseEpoch.
+
+    With no Lease the epoch after the recorded one is taken: a Run's first grant takes 1, and a grant
+    after the Lease was deleted (a finished Run's compaction, then a manual retry) never goes back.
 
     A Lease already held by `holder` is the trace of an earlier grant interrupted before it finished
     (an operator restart): its epoch is adopted, never bumped again, so no epoch is skipped or reused.
     A revoked Lease (no holder) already carries a fresh epoch that no Attempt has used: it is given out.
     """
     if lease is None:
-        return 1, True
+        return recorded + 1, True
     if lease.holder == holder:
         return lease.epoch, False
     if lease.holder is None:

@@ -92,6 +92,36 @@ class CreateSideEffect:
 
 
 @dataclass(frozen=True)
+class WriteCheckpointIndex:
+    """A finished Run's Checkpoint index to the state store, then recorded in Run status.checkpointIndex
+    (preconditioned, like every Run status patch): `checkpoints` are the Checkpoint objects seen now, merged
+    with the index recorded before (`previous`, a BlobRef's JSON) if the Run was compacted once already.
+    Content-addressed: written again from the same Checkpoints, it is the same blob."""
+
+    checkpoints: tuple[JsonDict, ...]
+    previous: JsonDict | None = None
+
+
+@dataclass(frozen=True)
+class DeleteLease:
+    """Delete the Run's Lease (a finished Run holds none): preconditioned on the resourceVersion seen."""
+
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class SaveLogTail:
+    """The tail of an ended Attempt's Pod log, kept in Attempt status.logTail (in the state store, or a
+    short tail inline without one), before the Pod is deleted (Run spec.podGC)."""
+
+    attempt: str
+    pod: str
+    # Before a grant deletes the Pod at once: a log that cannot be read now is logged and skipped, never
+    # holding up the grant (else the tail is read again later, and the Pod waits for it).
+    best_effort: bool = False
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -129,6 +159,9 @@ Action = (
     | DeleteCheckpoint
     | CreateCheckpoint
     | CreateSideEffect
+    | WriteCheckpointIndex
+    | DeleteLease
+    | SaveLogTail
     | RecordEvent
     | ArchiveRun
     | DeleteRun
@@ -163,7 +196,9 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
     created, a Pod deleted, an Event, a side-effect record) needs the Run read first.
     """
     for action in actions:
-        if isinstance(action, PatchRunStatus):
+        # A checkpoint index is recorded by a preconditioned Run status patch too (its blobs, written
+        # first, are content-addressed: a stale view writes nothing that could be wrong).
+        if isinstance(action, PatchRunStatus | WriteCheckpointIndex):
             return Consistency.CACHED_RUN
         if isinstance(action, WriteLease) and action.expected_resource_version is None:
             continue

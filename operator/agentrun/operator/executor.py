@@ -16,7 +16,10 @@ from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.archiver import Archiver
 from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
+from agentrun.statestore import BlobRef, BlobStore, StateStoreError
+from agentrun.statestore.checkpoint_index import decode_index, encode_index, entry, inline_state_bytes, merged
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -96,9 +99,11 @@ class Executor:
         runs: RunCache | None = None,
         observers: Sequence[Observer] = (),
         archiver: Archiver | None = None,
+        state_store: BlobStore | None = None,
     ) -> None:
         self.api = api
         self.archiver = archiver
+        self.state_store = state_store
         self.cache = cache
         self.clock = clock
         self.runs = runs
@@ -114,6 +119,9 @@ class Executor:
             p.DeleteCheckpoint: self._delete_checkpoint,
             p.CreateCheckpoint: self._create_checkpoint,
             p.CreateSideEffect: self._create_side_effect,
+            p.WriteCheckpointIndex: self._write_checkpoint_index,
+            p.DeleteLease: self._delete_lease,
+            p.SaveLogTail: self._save_log_tail,
             p.RecordEvent: self._event,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
@@ -250,6 +258,79 @@ class Executor:
             )
         self.cache.put("sideeffects", written)
         return Written(action, after=written, created=new, changed=True)
+
+    async def _write_checkpoint_index(self, action: p.WriteCheckpointIndex, progress: _Progress) -> Written:
+        """Every Checkpoint's entry (inline states moved into blobs), merged with the index recorded
+        before, as one content-addressed document; then status.checkpointIndex, preconditioned. Written
+        again from the same Checkpoints (an operator restarted half-way), it is the same blob."""
+        store = self.state_store
+        if store is None:  # core asks only when told there is a store
+            raise RuntimeError("a checkpoint index needs the state store")
+        run = progress.run
+        ns, uid = str(run.metadata.namespace), str(run.metadata.uid)
+        previous = []
+        if action.previous is not None:
+            previous = decode_index(await store.get(BlobRef.from_json(action.previous)))
+        current = []
+        for body in await self._every_checkpoint(run, action.checkpoints):
+            state = (body.get("spec") or {}).get("state")
+            inline = None if state is None else await store.put(ns, uid, inline_state_bytes(state))
+            current.append(entry(body, inline))
+        stored = await store.put(ns, uid, encode_index(merged(previous, current)))
+        indexed = BlobRef(stored.key, stored.sha256, stored.size, links=True)
+        patched = await self._patch_run_status(
+            p.PatchRunStatus({"checkpointIndex": indexed.to_json()}), progress
+        )
+        return Written(action, after=patched.after, changed=patched.changed)
+
+    async def _every_checkpoint(self, run: Run, seen: Sequence[JsonDict]) -> list[JsonDict]:
+        """The Checkpoints the decision saw, with any the cache had not seen yet (listed from the API
+        server: the index must name every one, since those it does not name could be deleted later)."""
+        ns, uid = str(run.metadata.namespace), str(run.metadata.uid)
+        by_name = {c["metadata"]["name"]: c for c in seen}
+        collection = self.api.custom_path("checkpoints", ns)
+        async for page in self.api.list_pages(collection, f"{RUN_LABEL}={run.metadata.name}"):
+            for found in page:
+                if owned_by(found, uid, controller=False):
+                    by_name.setdefault(found["metadata"]["name"], found)
+        return list(by_name.values())
+
+    async def _delete_lease(self, action: p.DeleteLease, progress: _Progress) -> Written:
+        """The finished Run's Lease, at the version the decision saw (a renewal since: decide again)."""
+        ns, name = self._ns(progress.run)
+        lease = lease_name(name)
+        previous = self._cached_lease(ns, name)
+        try:
+            unchanged = {"resourceVersion": action.resource_version}
+            await self.api.delete(self.api.lease_path(ns, lease), preconditions=unchanged)
+        except ApiError as exc:
+            if exc.conflict:
+                raise Superseded(str(exc)) from None
+            raise
+        self._forget("leases", (ns, name), lease)
+        return Written(action, before=previous, changed=True)
+
+    async def _save_log_tail(self, action: p.SaveLogTail, progress: _Progress) -> Written:
+        """The tail of the ended Attempt's Pod log into Attempt status.logTail (core deletes the Pod once
+        it is recorded). A Pod already gone leaves nothing to keep."""
+        run = progress.run
+        try:
+            data = await read_log(self.api, str(run.metadata.namespace), action.pod)
+            if data is None:
+                return Written(action)
+            now = self._now_micro()[:19] + "Z"
+            if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
+                tail: JsonDict = {"unavailable": data, "time": now}
+            else:
+                tail = await log_tail(data, run, self.state_store, now)
+        except (ApiError, StateStoreError) as exc:
+            if not action.best_effort:
+                raise
+            log.warning("the log tail of %s was not kept before its Pod went: %s", action.pod, exc)
+            return Written(action)
+        return await self._patch_attempt_status(
+            p.PatchAttemptStatus(action.attempt, {"logTail": tail}), progress
+        )
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:

@@ -63,7 +63,7 @@ class Reconciler:
         workers: int,
         store_credentials: StoreCredentials,
         default_ttl_seconds: int | None = None,
-        archive_store: bool = False,
+        has_store: bool = False,
         archives: forks.ArchivedSources | None = None,
     ) -> None:
         self.api = api
@@ -74,7 +74,8 @@ class Reconciler:
         self.store_credentials = store_credentials
         self.metrics.track(side_effects=lambda: cache.snapshot("sideeffects"), queue_depth=self.queue.__len__)
         self.workers = workers
-        self.default_ttl_seconds, self.archive_store = default_ttl_seconds, archive_store
+        self.default_ttl_seconds = default_ttl_seconds
+        self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
         self.archives = archives or forks.NoArchives()  # where a deleted fork source is read from
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
@@ -279,7 +280,7 @@ class Reconciler:
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
             default_ttl_seconds=self.default_ttl_seconds,
-            archive_store=self.archive_store,
+            has_store=self.has_store,
             fork_source=fork_source,
         )
 

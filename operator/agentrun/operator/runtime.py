@@ -90,6 +90,7 @@ class Runtime:
             runs=self.runs,
             observers=(operator_metrics, self.spans, PhaseLog()),
             archiver=self.archiver,
+            state_store=self.state_store,
         )
         self.reconciler = Reconciler(
             api,
@@ -107,7 +108,7 @@ class Runtime:
             workers=config.workers,
             store_credentials=StoreCredentials.for_settings(api, clock, config),
             default_ttl_seconds=config.ttl_seconds_after_finished,
-            archive_store=self.state_store is not None,
+            has_store=self.state_store is not None,
             archives=forks.archives_in(self.state_store),
         )
         self.informers = Informers(

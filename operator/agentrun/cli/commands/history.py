@@ -12,9 +12,9 @@ from typing import Any
 
 from agentrun.api import Attempt, Checkpoint, Run, SideEffect, Usage
 from agentrun.cli import render, timeline
-from agentrun.cli.commands.state import open_store
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
+from agentrun.cli.store import open_store
 from agentrun.statestore import StateStoreError
 from agentrun.statestore import archives as stored
 

@@ -7,7 +7,7 @@ import asyncio
 
 from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.cli import render, timeline
-from agentrun.cli.commands import history
+from agentrun.cli.commands import finished, history
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
 from agentrun.cli.output import as_list
@@ -52,10 +52,16 @@ async def describe(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.raw:
         ctx.out.obj(as_list([body, *attempts, *checkpoints, *effects]))
         return EXIT_OK
+    run = Run.model_validate(body)
+    live = sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence)
+    # A finished Run compacted: its other Checkpoints are named by its index in the state store.
+    every, note = await finished.indexed_checkpoints(run, live)
+    if note:
+        ctx.out.note(f"Run {args.run} was compacted: {note}")
     text = timeline.describe(
-        Run.model_validate(body),
+        run,
         sorted((Attempt.model_validate(a) for a in attempts), key=lambda a: a.spec.number),
-        sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence),
+        every,
         [SideEffect.model_validate(e) for e in effects],
         ctx.now(),
         where=ctx.where,

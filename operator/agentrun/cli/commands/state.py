@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from agentrun.api import BlobRef, Checkpoint, Run
 from agentrun.cli import render
+from agentrun.cli.commands import finished
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
+from agentrun.cli.store import STORE_URL_ENV, open_store, store_url
 from agentrun.statestore import BlobRef as StoredRef
-from agentrun.statestore import BlobStore, StateStoreError
-
-STORE_URL_ENV = "AGENTRUN_STATE_STORE_URL"
+from agentrun.statestore import StateStoreError
 
 
 async def state(ctx: Context, args: argparse.Namespace) -> int:
@@ -35,9 +34,13 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
         if not checkpoint_id:
             raise CliError(f"Run {args.run} has saved no checkpoint yet")
         body = await ctx.cluster.api.get(ctx.cluster.path("checkpoints", checkpoint_id))
-        if body is None:
+        # A finished Run's superseded Checkpoints are in its index in the store (status.checkpointIndex).
+        found = Checkpoint.model_validate(body) if body is not None else None
+        if found is None and run.status.checkpoint_index is not None:
+            found = await finished.indexed_checkpoint(run, checkpoint_id)
+        if found is None:
             raise CliError(f'checkpoint "{checkpoint_id}" not found in namespace "{ctx.namespace}"')
-        checkpoint = Checkpoint.model_validate(body)
+        checkpoint = found
         if checkpoint.spec.run_name != args.run:
             owner = checkpoint.spec.run_name
             raise CliError(f"checkpoint {checkpoint_id} belongs to Run {owner}, not {args.run}")
@@ -53,34 +56,9 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# The stores this process opened (app.main ends a process that used one without finalization).
-_OPENED: list[BlobStore] = []
-
-
-def open_store(what: str) -> BlobStore:
-    """The store AGENTRUN_STATE_STORE_URL names, its credentials from the environment; a clear error
-    saying what to set when it is not configured."""
-    url = os.environ.get(STORE_URL_ENV, "").strip()
-    if not url:
-        raise CliError(
-            f"{what} is in the state store: set {STORE_URL_ENV} and the store's credentials (the "
-            "namespace's read-only Secret) to read it"
-        )
-    try:
-        store = BlobStore.from_url(url)
-    except StateStoreError as exc:
-        raise CliError(f"{what}: {exc}") from None
-    _OPENED.append(store)
-    return store
-
-
-def store_used() -> bool:
-    return bool(_OPENED)
-
-
 async def fetch(ref: BlobRef, what: str) -> Any:
     """The value a reference names, read from the store and verified; a clear error when it cannot be."""
-    if not os.environ.get(STORE_URL_ENV, "").strip():
+    if store_url() is None:
         raise CliError(
             f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
             "namespace's read-only Secret) to read it"

@@ -60,7 +60,7 @@ def lifetime_end(world: World) -> datetime | None:
 def expires_at(world: World) -> datetime | None:
     """When the finished Run is to be archived and deleted (status.expiresTime); None while it is kept,
     as it is without a state store."""
-    return lifetime_end(world) if world.archive_store else None
+    return lifetime_end(world) if world.has_store else None
 
 
 def expiry(world: World) -> Transition | None:

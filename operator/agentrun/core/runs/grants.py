@@ -6,12 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.api import RUN_LABEL, Attempt, FailureClass, RunPhase, StartReason, attempt_name
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    RUN_LABEL,
+    Attempt,
+    FailureClass,
+    PodGC,
+    RunPhase,
+    StartReason,
+    attempt_name,
+)
 from agentrun.core.failures import fingerprint
 from agentrun.core.identity import NOT_ALLOWED, ROLE_NOT_BOUND, agent_account, role_refusal
 from agentrun.core.lease import epoch_for_grant
-from agentrun.core.plan import CreateAttempt, CreatePod, DeletePod, WriteLease
-from agentrun.core.pods import attempt_pod, owner_reference
+from agentrun.core.plan import CreateAttempt, CreatePod, DeletePod, SaveLogTail, WriteLease
+from agentrun.core.pods import PodView, attempt_pod, owner_reference
 from agentrun.core.runs import store_credentials
 from agentrun.core.runs.transition import NOTHING, Transition, event, set_phase, writes
 from agentrun.core.runs.world import World
@@ -65,7 +74,7 @@ def grant(
     run, status = w.run, w.run.status
     name = attempt_name(str(run.metadata.name), number)
     t = superseded_pods_deleted(w, name)
-    epoch, write = epoch_for_grant(w.lease, name)
+    epoch, write = epoch_for_grant(w.lease, name, status.lease_epoch or 0)
     if write:
         rv = w.lease.resource_version if w.lease else None
         t = t.then(WriteLease(name, epoch, run.spec.lease.duration_seconds, rv))
@@ -95,8 +104,24 @@ def grant(
 def superseded_pods_deleted(w: World, successor: str) -> Transition:
     """Before a new Attempt is granted, the Pods of the earlier ones go, at once (no grace): a Pod's
     bound token is refused as soon as the Pod object is gone, and the admission policies can check
-    only names, so a superseded Pod must not be left holding credentials."""
-    return writes(*(DeletePod(pod.name, grace_seconds=0) for pod in w.pods.values() if pod.name != successor))
+    only names, so a superseded Pod must not be left holding credentials. The tail of a stopped one's log
+    is kept first, if it was not yet (Run spec.podGC), as far as it can be read at once."""
+    pods = [pod for pod in w.pods.values() if pod.name != successor]
+    return writes(*tails_first(w, pods), *(DeletePod(pod.name, grace_seconds=0) for pod in pods))
+
+
+def tails_first(w: World, pods: list[PodView]) -> list[SaveLogTail]:
+    if w.run.spec.pod_gc == PodGC.NEVER:
+        return []
+    by_pod = {str(a.metadata.name): a for a in w.attempts.values()}
+    return [
+        SaveLogTail(pod.name, pod.name, best_effort=True)
+        for pod in pods
+        if pod.finished
+        and (attempt := by_pod.get(pod.name)) is not None
+        and attempt.status.phase in FINISHED_ATTEMPT_PHASES
+        and attempt.status.log_tail is None
+    ]
 
 
 def attempt_object(

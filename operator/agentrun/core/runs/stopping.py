@@ -45,7 +45,8 @@ def revoked(w: World) -> tuple[int, Transition]:
     lease = w.lease
     if lease is not None and lease.holder is None:
         return lease.epoch, NOTHING
-    epoch = (lease.epoch if lease else 0) + 1
+    # No Lease (a finished Run's was deleted): the epoch after the Run's recorded one, never an earlier.
+    epoch = (lease.epoch if lease else (w.run.status.lease_epoch or 0)) + 1
     version = lease.resource_version if lease else None
     return epoch, writes(WriteLease(None, epoch, w.run.spec.lease.duration_seconds, version))
 

@@ -23,7 +23,7 @@ from agentrun.api import (
 )
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compensating, expiry, fork, rules, store_credentials
+from agentrun.core.runs import attempts, compaction, compensating, expiry, fork, rules, store_credentials
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
 from agentrun.core.runs.grants import failure_fields
 from agentrun.core.runs.stopping import revoked
@@ -78,6 +78,7 @@ TABLE: Final = Chain(
             | pairs(ENDS | {P.NEEDS_RECONCILIATION}, frozenset({P.COMPENSATING}))
             | pairs(frozenset({P.NEEDS_RECONCILIATION}), ENDS),
         ),
+        Rule("Compacting", compaction.compacting, applies_in=ENDS),
         Rule("Expired", expiry.expiry, applies_in=ENDS),
         Rule("Stopped", rules.stopped, applies_in=STOPPED),
         Rule("RequestExpired", rules.request_expired, applies_in=WAITING, moves_to=frozenset({P.FAILED})),
@@ -129,6 +130,7 @@ TABLE: Final = Chain(
             compensating.compensate_first,
             turns=((P.CANCELLED, P.COMPENSATING), (P.FAILED, P.COMPENSATING)),
         ),
+        Rewrite("CollectPods", compaction.collect_pods),
     ),
 )
 

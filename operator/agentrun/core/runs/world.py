@@ -45,10 +45,12 @@ class World:
     # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
     # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
     store_credentials_missing: bool = False
-    # A finished Run's lifecycle (core.runs.expiry): the operator's default ttlSecondsAfterFinished (None:
-    # keep), and whether it has a state store to archive to.
+    # Whether the operator has a state store of its own: a finished Run's checkpoint index and archive,
+    # and Attempts' log tails, go there.
+    has_store: bool = False
+    # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (core.runs.expiry; None:
+    # kept).
     default_ttl_seconds: int | None = None
-    archive_store: bool = False
     # A fork's source (spec.forkFrom), observed by the I/O layer while the fork has not started (phase
     # None or Queued); None otherwise, or when not looked at yet.
     fork_source: ForkSourceView | None = None
