@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
 from support.clusters import CONSOLE_URL, operator_identity, opt_in_for_attempts
 from support.kube import Kube, wait_for
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 
 @pytest.fixture(scope="session")
@@ -128,12 +132,29 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 
 
 @pytest.fixture
-def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> str:
+def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> Iterator[str]:
     """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), is
     opted in for attempt Pods (labelled agentrun.dev/agent=true), and holds the state-store credentials
-    Secret its attempt Pods read."""
+    Secret its attempt Pods read (its own principal, whose grant is taken back after the test: the
+    bucket policy holds a statement per principal and the store bounds its size)."""
     opt_in_for_attempts(kube, namespace)
-    kube.core.create_namespaced_secret(
-        namespace, security.state_store_secret(namespace, local_cluster.namespace_store_env(namespace))
-    )
-    return namespace
+    try:
+        kube.core.create_namespaced_secret(
+            namespace, security.state_store_secret(namespace, local_cluster.namespace_store_env(namespace))
+        )
+        yield namespace
+    finally:
+        local_cluster.forget_namespace_store(namespace)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """A headless Chromium from the distribution's packages, driven by Playwright (the console's tests)."""
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (only the browser tests pay for it)
+
+    from support.console import launch  # noqa: PLC0415
+
+    with sync_playwright() as driver:
+        launched = launch(driver)
+        yield launched
+        launched.close()

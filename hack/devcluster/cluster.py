@@ -124,6 +124,11 @@ class LocalCluster:
             raise ClusterError("this cluster runs no object store (with_object_store=False)")
         return self.object_store.namespace_credentials(namespace).env()
 
+    def forget_namespace_store(self, namespace: str) -> None:
+        """`namespace`'s principals on the store are granted nothing any more (see principals.revoke)."""
+        if self.object_store is not None:
+            self.object_store.forget_namespace(namespace)
+
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
         if not os.access(path, os.X_OK):

@@ -130,6 +130,10 @@ class ObjectStoreProcess:
         what the namespace's Secret holds, never the gateway's root."""
         return BundledStore(parse_store_url(self.url), self.credentials).ensure(namespace, access, held)
 
+    def forget_namespace(self, namespace: str) -> None:
+        """The namespace's principals are granted nothing any more (its test is over)."""
+        BundledStore(parse_store_url(self.url), self.credentials).revoke(namespace)
+
     def write_env_file(self, path: Path) -> Path:
         """A file to `source` for a shell that uses the store: its URL and credentials (mode 0600)."""
         values = {"AGENTRUN_STATE_STORE_URL": self.url, **self.env()}

@@ -225,6 +225,7 @@ def echo_run(name: str, image: str, message: str) -> dict[str, Any]:
                 "podTemplate": {"spec": RESTRICTED_POD},
             },
             "input": {"message": message},
+            "podGC": "Never",  # its Pod is looked at once the Run has succeeded
         },
     }
 

@@ -91,6 +91,9 @@ RUN_NAME_LENGTH = rule("Run", "", "size(self.metadata.name)")
 CANCEL_EPOCH_GROWS = rule("Run", ".spec.cancelEpoch")
 CANCEL_EPOCH_FROZEN = rule("Run", "", "oldSelf.status.phase")
 RESUME_KEY_REUSED = rule("Run", ".spec.resume")
+FORK_NOT_ITSELF = rule("Run", "", "self.spec.forkFrom.run != self.metadata.name")
+FORK_FROZEN = rule("Run", "", "has(oldSelf.spec.forkFrom)")
+FORK = {"run": "source", "checkpointId": "source-a1-s2"}
 ONE_ANSWER_AT_A_TIME = rule("Run", "", "oldSelf.status.spentKeys")
 RETRY_KEY_REUSED = rule("Run", ".spec.retryRequest")
 PAUSE_ID_REUSED = rule("Run", ".spec.pause")
@@ -395,6 +398,14 @@ BAD_INPUT: dict[str, Bad] = {
         base={".spec.cancelEpoch": 1},
         setup=(status(phase="Cancelled"),),
     ),
+    # --- Run: forks -----------------------------------------------------------------------------------
+    "a Run that forks from itself is told a Run forks from another Run": created(
+        "Run", {".spec.forkFrom": {**FORK, "run": "self-fork"}}, FORK_NOT_ITSELF, name="self-fork"
+    ),
+    "moving a fork to another checkpoint is refused: forkFrom is set once, at creation": updated(
+        "Run", spec(forkFrom={"checkpointId": "source-a1-s1"}), FORK_FROZEN, base={".spec.forkFrom": FORK}
+    ),
+    "making a running Run a fork afterwards is refused": updated("Run", spec(forkFrom=FORK), FORK_FROZEN),
     # --- Run updates: idempotency keys ----------------------------------------------------------------
     "reusing a resume idempotencyKey with a different answer is refused": updated(
         "Run", spec(resume={"value": {"approved": False}}), RESUME_KEY_REUSED, base={".spec.resume": RESUME}

@@ -1,23 +1,71 @@
-"""Byte budgets on the real control plane: an agent whose result or checkpoint state is over its budget
-ends its Run Failed, class deterministic, with the budget and what to do in status.failure, after one
-Attempt (never retried as an infrastructure failure); and the API server's own answer to an oversize
-write is recognised as one."""
+"""Byte budgets on the real control plane, without a state store (with one, large values go there:
+tests/integration/test_state_store_worker.py): an agent whose result or checkpoint state is over its
+budget ends its Run Failed, class deterministic, with the budget and what to do in status.failure, after
+one Attempt (never retried as an infrastructure failure); and the API server's own answer to an oversize
+write is recognised as one.
+
+The module runs a control plane of its own, with no object store, and an operator told of none."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentrun.api import budgets
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
+from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
+from integration.test_archive import start_operator
+from support.agentrun import install_crds
+from support.clusters import operator_identity, opt_in_for_attempts
 from support.corpus import valid_object
 from support.kube import Kube
 from support.runs import attempts, create_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Overrides the session's: a control plane of this module's own, with no object store."""
+    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("budgets-cluster"), with_object_store=False)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def kube(local_cluster: LocalCluster) -> Kube:
+    kube = Kube(local_cluster.kubeconfig, Path(local_cluster.binary("kubectl")))
+    install_crds(kube)
+    return kube
+
+
+@pytest.fixture
+def run_namespace(kube: Kube, namespace: str) -> str:
+    """Overrides the session's: opted in for attempt Pods, and no store credentials (there is no store)."""
+    return opt_in_for_attempts(kube, namespace)
+
+
+@pytest.fixture
+def operator(
+    kube: Kube, run_namespace: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator for this test's namespace, told of no state store."""
+    process = start_operator(
+        operator_identity(kube, tmp_path_factory), tmp_path / "operator.log", run_namespace
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
+
 
 OVERSIZE: dict[str, tuple[dict[str, Any], str]] = {
     "result": (
@@ -50,7 +98,6 @@ def test_an_oversize_write_fails_the_run_for_good_with_advice(
     assert (only["status"]["phase"], only["status"]["failure"]["class"]) == ("Failed", "deterministic")
 
 
-@pytest.mark.usefixtures("agentrun_crds")
 @pytest.mark.parametrize(
     ("state_bytes", "status"),
     [(2 * 1024 * 1024, 500), (4 * 1024 * 1024, 413)],

@@ -25,6 +25,7 @@ from agentrun.core.collector import (
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.operator.collector import Collector, CollectorMetrics
 from agentrun.statestore import BlobRef, StateUnverifiable
+from agentrun.statestore.documents import document_refs, refs_in
 from agentrun.statestore.operatorstore import OperatorStore
 from devcluster import security
 from devcluster.cluster import LocalCluster
@@ -34,7 +35,7 @@ from integration.test_metrics import scrape, value
 from integration.test_state_store_worker import ENDED, big_state_run, checkpoints
 from support.clock import FakeClock
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, wait_phase
+from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -91,11 +92,25 @@ class Sweeps:
         self.runner.close()
 
 
-def references_of_run(kube: Kube, ns: str, run: dict[str, Any]) -> list[BlobRef]:
-    name = run["metadata"]["name"]
-    refs = [BlobRef.from_json(run["status"]["resultRef"])]
-    refs += [BlobRef.from_json(c["spec"]["stateRef"]) for c in checkpoints(kube, ns, name)]
-    return refs
+def references_of_run(kube: Kube, local_cluster: LocalCluster, ns: str, name: str) -> list[BlobRef]:
+    """Every blob the finished Run's objects name, once the operator is done with it (its Checkpoint index
+    written, its Pods collected after their log tails were kept), with what the documents they name name
+    in turn (the checkpoint index): what the collector must keep."""
+
+    def finished() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        pods = kube.core.list_namespaced_pod(ns, label_selector=f"agentrun.dev/run={name}").items
+        return run if run["status"].get("checkpointIndex") and not pods else None
+
+    run = wait_for(finished, timeout=120, what=f"run {name} compacted and its Pods collected")
+    objects = [run, *attempts(kube, ns, name), *checkpoints(kube, ns, name)]
+    found = {ref for body in objects for ref in refs_in([body.get("spec"), body.get("status")])}
+    store, documents = operator_store(local_cluster), [ref for ref in found if ref.links]
+    while documents:
+        named = set(document_refs(asyncio.run(store.get(documents.pop()))))
+        documents += [ref for ref in named - found if ref.links]
+        found |= named
+    return sorted(found, key=lambda ref: ref.key)
 
 
 def test_a_runs_blobs_stay_while_it_lives_and_garbage_goes_after_mark_and_quarantine(
@@ -105,8 +120,8 @@ def test_a_runs_blobs_stay_while_it_lives_and_garbage_goes_after_mark_and_quaran
     create_run(kube, ns, big_state_run(name, local_cluster, steps=3, outputBytes=20_000, resultBytes=40_000))
     run = wait_phase(kube, ns, name, ENDED, timeout=180)
     assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
-    referenced = references_of_run(kube, ns, run)
-    assert len(referenced) >= 4  # three states and the result, at least
+    referenced = references_of_run(kube, local_cluster, ns, name)
+    assert len(referenced) >= 5  # three states, the result and the checkpoint index, at least
     # what Attempts that died between an upload and the object naming it leave behind
     store, uid = operator_store(local_cluster), run["metadata"]["uid"]
     lost = asyncio.run(store.put(ns, uid, b"uploaded, never referenced " * 1000))

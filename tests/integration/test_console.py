@@ -6,45 +6,19 @@ The screenshots in docs/console/ are taken here."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Route, expect
 
 from devcluster.operator import OperatorProcess
-from support.console import ANSWER, READ, console, launch, person, screenshot, signed_in
+from support.console import AGENT_MS, ANSWER, BY_HAND, READ, console, person, screenshot, signed_in
 from support.kube import Kube, wait_for
 from support.runs import GROUP, PRIORITY, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 HOSTILE = 'Which priority? <script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
-AGENT_SECONDS = 90_000  # ms for an agent Pod to start and ask (a cold Python on a busy machine)
-# Posts an answer straight to the console with the page's session and CSRF token: what a person could
-# send by hand, past the page's own checks.
-BY_HAND = """async (body) => {
-  const session = await (await fetch("/api/session")).json();
-  const answer = await fetch("/api/answer", {
-    method: "POST",
-    headers: {"Content-Type": "application/json", "X-CSRF-Token": session.csrf},
-    body: JSON.stringify(body),
-  });
-  return {status: answer.status, body: await answer.json()};
-}"""
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as driver:
-        yield driver
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    yield browser
-    browser.close()
 
 
 def asking(name: str, prompt: str = "Which priority?", hold: int | None = 120) -> dict[str, Any]:
@@ -62,7 +36,7 @@ def held(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
 
 def question_card(page: Page, ns: str, run: str) -> Locator:
     card = page.locator(f'article.card[data-kind="question"][data-id^="{ns}/{run}/"]')
-    expect(card).to_be_visible(timeout=AGENT_SECONDS)
+    expect(card).to_be_visible(timeout=AGENT_MS)
     return card
 
 

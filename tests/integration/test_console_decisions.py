@@ -7,37 +7,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from agentrun.core.ledger import request_digest
 from agentrun.examples.manifests import agent_run
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
-from support.console import ANSWER, console, launch, person, screenshot, signed_in
+from support.console import AGENT_MS, ANSWER, console, person, screenshot, signed_in
 from support.kube import Kube, wait_for
 from support.runs import FAST_RETRY, GROUP, PRIORITY, VERSION, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-AGENT_MS = 90_000  # for an agent Pod to start and ask (a cold Python on a busy machine)
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as driver:
-        yield driver
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    yield browser
-    browser.close()
 
 
 def gated_ticket_run(name: str, service: TicketServiceProcess) -> dict[str, Any]:

@@ -9,43 +9,19 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from devcluster.operator import OperatorProcess
-from support.console import ANSWER, READ, launch, person, proxied_console, token_of
+from support.console import AGENT_MS, ANSWER, BY_HAND, READ, person, proxied_console, token_of
 from support.kube import Kube, wait_for
 from support.runs import PRIORITY, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 HEADER = "X-Forwarded-Access-Token"
-AGENT_MS = 90_000
-BY_HAND = """async (body) => {
-  const session = await (await fetch("/api/session")).json();
-  const answer = await fetch("/api/answer", {
-    method: "POST",
-    headers: {"Content-Type": "application/json", "X-CSRF-Token": session.csrf},
-    body: JSON.stringify(body),
-  });
-  return {status: answer.status, body: await answer.json()};
-}"""
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as driver:
-        yield driver
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    yield browser
-    browser.close()
 
 
 def get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:

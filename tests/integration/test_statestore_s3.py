@@ -6,6 +6,7 @@ between two writers, a replaced or deleted object caught on read, a stopped serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -31,6 +32,7 @@ from agentrun.statestore import (
 from agentrun.statestore.operatorstore import OperatorStore
 from devcluster.cluster import LocalCluster
 from devcluster.objectstore import REGION, Credentials, ObjectStoreProcess, s3_request
+from support.kube import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "team-a"
@@ -192,18 +194,30 @@ def test_a_stopped_server_is_transient_and_nothing_is_lost_when_it_is_back(
     assert asyncio.run(store.get(ref)) == data
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of the process has stopped (a stop signal is delivered to each in turn: a
+    thread still running could answer one more request)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            states.append((task / "stat").read_text().rsplit(") ", 1)[1][0])
+    return bool(states) and all(state == "T" for state in states)
+
+
 def test_a_server_that_does_not_answer_in_time_is_transient(
     server: ObjectStoreProcess, credentials: Credentials
 ) -> None:
     store = blob_store(server, None)
     ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"written before the server hung"))
-    assert server.pid is not None
-    os.kill(server.pid, signal.SIGSTOP)  # the process is there, the port open, no answer comes
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # the process is there, the port open, no answer comes
     try:
+        wait_for(lambda: stopped(pid), timeout=30, what="every thread of the server stopped")
         with pytest.raises(StoreUnavailable, match=r"unavailable during get.*(timed out|timeout)"):
             asyncio.run(store.get(ref))
     finally:
-        os.kill(server.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     assert asyncio.run(store.get(ref)) == b"written before the server hung"
 
 

@@ -111,3 +111,21 @@ def test_ensuring_again_keeps_the_held_credentials_and_one_statement_each(server
     principals = [json.dumps(s["Principal"]) for s in statements]
     assert len(principals) == len(set(principals))
     assert bundled.statement("team-e", Access.WRITE) in statements
+
+
+def test_a_namespace_that_is_gone_is_granted_nothing_and_the_policy_stays_small(
+    server: ObjectStoreProcess,
+) -> None:
+    """The bucket policy holds a statement per principal and the server bounds its size (versitygw keeps
+    it in one extended attribute): a namespace's grant is taken back when it goes."""
+    bundled = BundledStore(parse_store_url(server.url), server.credentials)
+    before = bundled.policy()["Statement"]
+    gone = server.namespace_credentials("team-gone")
+    server.namespace_credentials("team-gone", Access.READ)
+    assert request(server, "PUT", "team-gone/run/sha256/x", gone, b"x") == 200
+
+    server.forget_namespace("team-gone")
+
+    assert request(server, "PUT", "team-gone/run/sha256/y", gone, b"y") == 403
+    assert bundled.policy()["Statement"] == before
+    server.forget_namespace("team-gone")  # again: nothing to take back

@@ -34,6 +34,21 @@ def chromium_path() -> str:
     raise AssertionError("no Chromium found: run `make chromium` (apt-get install chromium, as root)")
 
 
+# How long an agent Pod may take to start and ask (ms): a cold Python on a busy machine.
+AGENT_MS = 90_000
+# Posts an answer straight to the console with the page's session and CSRF token: what a person could
+# send by hand, past the page's own checks.
+BY_HAND = """async (body) => {
+  const session = await (await fetch("/api/session")).json();
+  const answer = await fetch("/api/answer", {
+    method: "POST",
+    headers: {"Content-Type": "application/json", "X-CSRF-Token": session.csrf},
+    body: JSON.stringify(body),
+  });
+  return {status: answer.status, body: await answer.json()};
+}"""
+
+
 def launch(playwright: Playwright) -> Browser:
     # --no-sandbox: the build machines run the tests as root, where Chromium's sandbox cannot start.
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])

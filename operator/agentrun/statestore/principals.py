@@ -122,6 +122,21 @@ class BundledStore:
             others = [s for s in statements if not _names(s, principal)]
             self.put_policy({"Version": POLICY_VERSION, "Statement": [*others, wanted]})
 
+    def revoke(self, namespace: str) -> None:
+        """The bucket policy no longer grants the namespace's principals anything (a namespace that is
+        gone). The policy holds a statement per principal, and a server may bound its size (versitygw's
+        posix backend keeps it in one extended attribute of the bucket: a few KiB on ext4), so what is no
+        longer needed is taken out."""
+        principals = {access_key(namespace, access) for access in Access}
+        with _POLICY_LOCK:
+            policy = self.policy()
+            statements = policy.get("Statement") or []
+            kept = [s for s in statements if not any(_names(s, p) for p in principals)]
+            if not kept and statements:
+                self.delete_policy()  # a policy needs a statement; without one, the bucket's ACL rules
+            elif len(kept) != len(statements):
+                self.put_policy({"Version": POLICY_VERSION, "Statement": kept})
+
     def policy(self) -> dict[str, Any]:
         bucket = f"/{self.location.bucket}"
         status, body = self._request("GET", bucket, query={"policy": ""})
@@ -137,6 +152,12 @@ class BundledStore:
         status, answer = self._request("PUT", f"/{self.location.bucket}", query={"policy": ""}, body=body)
         if status not in (200, 204):
             raise StoreRefused("put-bucket-policy", self.location.bucket, f"HTTP {status}: {_short(answer)}")
+
+    def delete_policy(self) -> None:
+        status, answer = self._request("DELETE", f"/{self.location.bucket}", query={"policy": ""})
+        if status not in (200, 204):
+            detail = f"HTTP {status}: {_short(answer)}"
+            raise StoreRefused("delete-bucket-policy", self.location.bucket, detail)
 
     def _request(
         self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes = b""
