@@ -104,7 +104,8 @@ def new_data(writes: Sequence[tuple[str, Any]]) -> int:
 
 class Steps:
     """Per checkpoint saved: bytes stored, seconds in the saver, new data (what the pending writes since the
-    previous checkpoint carried); superstep = index of the checkpoint (the input checkpoint is -1)."""
+    previous checkpoint carried); superstep s = the s-th checkpoint, the input's being 1, as the sequence
+    of agentrun's Checkpoint objects counts them."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -121,7 +122,7 @@ class Steps:
     def checkpoint(self, seconds: float, stored: int, **extra: int) -> None:
         self.writes(seconds, stored, 0, **extra)
         row = {
-            "superstep": len(self.rows) - 1,
+            "superstep": len(self.rows) + 1,
             "stored_bytes": self.stored,
             "new_data": self.data,
             "seconds": round(self.seconds, 5),
@@ -381,7 +382,7 @@ def direct(cluster: LocalCluster, kube: Kube, args: argparse.Namespace) -> dict[
         store = sum(r["store_bytes"] for r in rows)
         data = sum(r["new_data"] for r in rows)
         found[f"AgentrunSaver {name}"] = windows(rows, keys) | {
-            "seconds": round(time.monotonic() - began, 1),
+            "wall_seconds": round(time.monotonic() - began, 1),
             "store_bytes_over_new_data": round(store / max(1, data), 3),
             "rows": rows,
         }
@@ -527,17 +528,22 @@ def operator_runs(
         for channel, delta in (("list", False), ("delta", True)):
             name = f"big-{channel}"
             tool_log = state_dir / f"{name}-tools.log"
-            spec = {"calls": args.calls, "outputBytes": args.output_bytes, "delta": delta, "kills": KILLS}
+            spec = {
+                "calls": args.calls,
+                "outputBytes": args.output_bytes,
+                "delta": delta,
+                "kills": args.kills,
+            }
             body = support_agent_run(name, "killed_react_agent", spec)
             body["spec"]["agent"]["env"] = [
                 {"name": "PYTHONPATH", "value": f"{HERE.parent / 'tests'}:{HERE}"},
                 {"name": "AGENTRUN_TOOL_LOG", "value": str(tool_log)},
                 *store_env(cluster),
             ]
-            body["spec"]["retry"] = FAST_RETRY | {"maxAttempts": len(KILLS) + 2}
-            log(f"operator Run {name}: {args.calls} calls, killed at {KILLS}")
+            body["spec"]["retry"] = FAST_RETRY | {"maxAttempts": len(args.kills) + 2}
+            log(f"operator Run {name}: {args.calls} calls, killed at {args.kills}")
             before = api_requests(kube)
-            began = time.monotonic()
+            began, began_wall = time.monotonic(), time.time()
             kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "runs", body)
 
             def finished(name: str = name) -> dict[str, Any] | None:
@@ -567,7 +573,9 @@ def operator_runs(
                 "final_state_complete": result.get("toolOutputs") == args.calls
                 and result.get("sha256") == expected,
                 "tool_log": tool_log_check(tool_log, args.calls),
+                # apiserver_request_total over the Run (all clients, WATCH excluded), beside the audit log's
                 "apiserver_requests_total": sum(totals.values()),
+                "wall": [began_wall, time.time()],
             }
             log(f"{name}: {found[name]['phase']} in {took:.0f}s, {found[name]['tool_log']}")
     finally:
@@ -601,7 +609,13 @@ def cluster_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
         )
         for name in runs:
             rows = per_superstep(entries, NAMESPACE, name)
-            runs[name] |= windows(rows, keys) | {"supersteps": len(rows), "rows": rows}
+            start, end = runs[name].pop("wall")
+            audited = sum(1 for e in entries if start <= when(e["stageTimestamp"]) <= end)
+            runs[name] |= windows(rows, keys) | {
+                "audited_requests": audited,
+                "supersteps": len(rows),
+                "rows": rows,
+            }
         results["operator"] = runs
     finally:
         cluster.stop()
@@ -620,13 +634,19 @@ def main() -> None:
     )
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--output-bytes", type=int, default=OUTPUT_BYTES)
+    parser.add_argument(
+        "--kills",
+        default=",".join(f"{a}={n}" for a, n in KILLS.items()),
+        help="attempt=tool call at whose start it kills itself (a1=60,a2=140)",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures go (JSON)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (audit log, logs)")
     args = parser.parse_args()
     out: Path = args.results
     results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    results["args"] = {"calls": args.calls, "outputBytes": args.output_bytes, "kills": KILLS}
+    args.kills = {a: int(n) for a, n in (part.split("=") for part in args.kills.split(","))}
+    results["args"] = {"calls": args.calls, "outputBytes": args.output_bytes, "kills": args.kills}
     if "baselines" in args.phases:
         baselines(args, results)
         out.write_text(json.dumps(results, indent=1) + "\n")
@@ -634,6 +654,78 @@ def main() -> None:
         cluster_phase(args, results)
         out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(summary(results), indent=1))
+    print(markdown(results))
+
+
+def _kib(n: float) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables of bench/findings.md, from the figures found so far."""
+    out: list[str] = []
+    runs: dict[str, Any] = results.get("operator") or {}
+    if runs:
+        out += [
+            "| Run | phase | attempts | killed at (tool call starts) | every tool call ended once | "
+            "final state complete | took |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, r in runs.items():
+            attempts = ", ".join(f"{a} {p}" for a, p in r["attempts"])
+            log = r["tool_log"]
+            out.append(
+                f"| {name} | {r['phase']} | {attempts} | {', '.join(log['killed_at'])} | "
+                f"{log['every_call_ended_once']} | {r['final_state_complete']} "
+                f"({r['result'].get('toolOutputs')} outputs) | {r['seconds']:.0f} s |"
+            )
+        out += [
+            "",
+            "| per superstep (median) | "
+            + " | ".join(f"{n} {w}" for n in runs for w in ("8-12", "398-402"))
+            + " |",
+            "|---|" + "---|" * (2 * len(runs)),
+        ]
+        for key, label, fmt in (
+            ("requests_worker", "API requests by the worker", str),
+            ("requests_operator", "API requests by the operator", str),
+            ("requests_other", "API requests by others (node agent, controllers)", str),
+            ("etcd_revisions", "object revisions written", str),
+            ("etcd_bytes_printed", "bytes written to etcd, as kubectl prints them", _kib),
+            ("etcd_bytes_compact", "… compact JSON", _kib),
+            ("created_bytes_printed", "objects created, as printed", _kib),
+            ("created_bytes_compact", "… compact JSON", _kib),
+        ):
+            cells = [fmt(r[w].get(key, float("nan"))) for r in runs.values() for w in ("early", "late")]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+    savers: dict[str, Any] = {**(results.get("direct") or {}), **(results.get("baselines") or {})}
+    savers = {k: v for k, v in savers.items() if isinstance(v, dict)}
+    if savers:
+        out += [
+            "",
+            "| saver, message list | bytes stored per superstep 8-12 / 398-402 | new data 8-12 / 398-402 | "
+            "stored / new data (whole thread) | time in the saver 8-12 / 398-402 |",
+            "|---|---|---|---|---|",
+        ]
+        for name, v in savers.items():
+            stored_key = "store_bytes" if "store_bytes" in v["early"] else "stored_bytes"
+            rows = v["rows"]
+            ratio = sum(r[stored_key] for r in rows) / max(1, sum(r["new_data"] for r in rows))
+            wal = (
+                f" (WAL {_kib(v['early']['wal_bytes'])} / {_kib(v['late']['wal_bytes'])})"
+                if "wal_bytes" in v["early"]
+                else ""
+            )
+            out.append(
+                f"| {name} | {_kib(v['early'][stored_key])} / {_kib(v['late'][stored_key])}{wal} | "
+                f"{_kib(v['early']['new_data'])} / {_kib(v['late']['new_data'])} | {ratio:.2f} | "
+                f"{_ms(v['early']['seconds'])} / {_ms(v['late']['seconds'])} |"
+            )
+    return "\n".join(out)
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
