@@ -535,6 +535,7 @@ def operator_runs(
                 "kills": args.kills,
             }
             body = support_agent_run(name, "killed_react_agent", spec)
+            body["spec"]["agent"]["command"] = ["python", "-m", "killed_react_agent"]  # a bench module
             body["spec"]["agent"]["env"] = [
                 {"name": "PYTHONPATH", "value": f"{HERE.parent / 'tests'}:{HERE}"},
                 {"name": "AGENTRUN_TOOL_LOG", "value": str(tool_log)},
@@ -712,6 +713,8 @@ def markdown(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|",
         ]
         for name, v in savers.items():
+            if not v["early"].get("supersteps") or not v["late"].get("supersteps"):
+                continue
             stored_key = "store_bytes" if "store_bytes" in v["early"] else "stored_bytes"
             rows = v["rows"]
             ratio = sum(r[stored_key] for r in rows) / max(1, sum(r["new_data"] for r in rows))
