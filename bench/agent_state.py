@@ -704,28 +704,41 @@ def markdown(results: dict[str, Any]) -> str:
             cells = [fmt(r[w].get(key, float("nan"))) for r in runs.values() for w in ("early", "late")]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     savers: dict[str, Any] = {**(results.get("direct") or {}), **(results.get("baselines") or {})}
-    savers = {k: v for k, v in savers.items() if isinstance(v, dict)}
+    savers = {
+        k: v for k, v in savers.items() if isinstance(v, dict) and v["rows"][-1]["superstep"] >= LATE[-1]
+    }
     if savers:
+        # Means over each window, not medians: a saver's writes of one superstep may land after the mark
+        # of the checkpoint (LangGraph saves pending writes in the background), which moves bytes between
+        # neighbouring supersteps but not out of the window.
         out += [
             "",
-            "| saver, message list | bytes stored per superstep 8-12 / 398-402 | new data 8-12 / 398-402 | "
-            "stored / new data (whole thread) | time in the saver 8-12 / 398-402 |",
+            "| saver, message list | written per superstep 8-12 / 398-402 (mean) | new data per superstep | "
+            "written / new data 8-12 / 398-402 / whole thread | time in the saver 8-12 / 398-402 (median) |",
             "|---|---|---|---|---|",
         ]
         for name, v in savers.items():
-            if not v["early"].get("supersteps") or not v["late"].get("supersteps"):
-                continue
-            stored_key = "store_bytes" if "store_bytes" in v["early"] else "stored_bytes"
             rows = v["rows"]
-            ratio = sum(r[stored_key] for r in rows) / max(1, sum(r["new_data"] for r in rows))
-            wal = (
-                f" (WAL {_kib(v['early']['wal_bytes'])} / {_kib(v['late']['wal_bytes'])})"
-                if "wal_bytes" in v["early"]
-                else ""
-            )
+            key = "store_bytes" if "store_bytes" in rows[0] else "stored_bytes"
+            early = [r for r in rows if r["superstep"] in EARLY]
+            late = [r for r in rows if r["superstep"] in LATE]
+
+            def mean(chosen: list[dict[str, Any]], k: str) -> float:
+                return float(sum(r.get(k, 0) for r in chosen)) / len(chosen)
+
+            def ratio(chosen: list[dict[str, Any]], key: str = key) -> float:
+                return float(sum(r[key] for r in chosen)) / max(1, sum(r["new_data"] for r in chosen))
+
+            extra = ""
+            if "wal_bytes" in rows[0]:
+                extra = f" (WAL {_kib(mean(early, 'wal_bytes'))} / {_kib(mean(late, 'wal_bytes'))})"
+            if "state_object" in rows[0]:
+                objects = [mean(w, "state_object") + mean(w, "writes_objects") for w in (early, late)]
+                extra = f" to the store, + Checkpoint objects {_kib(objects[0])} / {_kib(objects[1])}"
             out.append(
-                f"| {name} | {_kib(v['early'][stored_key])} / {_kib(v['late'][stored_key])}{wal} | "
-                f"{_kib(v['early']['new_data'])} / {_kib(v['late']['new_data'])} | {ratio:.2f} | "
+                f"| {name} | {_kib(mean(early, key))} / {_kib(mean(late, key))}{extra} | "
+                f"{_kib(mean(early, 'new_data'))} / {_kib(mean(late, 'new_data'))} | "
+                f"{ratio(early):.2f} / {ratio(late):.2f} / {ratio(rows):.2f} | "
                 f"{_ms(v['early']['seconds'])} / {_ms(v['late']['seconds'])} |"
             )
     return "\n".join(out)
