@@ -727,7 +727,7 @@ def markdown(results: dict[str, Any]) -> str:
                 return float(sum(r.get(k, 0) for r in chosen)) / len(chosen)
 
             def ratio(chosen: list[dict[str, Any]], key: str = key) -> float:
-                return float(sum(r[key] for r in chosen)) / max(1, sum(r["new_data"] for r in chosen))
+                return float(sum(r[key] for r in chosen)) / float(max(1, sum(r["new_data"] for r in chosen)))
 
             extra = ""
             if "wal_bytes" in rows[0]:
