@@ -4,8 +4,7 @@ InMemorySaver.
 
     .venv/bin/pip install langgraph-checkpoint-postgres 'psycopg[binary]'   # the baseline, not a dependency
     PYTHONPATH=hack:tests:bench .venv/bin/python bench/agent_state.py --phases baselines
-    flock /tmp/agentrun-cluster.lock env PYTHONPATH=hack:tests:bench \\
-        .venv/bin/python bench/agent_state.py --phases cluster
+    PYTHONPATH=hack:tests:bench .venv/bin/python bench/agent_state.py --phases cluster  # a control plane
 Each phase adds its figures to bench/agent_state.json; the Markdown summary is printed at the end.
 
 The graph (tests/support/langgraph_react.py): a model node asks for one tool call at a time, the tool
@@ -454,11 +453,13 @@ def per_superstep(entries: list[dict[str, Any]], ns: str, run: str) -> list[dict
         printed = compact = created_printed = created_compact = revisions = 0
         for e in bucket:
             user = e["user"]["username"]
+            ref = e.get("objectRef") or {}
             who = (
                 "worker" if user == worker_user else "operator" if user == security.OPERATOR_USER else "other"
             )
+            if who == "other" and ref.get("namespace") != ns:
+                continue  # the controllers' leader leases, the collection of earlier threads' objects
             row[f"requests_{who}"] += 1
-            ref = e.get("objectRef") or {}
             resource = ref.get("resource", "-") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             kinds[f"{who} {e['verb']} {resource}"] += 1
             if e["_revision"] and ref.get("namespace") == ns:
@@ -694,7 +695,7 @@ def markdown(results: dict[str, Any]) -> str:
         for key, label, fmt in (
             ("requests_worker", "API requests by the worker", str),
             ("requests_operator", "API requests by the operator", str),
-            ("requests_other", "API requests by others (node agent, controllers)", str),
+            ("requests_other", "API requests by others in the Run's namespace (node agent, collector)", str),
             ("etcd_revisions", "object revisions written", str),
             ("etcd_bytes_printed", "bytes written to etcd, as kubectl prints them", _kib),
             ("etcd_bytes_compact", "… compact JSON", _kib),
