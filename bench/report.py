@@ -13,7 +13,8 @@ PYTHONPATH=hack:tests .venv/bin/python bench/run_all.py --n 1000 --reps 3 # thro
 .venv/bin/python bench/report.py                      # this file again from results.json + findings.md
 .venv/bin/python bench/worker_import.py --runs 15                             # the worker's import time
 PYTHONPATH=hack:tests:bench .venv/bin/python bench/request_cost.py --n 400      # API-server CPU per request
-PYTHONPATH=hack:tests:bench .venv/bin/python bench/apiserver_profile.py --n 600 # its pprof, Runs vs Jobs"""
+PYTHONPATH=hack:tests:bench .venv/bin/python bench/apiserver_profile.py --n 600 # its pprof, Runs vs Jobs
+PYTHONPATH=hack:tests:bench .venv/bin/python bench/agent_state.py   # 200 tool calls of 40 KB, killed twice"""
 
 
 def _lat(row: dict[str, Any]) -> str:
