@@ -941,9 +941,12 @@ class Chaos:
 
         def again() -> None:
             # The same answer under the same key (changes nothing), then the same key with another value,
-            # which the API server must refuse: spec.resume holds that key now, as only we write it.
+            # which the API server must refuse while spec.resume holds that key. (A person may have
+            # answered the agent's next question meanwhile: then spec.resume holds their key, the reuse is
+            # no direct one, and the operator judges it; the test operation keeps to the direct case.)
             self.resume(run, first.key, first.request_id, first.checkpoint, first.value)
-            reuse = self.resume(run, first.key, first.request_id, first.checkpoint, other)
+            key = first.key
+            reuse = self.resume(run, key, first.request_id, first.checkpoint, other, stored_key=key)
             if reuse.outcome == "written":
                 self.records.key_reuse_accepted.append(f"{run}: key {first.key} reused with {other}")
 
@@ -984,14 +987,25 @@ class Chaos:
         value = {"priority": self.rng.choice(PRIORITIES)}
         return self.resume(run, key, pending["requestId"], pending["checkpointId"], value)
 
-    def resume(self, run: str, key: str, request_id: str, checkpoint: str, value: Json) -> ResumeRecord:
-        """Sets spec.resume as a whole (a JSON patch, as `kubectl agentrun resume` does)."""
+    def resume(
+        self,
+        run: str,
+        key: str,
+        request_id: str,
+        checkpoint: str,
+        value: Json,
+        *,
+        stored_key: str | None = None,
+    ) -> ResumeRecord:
+        """Sets spec.resume as a whole (a JSON patch, as `kubectl agentrun resume` does); with `stored_key`,
+        only while spec.resume holds that key (a test operation: refused otherwise)."""
         resume = {"requestId": request_id, "checkpointId": checkpoint, "value": value, "idempotencyKey": key}
         record = ResumeRecord(run, key, request_id, checkpoint, value, "written")
+        operations: list[Json] = [{"op": "add", "path": "/spec/resume", "value": resume}]
+        if stored_key is not None:
+            operations.insert(0, {"op": "test", "path": "/spec/resume/idempotencyKey", "value": stored_key})
         try:
-            self.api_().json_patch(
-                custom("runs", run), [{"op": "add", "path": "/spec/resume", "value": resume}]
-            )
+            self.api_().json_patch(custom("runs", run), operations)
         except ApiError as exc:
             if exc.status not in (409, 422):
                 raise

@@ -5,34 +5,43 @@ not be inherited, and its action could be executed again). Done only while the f
 A source Run that is gone may have been archived: `ArchivedSources` is the seam where its archive is
 read (`archives_in`: the state store's archives, verified; without a store a deleted source is not
 found). A compacted
-source keeps only its latest Checkpoint object (the rest are in its checkpoint index in the store): an
-older checkpoint of it is reported missing, with that said.
+source keeps only its latest Checkpoint object: an older checkpoint is read from its checkpoint index in
+the store (its state by reference, shared like any other).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from agentrun.api import RUN_LABEL, Checkpoint, Run, RunPhase, SideEffect
 from agentrun.core.forking import ForkSourceView, archived_source
 from agentrun.core.identity import owned_by
 from agentrun.kubeapi import KubeApi
+from agentrun.statestore import BlobRef as StoredRef
 from agentrun.statestore import BlobStore, archives
+from agentrun.statestore.checkpoint_index import as_checkpoint, decode_index, state_as_ref
 
 JsonDict = dict[str, Any]
 
 
 class ArchivedSources(Protocol):
-    """Reads a deleted source Run from its archive: None when there is none."""
+    """Reads what of a source is in the state store: a deleted source Run from its archive, and a
+    compacted source's older checkpoint from its checkpoint index. None when there is none."""
 
     async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None: ...
 
+    async def indexed_checkpoint(self, source: Run, checkpoint_id: str) -> Checkpoint | None: ...
+
 
 class NoArchives:
-    """No archive reader configured: a deleted source is not found."""
+    """No state store: a deleted source, or a compacted source's older checkpoint, is not found."""
 
     async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
+        return None
+
+    async def indexed_checkpoint(self, source: Run, checkpoint_id: str) -> Checkpoint | None:
         return None
 
 
@@ -41,15 +50,40 @@ class NoArchives:
 ReadArchive = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 
 
-class DocumentArchives:
-    """Deleted sources read from their archive documents (core.forking.archived_source)."""
+# Reads a blob, verified (BlobStore.get).
+ReadBlob = Callable[[StoredRef], Awaitable[bytes]]
 
-    def __init__(self, read: ReadArchive) -> None:
+
+class DocumentArchives:
+    """Deleted sources read from their archive documents (core.forking.archived_source), and compacted
+    sources' older checkpoints from their checkpoint index (statestore.checkpoint_index)."""
+
+    def __init__(self, read: ReadArchive, read_blob: ReadBlob | None = None) -> None:
         self.read = read
+        self.read_blob = read_blob
 
     async def fork_source(self, namespace: str, run: str, checkpoint_id: str) -> ForkSourceView | None:
         document = await self.read(namespace, run)
-        return None if document is None else archived_source(document, checkpoint_id)
+        if document is None:
+            return None
+        found = archived_source(document, checkpoint_id)
+        if found.checkpoint is None and found.run is not None:
+            found = replace(found, checkpoint=await self.indexed_checkpoint(found.run, checkpoint_id))
+        return found
+
+    async def indexed_checkpoint(self, source: Run, checkpoint_id: str) -> Checkpoint | None:
+        """The source's checkpoint `checkpoint_id` as its index recorded it, its state by reference."""
+        index = source.status.checkpoint_index
+        if index is None or self.read_blob is None:
+            return None
+        stored = StoredRef(index.key, index.sha256, index.size, bool(index.links))
+        for found in decode_index(await self.read_blob(stored)):
+            if found.get("id") == checkpoint_id:
+                body = as_checkpoint(found, str(source.metadata.name), str(source.metadata.namespace))
+                if (ref := state_as_ref(found)) is not None:
+                    body["spec"]["stateRef"] = ref
+                return Checkpoint.model_validate(body)
+        return None
 
 
 def archives_in(store: BlobStore | None) -> ArchivedSources:
@@ -64,7 +98,7 @@ def archives_in(store: BlobStore | None) -> ArchivedSources:
         except LookupError:
             return None
 
-    return DocumentArchives(read)
+    return DocumentArchives(read, store.get)
 
 
 def wants_source(run: Run) -> bool:
@@ -90,11 +124,11 @@ async def read_source(api: KubeApi, fork: Run, archives: ArchivedSources) -> For
     ]
     checkpoint = next((c for c in checkpoints if c.spec.id == wanted.checkpoint_id), None)
     note = None
-    if checkpoint is None and (body.get("status") or {}).get("checkpointIndex"):
-        note = (
-            "the Run was compacted: its older checkpoints are in its checkpoint index, which forks do not "
-            "read yet"
-        )
+    if checkpoint is None and source.status.checkpoint_index is not None:
+        # compacted: its older checkpoints are in its checkpoint index in the store
+        checkpoint = await archives.indexed_checkpoint(source, wanted.checkpoint_id)
+        if checkpoint is None:
+            note = "nor in its checkpoint index"
     records = [SideEffect.model_validate(o) for o in await _owned(api, "sideeffects", ns, wanted.run, uid)]
     return ForkSourceView(run=source, checkpoint=checkpoint, side_effects=records, missing_note=note)
 

@@ -34,6 +34,7 @@ _DESCRIBING: Final = (
     "sequence",
     "thread",
     "deltaBase",
+    "ledgerMark",
 )
 
 Entry = dict[str, Any]
@@ -103,3 +104,10 @@ def as_checkpoint(found: Entry, run_name: str, namespace: str, state: Any = None
     if "creationTimestamp" in found:
         metadata["creationTimestamp"] = found["creationTimestamp"]
     return {"apiVersion": API_VERSION, "kind": "Checkpoint", "metadata": metadata, "spec": spec}
+
+
+def state_as_ref(found: Entry) -> dict[str, Any] | None:
+    """The reference that holds an entry's state whichever form it was saved in: its stateRef, or the
+    blob its inline state was moved into (canonical JSON of the value, as a stateRef's blob holds it)."""
+    ref = found.get("stateRef") or found.get("inlineStateRef")
+    return None if ref is None else BlobRef.from_json(ref).to_json()
