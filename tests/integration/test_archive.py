@@ -27,8 +27,7 @@ from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
 from integration.test_side_effects import side_effects, ticket_run
 from integration.test_state_store_worker import cli_with_store
-from support.agentrun import install_crds
-from support.clusters import operator_identity
+from support.clusters import cluster_kube, operator_identity, started_cluster
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
@@ -38,19 +37,12 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Overrides the session's: a control plane (and object store) of this module's own."""
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("archive-cluster"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started_cluster(tmp_path_factory, "archive-cluster")
 
 
 @pytest.fixture(scope="module")
 def kube(local_cluster: LocalCluster) -> Kube:
-    kube = Kube(local_cluster.kubeconfig, Path(local_cluster.binary("kubectl")))
-    install_crds(kube)
-    return kube
+    return cluster_kube(local_cluster)
 
 
 @pytest.fixture(scope="module")

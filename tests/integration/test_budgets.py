@@ -20,8 +20,7 @@ from agentrun.kubeapi import ApiError, KubeApi, load_configuration
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from integration.test_archive import start_operator
-from support.agentrun import install_crds
-from support.clusters import operator_identity, opt_in_for_attempts
+from support.clusters import cluster_kube, operator_identity, opt_in_for_attempts, started_cluster
 from support.corpus import valid_object
 from support.kube import Kube
 from support.runs import attempts, create_run, scenario_run, wait_phase
@@ -32,19 +31,12 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Overrides the session's: a control plane of this module's own, with no object store."""
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("budgets-cluster"), with_object_store=False)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started_cluster(tmp_path_factory, "budgets-cluster", with_object_store=False)
 
 
 @pytest.fixture(scope="module")
 def kube(local_cluster: LocalCluster) -> Kube:
-    kube = Kube(local_cluster.kubeconfig, Path(local_cluster.binary("kubectl")))
-    install_crds(kube)
-    return kube
+    return cluster_kube(local_cluster)
 
 
 @pytest.fixture

@@ -18,6 +18,26 @@ from support.kube import Kube
 CONSOLE_URL = "http://console.agentrun.test"
 
 
+def started_cluster(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *, with_object_store: bool = True
+) -> Iterator[LocalCluster]:
+    """A control plane (with its object store, unless told otherwise) started for the caller (a module's
+    `local_cluster` fixture), stopped after it."""
+    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp(name), with_object_store=with_object_store)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cluster_kube(cluster: LocalCluster) -> Kube:
+    """A client of `cluster` as its admin, with the CRDs installed."""
+    kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
+    install_crds(kube)
+    return kube
+
+
 def own_cluster(
     tmp_path_factory: pytest.TempPathFactory, name: str, *, instant: bool = False
 ) -> Iterator[Kube]:
