@@ -4,6 +4,7 @@ fork before any Attempt; the API server keeps forkFrom as it was created."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.core.ledger import side_effect_name
+from agentrun.statestore import BlobRef, BlobStore
+from agentrun.statestore.checkpoint_index import as_checkpoint, decode_index
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.security import STATE_STORE_SECRET
@@ -73,7 +76,25 @@ def succeeded_source(
     create_run(kube, ns, fork_agent_run("source", sent, "first-key", "second-key", cluster))
     run = wait_phase(kube, ns, "source", {"Succeeded", "Failed", "NeedsReconciliation"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
-    return run
+
+    def compacted() -> dict[str, Any] | None:
+        """Its Checkpoint index written and its superseded Checkpoints deleted: the operator is done
+        with it (a Checkpoint made by hand before that could be deleted unindexed)."""
+        done = get_run(kube, ns, "source")
+        latest = done["status"].get("latestCheckpoint")
+        left = [c["spec"]["id"] for c in checkpoints(kube, ns, "source")]
+        return done if done["status"].get("checkpointIndex") and left == [latest] else None
+
+    compacted_run: dict[str, Any] = wait_for(compacted, timeout=120, what="the source compacted")
+    return compacted_run
+
+
+def indexed_checkpoints(cluster: LocalCluster, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A compacted Run's Checkpoints as its index records them (read as the operator reads it)."""
+    store = BlobStore.from_url(cluster.state_store_url, env=cluster.state_store_env())
+    ref = BlobRef.from_json(run["status"]["checkpointIndex"])
+    name, ns = run["metadata"]["name"], run["metadata"]["namespace"]
+    return [as_checkpoint(e, name, ns) for e in decode_index(asyncio.run(store.get(ref)))]
 
 
 def test_a_fork_resumes_at_the_middle_checkpoint_and_never_sends_again_what_its_source_confirmed(
@@ -81,7 +102,8 @@ def test_a_fork_resumes_at_the_middle_checkpoint_and_never_sends_again_what_its_
 ) -> None:
     ns = run_namespace
     source = succeeded_source(kube, ns, tmp_path, operator, local_cluster)
-    middle = next(c for c in checkpoints(kube, ns, "source") if c["spec"]["step"] == "first-sent")
+    indexed = indexed_checkpoints(local_cluster, source)
+    middle = next(c for c in indexed if c["spec"]["step"] == "first-sent")
     assert middle["spec"]["ledgerMark"] == 1  # the first record was opened before it, the second after
 
     fork_from = {"run": "source", "checkpointId": middle["spec"]["id"]}
@@ -226,9 +248,12 @@ def test_the_api_server_refuses_a_fork_of_itself_and_any_change_of_fork_from(
 def test_a_fork_that_inherits_an_open_effect_stops_for_a_person_then_reuses_what_they_resolved(
     kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
-    source = fork_agent_run("held", tmp_path, "first-key", "second-key")
-    source["spec"]["input"]["holdFirst"] = str(tmp_path / "never")  # the first send never answers
+    ns, sends = run_namespace, tmp_path / "sends"
+    sends.mkdir()
+    source = fork_agent_run("held", sends, "first-key", "second-key")
+    source["spec"]["input"]["holdFirst"] = str(
+        tmp_path / "gate"
+    )  # never opened: the first send never answers
     create_run(kube, ns, source)
 
     def saved_in_flight() -> dict[str, Any] | None:
@@ -249,7 +274,7 @@ def test_a_fork_that_inherits_an_open_effect_stops_for_a_person_then_reuses_what
     )
 
     fork_from = {"run": "held", "checkpointId": in_flight["spec"]["id"]}
-    create_run(kube, ns, fork_agent_run("careful", tmp_path, "first-key", "other", forkFrom=fork_from))
+    create_run(kube, ns, fork_agent_run("careful", sends, "first-key", "other", forkFrom=fork_from))
     run = wait_phase(kube, ns, "careful", {"NeedsReconciliation", "Running", "Succeeded", "Failed"})
     assert run["status"]["phase"] == "NeedsReconciliation", run["status"]
     assert run["status"]["failure"]["reason"] == "InheritedUnknown"
@@ -273,4 +298,4 @@ def test_a_fork_that_inherits_an_open_effect_stops_for_a_person_then_reuses_what
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert run["status"]["result"]["resumedAt"] == 2
     assert run["status"]["result"]["first"] == {**found, "executedNow": False, "inherited": True}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]  # the held send never got through
+    assert sorted(p.name for p in sends.iterdir()) == ["other"]  # the held send never got through

@@ -1,7 +1,7 @@
 """An agent for the fork tests: two side effects between three checkpoints.
 
     input: {"dir": <a directory>, "first": <key>, "second": <key>, "pad": <characters of state>,
-            "holdFirst": <a gate file>}
+            "holdFirst": <a gate: a path where no file is>}
 
 It checkpoints (step 1, "planned"), creates the file `dir/<first>` (a side effect under the key `first`),
 checkpoints (step 2, "first-sent"), creates `dir/<second>`, checkpoints (step 3) and returns what became
@@ -9,8 +9,9 @@ of both. Each Attempt calls both side effects again, whatever its resume point, 
 its steps does (LangGraph's time travel): the ledger decides what is executed. Each file is created with
 "x": a second send under the same key fails loudly, so the files count the sends.
 
-With holdFirst, the first send waits for the gate file, and the second checkpoint ("first-in-flight")
-is saved while it waits: a fork from it inherits a record whose outcome is open.
+With holdFirst, the first send waits until someone opens the gate (a FIFO it makes there) for writing,
+and the second checkpoint ("first-in-flight") is saved while it waits: a fork from it inherits a record
+whose outcome is open.
 
 Run with PYTHONPATH=<repo>/tests: `python -m support.fork_agent`.
 """
@@ -18,7 +19,7 @@ Run with PYTHONPATH=<repo>/tests: `python -m support.fork_agent`.
 from __future__ import annotations
 
 import asyncio
-import time
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,17 @@ def _sender(path: Path) -> Any:
 
 
 def _held_sender(path: Path, gate: Path, started: asyncio.Event) -> Any:
-    """A send that says it started, then waits for `gate` before it creates its file."""
+    """A send that says it started, then waits until `gate` (a FIFO made there) is opened for writing
+    before it creates its file: opening a FIFO for reading blocks until a writer comes, no polling."""
     loop = asyncio.get_running_loop()
     send = _sender(path)
 
     def held(key: str) -> dict[str, Any]:
+        if not gate.exists():  # a later Attempt finds the one an earlier one made
+            os.mkfifo(gate)
         loop.call_soon_threadsafe(started.set)
-        while not gate.exists():
-            time.sleep(0.05)
+        with gate.open("rb"):
+            pass
         result: dict[str, Any] = send(key)
         return result
 
