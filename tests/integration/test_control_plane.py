@@ -184,13 +184,14 @@ def test_deleting_a_running_pod_sends_sigterm_then_the_pod_disappears(
     kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "sigterm"
+    ready = tmp_path / "ready"
     script = f"""
         import signal, sys, time
         def stop(*_):
             open({str(marker)!r}, "w").write("SIGTERM")
             sys.exit(0)
         signal.signal(signal.SIGTERM, stop)
-        print("ready", flush=True)
+        open({str(ready)!r}, "w").write("ready")
         while True:
             time.sleep(0.05)
     """
@@ -199,16 +200,22 @@ def test_deleting_a_running_pod_sends_sigterm_then_the_pod_disappears(
     )
     pod = kube.wait_pod_phase("graceful", namespace, ("Running",))
     assert pod["status"]["containerStatuses"][0]["state"]["running"]
+    # Running is reported once the process is started, not once its handler is in place.
+    wait_for(ready.exists, timeout=120, what="the SIGTERM handler installed")
     kube.core.delete_namespaced_pod("graceful", namespace)
     # Gone long before its hour of grace: the agent saw the process stop on SIGTERM and did not wait.
     wait_for(lambda: kube.pod("graceful", namespace) is None, timeout=120, what="pod gone")
     assert marker.read_text() == "SIGTERM"
 
 
-def test_process_ignoring_sigterm_is_killed_after_the_grace_period(kube: Kube, namespace: str) -> None:
-    script = """
+def test_process_ignoring_sigterm_is_killed_after_the_grace_period(
+    kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    script = f"""
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(ready)!r}, "w").write("ready")
         while True:
             time.sleep(0.05)
     """
@@ -216,6 +223,8 @@ def test_process_ignoring_sigterm_is_killed_after_the_grace_period(kube: Kube, n
         namespace, python_pod("stubborn", script, terminationGracePeriodSeconds=2)
     )
     kube.wait_pod_phase("stubborn", namespace, ("Running",))
+    # Running is reported once the process is started: a SIGTERM before SIG_IGN is in place kills it at once.
+    wait_for(ready.exists, timeout=120, what="SIGTERM ignored")
     began = time.monotonic()
     kube.core.delete_namespaced_pod("stubborn", namespace)
     wait_for(lambda: kube.pod("stubborn", namespace) is None, timeout=120, what="pod gone")
