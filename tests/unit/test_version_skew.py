@@ -36,7 +36,8 @@ NOT_AN_SDK = "Traceback (most recent call last): ... NotInAttemptPod: AGENTRUN_N
 
 def stated(attempt: Attempt) -> Attempt:
     """The Attempt after its SDK stated that it reads references."""
-    return attempt.model_copy(update={"status": attempt.status.model_copy(update={"sdk_reads": ["BlobRefs"]})})
+    status = attempt.status.model_copy(update={"sdk_reads": ["BlobRefs"]})
+    return attempt.model_copy(update={"status": status})
 
 
 def in_store(attempt: Attempt) -> Attempt:
@@ -105,13 +106,15 @@ def test_a_fork_of_a_source_in_the_store_is_started_for_an_sdk_that_reads_refere
     fork = make_run({}, spec={"forkFrom": {"run": "source", "checkpointId": "ckpt-2"}})
     world = World(run=fork, attempts={}, pods={}, lease=None, now=backing_off().now, fork_source=source)
     assert state_in_store(world)
-    inline = replace(world, fork_source=ForkSourceView(run=source_run, checkpoint=make_checkpoint("ckpt-2", 2)))
+    inline_source = ForkSourceView(run=source_run, checkpoint=make_checkpoint("ckpt-2", 2))
+    inline = replace(world, fork_source=inline_source)
     assert not state_in_store(inline)
 
 
 def test_the_agents_own_env_cannot_bring_agentrun_namespace_back() -> None:
     world = replace(backing_off(), checkpoints=(stored_checkpoint("ckpt-3", 3),))
-    run = make_run({}, spec={"agent": {"image": "agent:old", "env": [{"name": NAMESPACE_ENV, "value": "team"}]}})
+    agent = {"image": "agent:old", "env": [{"name": NAMESPACE_ENV, "value": "team"}]}
+    run = make_run({}, spec={"agent": agent})
     attempt = Attempt.model_validate(granted(world)[0])
     pod = attempt_pod(run, attempt)
     assert NAMESPACE_ENV not in env_names(pod)
