@@ -135,14 +135,13 @@ def reads_refs(attempt: Attempt) -> bool:
 def state_in_store(w: World) -> bool:
     """Whether the Run's state may be (partly) in the state store, by reference, so that an SDK that
     predates the store must not be given it: a reference seen in what the Run owns (a Checkpoint's
-    stateRef, a SideEffect's resultRef, the result, the checkpoint index, a fork's source), or an earlier
+    stateRef, a SideEffect's resultRef, the result, a fork's source), or an earlier
     Attempt that was started so or whose SDK stated it reads references (it may have written one the
     cache shows later). Once true for a Run, it stays true: an Attempt keeps its spec."""
     run, source = w.run, w.fork_source
     from_fork = run.spec.fork_from is not None and source is not None
     return (
         run.status.result_ref is not None
-        or run.status.checkpoint_index is not None
         or any(a.spec.state_in_store or reads_refs(a) for a in w.attempts.values())
         or any(c.spec.state_ref is not None for c in w.checkpoints)
         or _results_stored(w.side_effects)
