@@ -11,6 +11,10 @@ inline, resumable by it and by today's SDK."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +81,45 @@ def waiting_for_input(kube: Kube, ns: str, name: str, operator: OperatorProcess)
     assert run["status"]["phase"] == "InputRequired", (run["status"], operator.log_tail())
     pending: dict[str, Any] = run["status"]["pendingRequest"]
     return pending
+
+
+OLD_SDK_READS = """
+import json, sys
+from agentrun.api import Checkpoint, SideEffect
+ref = {"key": "team/uid/sha256/" + "a" * 64, "sha256": "a" * 64, "size": 20000}
+spec = {"runName": "r", "id": "r-c1", "sequence": 1, "attempt": "r-a1", "leaseEpoch": 1, "stateRef": ref}
+try:
+    Checkpoint.model_validate({"metadata": {"name": "r-c1"}, "spec": spec})
+    checkpoint = "read"
+except Exception as exc:
+    checkpoint = type(exc).__name__ + ": " + str(exc)
+effect = SideEffect.model_validate({
+    "metadata": {"name": "sfx"},
+    "spec": {"runName": "r", "tool": "t", "idempotencyKey": "k", "requestDigest": "sha256:" + "d" * 64},
+    "status": {"state": "Confirmed", "resultRef": ref},
+})
+print(json.dumps({"checkpoint": checkpoint, "effectResult": effect.status.result, "module": sys.modules[
+    "agentrun"].__file__}))
+"""
+
+
+def test_what_the_sdk_before_the_store_makes_of_a_reference(old_sdk: Path, tmp_path: Path) -> None:
+    """Why it must never be given one: a Checkpoint whose state is in the store does not parse (loud, but
+    an ordinary deterministic failure, retried by the retry policy), and a SideEffect whose result is in
+    the store parses with no result: the agent would reuse the action's result as None, silently."""
+    found = subprocess.run(
+        [sys.executable, "-c", OLD_SDK_READS],
+        env={**os.environ, "PYTHONPATH": str(old_sdk)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    read = json.loads(found.stdout)
+    assert read["module"].startswith(str(old_sdk)), "the old package, not today's"
+    assert read["checkpoint"].startswith("ValidationError"), read
+    assert "stateRef.uri" in read["checkpoint"], read
+    assert read["effectResult"] is None, "a result in the store reads as no result"
 
 
 def test_an_sdk_that_predates_the_store_is_never_given_a_run_whose_state_is_there(
