@@ -771,3 +771,9 @@ def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
         assert "stateInStore" not in second["spec"], "written inline by the previous release"
     release.timings["after the upgrade: both answered Runs Succeeded"] = time.monotonic() - started
     uninstall_and_wait(release, "uninstall after the upgrade")
+    mine = (
+        "previous release: install, two Runs waiting, upgrade",
+        "after the upgrade: both answered Runs Succeeded",
+        "uninstall after the upgrade",
+    )
+    print(f"\nupgrade e2e timings (s): {json.dumps({k: round(release.timings[k], 1) for k in mine})}")
