@@ -20,7 +20,7 @@ from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import forks, metrics
+from agentrun.operator import fork, metrics
 from agentrun.operator.archiver import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
@@ -109,7 +109,7 @@ class Runtime:
             store_credentials=StoreCredentials.for_settings(api, clock, config),
             default_ttl_seconds=config.ttl_seconds_after_finished,
             has_store=self.state_store is not None,
-            archives=forks.archives_in(self.state_store),
+            archives=fork.archives_in(self.state_store),
         )
         self.informers = Informers(
             api,
