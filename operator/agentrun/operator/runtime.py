@@ -21,7 +21,7 @@ from agentrun.core.identity import Account
 from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import fork, metrics
-from agentrun.operator.archiver import Archiver, ArchiveRetention
+from agentrun.operator.archive import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.collector import build_collector
