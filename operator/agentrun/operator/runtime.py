@@ -3,7 +3,7 @@ informers that fill them, the lease expiry, the work queue, the executor and its
 reconciler, metrics and tracing. kopf delivers the Run events (and keeps the peering); everything else is
 here, with nothing held at module level and nothing built behind a default.
 
-With peering, the runtime acts only while kopf would (agentrun.operator.standby): a replica standing by
+With peering, the runtime acts only while kopf would (agentrun.operator.peering): a replica standing by
 runs no informer, no reconcile worker, no timer and no notification sender (the Runs kopf still hands
 over are only noted). Taking over is a full resync: the caches are listed again and every Run known is
 reconciled, as at a start."""
@@ -29,11 +29,11 @@ from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
 from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
+from agentrun.operator.peering import PeeringStanding
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
-from agentrun.operator.standby import PeeringStanding
 from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
