@@ -24,7 +24,7 @@ from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
-from agentrun.operator.expiry import LeaseExpiry
+from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans

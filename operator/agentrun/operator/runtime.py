@@ -26,8 +26,8 @@ from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
-from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
+from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
 from agentrun.operator.peering import PeeringStanding
 from agentrun.operator.reconciler import Reconciler
