@@ -28,7 +28,7 @@ from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
 from agentrun.operator.informers import Informers
 from agentrun.operator.lease import LeaseExpiry
-from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
+from agentrun.operator.notifications import Notifier, namespace_labels, refusal_event
 from agentrun.operator.peering import PeeringStanding
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
