@@ -1,6 +1,7 @@
 """A LangGraph Run forked from one of its checkpoints, on the real control plane and the real S3 server:
 run_graph in the fork continues the graph from that checkpoint (the source's manifest shared by digest, not
-copied), and a tool call the source confirmed before the checkpoint is inherited, never sent again."""
+copied), and a tool call the source confirmed before the checkpoint is inherited, never sent again; from a
+compacted source (its checkpoint read from its index) and from an archived one alike."""
 
 from __future__ import annotations
 
@@ -8,13 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.security import STATE_STORE_SECRET
 from integration.test_forks import checkpoints, indexed_checkpoints
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, attempts, create_run, get_run, support_agent_run, wait_phase
+from support.runs import (
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    patch_spec,
+    support_agent_run,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -40,18 +51,35 @@ def react_run(name: str, log: Path, cluster: LocalCluster, **spec: Any) -> dict[
     return body
 
 
-def finished_and_compacted(kube: Kube, ns: str, name: str, operator: OperatorProcess) -> dict[str, Any]:
+def succeeded_and_indexed(
+    kube: Kube, ns: str, name: str, operator: OperatorProcess, *, keep: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The Run Succeeded, its Checkpoint index written, and its superseded Checkpoints deleted (all but
+    its latest and those in `keep`)."""
     run = wait_phase(kube, ns, name, {"Succeeded", "Failed", "NeedsReconciliation"})
     assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
 
     def compacted() -> dict[str, Any] | None:
         done = get_run(kube, ns, name)
-        latest = done["status"].get("latestCheckpoint")
-        left = [c["spec"]["id"] for c in checkpoints(kube, ns, name)]
-        return done if done["status"].get("checkpointIndex") and left == [latest] else None
+        left = {c["spec"]["id"] for c in checkpoints(kube, ns, name)}
+        return (
+            done
+            if done["status"].get("checkpointIndex") and left == {done["status"]["latestCheckpoint"], *keep}
+            else None
+        )
 
-    found: dict[str, Any] = wait_for(compacted, timeout=120, what=f"{name} compacted")
+    found: dict[str, Any] = wait_for(compacted, timeout=60, what=f"{name} compacted")
     return found
+
+
+def gone(kube: Kube, ns: str, name: str) -> bool:
+    try:
+        get_run(kube, ns, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
 
 
 def sends(log: Path) -> list[str]:
@@ -72,7 +100,7 @@ def test_run_graph_on_a_fork_continues_from_the_checkpoint_and_never_resends_a_c
     ns = run_namespace
     log = tmp_path / "tools.log"
     create_run(kube, ns, react_run("source", log, local_cluster))
-    source = finished_and_compacted(kube, ns, "source", operator)
+    source = succeeded_and_indexed(kube, ns, "source", operator)
     assert source["status"]["result"] == {"messages": 2 + 2 * CALLS, "last": f"read {CALLS} files"}
     assert sends(log) == [f"source-a1 send {call}" for call in range(CALLS)]
 
@@ -85,7 +113,9 @@ def test_run_graph_on_a_fork_continues_from_the_checkpoint_and_never_resends_a_c
 
     fork_from = {"run": "source", "checkpointId": middle["spec"]["id"]}
     create_run(kube, ns, react_run("branch", log, local_cluster, forkFrom=fork_from))
-    fork = finished_and_compacted(kube, ns, "branch", operator)
+    # compacted too, keeping the operator's copy (its first Attempt resumed from it)
+    copy_id = f"branch-a0-s{middle['spec']['sequence']}"
+    fork = succeeded_and_indexed(kube, ns, "branch", operator, keep=frozenset({copy_id}))
 
     # The graph went on from the checkpoint to the same end ...
     assert fork["status"]["result"] == source["status"]["result"]
@@ -113,7 +143,7 @@ def test_run_graph_on_a_fork_continues_from_the_checkpoint_and_never_resends_a_c
     # (the fork root), both naming the source's manifest (shared by digest, not copied), then the rest.
     chain = [c for c in indexed_checkpoints(local_cluster, fork) if c["spec"]["kind"] == "State"]
     copy, root, *rest = chain
-    assert first_attempt["spec"]["resumeFrom"] == copy["spec"]["id"]
+    assert first_attempt["spec"]["resumeFrom"] == copy["spec"]["id"] == copy_id
     assert copy["spec"]["stateRef"] == root["spec"]["stateRef"] == middle["spec"]["stateRef"]
     assert f"/{source['metadata']['uid']}/sha256/" in root["spec"]["stateRef"]["key"]
     assert root["spec"]["thread"] == {"id": "branch", "ns": ""}
@@ -121,3 +151,14 @@ def test_run_graph_on_a_fork_continues_from_the_checkpoint_and_never_resends_a_c
     assert rest and all(c["spec"]["thread"] == {"id": "branch", "ns": ""} for c in rest)
     assert rest[0]["spec"]["parent"] == root["spec"]["id"]
     assert rest[-1]["spec"]["ledgerMark"] == CALLS
+
+    # The same from the source's archive, once the source expired and was deleted: the copy comes from
+    # the archived checkpoint index, the fork reads the source's manifest and blobs where they are.
+    patch_spec(kube, ns, "source", {"ttlSecondsAfterFinished": 0})
+    wait_for(lambda: gone(kube, ns, "source"), timeout=60, what="the source archived and deleted")
+    create_run(kube, ns, react_run("later", log, local_cluster, forkFrom=fork_from))
+    later = wait_phase(kube, ns, "later", {"Succeeded", "Failed", "NeedsReconciliation"})
+    assert later["status"]["phase"] == "Succeeded", (later["status"], operator.log_tail())
+    assert later["status"]["result"] == source["status"]["result"]
+    assert later["status"]["fork"]["archived"] is True and later["status"]["fork"]["inherited"] == 1
+    assert sends(log)[2 * CALLS - 1 :] == [f"later-a1 send {call}" for call in range(1, CALLS)]
