@@ -106,6 +106,12 @@ def decide_fork(source: ForkSourceView | None, run: Run | None = None) -> Any:
         (view(checkpoint=checkpoint(kind="Journal")), None, fork.INVALID, "is a Journal checkpoint"),
         (view(checkpoint=checkpoint(mark=None)), None, fork.INVALID, "records no ledger mark"),
         (view(checkpoint=checkpoint(deltaBase="source-a1-s1")), None, fork.INVALID, "deltas"),
+        (
+            view(checkpoint=checkpoint(thread={"id": SOURCE, "ns": "tools:6f1c"})),
+            None,
+            fork.INVALID,
+            "a checkpoint of a subgraph (checkpoint namespace 'tools:6f1c')",
+        ),
         (view(), fork_run(run=FORK), fork.INVALID, "names this Run itself (fork)"),
     ],
 )
@@ -180,6 +186,17 @@ def test_a_fork_copies_the_checkpoint_inherits_up_to_the_mark_then_resumes_from_
     assert attempt["spec"]["resumeFrom"] == "fork-a0-s2"
     assert attempt["spec"]["reason"] == "initial"
     assert of_type(plan, WriteLease)[0].epoch == 1
+
+
+def test_a_langgraph_checkpoint_of_the_root_graph_is_forked_with_its_thread_as_it_is() -> None:
+    thread = {"id": SOURCE, "ns": ""}
+    plan = decide_fork(view(checkpoint=checkpoint(thread=thread), side_effects=[record("k1", 1)]))
+
+    assert kinds(plan)[:2] == ["CreateCheckpoint", "CreateSideEffect"]
+    copy = of_type(plan, CreateCheckpoint)[0].body
+    assert copy["spec"]["thread"] == thread  # run_graph in the fork continues it on the fork's own thread
+    assert copy["spec"]["ledgerMark"] == MARK
+    assert copy["spec"]["stateRef"]["key"].startswith(f"agentrun/{NAMESPACE}/{SOURCE_UID}/")
 
 
 def test_records_without_a_ledger_sequence_are_inherited_so_nothing_is_repeated() -> None:

@@ -62,6 +62,13 @@ class RunStore:
         run = self._session.run or await self._session.read_run()
         return answered_request(run, await self._session.read_attempt())
 
+    async def ledger_mark(self) -> int:
+        """The Run's ledger as it stands now: the highest SideEffect ledgerSequence opened so far (0: none),
+        as ctx.checkpoint records it in a State checkpoint's spec.ledgerMark. A fork from a checkpoint
+        inherits exactly its source's records up to this mark, so an integration records it on every
+        State checkpoint it saves (one read per Attempt, then counted here)."""
+        return await self._session.ledger_position()
+
     async def fenced_status_write(self, patch: dict[str, Any], what: str) -> Run:
         """Writes `patch` into the Run's status if this Attempt still holds the Run (its lease epoch and
         cancel epoch), as ctx.checkpoint moves status.latestCheckpoint; returns the Run written. A lost
