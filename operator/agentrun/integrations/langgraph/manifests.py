@@ -30,9 +30,9 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from agentrun.statestore import BlobRef
 from agentrun.statestore.documents import decode_document, encode_document
@@ -71,6 +71,7 @@ _LIST_CACHE: Final = 16
 
 JsonDict = dict[str, Any]
 Typed = tuple[str, bytes]
+T = TypeVar("T")
 
 
 class Serde(Protocol):
@@ -653,10 +654,14 @@ async def write_manifest(
     versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
     channels: JsonDict = {}
     refs: list[BlobRef] = []
-    for name in sorted(values):
-        built = await writer.channel(name, values[name], versions.get(name), name in new_versions)
-        channels[name] = built.entry
-        refs.extend(built.refs)
+    names = sorted(values)
+    # Each channel's blobs are put at once (independent puts); the manifest that names them, after all.
+    built = await all_of(
+        [writer.channel(name, values[name], versions.get(name), name in new_versions) for name in names]
+    )
+    for name, channel in zip(names, built, strict=True):
+        channels[name] = channel.entry
+        refs.extend(channel.refs)
     core = {k: v for k, v in checkpoint.items() if k != "channel_values"}
     writes = []
     for write in parent.writes:
@@ -677,6 +682,16 @@ async def write_manifest(
         body["parentManifest"] = parent.manifest.ref.sha256
         refs.append(parent.manifest.ref)
     return await blobs.put_document(MANIFEST_KIND, refs, body)
+
+
+async def all_of(coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Runs independent coroutines at once and waits for every one; the first failure is raised once
+    all have ended (none is left running behind the caller)."""
+    done = await asyncio.gather(*coroutines, return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return done  # type: ignore[return-value]
 
 
 def _typed_json(typed: Typed) -> JsonDict:

@@ -844,8 +844,9 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 digest = manifests.sha256(typed[1])
                 blobs.remember_value(digest, value)
                 staged.append(Applied(task_path, task_id, idx, channel, typed[0], digest))
-            for idx, channel, _, typed in serialized:
-                stored, _ = await blobs.store_value(typed)
+            # the values' puts at once (independent); the Writes object that names them, after all
+            puts = await manifests.all_of([blobs.store_value(typed) for _, _, _, typed in serialized])
+            for (idx, channel, _, _), (stored, _) in zip(serialized, puts, strict=True):
                 entries.append([idx, channel, stored])
         labels = {
             KIND_LABEL: "Writes",
