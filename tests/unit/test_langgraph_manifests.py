@@ -105,7 +105,7 @@ class Thread:
 
 def test_a_manifest_reads_back_the_checkpoint_it_was_written_from() -> None:
     thread = Thread()
-    for n in range(2 * SEGMENTS_PER_NODE + 7):  # long enough for the list's first segments to fill a list document
+    for n in range(2 * SEGMENTS_PER_NODE + 7):  # long enough for a list document
         manifest = thread.superstep(n)
     checkpoint = thread.read(manifest)
     assert checkpoint["channel_values"]["messages"] == thread.messages
