@@ -206,8 +206,11 @@ class _Item:
 
 
 def _fields(item: Any) -> tuple[Any, ...]:
+    """An object's attribute values (a pydantic model's fields, and its extra fields, kept apart)."""
     attributes = getattr(item, "__dict__", None)
-    return tuple(attributes.values()) if isinstance(attributes, dict) else ()
+    found = tuple(attributes.values()) if isinstance(attributes, dict) else ()
+    extra = getattr(item, "__pydantic_extra__", None)
+    return (*found, *extra.values()) if isinstance(extra, dict) else found
 
 
 @dataclass
