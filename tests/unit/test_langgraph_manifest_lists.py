@@ -2,7 +2,8 @@
 
 - A new version of a list that starts with the very items the saver stored or read back is recognized
   without serializing them again; anything else (an item replaced, a field of one reassigned in place, a
-  saver that holds no items of that list) is compared byte for byte.
+  dict or list inside one changed in place, a saver that holds no items of that list) is compared byte
+  for byte.
 - The newest segments live in the manifest's list entry (small ones inline), up to SEGMENTS_PER_NODE or
   INLINE_NODE_BYTES, then go to a list document of their own: no list document put per superstep.
 - A list saved in format 1 (a list document per version) is read and extended.
@@ -123,6 +124,30 @@ def test_an_item_whose_field_was_reassigned_in_place_is_saved_as_it_is_now() -> 
     assert read_back(stored, second)[3].content == "changed in place"
     assert read_back(stored, second) == grown
     assert [s[1] for s in entry_of(second)["segments"]] == [11]  # written again, whole
+
+
+def test_an_item_changed_inside_a_field_in_place_is_saved_as_it_is_now() -> None:
+    stored = run_blobs()
+    blobs, serde = ThreadBlobs(stored), CountingSerde()
+    value: list[BaseMessage] = [AIMessage("call", id="a0", additional_kwargs={"note": ["kept"]}), *tool_outputs(5)]
+    first = save(blobs, serde, None, value, 1)
+    value[0].additional_kwargs["note"].append("added in place")  # no field reassigned
+    grown = [*value, AIMessage("next", id="a6")]
+    second = save(blobs, serde, first, grown, 2)
+    assert read_back(stored, second)[0].additional_kwargs == {"note": ["kept", "added in place"]}
+    assert read_back(stored, second) == grown
+
+
+def test_a_plain_dict_item_changed_in_place_is_saved_as_it_is_now() -> None:
+    stored = run_blobs()
+    blobs, serde = ThreadBlobs(stored), CountingSerde()
+    value: list[Any] = [{"role": "tool", "content": f"output {i}"} for i in range(5)]
+    first = save(blobs, serde, None, value, 1)
+    value[2]["content"] = "changed in place"
+    grown = [*value, {"role": "assistant", "content": "next"}]
+    second = save(blobs, serde, first, grown, 2)
+    assert read_back(stored, second)[2]["content"] == "changed in place"
+    assert read_back(stored, second) == grown
 
 
 def test_an_item_replaced_by_an_equal_object_is_compared_byte_for_byte() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import copy
 import hashlib
 import json
 import time
@@ -189,20 +190,34 @@ class Applied:
 
 
 class _Item:
-    """One list item as this saver stored or read it: the object and, for an object with attributes
-    (a message), the attribute values it had then (a field reassigned in place is not the stored item)."""
+    """One list item as this saver stored or read it: the object, its attribute values then (a field
+    reassigned in place is not the stored item), and a deep copy of whatever in it is mutable (a dict,
+    a list, the item itself when it is a container): a change inside those, made in place, is seen too.
+    An item whose mutable parts cannot be copied or compared is never taken as held (bytes decide)."""
 
-    __slots__ = ("fields", "item")
+    __slots__ = ("fields", "item", "mutable")
 
     def __init__(self, item: Any) -> None:
         self.item = item
         self.fields = _fields(item)
+        try:
+            self.mutable: tuple[Any, ...] | None = copy.deepcopy(_mutable_parts(item, self.fields))
+        except Exception:  # an object deepcopy cannot take: compare its bytes instead
+            self.mutable = None
 
     def holds(self, item: Any) -> bool:
-        if item is not self.item:
+        if item is not self.item or self.mutable is None:
             return False
         now = _fields(item)
-        return len(now) == len(self.fields) and all(a is b for a, b in zip(now, self.fields, strict=True))
+        if len(now) != len(self.fields) or not all(a is b for a, b in zip(now, self.fields, strict=True)):
+            return False
+        try:
+            return bool(_mutable_parts(item, now) == self.mutable)
+        except Exception:  # an __eq__ that refuses: not known to be unchanged
+            return False
+
+
+_ATOMS: Final = (str, bytes, int, float, complex, bool, type(None))
 
 
 def _fields(item: Any) -> tuple[Any, ...]:
@@ -211,6 +226,14 @@ def _fields(item: Any) -> tuple[Any, ...]:
     found = tuple(attributes.values()) if isinstance(attributes, dict) else ()
     extra = getattr(item, "__pydantic_extra__", None)
     return (*found, *extra.values()) if isinstance(extra, dict) else found
+
+
+def _mutable_parts(item: Any, fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What of an item can change without a field being reassigned: its non-atomic field values, or
+    the item itself when it has no fields (a dict or a list as a list item)."""
+    if not fields:
+        return () if isinstance(item, _ATOMS) else (item,)
+    return tuple(value for value in fields if not isinstance(value, _ATOMS))
 
 
 @dataclass
