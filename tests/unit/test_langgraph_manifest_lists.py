@@ -129,7 +129,8 @@ def test_an_item_whose_field_was_reassigned_in_place_is_saved_as_it_is_now() -> 
 def test_an_item_changed_inside_a_field_in_place_is_saved_as_it_is_now() -> None:
     stored = run_blobs()
     blobs, serde = ThreadBlobs(stored), CountingSerde()
-    value: list[BaseMessage] = [AIMessage("call", id="a0", additional_kwargs={"note": ["kept"]}), *tool_outputs(5)]
+    call = AIMessage("call", id="a0", additional_kwargs={"note": ["kept"]})
+    value: list[BaseMessage] = [call, *tool_outputs(5)]
     first = save(blobs, serde, None, value, 1)
     value[0].additional_kwargs["note"].append("added in place")  # no field reassigned
     grown = [*value, AIMessage("next", id="a6")]
