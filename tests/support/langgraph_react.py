@@ -4,7 +4,8 @@ a time until `calls` were made, a tool node answers each with `outputBytes` char
 list is LangGraph's ordinary `Annotated[list, operator.add]` (or a DeltaChannel, `delta: true`).
 
     input: {calls: 50, outputBytes: 40000, delta: false, killAt: null, ledger: false}
-The first Attempt kills itself (SIGKILL) as it starts tool call `killAt`. Every tool call appends
+The first Attempt kills itself (SIGKILL) as it starts tool call `killAt` (`build(kills=...)`: Attempt `aN`
+as it starts call `kills["aN"]`, as bench/killed_react_agent.py runs it). Every tool call appends
 "<attempt> start|end <call>" to AGENTRUN_TOOL_LOG when set. With `ledger`, each tool call is a side
 effect through the Run's ledger (agentrun.integrations.langgraph.side_effect, keyed by the task and the
 tool call id), whose send appends "<attempt> send <call>": the log counts what was sent.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import operator
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -54,8 +55,18 @@ def _record(line: str) -> None:
 
 
 def build(
-    calls: int, output_bytes: int, *, delta: bool = False, kill_at: int | None = None, ledger: bool = False
+    calls: int,
+    output_bytes: int,
+    *,
+    delta: bool = False,
+    kill_at: int | None = None,
+    kills: Mapping[str, int] | None = None,
+    ledger: bool = False,
 ) -> StateGraph[Any]:
+    """The graph; its tool kills its own process (SIGKILL) as Attempt `aN` starts call `kills["aN"]`
+    (`kill_at`: the first Attempt's)."""
+    killing = {**({"a1": kill_at} if kill_at is not None else {}), **(kills or {})}
+
     def model(state: Any) -> dict[str, Any]:
         made = calls_made(state["messages"])
         if made >= calls:
@@ -68,7 +79,7 @@ def build(
         call = int(ask.tool_calls[0]["args"]["n"])
         attempt = os.environ.get("AGENTRUN_ATTEMPT", "outside-an-attempt")
         _record(f"{attempt} start {call}")
-        if call == kill_at and attempt.endswith("-a1"):
+        if call == killing.get(attempt.rsplit("-", 1)[-1]):
             os.kill(os.getpid(), signal.SIGKILL)  # killed mid-run, its checkpoints saved so far
         _record(f"{attempt} end {call}")
         call_id = ask.tool_calls[0]["id"]

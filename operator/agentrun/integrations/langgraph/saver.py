@@ -894,9 +894,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 digest = manifests.sha256(typed[1])
                 blobs.remember_value(digest, value)
                 staged.append(Applied(task_path, task_id, idx, channel, typed[0], digest))
-            for idx, channel, _, typed in serialized:
-                stored, _ = await blobs.store_value(typed)
+            # the values' puts at once (independent); the Writes object that names them, after all
+            puts = await manifests.all_of([blobs.store_value(typed) for _, _, _, typed in serialized])
+            for (idx, channel, _, _), (stored, _) in zip(serialized, puts, strict=True):
                 entries.append([idx, channel, stored])
+        writes_state: JsonDict = {"taskId": task_id, "writes": entries}
+        if task_path:
+            writes_state["taskPath"] = task_path
         labels = {
             KIND_LABEL: "Writes",
             THREAD_LABEL: _digest(thread_id),
@@ -914,15 +918,11 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 "parent": parent,
                 "attempt": self.attempt,
                 "leaseEpoch": self.lease_epoch,
-                "step": f"langgraph:writes:{task_path or task_id}"[:128],
                 "kind": CheckpointKind.WRITES.value,
                 "thread": {"id": thread_id, "ns": ns},
-                "state": {
-                    "checkpointId": checkpoint_id,
-                    "taskId": task_id,
-                    "taskPath": task_path,
-                    "writes": entries,
-                },
+                # the checkpoint they belong to is spec.parent; no step (the task is): fewer fields
+                # than a State checkpoint, each one stored twice (the object and its managedFields)
+                "state": writes_state,
             },
         }
         await self._create(body, f"the pending writes of task {task_id} (Checkpoint {name})")
