@@ -8,7 +8,9 @@ bucket has one (its ACL no longer), and lets its root (the operator) do anything
 
 Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
 namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
-and puts the policy statement when it is not there as it should be.
+and puts the policy statement when it is not there as it should be. `take_back` (a namespace that is
+gone) takes the statements out, then deletes the users; `principals` reads back what the server holds,
+for the operator's sweep (agentrun.core.store_principals decides).
 """
 
 from __future__ import annotations
