@@ -138,10 +138,10 @@ def test_a_namespace_taken_back_loses_its_users_and_statements_and_no_other(
     its policy's principals are read back as core.store_principals reads them; the take-back removes the
     namespace's statements and users, runs again harmlessly, and leaves every other principal alone."""
     bundled = BundledStore(parse_store_url(server.url), server.credentials)
-    kept = server.namespace_credentials("team-kept")
     for namespace in ("team-went", "team-kept"):
         for access in Access:
             server.namespace_credentials(namespace, access)
+    kept = server.namespace_credentials("team-kept")  # made again: new credentials, the last ones
     went = {access_key("team-went", access) for access in Access}
     held = bundled.principals()
     assert went <= held.users and went <= held.granted
