@@ -175,10 +175,10 @@ def namespace_gone(kube: Kube, namespace: str) -> bool:
     return not kube.core.list_namespace(field_selector=f"metadata.name={namespace}").items
 
 
+@pytest.mark.usefixtures("agentrun_crds")  # an operator process: it waits for the CRDs
 def test_an_opted_in_namespace_gets_its_secrets_before_any_run_and_its_principals_go_with_it(
     kube: Kube,
     local_cluster: LocalCluster,
-    agentrun_crds: None,
     own_namespace: str,
     operator_kubeconfig: Path,
     tmp_path: Path,
@@ -211,10 +211,10 @@ def test_an_opted_in_namespace_gets_its_secrets_before_any_run_and_its_principal
     assert f"took back namespace {ns}'s principals" in log and "sweep failed" not in log
 
 
+@pytest.mark.usefixtures("agentrun_crds")  # an operator process: it waits for the CRDs
 def test_an_operator_down_while_a_namespace_is_deleted_takes_its_principals_back_when_it_starts(
     kube: Kube,
     local_cluster: LocalCluster,
-    agentrun_crds: None,
     own_namespace: str,
     operator_kubeconfig: Path,
     tmp_path: Path,
