@@ -3,7 +3,7 @@ with the bundled object store, the namespace's principals and Secrets made when 
 
 Before a Pod takes the credentials by secretKeyRef, the operator reads the Secret (by name only: its RBAC
 grants `get` on that name, never a list of the namespace's Secrets), so a missing one fails the Run with
-what to create (core.store_access) instead of leaving its Pod in CreateContainerConfigError. A namespace
+what to create (core.store_credentials) instead of leaving its Pod in CreateContainerConfigError. A namespace
 found to hold it is not asked again for a while; one found without it is asked again at the next look,
 so a Secret created since is seen at once.
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from agentrun.clock import Clock
 from agentrun.core.pods import StateStorePodEnv
-from agentrun.core.store_access import needs_secret
+from agentrun.core.store_credentials import needs_secret
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.settings import OperatorSettings
 from agentrun.statestore import StoreRefused, parse_store_url

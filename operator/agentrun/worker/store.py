@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.api import Attempt, Run
-from agentrun.core import requests
+from agentrun.core import interrupts
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.blobs import RunBlobs
 from agentrun.worker.session import Session
 
 
 def answered_request(run: Run, attempt: Attempt) -> str | None:
-    """The id of the request this Attempt brings the answer to (core.requests.answered)."""
-    answer = requests.answered(run, attempt)
+    """The id of the request this Attempt brings the answer to (core.interrupts.answered)."""
+    answer = interrupts.answered(run, attempt)
     return answer.request_id if answer else None
 
 
