@@ -35,6 +35,7 @@ from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
 from agentrun.operator.store_credentials import StoreCredentials
+from agentrun.operator.store_principals import NamespacePrincipals
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore.operatorstore import OperatorStore
@@ -83,6 +84,7 @@ class Runtime:
         self.leases = LeaseExpiry(self.cache, clock)
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing)
+        self.store_credentials = StoreCredentials.for_settings(api, clock, config)
         self.executor = Executor(
             api,
             self.cache,
@@ -106,7 +108,7 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
-            store_credentials=StoreCredentials.for_settings(api, clock, config),
+            store_credentials=self.store_credentials,
             default_ttl_seconds=config.ttl_seconds_after_finished,
             has_store=self.state_store is not None,
             archives=fork.archives_in(self.state_store),
@@ -133,6 +135,18 @@ class Runtime:
         self.activities: list[Activity] = [self.notifier, *([self.collector] if self.collector else [])]
         if self.archiver is not None and config.archive_retention_seconds is not None:
             self.activities.append(ArchiveRetention(self.archiver, config.archive_retention_seconds))
+        if self.store_credentials.bundled is not None:  # the namespaces' principals on the bundled server
+            self.activities.append(
+                NamespacePrincipals(
+                    api,
+                    self.store_credentials,
+                    self.accounts,
+                    clock=clock,
+                    interval_seconds=config.state_store_principal_sweep_seconds,
+                    namespaces=namespaces,
+                    synced=lambda: self.informers.synced,
+                )
+            )
         self.peering = (
             PeeringStanding(
                 api,
