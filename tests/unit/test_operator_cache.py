@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.operator.cache import OwnedObjects
+from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from support.clock import FakeClock
 
 RUN_LABEL = {"agentrun.dev/run": "triage"}
@@ -43,3 +43,24 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
 
     [cached] = cache.of("attempts", ("team-a", "triage"))
     assert cached["status"]["phase"] == "Succeeded"
+
+
+def account(namespace: str, name: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "labels": {"agentrun.dev/agent": "true"}}}
+
+
+def test_the_opted_in_accounts_tell_which_namespace_changed_and_which_are_opted_in() -> None:
+    """What the namespaces' principals act on (operator.store_principals): an account put, removed, or
+    gone at a relist (its namespace deleted while the watch was down) names its namespace."""
+    accounts, told = AgentAccounts(), list[str]()
+    accounts.on_change(told.append)
+
+    accounts.replace([account("a", "default"), account("b", "agents")])
+    assert accounts.namespaces() == {"a", "b"} and sorted(told) == ["a", "b"]
+    told.clear()
+    accounts.put(account("a", "second"))
+    accounts.remove(account("a", "default"))
+    assert accounts.namespaces() == {"a", "b"} and told == ["a", "a"]
+    told.clear()
+    accounts.replace([account("a", "second")])  # b's accounts are gone at the relist
+    assert accounts.namespaces() == {"a"} and told == ["a", "b"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import AGENT_SDK_TOO_OLD, Attempt, Checkpoint, FailureClass, SideEffect
-from agentrun.core.forking import ForkSourceView
+from agentrun.core.fork import ForkSourceView
 from agentrun.core.plan import CreateAttempt, CreatePod, PatchAttemptStatus
 from agentrun.core.pods import NAMESPACE_ENV, NAMESPACE_WITH_REFS_ENV, attempt_pod
 from agentrun.core.runs import World, decide
