@@ -37,7 +37,7 @@ TRUSTED_CONTROLLERS: Final = ("system:serviceaccount:kube-system:generic-garbage
 # The Run status fields an attempt Pod writes (DESIGN: the fenced commit fields); every other one is
 # the operator's. pendingRequest.expiresAt is the operator's too: it derives it on its own clock.
 WORKER_RUN_FIELDS: Final = ("result", "resultRef", "committedBy", "latestCheckpoint", "pendingRequest")
-WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId")
+WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId", "sdkReads")
 # The phases in which the current Attempt's worker runs and may write.
 WORKER_PHASES: Final = (RunPhase.RUNNING,)
 # The phases in which a Run waits for an answer: the Attempt that holds the request (hold_seconds,
@@ -269,7 +269,8 @@ def _attempt_status(operator: str) -> list[Manifest]:
     operator_fields = [f for f in _json_fields(AttemptStatus) if f not in WORKER_ATTEMPT_FIELDS]
     return _policy(
         f"attempt-status.{GROUP}",
-        "Attempt status: a Pod writes only its own Attempt, and only rejectedCommit, usage and traceId.",
+        "Attempt status: a Pod writes only its own Attempt, and only rejectedCommit, usage, traceId and "
+        "sdkReads.",
         rules=[_rule(GROUP, ["attempts/status"], ["UPDATE"])],
         variables=[
             _variable("podName", POD_NAME),

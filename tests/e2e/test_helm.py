@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 import urllib.request
 import uuid
@@ -30,6 +31,7 @@ from agentrun.deploy import render
 from devcluster.processes import free_port
 from e2e.conftest import Target
 from support.corpus import REPO
+from support.history import previous_chart, previous_sdk
 from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, create_run, get_run, wait_phase
@@ -43,6 +45,9 @@ AGENT_SERVICE_ACCOUNT = "agentrun-agent"
 HOSTILE_AGENT = REPO / "tests" / "support" / "hostile_agent.py"
 PEERING = "agentrun"
 LIFETIME_SECONDS = 15
+# The images of the release before the state store, for its upgrade on a cluster other than the local one.
+PREVIOUS_OPERATOR_IMAGE_ENV = "AGENTRUN_E2E_PREVIOUS_OPERATOR_IMAGE"
+PREVIOUS_AGENT_IMAGE_ENV = "AGENTRUN_E2E_PREVIOUS_AGENT_IMAGE"
 E2E_COLUMN = "E2E Generation"  # the printer column the upgraded chart's Run CRD adds
 CHART_CRDS = [
     *(crd["metadata"]["name"] for crd in crdgen.custom_resource_definitions()),
@@ -672,3 +677,103 @@ def test_cluster_wide_release_serves_every_namespace(release: Release) -> None:
     assert "Phase:          Succeeded" in result.stdout, result.stdout
     uninstall_and_wait(release, "cluster-wide: uninstall, last Pod gone")
     print(f"\ne2e timings (s): {json.dumps({k: round(v, 1) for k, v in release.timings.items()})}")
+
+
+def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
+    release: Release, tmp_path: Path
+) -> None:
+    """The release before the state store (its chart, and on the local control plane its operator and
+    agent SDK: support.history) is installed, two Runs wait for people under it (InputRequired,
+    AuthRequired), and `helm upgrade` to this chart keeps them: answered after it, they resume, one with
+    the agent image they started with, one with today's. On another cluster the chart is upgraded with
+    the images of AGENTRUN_E2E_PREVIOUS_OPERATOR_IMAGE and AGENTRUN_E2E_PREVIOUS_AGENT_IMAGE (default: the
+    current ones, so the chart alone is upgraded)."""
+    kube, ns, target = release.kube, release.namespace, release.target
+    if release.installed:  # run on its own: the module's release goes first (same name: the CRDs' owner)
+        uninstall_and_wait(release, "uninstall before the previous release")
+    chart = previous_chart(tmp_path / "chart")
+    old_sdk = previous_sdk(tmp_path / "sdk") if target.local else None
+    old_env = [{"name": "PYTHONPATH", "value": str(old_sdk)}] if old_sdk else []
+    previous_images = Release(
+        Target(
+            target.kube,
+            target.helm_path,
+            target.helm_home,
+            os.environ.get(PREVIOUS_OPERATOR_IMAGE_ENV, target.operator_image),
+            os.environ.get(PREVIOUS_AGENT_IMAGE_ENV, target.agent_image),
+            target.node_pods,
+        ),
+        ns,
+        release.other_namespace,
+        release.health_port,
+        release.metrics_port,
+    )
+    values = [
+        f"--namespace={ns}",
+        f"--set=watchNamespaces={{{ns}}}",
+        "--set=crds.install=true",
+        "--set=peering.installCrds=true",
+        "--set=admission.install=true",
+        "--set=replicaCount=1",
+        f"--set=health.port={release.health_port}",
+        f"--set=metrics.port={release.metrics_port}",
+        f"--set=peering.lifetimeSeconds={LIFETIME_SECONDS}",
+        "--wait",
+        "--timeout=120s",
+    ]
+    previous_operator = [  # the previous operator's code, first on its Pod's PYTHONPATH (local node)
+        f"--set-string=operator.extraEnv[{i}].{key}={value}"
+        for i, env in enumerate(old_env)
+        for key, value in env.items()
+    ]
+    started = time.monotonic()
+    target.helm("install", RELEASE, str(chart), *values, *previous_operator, *previous_images.image_values())
+    release.installed = True
+    waiting = {"upgrade-input": "InputRequired", "upgrade-auth": "AuthRequired"}
+    for name, phase in waiting.items():
+        run = echo_run(name, previous_images.target.agent_image, "")
+        run["spec"]["agent"]["command"] = ["python", "-m", "agentrun.examples.scenario"]
+        run["spec"]["agent"]["env"] = old_env
+        reason = "input_required" if phase == "InputRequired" else "auth_required"
+        ask = {"atStep": 2, "reason": reason, "prompt": f"{name}?", "schema": {"type": "object"}}
+        run["spec"]["input"] = {"steps": 3, "ask": ask}
+        create_run(kube, ns, run)
+    pending = {}
+    for name, phase in waiting.items():
+        run = wait_phase(kube, ns, name, {phase, "Failed", "Succeeded"}, timeout=120)
+        assert run["status"]["phase"] == phase, run["status"]
+        pending[name] = run["status"]["pendingRequest"]
+
+    target.helm("upgrade", RELEASE, str(CHART), *values, *release.image_values())
+    release.timings["previous release: install, two Runs waiting, upgrade"] = time.monotonic() - started
+    started = time.monotonic()
+    # one keeps the image it started with, the other moves to today's (spec.agent may change)
+    current = {**get_run(kube, ns, "upgrade-auth")["spec"]["agent"], "image": target.agent_image, "env": []}
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, ns, "runs", "upgrade-auth", {"spec": {"agent": current}}
+    )
+    for name, request in pending.items():
+        resume = {
+            "requestId": request["requestId"],
+            "checkpointId": request["checkpointId"],
+            "value": {"answered": name},
+            "idempotencyKey": f"{name}-answer",
+        }
+        answer = {"spec": {"resume": resume}}
+        kube.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "runs", name, answer)
+    for name in waiting:
+        done = wait_phase(kube, ns, name, {"Succeeded", "Failed", "NeedsReconciliation"}, timeout=120)
+        assert done["status"]["phase"] == "Succeeded", (name, done["status"])
+        result = done["status"]["result"]
+        assert result["answer"] == {"answered": name}
+        assert (result["attempt"], result["resumedAt"]) == (f"{name}-a2", 1), "from its checkpoint"
+        second = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "attempts", f"{name}-a2")
+        assert "stateInStore" not in second["spec"], "written inline by the previous release"
+    release.timings["after the upgrade: both answered Runs Succeeded"] = time.monotonic() - started
+    uninstall_and_wait(release, "uninstall after the upgrade")
+    mine = (
+        "previous release: install, two Runs waiting, upgrade",
+        "after the upgrade: both answered Runs Succeeded",
+        "uninstall after the upgrade",
+    )
+    print(f"\nupgrade e2e timings (s): {json.dumps({k: round(release.timings[k], 1) for k in mine})}")

@@ -16,6 +16,7 @@ from agentrun.api.attempt import (
     LogTail,
     RejectedCommit,
     RejectedCommitReason,
+    SdkRead,
     StartKind,
     StartReason,
 )
@@ -29,6 +30,7 @@ from agentrun.api.checkpoint import (
     Thread,
 )
 from agentrun.api.common import (
+    AGENT_SDK_TOO_OLD,
     API_VERSION,
     GROUP,
     MAX_RUN_NAME_LENGTH,
@@ -125,6 +127,7 @@ from agentrun.api.usage import Usage
 
 __all__ = [
     "AGENT_LABEL",
+    "AGENT_SDK_TOO_OLD",
     "API_VERSION",
     "ATTEMPT_ANNOTATION",
     "ATTEMPT_INPUT_ANNOTATION",
@@ -215,6 +218,7 @@ __all__ = [
     "RunReport",
     "RunSpec",
     "RunStatus",
+    "SdkRead",
     "Send",
     "SendOutcome",
     "SideEffect",

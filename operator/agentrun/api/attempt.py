@@ -163,6 +163,20 @@ class AttemptSpec(ApiModel):
         "agent is not asked again); for a compensation Attempt, {effects: [idempotency keys]} when only "
         f"those effects are compensated. At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON.",
     )
+    state_in_store: bool | None = Field(
+        None,
+        description="True when the Run's state may be (partly) in the agent-state store, by reference "
+        "(a Checkpoint's stateRef, a SideEffect's resultRef, an earlier Attempt whose SDK stated it reads "
+        "them): the Pod then gets its namespace as AGENTRUN_NAMESPACE_WITH_REFS instead of "
+        "AGENTRUN_NAMESPACE, so an SDK that predates the store stops before it reads anything, and the "
+        "Attempt must state BlobRefs in status.sdkReads (else it ends with reason AgentSDKTooOld).",
+    )
+
+
+class SdkRead(StrEnum):
+    """What an agent's SDK can read, as it states at its start (Attempt status.sdkReads)."""
+
+    BLOB_REFS = "BlobRefs"  # values in the agent-state store by reference (BlobRef), verified on read
 
 
 class AttemptFailure(FailureInfo):
@@ -267,6 +281,13 @@ class AttemptStatus(ApiModel):
         pattern=r"^[A-Za-z0-9-]+$",
         description="Trace id of the Attempt's work (the W3C trace id of its Run, 32 hex digits), to find "
         "it in the tracing backend.",
+    )
+    sdk_reads: list[SdkRead] | None = Field(
+        None,
+        max_length=8,
+        description="What the agent's SDK reads, as it stated at its start, before it read any state "
+        "(written by the Attempt's own Pod): BlobRefs, values in the agent-state store by reference. An SDK "
+        "that states nothing predates the state store and is never given a Run whose state is there.",
     )
     log_tail: LogTail | None = Field(
         None,

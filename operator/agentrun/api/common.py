@@ -163,6 +163,10 @@ class FailureClass(StrEnum):
 # The failure reason of a state that cannot be read back and verified (a blob or an ancestor missing, a
 # digest that does not match): the Run stops for a person (NeedsReconciliation), never retried on its own.
 STATE_UNVERIFIABLE: Final = "StateUnverifiable"
+# The failure reason of an Attempt whose Run's state may be in the state store and whose SDK did not state
+# that it reads references (Attempt status.sdkReads): an image whose SDK predates the store. The Run stops
+# for a person (NeedsReconciliation) until spec.agent names a newer image and a retry is asked for.
+AGENT_SDK_TOO_OLD: Final = "AgentSDKTooOld"
 
 
 # --- shared models ------------------------------------------------------------------------------------

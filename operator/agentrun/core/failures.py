@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api import AttemptFailure, FailureClass
+from agentrun.api import AGENT_SDK_TOO_OLD, AttemptFailure, FailureClass
 
 EX_TEMPFAIL = 75  # sysexits.h: "temporary failure, try again later"
 _SIGNAL_BASE = 128
@@ -113,6 +113,36 @@ def _killed(end: ContainerExit) -> str | None:
     if end.exit_code > _SIGNAL_BASE:  # SIGKILL, SIGTERM...
         return f"the agent process was killed by signal {end.exit_code - _SIGNAL_BASE}"
     return None
+
+
+def unreported_crash(end: ContainerExit, failed: AttemptFailure) -> bool:
+    """The agent container failed on its own (not killed, not transient) and wrote no SDK report: e.g.
+    an SDK that stopped before it knew its Attempt."""
+    return (
+        failed.failure_class == FailureClass.DETERMINISTIC
+        and _reported_by_sdk(end.message, end.exit_code) is None
+    )
+
+
+def sdk_too_old(failed: AttemptFailure) -> AttemptFailure:
+    """An Attempt started with stateInStore ended without its SDK stating that it reads references
+    (status.sdkReads): its image's SDK predates the state store (it stops at once: its Pod has no
+    AGENTRUN_NAMESPACE), or the agent stopped before its SDK started. The end of what it printed is kept
+    (the log's last lines, where a traceback ends)."""
+    message = (
+        "this Run's state may be in the state store, and the Attempt's SDK did not state that it reads "
+        "references (Attempt status.sdkReads): the agent image's agentrun-k8s predates the state store, or "
+        f"the agent stopped before its SDK started (it ended: ...{(failed.message or '')[-400:]})"
+    )
+    return AttemptFailure.model_validate(
+        {
+            "class": FailureClass.DETERMINISTIC,
+            "reason": AGENT_SDK_TOO_OLD,
+            "message": message[:1024],
+            "fingerprint": fingerprint(FailureClass.DETERMINISTIC, AGENT_SDK_TOO_OLD),
+            "exitCode": failed.exit_code,
+        }
+    )
 
 
 def pod_lost() -> AttemptFailure:

@@ -47,6 +47,13 @@ DOWNWARD_FIELDS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+# An Attempt whose Run's state may be in the state store (spec.stateInStore) gets its namespace under
+# this name instead of AGENTRUN_NAMESPACE: an SDK that reads references takes either; every SDK that
+# predates the store requires AGENTRUN_NAMESPACE and stops at once without it (NotInAttemptPod), before
+# it sends a request, so it never reads an object whose value is only a reference.
+NAMESPACE_ENV: Final = "AGENTRUN_NAMESPACE"
+NAMESPACE_WITH_REFS_ENV: Final = "AGENTRUN_NAMESPACE_WITH_REFS"
+
 STATE_STORE_URL_ENV: Final = "AGENTRUN_STATE_STORE_URL"
 # The credentials an attempt Pod takes from its namespace's Secret, by the store's URL scheme: each is a
 # key of the Secret and the variable the store's client reads (optional ones may be absent: temporary
@@ -134,12 +141,16 @@ def attempt_pod(run: Run, attempt: Attempt, state_store: StateStorePodEnv | None
     user_env = [e.to_api() for e in agent.env or []]
     # The Attempt's span in the Run's trace: the SDK's spans (steps, side effects, commit) are its children.
     trace = run_trace(str(run.metadata.uid or run.metadata.name), run.metadata.annotations)
+    downward = DOWNWARD_FIELDS
+    if attempt.spec.state_in_store:  # only an SDK that reads references finds its namespace
+        downward = tuple((NAMESPACE_WITH_REFS_ENV if e == NAMESPACE_ENV else e, p) for e, p in downward)
     ours: list[dict[str, Any]] = [
-        *({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}} for env, path in DOWNWARD_FIELDS),
+        *({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}} for env, path in downward),
         {"name": TRACEPARENT_ENV, "value": trace.attempt(name).traceparent()},
         *(state_store.env() if state_store is not None else ()),
     ]
-    reserved = {e["name"] for e in ours}
+    # AGENTRUN_NAMESPACE is never the agent's to set: withheld, it must stay absent
+    reserved = {e["name"] for e in ours} | {NAMESPACE_ENV}
     container["env"] = [
         *ours,
         *[e for e in container.get("env") or [] if e.get("name") not in reserved],

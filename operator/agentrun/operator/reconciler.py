@@ -19,6 +19,7 @@ from agentrun.core.identity import Account, account_refusal, agent_account, may_
 from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
+from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
@@ -83,6 +84,9 @@ class Reconciler:
         # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
         # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
         self._refused_pods: dict[Key, dict[str, str]] = {}
+        # The uid of the newest ended Attempt of each Run read fresh from the API server and found
+        # without the SDK's statement that it reads references (status.sdkReads): not read again.
+        self._undeclared: dict[Key, str] = {}
 
     # ---- what feeds the queue -------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class Reconciler:
         self._stale.discard(key)
         self._refused.pop(key, None)
         self._refused_pods.pop(key, None)
+        self._undeclared.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
 
@@ -251,6 +256,7 @@ class Reconciler:
             for a in (Attempt.model_validate(o) for o in self._owned("attempts", key, uid, controller=True))
         }
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
+        await self._fresh_statement(key, attempts, pods)
         lease = self.leases.lease(key)
         refused = self._refused_pods.get(key, {})
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
@@ -283,6 +289,30 @@ class Reconciler:
             has_store=self.has_store,
             fork_source=fork_source,
         )
+
+    async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
+        """The newest Attempt, once it has ended, as the API server has it when the cache shows no
+        statement of its SDK that it reads references: an SDK states it first, before it writes any, so
+        an Attempt read after its end shows every statement that counts (core: state_in_store, the
+        AgentSDKTooOld verdict), whatever the watch's lag. One read per ended Attempt, with a store."""
+        if not self.has_store or not attempts:
+            return
+        number = max(attempts)
+        attempt = attempts[number]
+        name, attempt_uid = str(attempt.metadata.name), str(attempt.metadata.uid)
+        pod = pods.get(name)
+        ended = attempt.status.phase in FINISHED_ATTEMPT_PHASES or (pod is not None and pod.finished)
+        if not ended or reads_refs(attempt) or self._undeclared.get(key) == attempt_uid:
+            return
+        namespace = str(attempt.metadata.namespace)
+        body = await self.api.get(self.api.custom_path("attempts", namespace, name))
+        if body is None:
+            return
+        fresh = Attempt.model_validate(body)
+        if fresh.metadata.uid == attempt.metadata.uid:
+            attempts[number] = fresh
+        if not reads_refs(fresh):
+            self._undeclared[key] = attempt_uid
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:
         return [o for o in self.cache.of(kind, key) if owned_by(o, uid, controller=controller)]

@@ -105,11 +105,16 @@ async def run_attempt(
     # The cancel watch first: its first event is the Run (no read). The Attempt is read only when it
     # carries an input value; the rest of it is on the Pod's annotations (session.read_attempt).
     watcher = asyncio.create_task(session.watch_cancel())
+    # What this SDK reads (references into the state store), stated on its Attempt before any state is
+    # read, beside the watch's first event: the operator gives a Run whose state may be in the store only
+    # to an SDK that states it.
+    stating = asyncio.create_task(session.state_what_it_reads())
     try:
         run = await session.first_run()
         if fence_violation(run, session.me.lease_epoch, session.me.cancel_epoch) == STALE_WORKER:
             raise LeaseLost(f"the Run's lease epoch is {run.status.lease_epoch}, not this worker's")
         attempt = await session.read_attempt()
+        await stating
         compensating = attempt.spec.reason == AttemptReason.COMPENSATE
         resume_from = None if compensating else session.me.resume_from
         resumed = await session.load_checkpoint(resume_from) if resume_from else None
@@ -117,6 +122,7 @@ async def run_attempt(
         resumed_state = await session.checkpoint_state(resumed) if resumed else None
     except BaseException:
         watcher.cancel()
+        stating.cancel()
         raise
     if compensating:
 
@@ -217,6 +223,8 @@ def main(
     settling open records with `lookups` (by tool: fn(idempotency key) -> result or None)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     me = Identity.from_env()
+    # the agent's own code finds its namespace where it always did, however the Pod was given it
+    os.environ.setdefault("AGENTRUN_NAMESPACE", me.namespace)
 
     async def session_main() -> int:
         api = KubeApi()

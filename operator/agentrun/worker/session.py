@@ -16,7 +16,17 @@ import logging
 from typing import Any
 
 from agentrun import kubewatch
-from agentrun.api import API_VERSION, RUN_LABEL, Attempt, Checkpoint, CheckpointKind, Run, Usage, lease_name
+from agentrun.api import (
+    API_VERSION,
+    RUN_LABEL,
+    Attempt,
+    Checkpoint,
+    CheckpointKind,
+    Run,
+    SdkRead,
+    Usage,
+    lease_name,
+)
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, RESULT_BUDGET, over_budget
 from agentrun.api.causes import RefusalCause
 from agentrun.core.fence import fence_violation, refusal_cause
@@ -293,6 +303,22 @@ class Session:
         """ctx.state as the Checkpoint saved it: inline, or its blob read and verified."""
         spec = checkpoint.spec
         return await self.value_of(spec.state, spec.state_ref, f"checkpoint {spec.id}")
+
+    async def state_what_it_reads(self) -> None:
+        """States on this worker's Attempt, before it reads any state, that this SDK reads values in the
+        state store by reference (status.sdkReads): the operator gives a Run whose state may be there
+        only to Attempts that state it (an SDK that predates the store states nothing). Sent when the
+        Pod was started so (AGENTRUN_NAMESPACE_WITH_REFS) or may write references (a store configured);
+        an Attempt that is gone is a lost lease."""
+        if not (self.me.state_in_store or self.state_store is not None):
+            return
+        path = self.api.custom_path("attempts", self.me.namespace, self.me.attempt, "status")
+        try:
+            await self.api.merge_patch(path, {"status": {"sdkReads": [SdkRead.BLOB_REFS.value]}})
+        except ApiError as exc:
+            if exc.status == 404:
+                raise LeaseLost(f"Attempt {self.me.attempt} does not exist") from None
+            raise
 
     async def write_usage(self, usage: Usage) -> None:
         """This Attempt's usage totals (absolute values: a repeated write changes nothing)."""

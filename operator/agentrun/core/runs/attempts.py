@@ -19,7 +19,7 @@ from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.pods import PodView
 from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.failures import after_failure
-from agentrun.core.runs.grants import pod_created
+from agentrun.core.runs.grants import pod_created, reads_refs
 from agentrun.core.runs.promises import create_promised
 from agentrun.core.runs.stopping import finish_lost, lease_lost, revoked
 from agentrun.core.runs.transition import (
@@ -268,7 +268,16 @@ def take_over(w: World, attempt: Attempt, pod: PodView | None, failure: AttemptF
 def conclude(w: World, attempt: Attempt, pod: PodView) -> Transition:
     """The agent container ended: what did the Attempt achieve?"""
     status, name = w.run.status, str(attempt.metadata.name)
-    failure = failures.classify_exit(container_end(pod))
+    end = container_end(pod)
+    failure = failures.classify_exit(end)
+    # it stopped on its own, no SDK reported why, and none stated that it reads references
+    if (
+        failure is not None
+        and attempt.spec.state_in_store
+        and not reads_refs(attempt)
+        and failures.unreported_crash(end, failure)
+    ):
+        failure = failures.sdk_too_old(failure)
     if failure is None:
         if status.committed_by is not None and status.committed_by.attempt == name:
             return finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(

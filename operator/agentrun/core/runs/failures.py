@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentrun.api import (
+    AGENT_SDK_TOO_OLD,
     STATE_UNVERIFIABLE,
     AttemptFailure,
     AttemptPhase,
@@ -31,6 +32,8 @@ def after_failure(
         return failed.then(_needs_reconciliation(w, failure, **fields))
     if failure.reason == STATE_UNVERIFIABLE:
         return failed.then(_state_unverifiable(failure, **fields))
+    if failure.reason == AGENT_SDK_TOO_OLD:
+        return failed.then(_sdk_too_old(failure, **fields))
     history = [*(w.failure_of(n) for n in range(1, number)), failure]
     decision = decide_retry(
         run.spec.retry, attempts_in_series(w, number), history, seed=str(run.metadata.uid)
@@ -71,6 +74,22 @@ def _state_unverifiable(failure: AttemptFailure, **fields: Any) -> Transition:
         STATE_UNVERIFIABLE,
         message,
         failure=_failure(failure, STATE_UNVERIFIABLE),
+        **fields,
+    ).then(event("Warning", "NeedsReconciliation", message))
+
+
+def _sdk_too_old(failure: AttemptFailure, **fields: Any) -> Transition:
+    """An image whose SDK predates the state store was given a Run whose state may be there: it stopped
+    before it read anything; the same image would stop again, so no retry policy applies."""
+    message = (
+        f"{failure.message}; set spec.agent to an image whose SDK reads the state store (agentrun-k8s with "
+        "the state store), then ask for a retry (spec.retryRequest)"
+    )
+    return set_phase(
+        RunPhase.NEEDS_RECONCILIATION,
+        AGENT_SDK_TOO_OLD,
+        message,
+        failure=_failure(failure, AGENT_SDK_TOO_OLD),
         **fields,
     ).then(event("Warning", "NeedsReconciliation", message))
 

@@ -4,6 +4,7 @@ not bound to the attempt role)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from agentrun.api import (
@@ -13,6 +14,8 @@ from agentrun.api import (
     FailureClass,
     PodGC,
     RunPhase,
+    SdkRead,
+    SideEffect,
     StartReason,
     attempt_name,
 )
@@ -124,6 +127,38 @@ def tails_first(w: World, pods: list[PodView]) -> list[SaveLogTail]:
     ]
 
 
+def reads_refs(attempt: Attempt) -> bool:
+    """Whether the Attempt's SDK stated that it reads values in the state store by reference."""
+    return SdkRead.BLOB_REFS in (attempt.status.sdk_reads or ())
+
+
+def state_in_store(w: World) -> bool:
+    """Whether the Run's state may be (partly) in the state store, by reference, so that an SDK that
+    predates the store must not be given it: a reference seen in what the Run owns (a Checkpoint's
+    stateRef, a SideEffect's resultRef, the result, a fork's source), or an earlier
+    Attempt that was started so or whose SDK stated it reads references (it may have written one the
+    cache shows later). Once true for a Run, it stays true: an Attempt keeps its spec."""
+    run, source = w.run, w.fork_source
+    from_fork = run.spec.fork_from is not None and source is not None
+    return (
+        run.status.result_ref is not None
+        or any(a.spec.state_in_store or reads_refs(a) for a in w.attempts.values())
+        or any(c.spec.state_ref is not None for c in w.checkpoints)
+        or _results_stored(w.side_effects)
+        or (
+            from_fork
+            and source is not None
+            and source.checkpoint is not None
+            and source.checkpoint.spec.state_ref is not None
+        )
+        or (from_fork and source is not None and _results_stored(source.side_effects))
+    )
+
+
+def _results_stored(records: Sequence[SideEffect]) -> bool:
+    return any(e.status is not None and e.status.result_ref is not None for e in records)
+
+
 def attempt_object(
     w: World, number: int, epoch: int, reason: str, input_value: Any, *, resume_from: str | None
 ) -> Attempt:
@@ -135,6 +170,8 @@ def attempt_object(
         "cancelEpoch": run.spec.cancel_epoch,
         "reason": reason,
     }
+    if state_in_store(w):
+        spec["stateInStore"] = True
     if resume_from:
         spec["resumeFrom"] = resume_from
     if input_value is not None:
