@@ -1,6 +1,7 @@
 """core.plan.consistency_of for what a finished Run leaves behind (core.runs.compaction): the log tail of a
 stopped Pod, that Pod deleted (spec.podGC), the Run's Lease deleted with the Event that says so. Right on
-any view of the Run, so they cost no fresh read of it; every other write keeps needing one."""
+any view of the Run, so they cost no fresh read of it; every other write keeps needing one. And an
+Attempt that ends with its Pod stopped, collected at its end, records its log tail in the same write."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from agentrun.core.plan import (
     Consistency,
     DeleteLease,
     DeletePod,
+    PatchAttemptStatus,
     RecordEvent,
     SaveLogTail,
     consistency_of,
 )
 from agentrun.core.runs import World, decide
-from unit.factories import ended_pod, failed_attempt, held_by, kinds, make_run, name_of, of_type, run_status
-from unit.run_worlds import stopped
+from unit.factories import (
+    committed_by,
+    ended_pod,
+    failed_attempt,
+    held_by,
+    kinds,
+    make_run,
+    name_of,
+    of_type,
+    run_status,
+)
+from unit.run_worlds import stopped, supervising
 
 
 def ended_run(*, lease: bool, log_tail: bool, pod: bool = True) -> World:
@@ -94,3 +106,34 @@ def test_anything_else_still_needs_the_run_read_first(actions: list[Action]) -> 
 
 def test_collected_says_how_a_pod_is_deleted_not_what_is_written() -> None:
     assert DeletePod("p", collected=True) == DeletePod("p")
+
+
+# ---- the log tail kept with the Attempt's end ----------------------------------------------------------
+
+
+def ending(**spec: str) -> PatchAttemptStatus:
+    """The write that ends Attempt 1 (committed), its Pod stopped (exit 0)."""
+    world = supervising(
+        pod=ended_pod(1, 0),
+        spec=dict(spec),
+        committedBy=committed_by(1, 1),
+        result={"ticket": "T-1"},
+    )
+    [end] = [a for a in of_type(decide(world), PatchAttemptStatus) if "phase" in a.patch]
+    assert end.patch["phase"] == "Succeeded"
+    return end
+
+
+def test_an_attempt_whose_pod_is_collected_at_its_end_keeps_its_log_tail_in_the_same_write() -> None:
+    assert ending(podGC="OnAttemptEnd").log_tail_of == name_of(1)
+
+
+@pytest.mark.parametrize("policy", ["OnRunEnd", "Never"])
+def test_a_pod_not_collected_at_the_attempts_end_has_no_tail_read_with_it(policy: str) -> None:
+    assert ending(podGC=policy).log_tail_of is None
+
+
+def test_an_attempt_ended_with_its_pod_gone_or_still_going_reads_no_tail() -> None:
+    world = supervising(pod=None)
+    ends = [a for a in of_type(decide(world), PatchAttemptStatus) if "phase" in a.patch]
+    assert ends and all(a.log_tail_of is None for a in ends)

@@ -46,6 +46,10 @@ class PatchAttemptStatus:
     name: str
     patch: JsonDict
     expected_resource_version: str | None = None
+    # The stopped Pod whose log tail goes into the same patch (status.logTail), as far as it can be read
+    # now: an Attempt ending with its Pod collected at its end (spec.podGC OnAttemptEnd) records its end
+    # and its tail in one write. A log that cannot be read now is left to SaveLogTail, later.
+    log_tail_of: str | None = None
 
 
 @dataclass(frozen=True)
