@@ -45,7 +45,8 @@ def client_of(event: dict[str, object]) -> str:
 
 
 def audited(path: Path, since: str, until: str) -> Counter[tuple[str, str, str]]:
-    """(client, verb, resource) of the requests completed between two audit timestamps."""
+    """(client, verb, resource) of the requests completed between two audit timestamps (the response code
+    after the resource unless 2xx)."""
     out: Counter[tuple[str, str, str]] = Counter()
     for line in path.read_text().splitlines():
         event = json.loads(line)
@@ -55,6 +56,9 @@ def audited(path: Path, since: str, until: str) -> Counter[tuple[str, str, str]]
         ref = event.get("objectRef") or {}
         resource = ref.get("resource", "-") + ("/" + ref["subresource"] if ref.get("subresource") else "")
         verb = VERBS.get(event["verb"], event["verb"].upper())
+        code = str((event.get("responseStatus") or {}).get("code", "-"))
+        if not code.startswith("2"):
+            resource += f" ({code})"
         out[(client_of(event), verb, resource)] += 1
     return out
 
