@@ -3,8 +3,18 @@ server, derived from the one source of the attempt role's rules, and how long an
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from agentrun.core.identity import Account
-from agentrun.operator.attempt_role import ALLOWED_SECONDS, ATTEMPT_PERMISSIONS, AllowedAccounts, review
+from agentrun.operator.attempt_role import (
+    ALLOWED_SECONDS,
+    ATTEMPT_PERMISSIONS,
+    AllowedAccounts,
+    InFlight,
+    review,
+)
 from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, Permission, permissions
 from support.clock import FakeClock
 
@@ -82,3 +92,78 @@ def test_a_refused_account_is_asked_again_at_once() -> None:
     allowed.answered(AGENTS, ())
     allowed.answered(AGENTS, ("patch runs/status",))
     assert not allowed.allowed(AGENTS)
+
+
+def test_the_looks_at_an_account_while_it_is_asked_share_one_question() -> None:
+    """A burst of new Runs (one reconcile per worker at once) asks about their account once, not once
+    per worker; a look after the answer asks anew (a refused account is asked again at once)."""
+    asked: list[Account] = []
+
+    async def main() -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
+        flight: InFlight[Account, tuple[str, ...]] = InFlight()
+        release, both_asked = asyncio.Event(), asyncio.Event()
+
+        async def ask(account: Account) -> tuple[str, ...]:
+            asked.append(account)
+            if len(asked) == 2:
+                both_asked.set()
+            await release.wait()
+            return ("patch runs/status",)
+
+        looks = [asyncio.ensure_future(flight.once(AGENTS, lambda: ask(AGENTS))) for _ in range(8)]
+        other = asyncio.ensure_future(
+            flight.once(Account("team-b", "agents"), lambda: ask(Account("team-b", "agents")))
+        )
+        await both_asked.wait()
+        release.set()
+        answers = list(await asyncio.gather(*looks))
+        await other
+        again = await flight.once(AGENTS, lambda: ask(AGENTS))
+        return answers, again
+
+    answers, again = asyncio.run(main())
+    assert answers == [("patch runs/status",)] * 8
+    assert again == ("patch runs/status",)
+    assert asked == [AGENTS, Account("team-b", "agents"), AGENTS]
+
+
+def test_an_error_reaches_every_look_and_a_cancelled_look_leaves_the_question_to_the_others() -> None:
+    async def main() -> tuple[int | BaseException, bool, int]:
+        flight: InFlight[str, int] = InFlight()
+        release, started = asyncio.Event(), asyncio.Event()
+        calls = 0
+
+        async def ask() -> int:
+            nonlocal calls
+            calls += 1
+            started.set()
+            await release.wait()
+            raise RuntimeError("the API server did not answer")
+
+        first = asyncio.ensure_future(flight.once("k", ask))
+        second = asyncio.ensure_future(flight.once("k", ask))
+        await started.wait()
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        release.set()
+        error = (await asyncio.gather(second, return_exceptions=True))[0]
+        return error, first.cancelled(), calls
+
+    error, cancelled, calls = asyncio.run(main())
+    assert isinstance(error, RuntimeError) and cancelled and calls == 1
+
+
+@pytest.mark.parametrize("looks", [1, 3])
+def test_a_question_answered_is_not_kept_in_flight(looks: int) -> None:
+    async def main() -> list[int]:
+        flight: InFlight[str, int] = InFlight()
+        calls = 0
+
+        async def count() -> int:
+            nonlocal calls
+            calls += 1
+            return calls
+
+        return [await flight.once("k", count) for _ in range(looks)]
+
+    assert asyncio.run(main()) == list(range(1, looks + 1))  # each look after an answer asks anew

@@ -162,7 +162,11 @@ class PodRunner:
             return
         if self.task and self.task.done():
             self.deleting.set()
-            in_background(self.host.finish_deletion(pod), f"delete {self.key}")
+            # A grace period of 0 (a finished Pod's deletion is one: the API server makes it so) is
+            # completed by the API server itself; its DELETED event ends this runner. Deleting it again
+            # would only be a 404.
+            if pod["metadata"].get("deletionGracePeriodSeconds") != 0:
+                in_background(self.host.finish_deletion(pod), f"delete {self.key}")
             return
         grace = pod["metadata"].get("deletionGracePeriodSeconds")
         if grace is None:

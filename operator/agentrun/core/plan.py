@@ -46,6 +46,10 @@ class PatchAttemptStatus:
     name: str
     patch: JsonDict
     expected_resource_version: str | None = None
+    # The stopped Pod whose log tail goes into the same patch (status.logTail), as far as it can be read
+    # now: an Attempt ending with its Pod collected at its end (spec.podGC OnAttemptEnd) records its end
+    # and its tail in one write. A log that cannot be read now is left to SaveLogTail, later.
+    log_tail_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ class CreatePod:
 class DeletePod:
     name: str
     grace_seconds: int | None = None
+    # Collected (Run spec.podGC): the stopped Pod of an ended Attempt, its log tail recorded. Right on any
+    # view of the Run (an Attempt's end is final), so it asks for no fresh read of the Run. Like
+    # Plan.consistency, it says how the write may be made, not what is written: not compared.
+    collected: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -192,14 +200,29 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
       Run patch after it records its epoch. So the Lease write goes first: a grant written the other
       way round would name in the Run an epoch no Lease holds. If the Run patch loses, the next grant of
       that Attempt adopts the epoch (core.lease.epoch_for_grant), so no epoch is reused.
+    - what a finished Run leaves behind, collected (core.runs.compaction): the log tail of a stopped Pod
+      (it records what the Pod wrote), that Pod deleted (`DeletePod.collected`: its Attempt's end is
+      final), and the Run's Lease deleted with the Event that says so. The deletion is preconditioned on
+      the Lease's resourceVersion (a renewal since: decided again), and only this operator grants: a
+      Run retried since the cached view (spec.retryRequest, not seen yet) is granted after it, and a
+      grant that finds no Lease takes status.leaseEpoch + 1, so epochs never go back. The deletion is
+      then what compaction would have done had the retry come a moment later.
     Anything else ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
-    created, a Pod deleted, an Event, a side-effect record) needs the Run read first.
+    created, another Pod deleted, an Event, a side-effect record) needs the Run read first.
     """
+    previous: Action | None = None
     for action in actions:
         # A checkpoint index is recorded by a preconditioned Run status patch too (its blobs, written
         # first, are content-addressed: a stale view writes nothing that could be wrong).
         if isinstance(action, PatchRunStatus | WriteCheckpointIndex):
             return Consistency.CACHED_RUN
+        collected = isinstance(action, SaveLogTail | DeleteLease) or (
+            isinstance(action, DeletePod) and action.collected
+        )
+        released = isinstance(action, RecordEvent) and isinstance(previous, DeleteLease)
+        previous = action
+        if collected or released:
+            continue
         if isinstance(action, WriteLease) and action.expected_resource_version is None:
             continue
         if not isinstance(action, PatchAttemptStatus):

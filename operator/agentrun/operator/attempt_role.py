@@ -4,14 +4,17 @@ Before a Pod runs as a ServiceAccount, the operator asks (a LocalSubjectAccessRe
 namespace: it needs no cluster-wide grant) for every permission the attempt role grants (agentrun.rbac),
 so a missing RoleBinding fails the Run with its fix (core.identity.role_refusal) instead of the agent
 with a 403. An account found allowed is not asked again for a while; one found refused is asked again
-at the next look, so a binding made since is seen at once.
+at the next look, so a binding made since is seen at once. The looks at an account made while it is
+being asked share that answer (the workers reconciling a burst of new Runs would each ask otherwise:
+19 reviews each).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 from agentrun.admission import service_account_user
 from agentrun.clock import Clock
@@ -25,6 +28,8 @@ JsonDict = dict[str, Any]
 # How long an account found allowed is taken as allowed (a binding removed meanwhile is seen this late).
 ALLOWED_SECONDS = 60.0
 ATTEMPT_PERMISSIONS = tuple(permissions(ATTEMPT_POD_RULES))
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 def review(account: Account, permission: Permission) -> JsonDict:
@@ -83,12 +88,36 @@ class AllowedAccounts:
             self._until[account] = self.clock.monotonic() + self.seconds
 
 
+class InFlight(Generic[K, V]):
+    """One question per key at a time: a look made while the key is being asked waits for that answer
+    (or its error) instead of asking again; a look after it has been answered asks anew. A waiter
+    cancelled does not cancel the question the others wait for."""
+
+    def __init__(self) -> None:
+        self._asking: dict[K, asyncio.Future[V]] = {}
+
+    async def once(self, key: K, ask: Callable[[], Awaitable[V]]) -> V:
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = asyncio.ensure_future(ask())
+            self._asking[key] = asking
+            asking.add_done_callback(lambda done: self._answered(key, done))
+        return await asyncio.shield(asking)
+
+    def _answered(self, key: K, done: asyncio.Future[V]) -> None:
+        if self._asking.get(key) is done:
+            del self._asking[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have gone (it is raised to those still there)
+
+
 class AttemptRoleChecks:
     """What of the attempt role an account may not do, as the API server answers now (or recently)."""
 
     def __init__(self, api: KubeApi, clock: Clock) -> None:
         self.api = api
         self.allowed = AllowedAccounts(clock)
+        self._in_flight: InFlight[Account, tuple[str, ...]] = InFlight()
         self._unchecked_said = False
 
     async def denied(self, account: Account) -> tuple[str, ...]:
@@ -96,6 +125,9 @@ class AttemptRoleChecks:
         this operator may not ask: it says so once, and Pods start as they did before the check)."""
         if self.allowed.allowed(account):
             return ()
+        return await self._in_flight.once(account, lambda: self._ask(account))
+
+    async def _ask(self, account: Account) -> tuple[str, ...]:
         try:
             answers = await asyncio.gather(*(self._may(account, p) for p in ATTEMPT_PERMISSIONS))
         except ApiError as exc:

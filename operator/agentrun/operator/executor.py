@@ -173,6 +173,10 @@ class Executor:
         ns, name = self._ns(progress.run)
         path = self.api.custom_path("attempts", ns, action.name, "status")
         change: JsonDict = {"status": action.patch}
+        if action.log_tail_of is not None and (
+            tail := await self._tail_now(progress.run, action.log_tail_of)
+        ):
+            change["status"] = {**action.patch, "logTail": tail}
         if action.expected_resource_version is not None:
             change["metadata"] = {"resourceVersion": action.expected_resource_version}
         before = self._cached_attempt(ns, name, action.name)
@@ -313,24 +317,37 @@ class Executor:
     async def _save_log_tail(self, action: p.SaveLogTail, progress: _Progress) -> Written:
         """The tail of the ended Attempt's Pod log into Attempt status.logTail (core deletes the Pod once
         it is recorded). A Pod already gone leaves nothing to keep."""
-        run = progress.run
         try:
-            data = await read_log(self.api, str(run.metadata.namespace), action.pod)
-            if data is None:
-                return Written(action)
-            now = self._now_micro()[:19] + "Z"
-            if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
-                tail: JsonDict = {"unavailable": data, "time": now}
-            else:
-                tail = await log_tail(data, run, self.state_store, now)
+            tail = await self._read_tail(progress.run, action.pod)
         except (ApiError, StateStoreError) as exc:
             if not action.best_effort:
                 raise
             log.warning("the log tail of %s was not kept before its Pod went: %s", action.pod, exc)
             return Written(action)
+        if tail is None:
+            return Written(action)
         return await self._patch_attempt_status(
             p.PatchAttemptStatus(action.attempt, {"logTail": tail}), progress
         )
+
+    async def _read_tail(self, run: Run, pod: str) -> JsonDict | None:
+        """status.logTail of the Pod's log as it reads now (None: the Pod is gone)."""
+        data = await read_log(self.api, str(run.metadata.namespace), pod)
+        if data is None:
+            return None
+        now = self._now_micro()[:19] + "Z"
+        if isinstance(data, str):  # no log to read: say why, so the Pod is not waited on forever
+            return {"unavailable": data, "time": now}
+        return await log_tail(data, run, self.state_store, now)
+
+    async def _tail_now(self, run: Run, pod: str) -> JsonDict | None:
+        """The tail kept with an Attempt's end, if it can be read now: else the end is recorded without
+        it, and core keeps the tail later (SaveLogTail) before the Pod is collected."""
+        try:
+            return await self._read_tail(run, pod)
+        except (ApiError, StateStoreError) as exc:
+            log.info("the log tail of %s is kept later: %s", pod, exc)
+            return None
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:

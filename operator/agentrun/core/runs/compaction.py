@@ -137,5 +137,6 @@ def collect_pods(w: World, chosen: Transition) -> Transition | None:
             continue
         if not pod.finished or pod.deleting or pod.name in deleting:
             continue
-        steps.append(SaveLogTail(name, pod.name) if attempt.status.log_tail is None else DeletePod(pod.name))
+        collected = DeletePod(pod.name, collected=True)
+        steps.append(SaveLogTail(name, pod.name) if attempt.status.log_tail is None else collected)
     return chosen.then(writes(*steps)) if steps else None

@@ -19,6 +19,7 @@ from agentrun.api import (
     Attempt,
     AttemptFailure,
     AttemptPhase,
+    PodGC,
     RunPhase,
 )
 from agentrun.core import report
@@ -186,8 +187,20 @@ def _write(world: World, step: Step) -> Action:
             patch["failure"] = step.failure.to_api()
         if step.trace_id is not None:
             patch["traceId"] = step.trace_id
-        return PatchAttemptStatus(step.attempt, patch, step.expected_resource_version)
+        tail = _collected_at_end(world, step.attempt)
+        return PatchAttemptStatus(step.attempt, patch, step.expected_resource_version, log_tail_of=tail)
     return step
+
+
+def _collected_at_end(world: World, attempt: str) -> str | None:
+    """The Pod of an Attempt ending now whose log tail is kept with its end (PatchAttemptStatus.log_tail_of):
+    stopped, and collected once the end is recorded (spec.podGC OnAttemptEnd; core.runs.compaction)."""
+    run, pod = world.run, world.pods.get(attempt)
+    if run.spec.pod_gc != PodGC.ON_ATTEMPT_END or run.metadata.deletion_timestamp is not None:
+        return None
+    if pod is None or not pod.finished or pod.deleting:
+        return None
+    return pod.name
 
 
 def phase_patch(world: World, change: SetPhase) -> dict[str, Any]:
