@@ -280,7 +280,7 @@ FORK_SHARE = 0.3  # at most this share of the Runs launched so far has been fork
 TTL_SHARE = 0.35  # of the Runs and forks: spec.ttlSecondsAfterFinished
 TTL_CHOICES = (0, 3, 8)
 BIG_STATE = {"steps": 3, "outputBytes": 18_000, "askAt": 1, "stampAttempt": True}
-NOTE_PROMPT = "Anything to add"  # the ticket agent's second question (askAfterTicket)
+NOTE_STEP = "note"  # the ticket agent's checkpoint after its second answer (askAfterTicket)
 LEDGER_KEY = "create-ticket"  # the ledger key of fork sources and forks (spec ticketKey): a fork inherits it
 HOSTILE_LABEL = "chaos.agentrun.dev/hostile"
 HOSTILE_SHARE = 0.05  # at most this share of the Runs launched so far has a hostile agent beside it
@@ -543,6 +543,7 @@ class Chaos:
         self.ttl: dict[str, int] = {}  # run -> its spec.ttlSecondsAfterFinished, when it has one
         self.deleted: dict[str, float] = {}  # run -> when the harness saw it gone
         self.fork_points: dict[str, str] = {}  # fork source -> a State checkpoint saved after its ticket
+        self.examined: dict[str, str] = {}  # fork source -> the latest checkpoint looked at
         self.fork_of: dict[str, str] = {}  # fork -> its source
         self.store_faulted_until = 0.0
         self.trap_fired: list[str] = []  # filled by the proxy's thread
@@ -670,9 +671,7 @@ class Chaos:
             for control in status.get("controls") or []:
                 if control.get("outcome") == "Accepted":
                     self.records.accepted_seen[name].add(control["idempotencyKey"])
-            pending = status.get("pendingRequest") or {}
-            if str(pending.get("prompt") or "").startswith(NOTE_PROMPT):
-                self.fork_points.setdefault(name, pending["checkpointId"])
+            self.find_fork_point(name, status.get("latestCheckpoint"))
             tampering = self.records.tamperings.get(name)
             failure = status.get("failure") or {}
             if (
@@ -687,6 +686,19 @@ class Chaos:
         self.pods = {p["metadata"]["name"]: p for p in api.items(pods_path(), selector)} if active else {}
         self.effects = api.items(custom("sideeffects"), selector) if active else []
         self.observed_at = time.monotonic()
+
+    def find_fork_point(self, name: str, latest: str | None) -> None:
+        """A fork source's checkpoint saved after its ticket (the `note` step, whose ledger mark counts the
+        create): a fork from it inherits the confirmed create."""
+        if not latest or name in self.fork_points or not self.spec_of.get(name, {}).get("askAfterTicket"):
+            return
+        if self.kind.get(name) != "ticket" or self.examined.get(name) == latest:
+            return
+        self.examined[name] = latest
+        checkpoint = self.api_().get(custom("checkpoints", latest))
+        spec = (checkpoint or {}).get("spec") or {}
+        if spec.get("step") == NOTE_STEP and int(spec.get("ledgerMark") or 0) >= 1:
+            self.fork_points[name] = latest
 
     def _gone(self, name: str) -> None:
         """The Run is no longer there (archived and deleted): ended, for the harness; checked at the end."""
@@ -1107,7 +1119,12 @@ class Chaos:
         return self.proxy
 
     def fault_blob_replaced(self, victim: str) -> bool:
-        pending = (self.runs[victim].get("status") or {}).get("pendingRequest") or {}
+        current = self.api_().get(custom("runs", victim))  # still waiting, and nobody has answered yet
+        if current is None or phase_of(current) != "InputRequired":
+            return False
+        pending = (current.get("status") or {}).get("pendingRequest") or {}
+        if (current["spec"].get("resume") or {}).get("requestId") == pending.get("requestId"):
+            return False
         checkpoint = self.api_().get(custom("checkpoints", pending.get("checkpointId", "-")))
         ref = ((checkpoint or {}).get("spec") or {}).get("stateRef")
         if checkpoint is None or ref is None:
@@ -2013,21 +2030,31 @@ def build_report(
 ) -> Report:
     records = chaos.records
     tickets = chaos.tickets.tickets()
-    after_cancel, unverifiable = results_after_cancel(final, records.cancels)
+    # The Runs at the end with their objects, the deleted ones as their archives hold them: the promises
+    # about a Run's history hold for both.
+    whole = World(
+        runs=final_runs(final, archived),
+        attempts=[*final.attempts, *archived_objects(archived, "attempts")],
+        checkpoints=[*final.checkpoints, *archived_objects(archived, "checkpoints")],
+        effects=[*final.effects, *archived_objects(archived, "sideEffects")],
+        hostile=final.hostile,
+        stored=final.stored,
+    )
+    after_cancel, unverifiable = results_after_cancel(whole, records.cancels)
     stuck = [f"{n}: {phase_of(settled.runs.get(n, {}))} after the faults" for n in stuck_after_faults]
     stuck += [f"{n}: {phase_of(final.runs.get(n, {}))} after the resolution" for n in stuck_after_resolution]
     violations = {
         "tickets_created_twice": tickets_created_twice(audit),
         "tickets_closed_twice": tickets_closed_twice(audit),
-        "effects_pending_on_terminal": effects_pending_on_terminal(final),
+        "effects_pending_on_terminal": effects_pending_on_terminal(whole),
         "results_after_cancel": after_cancel,
-        "stale_lease_commits": stale_lease_commits(final),
+        "stale_lease_commits": stale_lease_commits(whole),
         "stuck_runs": stuck,
         "unknown_not_surfaced": [f"after the faults: {v}" for v in unknown_not_surfaced(settled)]
         + [f"at the end: {v}" for v in unknown_not_surfaced(final)],
         "forged_writes_accepted": forged_writes(final)[1],
-        "history_lost": history_lost(final, records),
-        "referenced_blobs_deleted": referenced_blobs_deleted(final, archived),
+        "history_lost": history_lost(whole, records),
+        "referenced_blobs_deleted": referenced_blobs_deleted(whole, archived),
         "store_faults_permanent": store_faults_permanent(
             final, archived, records.tamperings, records.unverifiable_untampered
         ),
@@ -2036,12 +2063,12 @@ def build_report(
         "deleted_without_archive": deleted_without_archive(archived, chaos.ttl),
         "forks_sent_again": forks_sent_again(final, archived, audit, tickets, chaos.fork_of),
         "results_disagree": results_disagree(
-            final, tickets, chaos.spec_of, only={n for n, k in chaos.kind.items() if k == "ticket"}
+            whole, tickets, chaos.spec_of, only={n for n, k in chaos.kind.items() if k == "ticket"}
         ),
-        "controls_mishandled": controls_mishandled(final, records),
-        "attempts_misrecorded": attempts_misrecorded(final, chaos.spec_of),
+        "controls_mishandled": controls_mishandled(whole, records),
+        "attempts_misrecorded": attempts_misrecorded(whole, chaos.spec_of),
     }
-    every_run = final_runs(final, archived)
+    every_run = whole.runs
     changed = [t for t in records.tamperings.values() if t.confirmed]
     forks = {n: every_run.get(n, {}) for n in chaos.fork_of}
     inherited = sum(1 for r in forks.values() if ((r.get("status") or {}).get("fork") or {}).get("inherited"))
