@@ -1194,6 +1194,8 @@ class Chaos:
 
         def kill(line: bytes) -> None:  # on the proxy's thread: the operator that wrote it, whichever start
             process = operator.process
+            if self.operator_down:  # being started again (a kill now would fail the start-up): let it be
+                return
             if process is not None and process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
