@@ -16,12 +16,13 @@ from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from integration.test_state_store_worker import ENDED, big_state_run
 from support.big_state_agent import digest, output
-from support.kube import Kube
+from support.kube import Kube, wait_for
 from support.runs import (
     GROUP,
     VERSION,
     attempts,
     create_run,
+    get_run,
     patch_spec,
     resume,
     support_agent_run,
@@ -102,7 +103,13 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     patch_spec(
         kube, ns, name, {"retryRequest": {"idempotencyKey": "from-verified", "fromCheckpoint": earlier}}
     )
-    final = wait_phase(kube, ns, name, ENDED, timeout=120)
+
+    def retried_and_ended() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        status = run.get("status") or {}
+        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
+
+    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
     assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
     third = attempts(kube, ns, name)[-1]
     assert third["spec"]["number"] == 3
