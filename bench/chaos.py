@@ -1453,6 +1453,9 @@ class Chaos:
         stuck_after_resolution = self.resolve()
         self.progress()
         final = self.snapshot()
+        for name in self.launched:  # gone after the harness last read it (it reads ended Runs no more)
+            if name not in final.runs:
+                self._gone(name)
         archived = self.read_archives()
         audit = self.tickets.audit()
         evidence = {
@@ -2089,7 +2092,10 @@ def build_report(
     )
     figures: dict[str, Any] = {
         "Runs after the faults": dict(collections.Counter(phase_of(r) for r in settled.runs.values())),
-        "Runs at the end": dict(collections.Counter(phase_of(r) for r in final.runs.values())),
+        "Runs at the end (Deleted: archived and deleted after their TTL)": {
+            **collections.Counter(phase_of(r) for r in final.runs.values()),
+            **({DELETED: len(archived)} if archived else {}),
+        },
         "Attempts": len(final.attempts),
         "Attempts by reason": dict(reasons),
         "Attempts by phase": dict(attempt_phases),
@@ -2130,7 +2136,7 @@ def build_report(
             f"{sum(1 for r in final.hostile.values() if phase_of(r) in TERMINAL)} of {len(records.hostile)}"
         ),
         "Runs by kind (ticket, big-state, fork)": dict(collections.Counter(chaos.kind.values())),
-        "store proxy (requests, answered 503, chunks delayed, trapped)": dict(
+        "the store's proxy (requests, answered 503, delayed, trapped...)": dict(
             sorted(chaos.proxy_().counts.items())
         ),
         "blobs overwritten by hostile agents: changed / caught (StateUnverifiable) / then Succeeded": (
