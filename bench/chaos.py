@@ -43,8 +43,31 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
                                    same namespace and, with its own Pod's token, forges writes to a running
                                    victim Run (its result, phase, Lease, Checkpoints, ledger, Attempt) and
                                    beyond its rights on its own Run; every one must be refused
+  store-down                       stop the state store (versitygw, its whole process group) and start it
+                                   again with the same data after 2 to 8 s
+  store-slow                       the state store answers late: a TCP proxy in front of the real server
+                                   (devcluster.faultproxy; the operator and every attempt Pod reach the
+                                   store through it) holds each chunk a client sends for 1 to 6 s, for 3 to
+                                   10 s
+  store-5xx                        the proxy answers every request 503 (an S3 error document) for 1 to 6 s
+  blob-replaced                    a hostile agent (tests/support/hostile_agent.py) runs as a Run of the
+                                   same namespace and, with its own Pod's store credentials, overwrites the
+                                   state blob of a big-state Run waiting for an answer (other bytes of the
+                                   same size, or the first half); the harness checks with its own verified
+                                   read that the blob was changed, then answers the Run
+  fork                             a Run forked (spec.forkFrom) from a ticket Run's checkpoint saved after
+                                   its ticket was created (the source may be live, finished, or archived
+                                   and deleted): it inherits the confirmed create and must not send it again
+  kill-operator-after-archive      arm a trap in the proxy: the next time the operator writes an archive's
+                                   index entry, kill -9 the operator right after the store stored it and
+                                   before the answer reaches it (between archive and delete), start it
+                                   again after up to 3 s
 Runs left waiting for a few seconds are answered as a person would (not counted as faults). Half of the
 Runs compensate on cancel (spec.compensation.onCancel: Compensate): their cancel closes their ticket.
+A fifth of the Runs are big-state Runs (tests/support/big_state_agent.py: three checkpoints of ~18 KB,
+each a blob in the state store, a question after the second); some ticket Runs ask a second question
+once their ticket exists (their checkpoint then is a fork point); about a third of the Runs and forks
+have spec.ttlSecondsAfterFinished (0, 3 or 8 s): they are archived and deleted during the faults.
 
 After the fault window every frozen worker is continued, the ticket service is healed, and the harness
 waits (bounded) until every Run is terminal (Succeeded, Failed, Cancelled) or waiting for someone
@@ -81,8 +104,22 @@ Invariants (each figure must be 0; any violation makes the exit status 1, with t
       status.controls; an Accepted control record seen during the run that is gone; Accepted resumes and
       Attempts started by a resume that do not match one to one (same request, same value as sent).
   referenced blobs deleted: a state-store reference ({key, sha256, size}, in any field of a Run, Attempt,
-      Checkpoint or SideEffect at the end) whose blob is not at its key. The operator runs its collector
-      through the whole run with short periods (a sweep every 2 s, 30 s of grace and quarantine).
+      Checkpoint or SideEffect at the end, or in the archive of a deleted Run) whose blob is not at its
+      key. The operator runs its collector through the whole run with short periods (a sweep every 2 s,
+      30 s of grace and quarantine).
+  transient store faults taken as permanent: an Attempt (of a Run at the end, or in a deleted Run's
+      archive) failed `deterministic`, or a Run Failed, with a message about the state store or a blob
+      (StateUnverifiable included), other than a tampered Run's StateUnverifiable naming its tampered blob.
+  replaced blobs not caught: a big-state Run whose blob the harness saw changed that did not stop in
+      NeedsReconciliation with reason StateUnverifiable and the blob's key in its message.
+  state lost or shortened: a big-state Run that Succeeded (at the end, or in its archive) with a result
+      that is not its whole state: not `complete`, or a digest other than that of every output it saved.
+  deleted Runs without a verified archive: a Run that vanished during the run for which the store holds
+      no archive of its uid, whose archive does not verify against its index entry, that was not
+      terminal in it, or that had no ttlSecondsAfterFinished.
+  forks that sent again what their source confirmed: a ticket created under a fork's own key (it forked
+      after its source's ticket was Confirmed: the inherited record must be reused), or a fork that
+      Succeeded with another ticket than its source's.
 Also checked, and counted as violations too:
   results that disagree with the world: a Succeeded Run whose result names another ticket than the one
       the service holds for its key, or another priority than the answer its last resumed Attempt got.
@@ -125,13 +162,18 @@ from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
 from agentrun.kubeapi import ApiError
 from agentrun.rbac import AGENT_ACCOUNT_PATCH, attempt_role
+from agentrun.statestore import BlobRef, BlobStore, StateStoreError, StateUnverifiable, archives
 from agentrun.statestore.documents import refs_in
 from agentrun.statestore.operatorstore import OperatorStore
 from devcluster import security
 from devcluster.cluster import LocalCluster
+from devcluster.faultproxy import FaultProxy
 from devcluster.operator import OperatorProcess
+from devcluster.processes import stop_group
 from devcluster.tickets import TicketServiceProcess
 from support.agentrun import install_crds
+from support.big_state_agent import digest as state_digest
+from support.big_state_agent import output as state_output
 from support.blocking_api import call_json
 from support.kube import Kube
 from support.runs import support_agent_run
@@ -144,7 +186,11 @@ RETRY = {
     "backoff": {"initialSeconds": 1, "factor": 1.5, "maxSeconds": 3},
     "sameErrorLimit": 8,
 }
-TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
+# A Run the harness saw vanish (archived and deleted after its ttlSecondsAfterFinished): ended, for the
+# harness; the checks below read its archive.
+DELETED = "Deleted"
+RUN_TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})  # what a Run's archive must say
+TERMINAL = RUN_TERMINAL | {DELETED}
 WAITING = frozenset({"InputRequired", "AuthRequired", "Paused"})
 SETTLED = TERMINAL | WAITING | {"NeedsReconciliation"}
 FINISHED_ATTEMPT = frozenset({"Succeeded", "Failed", "Interrupted", "Aborted", "LeaseLost", "Rejected"})
@@ -221,7 +267,21 @@ WEIGHTS = {
     "resume": 1.5,
     "resume-duplicate": 1.5,
     "forged-writes": 0.4,
+    "store-down": 0.4,
+    "store-slow": 0.6,
+    "store-5xx": 0.6,
+    "blob-replaced": 0.6,
+    "fork": 1.0,
+    "kill-operator-after-archive": 0.5,
 }
+STATE_SHARE = 0.2  # of the Runs launched: big-state Runs (their state in the store)
+FORK_SOURCE_SHARE = 0.3  # of the ticket Runs: a second question once the ticket exists (a fork point)
+FORK_SHARE = 0.3  # at most this share of the Runs launched so far has been forked
+TTL_SHARE = 0.35  # of the Runs and forks: spec.ttlSecondsAfterFinished
+TTL_CHOICES = (0, 3, 8)
+BIG_STATE = {"steps": 3, "outputBytes": 18_000, "askAt": 1, "stampAttempt": True}
+NOTE_STEP = "note"  # the ticket agent's checkpoint after its second answer (askAfterTicket)
+LEDGER_KEY = "create-ticket"  # the ledger key of fork sources and forks (spec ticketKey): a fork inherits it
 HOSTILE_LABEL = "chaos.agentrun.dev/hostile"
 HOSTILE_SHARE = 0.05  # at most this share of the Runs launched so far has a hostile agent beside it
 CANCEL_SHARE = 0.25  # at most this share of the Runs launched so far is cancelled
@@ -237,6 +297,11 @@ INVARIANTS = (
     ("forged_writes_accepted", "forged writes accepted"),
     ("history_lost", "history lost"),
     ("referenced_blobs_deleted", "referenced blobs deleted by the collector"),
+    ("store_faults_permanent", "transient store faults taken as permanent"),
+    ("replaced_blobs_not_caught", "replaced blobs not caught (StateUnverifiable)"),
+    ("state_lost", "state lost or shortened"),
+    ("deleted_without_archive", "deleted Runs without a verified archive"),
+    ("forks_sent_again", "forks that sent again what their source confirmed"),
     ("results_disagree", "results that disagree with the world (also checked)"),
     ("controls_mishandled", "control requests mishandled (also checked)"),
     ("attempts_misrecorded", "Attempts misrecorded (also checked)"),
@@ -375,6 +440,21 @@ class Frozen:
 
 
 @dataclass
+class Tampering:
+    """A blob-replaced fault: the hostile Run that overwrote `ref`, the state blob of `victim`'s Checkpoint
+    `checkpoint`; `earlier` is that Checkpoint's parent (verified: the retry starts there)."""
+
+    victim: str
+    hostile: str
+    mode: str
+    checkpoint: str
+    ref: Json
+    earlier: str | None
+    confirmed: bool | None = None  # the harness's own verified read: True when the blob was changed
+    caught: str = ""  # the victim's failure message, once it stopped as StateUnverifiable
+
+
+@dataclass
 class Records:
     faults: collections.Counter[str] = field(default_factory=collections.Counter)
     conditions: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -390,6 +470,9 @@ class Records:
     operator_starts: int = 0
     apiserver_restarts: list[float] = field(default_factory=list)  # seconds each took
     hostile: list[str] = field(default_factory=list)  # the hostile agents' Runs
+    tamperings: dict[str, Tampering] = field(default_factory=dict)  # by victim
+    unverifiable_untampered: list[str] = field(default_factory=list)  # StateUnverifiable, nobody tampered
+    archive_traps_fired: list[str] = field(default_factory=list)  # request lines the operator died after
 
 
 # ---- processes ------------------------------------------------------------------------------------------
@@ -417,7 +500,8 @@ def worker_pid(pod: Json, state_dir: Path) -> int | None:
         group = os.getpgid(pid)
     except OSError:
         return None
-    if "ticket_agent" not in cmdline or not cwd.startswith(str(state_dir)) or group != pid:
+    agent = "ticket_agent" in cmdline or "big_state_agent" in cmdline
+    if not agent or not cwd.startswith(str(state_dir)) or group != pid:
         return None
     return pid
 
@@ -453,6 +537,16 @@ class Chaos:
         self.last_apiserver_restart = time.monotonic() - profile.apiserver_gap / 2
         self.operator_down = False
         self.operator_started_at = 0.0
+        self.proxy: FaultProxy | None = None
+        self.kind: dict[str, str] = {}  # run -> ticket | state | fork
+        self.uid: dict[str, str] = {}
+        self.ttl: dict[str, int] = {}  # run -> its spec.ttlSecondsAfterFinished, when it has one
+        self.deleted: dict[str, float] = {}  # run -> when the harness saw it gone
+        self.fork_points: dict[str, str] = {}  # fork source -> a State checkpoint saved after its ticket
+        self.examined: dict[str, str] = {}  # fork source -> the latest checkpoint looked at
+        self.fork_of: dict[str, str] = {}  # fork -> its source
+        self.store_faulted_until = 0.0
+        self.trap_fired: list[str] = []  # filled by the proxy's thread
 
     # ---- set-up and tear-down ----------------------------------------------------------------------
 
@@ -482,7 +576,20 @@ class Chaos:
         }
         self.api.call("POST", f"{rbac}/rolebindings", binding)
         store_env = self.cluster.state_store_env()
-        self.api.call("POST", f"/api/v1/namespaces/{NS}/secrets", security.state_store_secret(NS, store_env))
+        # The namespace's own principal (get and put under its prefix, no delete), as the chart gives it:
+        # the hostile agents have exactly what any agent of the namespace has.
+        self.api.call(
+            "POST",
+            f"/api/v1/namespaces/{NS}/secrets",
+            security.state_store_secret(NS, self.cluster.namespace_store_env(NS)),
+        )
+        # The operator and every attempt Pod (told the operator's URL) reach the store through the proxy;
+        # the harness's own reads go to the server directly.
+        store = self.cluster.object_store
+        assert store is not None
+        self.proxy = FaultProxy("127.0.0.1", store.port)
+        self.proxy.start()
+        proxied_url = self.cluster.state_store_url.replace(store.endpoint, self.proxy.endpoint)
         self.tickets.start()
         os.environ["AGENTRUN_METRICS_PORT"] = "0"  # other operators on this machine may hold the default
         operator_kubeconfig = security.install(
@@ -493,7 +600,7 @@ class Chaos:
             self.state_dir / "logs" / "operator.log",
             env={
                 **security.OPERATOR_ENV,
-                **security.state_store_operator_env(self.cluster.state_store_url),
+                **security.state_store_operator_env(proxied_url),
                 **store_env,
                 **COLLECTOR_ENV,
             },
@@ -507,6 +614,8 @@ class Chaos:
         if self.operator:
             self.operator.stop()
         self.tickets.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
         self.cluster.stop()
 
     def api_(self) -> Api:
@@ -551,15 +660,51 @@ class Chaos:
         api = self.api_()
         active = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
         for name in active:
-            if (run := api.get(custom("runs", name))) is not None:
-                self.runs[name] = run
-                for control in (run.get("status") or {}).get("controls") or []:
-                    if control.get("outcome") == "Accepted":
-                        self.records.accepted_seen[name].add(control["idempotencyKey"])
+            if (run := api.get(custom("runs", name))) is None:
+                self._gone(name)
+                continue
+            if run["metadata"]["uid"] != self.uid.setdefault(name, run["metadata"]["uid"]):
+                self._gone(name)  # deleted and created again under its name: never by this harness
+                continue
+            self.runs[name] = run
+            status = run.get("status") or {}
+            for control in status.get("controls") or []:
+                if control.get("outcome") == "Accepted":
+                    self.records.accepted_seen[name].add(control["idempotencyKey"])
+            self.find_fork_point(name, status.get("latestCheckpoint"))
+            tampering = self.records.tamperings.get(name)
+            failure = status.get("failure") or {}
+            if (
+                tampering is not None
+                and not tampering.caught
+                and phase_of(run) == "NeedsReconciliation"
+                and failure.get("reason") == "StateUnverifiable"
+            ):
+                tampering.caught = str(failure.get("message"))
+        active = [n for n in active if n not in self.deleted]
         selector = f"{RUN_LABEL} in ({','.join(active)})"
         self.pods = {p["metadata"]["name"]: p for p in api.items(pods_path(), selector)} if active else {}
         self.effects = api.items(custom("sideeffects"), selector) if active else []
         self.observed_at = time.monotonic()
+
+    def find_fork_point(self, name: str, latest: str | None) -> None:
+        """A fork source's checkpoint saved after its ticket (the `note` step, whose ledger mark counts the
+        create): a fork from it inherits the confirmed create."""
+        if not latest or name in self.fork_points or not self.spec_of.get(name, {}).get("askAfterTicket"):
+            return
+        if self.kind.get(name) != "ticket" or self.examined.get(name) == latest:
+            return
+        self.examined[name] = latest
+        checkpoint = self.api_().get(custom("checkpoints", latest))
+        spec = (checkpoint or {}).get("spec") or {}
+        if spec.get("step") == NOTE_STEP and int(spec.get("ledgerMark") or 0) >= 1:
+            self.fork_points[name] = latest
+
+    def _gone(self, name: str) -> None:
+        """The Run is no longer there (archived and deleted): ended, for the harness; checked at the end."""
+        self.deleted.setdefault(name, time.monotonic())
+        last = self.runs.get(name, {})
+        self.runs[name] = {"metadata": last.get("metadata") or {"name": name}, "status": {"phase": DELETED}}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.began
@@ -568,39 +713,64 @@ class Chaos:
         phases = collections.Counter(phase_of(self.runs.get(n, {})) for n in self.launched)
         shown = " ".join(f"{p}={n}" for p, n in sorted(phases.items()))
         self.say(
-            f"  t={self.elapsed():5.0f}s launched {len(self.launched)}/{self.profile.runs} "
+            f"  t={self.elapsed():5.0f}s launched {self.launched_main()}/{self.profile.runs} "
+            f"(+{len(self.fork_of)} forks) "
             f"faults {sum(self.records.faults.values())}/{self.profile.faults} | {shown}"
         )
 
     # ---- launching Runs -------------------------------------------------------------------------------
 
+    def launched_main(self) -> int:
+        """Runs launched, forks left out (the profile's --runs counts these)."""
+        return sum(1 for name in self.launched if self.kind.get(name) != "fork")
+
     def launch_some(self) -> None:
         active = sum(1 for name in self.launched if phase_of(self.runs.get(name, {})) not in TERMINAL)
-        room = active < self.profile.concurrency and len(self.launched) < self.profile.runs
+        room = active < self.profile.concurrency and self.launched_main() < self.profile.runs
         if room and time.monotonic() >= self.next_launch:  # one at a time: the Runs' steps spread out
-            self.launch(f"t{len(self.launched) + 1:03d}")
+            self.launch(f"t{self.launched_main() + 1:03d}")
             self.next_launch = time.monotonic() + self.rng.uniform(0.5, 2.0)
 
     def launch(self, name: str) -> None:
-        scenario: Json = {
-            "title": f"chaos ticket {name}",
-            "body": f"opened by the chaos run (seed {self.seed})",
-            "askPriority": self.rng.random() < 0.6,
-        }
-        if self.rng.random() < 0.2:
-            scenario["failAfterTicket"] = [1]
         spec: Json = {"retry": RETRY, "lease": LEASE}
-        if self.rng.random() < 0.5:
-            spec["compensation"] = {"onCancel": "Compensate"}
-        manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env(), **spec)
+        if self.rng.random() < STATE_SHARE:
+            name = "s" + name[1:]
+            scenario: Json = dict(BIG_STATE)
+            manifest = support_agent_run(name, "big_state_agent", scenario)
+            self.kind[name] = "state"
+        else:
+            scenario = {
+                "title": f"chaos ticket {name}",
+                "body": f"opened by the chaos run (seed {self.seed})",
+                "askPriority": self.rng.random() < 0.6,
+            }
+            if self.rng.random() < 0.2:
+                scenario["failAfterTicket"] = [1]
+            if self.rng.random() < FORK_SOURCE_SHARE:
+                scenario |= {"askAfterTicket": True, "ticketKey": LEDGER_KEY}
+            if self.rng.random() < 0.5:
+                spec["compensation"] = {"onCancel": "Compensate"}
+            manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env())
+            self.kind[name] = "ticket"
+        self.create(name, manifest, spec, scenario)
+
+    def create(self, name: str, manifest: Json, spec: Json, scenario: Json) -> None:
+        if self.rng.random() < TTL_SHARE:
+            self.ttl[name] = spec["ttlSecondsAfterFinished"] = self.rng.choice(TTL_CHOICES)
+        manifest["spec"].update(spec)
+        created: Json | None = None
         try:
-            self.api_().call("POST", custom("runs"), manifest)
+            created = self.api_().call("POST", custom("runs"), manifest)
         except ApiError as exc:
             if exc.status != 409:
                 raise
         except AnswerLost:
             if self.api_().get(custom("runs", name)) is None:
-                self.api_().call("POST", custom("runs"), manifest)
+                created = self.api_().call("POST", custom("runs"), manifest)
+        if created is None:
+            created = self.api_().get(custom("runs", name))
+        if created is not None:
+            self.uid[name] = created["metadata"]["uid"]
         self.launched.append(name)
         self.spec_of[name] = scenario
 
@@ -632,7 +802,9 @@ class Chaos:
         window_end = time.monotonic() + profile.seconds
         while sum(self.records.faults.values()) < profile.faults and time.monotonic() < window_end:
             self.observe()
-            if len(self.launched) == profile.runs and all(
+            self.after_traps()
+            self.settle_tamperings()
+            if self.launched_main() == profile.runs and all(
                 phase_of(self.runs.get(n, {})) in TERMINAL for n in self.launched
             ):
                 break  # nothing left to disturb
@@ -659,11 +831,13 @@ class Chaos:
         # The rest run without faults (--runs is honoured), while the faults' timers still go off: a
         # frozen process is continued when its time is up, or the Runs it holds would never end.
         deadline = time.monotonic() + profile.settle_seconds
-        while len(self.launched) < profile.runs:
+        while self.launched_main() < profile.runs:
             if time.monotonic() > deadline:  # Runs in flight do not end: the checks below say which
-                self.say(f"chaos: only {len(self.launched)} of {profile.runs} Runs launched in time")
+                self.say(f"chaos: only {self.launched_main()} of {profile.runs} Runs launched in time")
                 break
             self.observe()
+            self.after_traps()
+            self.settle_tamperings()
             self.launch_some()
             self.run_timers()
             self.tend(after=profile.answer_after, again=6)
@@ -671,7 +845,10 @@ class Chaos:
         self.progress()
 
     def end_faults(self) -> None:
+        self.proxy_().disarm()
+        self.after_traps()
         self.run_timers(all_now=True)
+        self.proxy_().set_mode("pass")
         self.tickets.clear_faults()
         if self.operator is not None and not self.operator.alive():
             self._start_operator()
@@ -706,8 +883,18 @@ class Chaos:
         cancelled = {c.run for c in self.records.cancels}
         may_cancel = len(cancelled) < CANCEL_SHARE * len(self.launched)
         cancellable = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
-        fresh = [n for n in cancellable if n not in cancelled] if may_cancel else []
-        waiting = [n for n in self.launched if phase_of(self.runs.get(n, {})) == "InputRequired"]
+        held = self.held()
+        # a Run whose blob a hostile agent overwrites is never cancelled: it must read its blob and stop
+        untouchable = cancelled | set(self.records.tamperings)
+        fresh = [n for n in cancellable if n not in untouchable] if may_cancel else []
+        waiting = [
+            n for n in self.launched if phase_of(self.runs.get(n, {})) == "InputRequired" and n not in held
+        ]
+        store_calm = time.monotonic() >= self.store_faulted_until
+        tamperable = [n for n in waiting if self.kind.get(n) == "state" and n not in self.records.tamperings]
+        forked = len(self.fork_of) < FORK_SHARE * self.launched_main()
+        sources = sorted(self.fork_points) if forked else []
+        expiring = [n for n in self.ttl if n not in self.deleted]
         since_restart = time.monotonic() - self.last_apiserver_restart
         operator_uptime = time.monotonic() - self.operator_started_at
         since_drop = time.monotonic() - self.last_fault.get("drop-create-answer", -1e9)
@@ -718,8 +905,8 @@ class Chaos:
             "freeze-worker": workers,
             "zombie-worker": workers if not any(f.run == NODE_AGENT for f in self.frozen) else [],
             "drop-create-answer": [True] if creating and since_drop > 10 else [],
-            "drop-create-request": [True] if len(self.launched) < self.profile.runs else [],
-            "rate-limit-create": [True] if len(self.launched) < self.profile.runs else [],
+            "drop-create-request": [True] if self.launched_main() < self.profile.runs else [],
+            "rate-limit-create": [True] if self.launched_main() < self.profile.runs else [],
             "hold-closes": [True] if compensating else [],
             "kill-during-close": closing,
             "restart-operator": [True]
@@ -731,8 +918,24 @@ class Chaos:
             "cancel-double-click": fresh,
             "resume": waiting,
             "resume-duplicate": waiting,
-            "forged-writes": [n for n in self.launched if phase_of(self.runs.get(n, {})) == "Running"]
+            "forged-writes": [
+                n
+                for n in self.launched
+                if phase_of(self.runs.get(n, {})) == "Running" and self.kind.get(n) != "state"
+            ]
             if len(self.records.hostile) < max(1.0, HOSTILE_SHARE * len(self.launched))
+            else [],
+            "store-down": [True] if store_calm else [],
+            "store-slow": [True] if store_calm else [],
+            "store-5xx": [True] if store_calm else [],
+            "blob-replaced": tamperable,
+            "fork": sources,
+            "kill-operator-after-archive": [True]
+            if expiring
+            and not self.operator_down
+            and operator_uptime > self.profile.operator_uptime
+            and self.proxy is not None
+            and not self.proxy.trap_armed()
             else [],
         }
         return targets
@@ -880,6 +1083,138 @@ class Chaos:
         self.records.hostile.append(name)
         return True
 
+    # ---- the state store, forks, archives ------------------------------------------------------------
+
+    def fault_store_down(self, _: object) -> bool:
+        store = next((c for c in self.cluster.components if c.name == "object-store"), None)
+        if store is None:
+            return False
+        stop_group(store.pid, grace_seconds=2)
+        seconds = self.rng.uniform(2, 8)
+        self.store_faulted_until = time.monotonic() + seconds + 2
+        self.later(seconds, "the store back", self._store_back)
+        return True
+
+    def _store_back(self) -> None:
+        self.cluster.restart_component("object-store", timeout_seconds=60)
+
+    def fault_store_slow(self, _: object) -> bool:
+        assert self.proxy is not None
+        seconds = self.rng.uniform(3, 10)
+        self.proxy.set_mode("slow", delay=self.rng.uniform(1, 6))
+        self.store_faulted_until = time.monotonic() + seconds
+        self.later(seconds, "the store answers in time", lambda: self.proxy_().set_mode("pass"))
+        return True
+
+    def fault_store_5xx(self, _: object) -> bool:
+        assert self.proxy is not None
+        seconds = self.rng.uniform(1, 6)
+        self.proxy.set_mode("5xx")
+        self.store_faulted_until = time.monotonic() + seconds
+        self.later(seconds, "the store answers well", lambda: self.proxy_().set_mode("pass"))
+        return True
+
+    def proxy_(self) -> FaultProxy:
+        assert self.proxy is not None
+        return self.proxy
+
+    def fault_blob_replaced(self, victim: str) -> bool:
+        current = self.api_().get(custom("runs", victim))  # still waiting, and nobody has answered yet
+        if current is None or phase_of(current) != "InputRequired":
+            return False
+        pending = (current.get("status") or {}).get("pendingRequest") or {}
+        if (current["spec"].get("resume") or {}).get("requestId") == pending.get("requestId"):
+            return False
+        checkpoint = self.api_().get(custom("checkpoints", pending.get("checkpointId", "-")))
+        ref = ((checkpoint or {}).get("spec") or {}).get("stateRef")
+        if checkpoint is None or ref is None:
+            return False
+        name = f"hostile-{len(self.records.hostile) + 1:03d}"
+        mode = self.rng.choice(("replace", "truncate"))
+        attacker = support_agent_run(
+            name,
+            "hostile_agent",
+            {"victim": victim, "store": {"mode": mode, "checkpoint": checkpoint["spec"]["id"]}},
+            labels={HOSTILE_LABEL: "true"},
+        )
+        try:
+            self.api_().call("POST", custom("runs"), attacker)
+        except AnswerLost:
+            if self.api_().get(custom("runs", name)) is None:
+                return False
+        self.records.hostile.append(name)
+        self.records.tamperings[victim] = Tampering(
+            victim, name, mode, checkpoint["spec"]["id"], ref, checkpoint["spec"].get("parent")
+        )
+        return True
+
+    def held(self) -> set[str]:
+        """Victims whose blob-replaced fault is not settled yet: nobody answers or cancels them meanwhile."""
+        return {v for v, t in self.records.tamperings.items() if t.confirmed is None}
+
+    def settle_tamperings(self) -> None:
+        """Once a hostile Run has ended, the harness reads the victim's blob itself, verified: changed (the
+        victim must stop as StateUnverifiable) or not (the attack failed). Then the victim is answered."""
+        for tampering in self.records.tamperings.values():
+            if tampering.confirmed is not None:
+                continue
+            hostile = self.api_().get(custom("runs", tampering.hostile))
+            if hostile is None or phase_of(hostile) not in RUN_TERMINAL:
+                continue
+            store = BlobStore.from_url(self.cluster.state_store_url, env=self.cluster.state_store_env())
+            try:
+                asyncio.run(store.get(BlobRef.from_json(tampering.ref)))
+                tampering.confirmed = False
+            except StateUnverifiable:
+                tampering.confirmed = True
+            except StateStoreError:
+                continue  # the store is down: read it again later
+
+    def fault_fork(self, source: str) -> bool:
+        name = f"f{len(self.fork_of) + 1:03d}"
+        scenario = dict(self.spec_of[source])
+        spec: Json = {
+            "retry": RETRY,
+            "lease": LEASE,
+            "forkFrom": {"run": source, "checkpointId": self.fork_points[source]},
+        }
+        if self.rng.random() < 0.5:
+            spec["compensation"] = {"onCancel": "Compensate"}
+        manifest = agent_run(name, "ticket_agent", scenario, env=self.tickets.env())
+        self.kind[name] = "fork"
+        self.fork_of[name] = source
+        self.create(name, manifest, spec, scenario)
+        return True
+
+    def fault_kill_operator_after_archive(self, _: object) -> bool:
+        """The next index entry the operator writes (its archive is written and verified by then) kills it
+        before the store's answer reaches it: the Run is archived, not deleted yet."""
+        operator = self.operator
+        assert operator is not None
+
+        def kill(line: bytes) -> None:  # on the proxy's thread: the operator that wrote it, whichever start
+            process = operator.process
+            if self.operator_down:  # being started again (a kill now would fail the start-up): let it be
+                return
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            self.trap_fired.append(line.decode(errors="replace"))
+
+        self.proxy_().trap_once(rb"^PUT /[^/ ]+/_archives/" + NS.encode() + rb"/_index/", kill)
+        return True
+
+    def after_traps(self) -> None:
+        """The operator the proxy's trap killed is started again after up to 3 s."""
+        while self.trap_fired:
+            line = self.trap_fired.pop()
+            self.records.archive_traps_fired.append(line)
+            if self.operator_down or self.operator is None:
+                continue
+            self.operator.kill()  # reaps it
+            self.operator_down = True
+            self.later(self.rng.uniform(0.1, 3.0), "operator back", self._start_operator)
+
     def fault_cancel(self, run: str) -> bool:
         return self.cancel(run) is not None
 
@@ -964,9 +1299,10 @@ class Chaos:
         """What a person does for a Run waiting for someone, `after` seconds into its wait (and every
         `again` seconds while it still waits): answers its question, or reconciles its unknown outcome."""
         now = time.monotonic()
+        held = self.held()
         for name in self.launched:
             phase = phase_of(self.runs.get(name, {}))
-            if phase not in ("InputRequired", "NeedsReconciliation"):
+            if phase not in ("InputRequired", "NeedsReconciliation") or name in held:
                 self.act_at.pop(name, None)
                 continue
             if now < self.act_at.setdefault(name, now + after):
@@ -1023,6 +1359,7 @@ class Chaos:
         next_progress = time.monotonic() + 15
         while True:
             self.observe()
+            self.settle_tamperings()
             late = [n for n in self.launched if not done(phase_of(self.runs.get(n, {})))]
             if not late or time.monotonic() >= deadline:
                 return late
@@ -1038,6 +1375,7 @@ class Chaos:
         self.act_at.clear()
         while True:
             self.observe()
+            self.settle_tamperings()
             late = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
             if not late or time.monotonic() >= deadline:
                 return late
@@ -1058,7 +1396,7 @@ class Chaos:
         if unknown:
             tickets = {t["idempotencyKey"]: t for t in self.tickets.tickets()}
             for effect in unknown:
-                key = effect["spec"]["idempotencyKey"]
+                key = service_key(effect)
                 if key.endswith(COMPENSATE_SUFFIX):  # a close: did it take effect?
                     outcome = _close_outcome(effect, tickets.get(key.removesuffix(COMPENSATE_SUFFIX)))
                 elif (ticket := tickets.get(key)) is not None:
@@ -1078,7 +1416,16 @@ class Chaos:
                     custom("runs", name), {"spec": {"compensateRequest": {"idempotencyKey": key}}}
                 )
             return False
-        request = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
+        request: Json = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
+        failure = (self.runs.get(name, {}).get("status") or {}).get("failure") or {}
+        if failure.get("reason") == "StateUnverifiable":
+            # A person restores nothing here: the Run goes on from the checkpoint before the tampered one
+            # (verified), as `kubectl agentrun retry --from-checkpoint` asks.
+            tampering = self.records.tamperings.get(name)
+            if tampering is None or not tampering.confirmed:
+                self.records.unverifiable_untampered.append(f"{name}: {failure.get('message')}")
+            elif tampering.earlier:
+                request = {**request, "fromCheckpoint": tampering.earlier, "reason": "tampered state"}
         with contextlib.suppress(AnswerLost):
             self.api_().merge_patch(custom("runs", name), {"spec": {"retryRequest": request}})
             self.records.retries_requested += 1
@@ -1106,10 +1453,15 @@ class Chaos:
         stuck_after_resolution = self.resolve()
         self.progress()
         final = self.snapshot()
+        for name in self.launched:  # gone after the harness last read it (it reads ended Runs no more)
+            if name not in final.runs:
+                self._gone(name)
+        archived = self.read_archives()
         audit = self.tickets.audit()
         evidence = {
             "settled": {k: v for k, v in vars(settled).items() if not k.startswith("_")},
             "final": {k: v for k, v in vars(final).items() if not k.startswith("_")},
+            "archived": archived,
             "audit": audit,
         }
         (self.state_dir / "world.json").write_text(json.dumps(evidence, indent=1, default=str))
@@ -1117,6 +1469,7 @@ class Chaos:
             self,
             settled=settled,
             final=final,
+            archived=archived,
             audit=audit,
             stuck_after_faults=stuck_after_faults,
             stuck_after_resolution=stuck_after_resolution,
@@ -1142,6 +1495,26 @@ class Chaos:
             if not unknown_not_surfaced(world) or time.monotonic() >= deadline:
                 return world
             time.sleep(1.0)
+
+    def read_archives(self) -> dict[str, Json]:
+        """Each deleted Run's archive, found by its uid in the namespace's index and verified against its
+        entry (read as `kubectl agentrun describe --archived` does): {document, entries} or {error}."""
+        store = BlobStore.from_url(self.cluster.state_store_url, env=self.cluster.state_store_env())
+        entries = asyncio.run(archives.archived_runs(store, NS)) if self.deleted else []
+        found: dict[str, Json] = {}
+        for name in sorted(self.deleted):
+            uid = self.uid.get(name)
+            mine = [e for e in entries if uid is not None and e.uid == uid]
+            if not mine:
+                found[name] = {"error": f"no archive of its uid {uid} in the index"}
+                continue
+            try:
+                document = asyncio.run(archives.read_entry(store, mine[-1]))
+            except StateStoreError as exc:
+                found[name] = {"error": f"its archive does not verify: {exc}"}
+                continue
+            found[name] = {"document": document, "entries": len(mine)}
+        return found
 
     def stored_keys(self) -> frozenset[str]:
         """Every key in the cluster's state store, as references name them."""
@@ -1185,19 +1558,36 @@ def forged_writes(world: World) -> tuple[int, list[str]]:
     return attempted, accepted
 
 
-def referenced_blobs_deleted(world: World) -> list[str]:
-    """References in the Runs under test and their objects whose blob is not at its key."""
+def referenced_blobs_deleted(world: World, archived: dict[str, Json] | None = None) -> list[str]:
+    """References in the Runs under test and their objects (and in deleted Runs' archives) whose blob is
+    not at its key."""
     if world.stored is None:
         return []
     named = [("Run", r) for r in world.runs.values()]
     named += [("Attempt", a) for a in world.attempts] + [("Checkpoint", c) for c in world.checkpoints]
     named += [("SideEffect", e) for e in world.effects]
+    named += [
+        ("the archive of", {"metadata": {"name": name}, **record["document"]})
+        for name, record in sorted((archived or {}).items())
+        if "document" in record
+    ]
     return [
         f"{kind} {obj['metadata']['name']}: {ref.key} is gone"
         for kind, obj in named
         for ref in refs_in(obj)
         if ref.key not in world.stored
     ]
+
+
+def service_key(effect: Json) -> str:
+    """The ticket service's key for a SideEffect's ledger key: as given when the Run scoped it itself (the
+    default key), else prefixed with the Run whose agent sent it (ticket_ledger.service_key), for an
+    inherited record its source."""
+    key = str(effect["spec"]["idempotencyKey"])
+    if key.startswith(f"{NS}."):
+        return key
+    run = ((effect.get("status") or {}).get("inheritedFrom") or {}).get("run") or effect["spec"]["runName"]
+    return f"{NS}.{run}.{key}"
 
 
 def _close_outcome(effect: Json, ticket: Json | None) -> Json:
@@ -1390,7 +1780,7 @@ def history_lost(world: World, records: Records) -> list[str]:
     return violations
 
 
-def attempts_misrecorded(world: World) -> list[str]:
+def attempts_misrecorded(world: World, inputs: dict[str, Json] | None = None) -> list[str]:
     """History that happened otherwise than it reads: a question asked again after it was answered (the
     ticket agent asks one), an Attempt still going on an ended Run, a retry recorded as 'initial', an
     Attempt failed because its Pod 'disappeared' (nobody deletes a live attempt Pod here)."""
@@ -1398,7 +1788,7 @@ def attempts_misrecorded(world: World) -> list[str]:
     for name, run in sorted(world.runs.items()):
         controls = (run.get("status") or {}).get("controls") or []
         resumes = sum(1 for c in controls if c.get("op") == "Resume" and c.get("outcome") == "Accepted")
-        if resumes > 1:
+        if resumes > (2 if (inputs or {}).get(name, {}).get("askAfterTicket") else 1):
             violations.append(f"{name}: asked again after its answer ({resumes} answers accepted)")
         ended = phase_of(run) in TERMINAL
         for attempt in world.attempts_of(name):
@@ -1412,12 +1802,15 @@ def attempts_misrecorded(world: World) -> list[str]:
     return violations
 
 
-def results_disagree(world: World, tickets: list[Json], inputs: dict[str, Json]) -> list[str]:
+def results_disagree(
+    world: World, tickets: list[Json], inputs: dict[str, Json], only: set[str] | None = None
+) -> list[str]:
+    """For the ticket Runs (`only`, when given): see the module docstring."""
     by_key = {t["idempotencyKey"]: t for t in tickets}
     violations = []
     for name, run in sorted(world.runs.items()):
         status = run.get("status") or {}
-        if phase_of(run) != "Succeeded":
+        if phase_of(run) != "Succeeded" or (only is not None and name not in only):
             continue
         result = status.get("result") or {}
         ticket = by_key.get(ticket_key(NS, name))
@@ -1426,11 +1819,138 @@ def results_disagree(world: World, tickets: list[Json], inputs: dict[str, Json])
             continue
         resumed = [a for a in world.attempts_of(name) if str(a["spec"]["reason"]).startswith("resume:")]
         asked = inputs.get(name, {}).get("askPriority", True)
-        expected = (resumed[-1]["spec"].get("input") or {}).get("priority") if resumed else None
+        # with a second question (askAfterTicket), the priority is the first answer
+        second = inputs.get(name, {}).get("askAfterTicket")
+        answered = (resumed[0] if second else resumed[-1]) if resumed else None
+        expected = (answered["spec"].get("input") or {}).get("priority") if answered else None
         if asked and result.get("priority") != expected:
             violations.append(f"{name}: result priority {result.get('priority')}, the answer was {expected}")
         if ticket["title"] != f"[{result.get('priority') or 'normal'}] {inputs.get(name, {}).get('title')}":
             violations.append(f"{name}: ticket title {ticket['title']!r} vs result {result}")
+    return violations
+
+
+# ---- the state store, archives and forks -----------------------------------------------------------------
+
+
+def archived_objects(archived: dict[str, Json], key: str) -> list[Json]:
+    """`key` ("attempts", "sideEffects", ...) of every deleted Run's verified archive."""
+    return [item for record in archived.values() for item in (record.get("document") or {}).get(key) or []]
+
+
+def final_runs(world: World, archived: dict[str, Json]) -> dict[str, Json]:
+    """Every Run at the end: those still there, and the deleted ones as their archive holds them."""
+    runs = {name: (record.get("document") or {}).get("object") for name, record in archived.items()}
+    return {**{n: r for n, r in runs.items() if r}, **world.runs}
+
+
+def _store_message(message: str) -> bool:
+    return "state store" in message or "state blob" in message
+
+
+def store_faults_permanent(
+    world: World, archived: dict[str, Json], tamperings: dict[str, Tampering], untampered: list[str]
+) -> list[str]:
+    """Attempts failed deterministic, and Runs Failed, because of the store (or StateUnverifiable), other
+    than a tampered Run's StateUnverifiable naming its tampered blob; and StateUnverifiable where nobody
+    tampered (seen by the harness as it reconciled)."""
+    violations = sorted(set(untampered))
+
+    def excused(run: str, message: str) -> bool:
+        tampering = tamperings.get(run)
+        return bool(tampering and tampering.confirmed and tampering.ref["key"] in message)
+
+    for attempt in [*world.attempts, *archived_objects(archived, "attempts")]:
+        failure = (attempt.get("status") or {}).get("failure") or {}
+        message, run = str(failure.get("message") or ""), attempt["spec"]["runName"]
+        permanent = failure.get("class") == "deterministic"
+        about_store = _store_message(message) or failure.get("reason") == "StateUnverifiable"
+        if permanent and about_store and not excused(run, message):
+            violations.append(f"{attempt['metadata']['name']}: {failure.get('reason')}: {message[:300]}")
+    for name, run in sorted(final_runs(world, archived).items()):
+        failure = (run.get("status") or {}).get("failure") or {}
+        message = str(failure.get("message") or "")
+        if phase_of(run) == "Failed" and (
+            _store_message(message) or failure.get("reason") == "StateUnverifiable"
+        ):
+            violations.append(f"{name}: Failed: {failure.get('reason')}: {message[:300]}")
+    return violations
+
+
+def replaced_blobs_not_caught(
+    world: World, archived: dict[str, Json], tamperings: dict[str, Tampering]
+) -> list[str]:
+    """A blob the harness saw changed whose Run never stopped as StateUnverifiable naming it."""
+    failed: dict[str, list[str]] = collections.defaultdict(list)
+    for attempt in [*world.attempts, *archived_objects(archived, "attempts")]:
+        failure = (attempt.get("status") or {}).get("failure") or {}
+        if failure.get("reason") == "StateUnverifiable":
+            failed[attempt["spec"]["runName"]].append(str(failure.get("message")))
+    violations = []
+    for victim, tampering in sorted(tamperings.items()):
+        if not tampering.confirmed:
+            continue
+        key = tampering.ref["key"]
+        seen = [tampering.caught, *failed.get(victim, [])]
+        if not any(key in message for message in seen):
+            violations.append(
+                f"{victim}: its blob {key} was {tampering.mode}d; never stopped as StateUnverifiable"
+            )
+    return violations
+
+
+def state_lost(world: World, archived: dict[str, Json], kinds: dict[str, str]) -> list[str]:
+    """Big-state Runs that Succeeded with a result that is not their whole state."""
+    full = [state_output(i, int(BIG_STATE["outputBytes"])) for i in range(int(BIG_STATE["steps"]))]
+    violations = []
+    for name, run in sorted(final_runs(world, archived).items()):
+        if kinds.get(name) != "state" or phase_of(run) != "Succeeded":
+            continue
+        status = run.get("status") or {}
+        result = status.get("result") or {}
+        attempts = int(status.get("attempts") or 0)
+        whole = {
+            state_digest({"outputs": full, "fetched": None, "by": f"{name}-a{number}"})
+            for number in range(1, attempts + 1)
+        }
+        if result.get("complete") is not True or result.get("stateDigest") not in whole:
+            violations.append(f"{name}: Succeeded with {result} (not its whole state)")
+    return violations
+
+
+def deleted_without_archive(archived: dict[str, Json], ttl: dict[str, int]) -> list[str]:
+    violations = []
+    for name, record in sorted(archived.items()):
+        if name not in ttl:
+            violations.append(f"{name}: deleted, though it had no ttlSecondsAfterFinished")
+        if "error" in record:
+            violations.append(f"{name}: {record['error']}")
+            continue
+        phase = phase_of(record["document"].get("object") or {})
+        if phase not in RUN_TERMINAL:
+            violations.append(f"{name}: archived and deleted in phase {phase}")
+    return violations
+
+
+def forks_sent_again(
+    world: World, archived: dict[str, Json], audit: list[Json], tickets: list[Json], fork_of: dict[str, str]
+) -> list[str]:
+    created = collections.Counter(e["idempotencyKey"] for e in audit if e["event"] == "created")
+    by_key = {t["idempotencyKey"]: t for t in tickets}
+    runs = final_runs(world, archived)
+    violations = []
+    for fork, source in sorted(fork_of.items()):
+        if created[ticket_key(NS, fork)]:
+            violations.append(
+                f"{fork}: {created[ticket_key(NS, fork)]} tickets created under its own key; "
+                f"its source {source} had confirmed its create before the fork point"
+            )
+        run = runs.get(fork) or {}
+        if phase_of(run) == "Succeeded":
+            result = (run.get("status") or {}).get("result") or {}
+            ticket = by_key.get(ticket_key(NS, source)) or {}
+            if result.get("ticket") != ticket.get("id"):
+                violations.append(f"{fork}: result {result}, its source's ticket is {ticket.get('id')}")
     return violations
 
 
@@ -1507,6 +2027,7 @@ def build_report(
     *,
     settled: World,
     final: World,
+    archived: dict[str, Json],
     audit: list[Json],
     stuck_after_faults: list[str],
     stuck_after_resolution: list[str],
@@ -1514,25 +2035,48 @@ def build_report(
 ) -> Report:
     records = chaos.records
     tickets = chaos.tickets.tickets()
-    after_cancel, unverifiable = results_after_cancel(final, records.cancels)
+    # The Runs at the end with their objects, the deleted ones as their archives hold them: the promises
+    # about a Run's history hold for both.
+    whole = World(
+        runs=final_runs(final, archived),
+        attempts=[*final.attempts, *archived_objects(archived, "attempts")],
+        checkpoints=[*final.checkpoints, *archived_objects(archived, "checkpoints")],
+        effects=[*final.effects, *archived_objects(archived, "sideEffects")],
+        hostile=final.hostile,
+        stored=final.stored,
+    )
+    after_cancel, unverifiable = results_after_cancel(whole, records.cancels)
     stuck = [f"{n}: {phase_of(settled.runs.get(n, {}))} after the faults" for n in stuck_after_faults]
     stuck += [f"{n}: {phase_of(final.runs.get(n, {}))} after the resolution" for n in stuck_after_resolution]
     violations = {
         "tickets_created_twice": tickets_created_twice(audit),
         "tickets_closed_twice": tickets_closed_twice(audit),
-        "effects_pending_on_terminal": effects_pending_on_terminal(final),
+        "effects_pending_on_terminal": effects_pending_on_terminal(whole),
         "results_after_cancel": after_cancel,
-        "stale_lease_commits": stale_lease_commits(final),
+        "stale_lease_commits": stale_lease_commits(whole),
         "stuck_runs": stuck,
         "unknown_not_surfaced": [f"after the faults: {v}" for v in unknown_not_surfaced(settled)]
         + [f"at the end: {v}" for v in unknown_not_surfaced(final)],
         "forged_writes_accepted": forged_writes(final)[1],
-        "history_lost": history_lost(final, records),
-        "referenced_blobs_deleted": referenced_blobs_deleted(final),
-        "results_disagree": results_disagree(final, tickets, chaos.spec_of),
-        "controls_mishandled": controls_mishandled(final, records),
-        "attempts_misrecorded": attempts_misrecorded(final),
+        "history_lost": history_lost(whole, records),
+        "referenced_blobs_deleted": referenced_blobs_deleted(whole, archived),
+        "store_faults_permanent": store_faults_permanent(
+            final, archived, records.tamperings, records.unverifiable_untampered
+        ),
+        "replaced_blobs_not_caught": replaced_blobs_not_caught(final, archived, records.tamperings),
+        "state_lost": state_lost(final, archived, chaos.kind),
+        "deleted_without_archive": deleted_without_archive(archived, chaos.ttl),
+        "forks_sent_again": forks_sent_again(final, archived, audit, tickets, chaos.fork_of),
+        "results_disagree": results_disagree(
+            whole, tickets, chaos.spec_of, only={n for n, k in chaos.kind.items() if k == "ticket"}
+        ),
+        "controls_mishandled": controls_mishandled(whole, records),
+        "attempts_misrecorded": attempts_misrecorded(whole, chaos.spec_of),
     }
+    every_run = whole.runs
+    changed = [t for t in records.tamperings.values() if t.confirmed]
+    forks = {n: every_run.get(n, {}) for n in chaos.fork_of}
+    inherited = sum(1 for r in forks.values() if ((r.get("status") or {}).get("fork") or {}).get("inherited"))
     attempt_phases = collections.Counter(str((a.get("status") or {}).get("phase")) for a in final.attempts)
     rejected = collections.Counter(
         str(a["status"]["rejectedCommit"].get("reason"))
@@ -1548,7 +2092,10 @@ def build_report(
     )
     figures: dict[str, Any] = {
         "Runs after the faults": dict(collections.Counter(phase_of(r) for r in settled.runs.values())),
-        "Runs at the end": dict(collections.Counter(phase_of(r) for r in final.runs.values())),
+        "Runs at the end (Deleted: archived and deleted after their TTL)": {
+            **collections.Counter(phase_of(r) for r in final.runs.values()),
+            **({DELETED: len(archived)} if archived else {}),
+        },
         "Attempts": len(final.attempts),
         "Attempts by reason": dict(reasons),
         "Attempts by phase": dict(attempt_phases),
@@ -1588,6 +2135,25 @@ def build_report(
             f"{forged_writes(final)[0]} / "
             f"{sum(1 for r in final.hostile.values() if phase_of(r) in TERMINAL)} of {len(records.hostile)}"
         ),
+        "Runs by kind (ticket, big-state, fork)": dict(collections.Counter(chaos.kind.values())),
+        "the store's proxy (requests, answered 503, delayed, trapped...)": dict(
+            sorted(chaos.proxy_().counts.items())
+        ),
+        "blobs overwritten by hostile agents: changed / caught (StateUnverifiable) / then Succeeded": (
+            f"{len(changed)} / {len(changed) - len(violations['replaced_blobs_not_caught'])} / "
+            f"{sum(1 for t in changed if phase_of(every_run.get(t.victim, {})) == 'Succeeded')}"
+        ),
+        "big-state Runs Succeeded with their whole state": sum(
+            1 for n, r in every_run.items() if chaos.kind.get(n) == "state" and phase_of(r) == "Succeeded"
+        )
+        - len(violations["state_lost"]),
+        "forks: launched / Succeeded / inherited the confirmed create": (
+            f"{len(forks)} / {sum(1 for r in forks.values() if phase_of(r) == 'Succeeded')} / {inherited}"
+        ),
+        "Runs with a TTL / archived and deleted / their archives verified": (
+            f"{len(chaos.ttl)} / {len(archived)} / {sum(1 for r in archived.values() if 'document' in r)}"
+        ),
+        "operator killed after an archive's index entry, before the delete": len(records.archive_traps_fired),
         "operator starts": records.operator_starts,
         "kube-apiserver restarts (seconds each)": [round(s, 1) for s in records.apiserver_restarts],
     }

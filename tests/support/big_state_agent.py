@@ -2,11 +2,13 @@
 step to its state and checkpoints after each; a journaled step fetches a large document; it returns a
 large result.
 
-    input: {steps: 5, outputBytes: 20000, killAt: 3, askAt: null, resultBytes: 40000}
+    input: {steps: 5, outputBytes: 20000, killAt: 3, askAt: null, resultBytes: 40000, stampAttempt: false}
 The first Attempt kills itself (SIGKILL) right after the journaled fetch of step `killAt`; with `askAt`,
 the agent asks a question after checkpointing step `askAt` (the Run waits; the test may tamper with the
-stored state meanwhile). The result says what the agent saw: every output it holds, who fetched the
-document, and a digest of its whole state.
+stored state meanwhile). With `stampAttempt` each checkpoint's state also names the Attempt that saved it
+(`by`), as most agents' states differ from one Attempt to the next (ids, times): a retried step then
+saves other bytes, at another address. The result says what the agent saw: every output it holds, who
+fetched the document, and a digest of its whole state.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
             state["fetched"] = (await ctx.step("fetch", fetch, journal=True))["by"]
             if first_attempt:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if spec.get("stampAttempt"):
+            state["by"] = ctx.attempt
         await ctx.checkpoint(state, step=f"step-{step}")
         if step == ask_at and not ctx.resumed:
             await ctx.interrupt(prompt="carry on?")

@@ -4,18 +4,40 @@ on its own Run), then commits what the API server answered to each as its result
 
     input: {"victim": "<run name>", "victimAttempt": "<its current Attempt>"}
 
+With `store` it also writes against the state store with its own Pod's store credentials (those of its
+namespace: get and put under the namespace's prefix, no delete), as any agent of the namespace can:
+    input: {"victim": "<run name>", "store": {"mode": "replace" | "truncate", "checkpoint": "<id>"}}
+        the blob the victim's Checkpoint `checkpoint` references is overwritten: other bytes of the same
+        size (replace), or its first half (truncate)
+    input: {"victim": "<run name>", "store": {"mode": "plant", "value": <JSON>}}
+    input: {"victim": "<run name>", "store": {"mode": "plant", "bigState": {"outputs": N, "outputBytes": S,
+            "by": "<attempt>"}}}
+        garbage is planted at the predictable address of a blob the victim has not written yet: the
+        content address of `value` (encoded as the SDK encodes state), or of the big-state agent's state
+        after N outputs (support.big_state_agent), stamped by `by`
+Without `victimAttempt` only the store writes are tried. The store's answers are in the result's
+`storeWrites` (the store cannot refuse an overwrite by the namespace's own principal: the readers' digest
+checks catch it), the keys written in `tampered`.
+
 Run with PYTHONPATH=<repo>/tests: `python -m support.hostile_agent`.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import obstore
 
 from agentrun import worker
 from agentrun.api import API_VERSION, RUN_LABEL, lease_name
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.statestore import BlobStore, StoreTimeouts, parse_store_url
+from agentrun.statestore.blobs import open_object_store
+from agentrun.worker.blobs import STORE_URL_ENV, encode
 
 JsonDict = dict[str, Any]
 
@@ -191,13 +213,75 @@ async def attacks(api: KubeApi, ctx: worker.Context, victim: str, victim_attempt
     return {what: await _outcome(write) for what, write in writes.items()}
 
 
+def forged_bytes(original: bytes) -> bytes:
+    """Other bytes of the same size: one letter changed, as a forger who wants the same length would."""
+    for old, new in ((b"a", b"Z"), (b"e", b"Q"), (b"0", b"1")):
+        if old in original:
+            return original.replace(old, new, 1)
+    return bytes(reversed(original)) if original != bytes(reversed(original)) else original + b" "
+
+
+def big_state(outputs: int, size: int, by: str | None) -> dict[str, Any]:
+    """The big-state agent's state after `outputs` steps (support.big_state_agent), as it will save it."""
+    from support.big_state_agent import output  # noqa: PLC0415 (only the planting attack needs it)
+
+    state: dict[str, Any] = {"outputs": [output(i, size) for i in range(outputs)], "fetched": None}
+    if by is not None:
+        state["by"] = by
+    return state
+
+
+async def store_attacks(api: KubeApi, ctx: worker.Context, victim: str, spec: dict[str, Any]) -> JsonDict:
+    """Writes against the victim's blobs with this Pod's own store credentials: {storeWrites, tampered}."""
+    url = os.environ[STORE_URL_ENV]  # told by the operator, as to every attempt Pod of the namespace
+    location = parse_store_url(url)
+    raw = open_object_store(location, StoreTimeouts(), os.environ)
+    blobs = BlobStore(raw, location)
+    ns = ctx.namespace
+    run = await api.get(api.custom_path("runs", ns, victim))
+    assert run is not None, f"victim {victim} not found"
+    mode = spec["mode"]
+    if mode == "plant":
+        value = spec["value"] if "value" in spec else big_state(**_big_state_args(spec["bigState"]))
+        data = encode(value)
+        key = blobs.key_for(ns, run["metadata"]["uid"], hashlib.sha256(data).hexdigest())
+        forged = b'{"planted":"by a hostile Pod of the namespace"}'
+    else:
+        checkpoint = await api.get(api.custom_path("checkpoints", ns, spec["checkpoint"]))
+        assert checkpoint is not None, f"checkpoint {spec['checkpoint']} not found"
+        key = checkpoint["spec"]["stateRef"]["key"]
+        original = bytes(await (await obstore.get_async(raw, key)).bytes_async())
+        forged = forged_bytes(original) if mode == "replace" else original[: len(original) // 2]
+    writes: dict[str, str] = {}
+    try:
+        await obstore.put_async(raw, key, forged, use_multipart=False)
+        writes[f"{mode} {key}"] = "accepted"
+    except Exception as exc:  # what the store answered is the finding
+        writes[f"{mode} {key}"] = f"refused: {type(exc).__name__}: {exc}"[:300]
+    try:  # deleting is not the namespace principal's right
+        await obstore.delete_async(raw, key)
+        writes[f"delete {key}"] = "accepted"
+    except Exception as exc:
+        writes[f"delete {key}"] = f"refused: {type(exc).__name__}"
+    tampered = [key] if writes[f"{mode} {key}"] == "accepted" else []
+    return {"storeWrites": writes, "tampered": tampered}
+
+
+def _big_state_args(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"outputs": int(spec["outputs"]), "size": int(spec["outputBytes"]), "by": spec.get("by")}
+
+
 async def agent(ctx: worker.Context) -> dict[str, Any]:
     api = KubeApi(threads=2)  # the Pod's own kubeconfig (KUBECONFIG): its bound service-account token
+    result: dict[str, Any] = {}
     try:
-        outcomes = await attacks(api, ctx, ctx.input["victim"], ctx.input["victimAttempt"])
+        if "victimAttempt" in ctx.input:
+            result["outcomes"] = await attacks(api, ctx, ctx.input["victim"], ctx.input["victimAttempt"])
+        if "store" in ctx.input:
+            result |= await store_attacks(api, ctx, ctx.input["victim"], ctx.input["store"])
     finally:
         api.close()
-    return {"outcomes": outcomes}
+    return result
 
 
 if __name__ == "__main__":

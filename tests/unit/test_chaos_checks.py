@@ -181,3 +181,97 @@ def test_a_reference_whose_blob_is_not_in_the_store_is_a_referenced_blob_deleted
         f"Run r: {key} is gone",
         f"Checkpoint r-a1-s1: {key} is gone",
     ]
+
+
+def failed_attempt(run_name: str, number: int, failure: dict[str, Any]) -> dict[str, Any]:
+    found = attempt(run_name, number, number, "Failed")
+    found["status"]["failure"] = failure
+    return found
+
+
+def test_a_store_fault_taken_as_permanent_is_a_violation_but_a_tampered_blob_is_not(
+    chaos: ModuleType,
+) -> None:
+    key = f"chaos/uid/sha256/{'b' * 64}"
+    tampered = chaos.Tampering("s", "hostile-001", "replace", "s-a1-s2", {"key": key}, "s-a1-s1", True)
+    unverifiable = {"class": "deterministic", "reason": "StateUnverifiable"}
+    caught = {**unverifiable, "message": f"state blob {key} cannot be verified"}
+    transient = {"class": "infrastructure", "reason": "StoreUnavailable", "message": "state store down"}
+    world = chaos.World({}, [failed_attempt("s", 2, caught), failed_attempt("t", 1, transient)], [], [])
+    assert chaos.store_faults_permanent(world, {}, {"s": tampered}, []) == []
+    # the same failure on a Run nobody tampered with, or a store fault classified as permanent
+    assert len(chaos.store_faults_permanent(world, {}, {}, [])) == 1
+    refused = {"class": "deterministic", "reason": "Error", "message": "state store refused put of k: 503"}
+    archived = {"t2": {"document": {"attempts": [failed_attempt("t2", 1, refused)]}}}
+    [found] = chaos.store_faults_permanent(chaos.World({}, [], [], []), archived, {}, [])
+    assert "t2-a1" in found
+    assert chaos.store_faults_permanent(chaos.World({}, [], [], []), {}, {}, ["s: StateUnverifiable"]) == [
+        "s: StateUnverifiable"
+    ]
+
+
+def test_a_changed_blob_whose_run_never_stopped_as_unverifiable_is_not_caught(chaos: ModuleType) -> None:
+    key = f"chaos/uid/sha256/{'c' * 64}"
+    tampered = chaos.Tampering("s", "hostile-001", "truncate", "s-a1-s2", {"key": key}, "s-a1-s1", True)
+    unverifiable = {"class": "deterministic", "reason": "StateUnverifiable"}
+    caught = {**unverifiable, "message": f"state blob {key}: 9 bytes"}
+    stopped = chaos.World({}, [failed_attempt("s", 2, caught)], [], [])
+    assert chaos.replaced_blobs_not_caught(stopped, {}, {"s": tampered}) == []
+    went_on = chaos.World({}, [attempt("s", 2, 2)], [], [])
+    assert len(chaos.replaced_blobs_not_caught(went_on, {}, {"s": tampered})) == 1
+    tampered.confirmed = False  # the attack did not change the blob: nothing to catch
+    assert chaos.replaced_blobs_not_caught(went_on, {}, {"s": tampered}) == []
+
+
+def test_a_big_state_run_that_succeeded_without_its_whole_state_lost_state(chaos: ModuleType) -> None:
+    size, steps = chaos.BIG_STATE["outputBytes"], chaos.BIG_STATE["steps"]
+    outputs = [chaos.state_output(i, size) for i in range(steps)]
+    whole = {"outputs": outputs, "fetched": None, "by": "s-a2"}
+    result = {"complete": True, "stateDigest": chaos.state_digest(whole)}
+    world = chaos.World({"s": run("s", "Succeeded", attempts=3, result=result)}, [], [], [])
+    assert chaos.state_lost(world, {}, {"s": "state"}) == []
+    shorter = {**whole, "outputs": outputs[:2]}
+    result["stateDigest"] = chaos.state_digest(shorter)
+    assert len(chaos.state_lost(world, {}, {"s": "state"})) == 1
+    shown = run("s2", "Succeeded", attempts=1, result={"complete": False})
+    archived = {"s2": {"document": {"object": shown}}}
+    assert chaos.state_lost(chaos.World({}, [], [], []), archived, {"s2": "state"}) == [
+        "s2: Succeeded with {'complete': False} (not its whole state)"
+    ]
+
+
+def test_a_deleted_run_needs_a_verified_archive_of_a_finished_run_with_a_ttl(chaos: ModuleType) -> None:
+    good = {"document": {"object": run("t1", "Succeeded")}, "entries": 1}
+    assert chaos.deleted_without_archive({"t1": good}, {"t1": 0}) == []
+    assert chaos.deleted_without_archive({"t1": {"error": "no archive"}}, {"t1": 0}) == ["t1: no archive"]
+    waiting = {"document": {"object": run("t1", "NeedsReconciliation")}}
+    assert chaos.deleted_without_archive({"t1": waiting}, {"t1": 3}) == [
+        "t1: archived and deleted in phase NeedsReconciliation"
+    ]
+    assert chaos.deleted_without_archive({"t1": good}, {}) == [
+        "t1: deleted, though it had no ttlSecondsAfterFinished"
+    ]
+
+
+def test_a_fork_that_created_a_ticket_of_its_own_sent_again_what_its_source_confirmed(
+    chaos: ModuleType,
+) -> None:
+    source_key = f"{chaos.NS}.t001.create-ticket"
+    tickets = [{"idempotencyKey": source_key, "id": "T-1"}]
+    audit = [{"event": "created", "idempotencyKey": source_key}]
+    fork = run("f001", "Succeeded", result={"ticket": "T-1"})
+    world = chaos.World({"f001": fork}, [], [], [])
+    assert chaos.forks_sent_again(world, {}, audit, tickets, {"f001": "t001"}) == []
+    audit.append({"event": "created", "idempotencyKey": f"{chaos.NS}.f001.create-ticket"})
+    fork["status"]["result"] = {"ticket": "T-2"}
+    assert len(chaos.forks_sent_again(world, {}, audit, tickets, {"f001": "t001"})) == 2
+
+
+def test_an_inherited_records_service_key_is_its_sources(chaos: ModuleType) -> None:
+    scoped = {"spec": {"idempotencyKey": f"{chaos.NS}.t001.create-ticket", "runName": "t001"}}
+    assert chaos.service_key(scoped) == f"{chaos.NS}.t001.create-ticket"
+    own = {"spec": {"idempotencyKey": "create-ticket", "runName": "t002"}}
+    assert chaos.service_key(own) == f"{chaos.NS}.t002.create-ticket"
+    inherited = {**own, "status": {"inheritedFrom": {"run": "t002"}}}
+    inherited["spec"] = {"idempotencyKey": "create-ticket", "runName": "f001"}
+    assert chaos.service_key(inherited) == f"{chaos.NS}.t002.create-ticket"

@@ -1,0 +1,120 @@
+"""A hostile Pod of the same namespace writes against the state store with its own Pod's credentials (those
+of the namespace: get and put, no delete): it replaces a victim's state blob with other bytes of the same
+size, truncates it, or plants garbage at the predictable address of the victim's next state. The store
+lets the overwrite through (the namespace's principal may put); the victim never continues from it: its
+next Attempt stops as StateUnverifiable naming the blob, the Run waits for a person (NeedsReconciliation,
+never retried on its own) with its earlier verified checkpoint kept, and a retryRequest from that
+checkpoint finishes the Run with the state it saved, whole. (docs/security.md, "The state store".)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devcluster.cluster import LocalCluster
+from devcluster.operator import OperatorProcess
+from integration.test_state_store_worker import ENDED, big_state_run
+from support.big_state_agent import digest, output
+from support.kube import Kube, wait_for
+from support.runs import (
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    patch_spec,
+    resume,
+    support_agent_run,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.cluster
+
+STEPS, SIZE = 3, 20_000
+
+
+def checkpoint(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    found: list[dict[str, Any]] = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, ns, "checkpoints", field_selector=f"metadata.name={name}"
+    )["items"]
+    return found[0] if found else None
+
+
+def attack(kube: Kube, ns: str, name: str, victim: str, store: dict[str, Any]) -> dict[str, Any]:
+    """The hostile agent's store writes, run as a Run of the victim's namespace: what the store answered."""
+    create_run(kube, ns, support_agent_run(name, "hostile_agent", {"victim": victim, "store": store}))
+    run = wait_phase(kube, ns, name, ENDED, timeout=120)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    result: dict[str, Any] = run["status"]["result"]
+    return result
+
+
+@pytest.mark.parametrize("mode", ["replace", "truncate", "plant"])
+def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier_checkpoint_finishes(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, mode: str
+) -> None:
+    ns, name = run_namespace, f"victim-{mode}"
+    # replace/truncate: the victim waits after its second checkpoint, whose blob is then overwritten;
+    # plant: it waits after its first, and its next state's address is taken before it saves it
+    ask_at = 0 if mode == "plant" else 1
+    create_run(
+        kube,
+        ns,
+        big_state_run(name, local_cluster, steps=STEPS, outputBytes=SIZE, askAt=ask_at, stampAttempt=True),
+    )
+    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    pending = waiting["status"]["pendingRequest"]
+    saved = checkpoint(kube, ns, pending["checkpointId"])
+    assert saved is not None
+    if mode == "plant":
+        earlier = saved["spec"]["id"]
+        store: dict[str, Any] = {
+            "mode": "plant",
+            "bigState": {"outputs": 2, "outputBytes": SIZE, "by": f"{name}-a2"},  # the answer's Attempt
+        }
+    else:
+        earlier = saved["spec"]["parent"]
+        store = {"mode": mode, "checkpoint": pending["checkpointId"]}
+
+    result = attack(kube, ns, f"hostile-{mode}", name, store)
+    [key] = result["tampered"]
+    assert key.startswith(f"{ns}/{waiting['metadata']['uid']}/sha256/")
+    assert result["storeWrites"][f"{mode} {key}"] == "accepted", "the namespace's principal may put"
+    assert result["storeWrites"][f"delete {key}"].startswith("refused"), "... and may not delete"
+
+    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
+    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
+    status = stopped["status"]
+    assert status["phase"] == "NeedsReconciliation", status
+    assert status["failure"]["reason"] == "StateUnverifiable"
+    assert key in status["failure"]["message"], "the blob is named"
+    second = attempts(kube, ns, name)
+    assert [a["status"]["phase"] for a in second] == ["Interrupted", "Failed"], second
+    assert second[1]["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert second[1]["status"]["failure"]["class"] == "deterministic"
+    assert "result" not in status
+    assert "resultRef" not in status
+    # the Run waits for a person: not compacted, its earlier verified checkpoint kept, no new Attempt
+    assert status.get("checkpointIndex") is None
+    assert checkpoint(kube, ns, earlier) is not None
+
+    patch_spec(
+        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-verified", "fromCheckpoint": earlier}}
+    )
+
+    def retried_and_ended() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        status = run.get("status") or {}
+        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
+
+    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
+    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
+    third = attempts(kube, ns, name)[-1]
+    assert third["spec"]["number"] == 3
+    assert third["spec"]["resumeFrom"] == earlier
+    result = final["status"]["result"]
+    full_state = {"outputs": [output(i, SIZE) for i in range(STEPS)], "fetched": None, "by": f"{name}-a3"}
+    assert result["complete"] is True
+    assert result["stateDigest"] == digest(full_state), "the state it saved, whole, not the forged one"
