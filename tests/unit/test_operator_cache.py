@@ -61,10 +61,11 @@ def test_the_cache_says_whether_an_object_carries_managed_fields_not_what_they_a
 
 def test_the_run_cache_says_whether_the_run_carries_managed_fields() -> None:
     runs = RunCache()
-    run = {"metadata": {"name": "triage", "namespace": "team-a", "uid": "u", "resourceVersion": "7"}}
-    runs.put({**run, "metadata": {**run["metadata"], "managedFields": MANAGED}, "status": {"phase": "Succeeded"}})
+    metadata = {"name": "triage", "namespace": "team-a", "uid": "u", "resourceVersion": "7"}
+    ended = {"status": {"phase": "Succeeded"}}
+    runs.put({"metadata": {**metadata, "managedFields": MANAGED}, **ended})
     assert runs.has_managed_fields(("team-a", "triage"))
 
-    runs.put({**run, "metadata": {**run["metadata"], "resourceVersion": "8"}, "status": {"phase": "Succeeded"}})
+    runs.put({"metadata": {**metadata, "resourceVersion": "8"}, **ended})  # as a reset answers
     assert not runs.has_managed_fields(("team-a", "triage"))
     assert not runs.has_managed_fields(("team-a", "other"))
