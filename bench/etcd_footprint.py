@@ -15,7 +15,8 @@ scenarios run one after the other on the same etcd, each in its own namespace. P
 operator's CPU per Run (user + system, /proc) and the API requests per Run (the API server's own
 counters, all clients, WATCH not counted: the creates, the operator, the in-process workers, the node
 agent), over all its chunks. Events (an hour's TTL in etcd) are counted in the namespace at each point:
-they are part of what etcd holds meanwhile.
+they are part of what etcd holds meanwhile; at the end of a scenario its Events are deleted and etcd
+measured once more (`withoutEvents`): what the Runs themselves leave.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def scenario(bench: Bench, name: str, n: int, chunk: int, timeout: float) -> Jso
     requests = by_verb_resource(request_delta(bench.requests(), requests0))
     for w in watches:
         w.stop()
+    # The Events of the scenario (an hour's TTL in etcd) deleted: what agentrun's own objects leave.
+    bench.kube.core.delete_collection_namespaced_event(ns)
+    without_events = etcd_point(bench, url, ns, n)
     top = sorted(requests.items(), key=lambda kv: -kv[1])[:12]
     return {
         "scenario": name,
@@ -170,6 +174,7 @@ def scenario(bench: Bench, name: str, n: int, chunk: int, timeout: float) -> Jso
         "seconds": round(time.monotonic() - began, 1),
         "busySeconds": round(busy, 1),
         "points": points,
+        "withoutEvents": without_events,
         "operatorCpuMsPerRun": round(cpu / n * 1000, 1),
         "apiRequestsPerRun": round(sum(requests.values()) / n, 2),
         "apiRequestsPerRunByVerb": {f"{verb} {resource}": round(c / n, 2) for (verb, resource), c in top},
@@ -207,6 +212,13 @@ def main() -> None:
                 f"| {result['scenario']} | {p['runs']} | {mib:.2f} | {p['keys']} | {p['runsLeft']} "
                 f"| {p['eventsLeft']} |"
             )
+    for result in results:
+        p = result["withoutEvents"]
+        mib = (p["dbInUseBytes"] or 0) / 2**20
+        print(
+            f"| {result['scenario']}, its Events deleted | {p['runs']} | {mib:.2f} "
+            f"| {p['keys']} | {p['runsLeft']} | {p['eventsLeft']} |"
+        )
     for result in results:
         print(
             f"\n{result['scenario']}: operator CPU {result['operatorCpuMsPerRun']} ms/Run, "
