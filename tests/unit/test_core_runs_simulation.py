@@ -128,8 +128,9 @@ class Cluster:
     store: bool = False  # whether the operator has a state store
     indexed: set[str] = field(default_factory=set)  # the Checkpoints the recorded index names
     saved_checkpoints: list[str] = field(default_factory=list)  # every Checkpoint saved, in order
-    # The objects that carry managedFields, as (plural, name): every write adds its writer's entry, and
-    # only a ClearManagedFields removes them (the API server's reset).
+    # The objects that carry managedFields, as (plural, name): every write adds its writer's entry (the
+    # harder case: a real API server adds none on a plain update of an object without any, only on a
+    # server-side apply), and only a ClearManagedFields removes them (the API server's reset).
     managed: set[tuple[str, str]] = field(default_factory=set)
 
     @property

@@ -17,8 +17,9 @@ index is behind) and every Checkpoint stays: state is never lost for want of a p
    Pod to collect, no upkeep, its time to live's writes made and its archive not due), the
    metadata.managedFields of the Run and of the Attempts, SideEffects and Checkpoints it keeps are
    cleared: about half of what a finished Run leaves in the API server as kubectl prints it. Decided on
-   the objects as observed (World.managed_fields), so a later write (a retry, a resolution) that adds an
-   entry again is followed by another clear once the Run is at rest again.
+   the objects as observed (World.managed_fields), so a later write that adds an entry again (a
+   server-side apply; the API server tracks no fields on a plain update of an object that has none) is
+   followed by another clear once the Run is at rest again.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def clear_managed_fields(w: World) -> Transition | None:
     """A compacted Run at rest -> the managedFields of the Run, then of its Attempts, SideEffects and
     Checkpoints, cleared: each a reset preconditioned on the version seen. Only as the last write: while
     anything else is to be written for the Run (an upkeep, a log tail, a Pod to collect, its expiresTime
-    or Archived condition, its archive and deletion) that goes first, since every write adds its writer's
-    entry again. A Run to be archived and deleted now is not cleared (its records go to the store whole)."""
+    or Archived condition, its archive and deletion) that goes first, so that the result does not depend
+    on whether a later write records its writer again (a server-side apply does). A Run to be archived
+    and deleted now is not cleared (its records go to the store whole)."""
     if not w.managed_fields or upkeep(w) or collect_pods(w, NOTHING) is not None:
         return None
     rest = expiry.expiry(w)
