@@ -125,7 +125,8 @@ class LocalCluster:
         return self.object_store.namespace_credentials(namespace).env()
 
     def forget_namespace_store(self, namespace: str) -> None:
-        """`namespace`'s principals on the store are granted nothing any more (see principals.revoke)."""
+        """`namespace`'s principals on the store are granted nothing any more and deleted (see
+        principals.BundledStore.take_back)."""
         if self.object_store is not None:
             self.object_store.forget_namespace(namespace)
 

@@ -131,8 +131,9 @@ class ObjectStoreProcess:
         return BundledStore(parse_store_url(self.url), self.credentials).ensure(namespace, access, held)
 
     def forget_namespace(self, namespace: str) -> None:
-        """The namespace's principals are granted nothing any more (its test is over)."""
-        BundledStore(parse_store_url(self.url), self.credentials).revoke(namespace)
+        """The namespace's principals are granted nothing any more and deleted (its test is over), as an
+        operator administering the server does once a namespace is gone (operator.store_principals)."""
+        BundledStore(parse_store_url(self.url), self.credentials).take_back(namespace)
 
     def write_env_file(self, path: Path) -> Path:
         """A file to `source` for a shell that uses the store: its URL and credentials (mode 0600)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,8 +17,8 @@ from .processes import free_port, spawn, stop_group
 
 
 class TicketServiceProcess:
-    """Runs `python -m agentrun.examples.ticketservice` on a fixed loopback port, so a restart (which keeps
-    the state file) is invisible to workers holding the URL."""
+    """Runs the example ticket service with its fault switches (devcluster.ticket_faults) on a fixed loopback
+    port, so a restart (which keeps the state file) is invisible to workers holding the URL."""
 
     def __init__(self, state_path: Path, log_path: Path | None = None, port: int | None = None) -> None:
         self.state_path = state_path
@@ -31,9 +32,11 @@ class TicketServiceProcess:
         return {"TICKET_SERVICE_URL": self.url}
 
     def start(self, timeout: float = 15.0) -> None:
-        argv = [sys.executable, "-m", "agentrun.examples.ticketservice"]
+        argv = [sys.executable, "-m", "devcluster.ticket_faults"]
         argv += ["--port", str(self.port), "--state", str(self.state_path)]
-        self.process = spawn(argv, self.log_path, tie_to_parent=True)
+        paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]  # devcluster's
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+        self.process = spawn(argv, self.log_path, env=env, tie_to_parent=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -400,7 +400,7 @@ RUN_PERSON_FIELDS: Final = (
     ("retryRequest", "requestedBy"),
     ("compensateRequest", "requestedBy"),
 )
-APPROVAL_PREFIX: Final = "approve-"  # the request ids of approvals (agentrun.core.requests: the same)
+APPROVAL_PREFIX: Final = "approve-"  # the request ids of approvals (agentrun.core.interrupts: the same)
 WHOAMI: Final = "your user name as `kubectl auth whoami` shows it"
 USER: Final = "request.userInfo.username"
 

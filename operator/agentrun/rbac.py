@@ -45,7 +45,7 @@ OPERATOR_RULES: list[Rule] = [
     {
         "apiGroups": [GROUP],
         "resources": ["checkpoints", "sideeffects"],
-        # create: a fork's copy of its source's checkpoint and its inherited records (core.forking)
+        # create: a fork's copy of its source's checkpoint and its inherited records (core.fork)
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},

@@ -1,12 +1,15 @@
 """The agent-state store's credentials per namespace, on a real API server and the real object store: a Run
 whose namespace holds no Secret of them fails before any Pod and says what to create; once it is created,
 a retry runs. With the bundled server, the operator makes an opted-in namespace's principals (get and
-put under its prefix; get only) and their Secrets, idempotently."""
+put under its prefix; get only) and their Secrets, idempotently, when the namespace opts in (before any
+Run), and takes them back from the server once the namespace is gone, even if it was down then."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +19,16 @@ from agentrun.kubeapi import KubeApi
 from agentrun.kubeauth import load_configuration
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.store_credentials import StoreCredentials
+from agentrun.statestore import parse_store_url
+from agentrun.statestore.principals import Access, BundledStore, access_key
 from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.objectstore import Credentials, s3_request
 from devcluster.operator import OperatorProcess
+from devcluster.processes import free_port
 from support.clusters import opt_in_for_attempts
-from support.kube import Kube
-from support.runs import attempts, create_run, get_run, patch_spec, scenario_run, wait_phase
+from support.kube import Kube, wait_for
+from support.runs import GROUP, VERSION, attempts, create_run, get_run, patch_spec, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -110,3 +116,128 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     asyncio.run(rerun())
     assert secret_credentials(kube, namespace, security.STATE_STORE_SECRET) == (writer, version)
     assert put(local_cluster, f"{namespace}/run/sha256/c", writer) == 200
+
+
+# ---- ... when the namespace opts in, and back from the server when it is gone ---------------------------
+
+
+@pytest.fixture
+def own_namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace that the test deletes itself (deleted at the end if it did not)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.core.create_namespace({"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}})
+    try:
+        yield name
+    finally:
+        if kube.core.list_namespace(field_selector=f"metadata.name={name}").items:
+            kube.core.delete_namespace(name)
+
+
+def provisioning_operator(
+    operator_kubeconfig: Path, cluster: LocalCluster, namespace: str, log: Path
+) -> OperatorProcess:
+    """An operator of `namespace` only, administering the bundled server (its root credentials)."""
+    process = OperatorProcess(
+        operator_kubeconfig,
+        log,
+        env={
+            "AGENTRUN_METRICS_PORT": str(free_port()),
+            **security.OPERATOR_ENV,
+            **security.state_store_operator_env(cluster.state_store_url),
+            **cluster.state_store_env(),
+            "AGENTRUN_STATE_STORE_PROVISION": "versitygw",
+        },
+        args=[f"--namespace={namespace}"],
+    )
+    process.start()
+    process.wait_ready()
+    return process
+
+
+def server_principals(cluster: LocalCluster) -> BundledStore:
+    assert cluster.object_store is not None
+    return BundledStore(parse_store_url(cluster.state_store_url), cluster.object_store.credentials)
+
+
+def named_on_server(cluster: LocalCluster, namespace: str) -> set[str]:
+    """The namespace's principals the server holds, as users or in its bucket policy."""
+    held = server_principals(cluster).principals()
+    return {access_key(namespace, a) for a in Access} & (held.users | held.granted)
+
+
+def secrets_made(kube: Kube, namespace: str) -> dict[str, tuple[Credentials, str]]:
+    names = (security.STATE_STORE_SECRET, security.STATE_STORE_SECRET + "-read")
+    found = {s.metadata.name for s in kube.core.list_namespaced_secret(namespace).items}
+    return {name: secret_credentials(kube, namespace, name) for name in names} if set(names) <= found else {}
+
+
+def namespace_gone(kube: Kube, namespace: str) -> bool:
+    return not kube.core.list_namespace(field_selector=f"metadata.name={namespace}").items
+
+
+@pytest.mark.usefixtures("agentrun_crds")  # an operator process: it waits for the CRDs
+def test_an_opted_in_namespace_gets_its_secrets_before_any_run_and_its_principals_go_with_it(
+    kube: Kube,
+    local_cluster: LocalCluster,
+    own_namespace: str,
+    operator_kubeconfig: Path,
+    tmp_path: Path,
+) -> None:
+    ns = own_namespace
+    operator = provisioning_operator(operator_kubeconfig, local_cluster, ns, tmp_path / "operator.log")
+    try:
+        assert named_on_server(local_cluster, ns) == set()
+        opt_in_for_attempts(kube, ns)  # the label on its agents' ServiceAccount: no Run anywhere
+
+        made = wait_for(lambda: secrets_made(kube, ns), timeout=30, what=f"the store's Secrets in {ns}")
+        assert kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "runs")["items"] == []
+        writer, _ = made[security.STATE_STORE_SECRET]
+        assert put(local_cluster, f"{ns}/run/sha256/a", writer) == 200
+        assert put(local_cluster, f"{ns}-other/run/sha256/a", writer) == 403
+        assert named_on_server(local_cluster, ns) == {access_key(ns, a) for a in Access}
+
+        kube.core.delete_namespace(ns)
+
+        wait_for(
+            lambda: not named_on_server(local_cluster, ns),
+            timeout=60,
+            interval=0.5,
+            what=f"{ns}'s principals taken back from the server",
+        )
+        assert put(local_cluster, f"{ns}/run/sha256/b", writer) == 403
+    finally:
+        operator.stop()
+    log = operator.log_path.read_text()
+    assert f"took back namespace {ns}'s principals" in log and "sweep failed" not in log
+
+
+@pytest.mark.usefixtures("agentrun_crds")  # an operator process: it waits for the CRDs
+def test_an_operator_down_while_a_namespace_is_deleted_takes_its_principals_back_when_it_starts(
+    kube: Kube,
+    local_cluster: LocalCluster,
+    own_namespace: str,
+    operator_kubeconfig: Path,
+    tmp_path: Path,
+) -> None:
+    ns, log = own_namespace, tmp_path / "operator.log"
+    operator = provisioning_operator(operator_kubeconfig, local_cluster, ns, log)
+    try:
+        opt_in_for_attempts(kube, ns)
+        wait_for(lambda: secrets_made(kube, ns), timeout=30, what=f"the store's Secrets in {ns}")
+    finally:
+        operator.stop()
+
+    kube.core.delete_namespace(ns)
+    wait_for(lambda: namespace_gone(kube, ns), timeout=60, interval=0.5, what=f"{ns} deleted")
+    assert named_on_server(local_cluster, ns) == {access_key(ns, a) for a in Access}  # nobody took them
+
+    operator = provisioning_operator(operator_kubeconfig, local_cluster, ns, log)
+    try:
+        wait_for(
+            lambda: not named_on_server(local_cluster, ns),
+            timeout=60,
+            interval=0.5,
+            what=f"{ns}'s principals taken back by the restarted operator",
+        )
+    finally:
+        operator.stop()

@@ -129,3 +129,30 @@ def test_a_namespace_that_is_gone_is_granted_nothing_and_the_policy_stays_small(
     assert request(server, "PUT", "team-gone/run/sha256/y", gone, b"y") == 403
     assert bundled.policy()["Statement"] == before
     server.forget_namespace("team-gone")  # again: nothing to take back
+
+
+def test_a_namespace_taken_back_loses_its_users_and_statements_and_no_other(
+    server: ObjectStoreProcess,
+) -> None:
+    """What the operator does once a namespace is gone (operator.store_principals): the server's users and
+    its policy's principals are read back as core.store_principals reads them; the take-back removes the
+    namespace's statements and users, runs again harmlessly, and leaves every other principal alone."""
+    bundled = BundledStore(parse_store_url(server.url), server.credentials)
+    for namespace in ("team-went", "team-kept"):
+        for access in Access:
+            server.namespace_credentials(namespace, access)
+    kept = server.namespace_credentials("team-kept")  # made again: new credentials, the last ones
+    went = {access_key("team-went", access) for access in Access}
+    held = bundled.principals()
+    assert went <= held.users and went <= held.granted
+    assert {"team-went", "team-kept"} <= held.namespaces() and held.complete("team-went")
+    assert server.credentials.access_key not in held.users  # the root is no user of the IAM
+
+    bundled.take_back("team-went")
+
+    after = bundled.principals()
+    assert not went & (after.users | after.granted)
+    assert "team-went" not in after.namespaces() and after.complete("team-kept")
+    assert request(server, "PUT", "team-kept/run/sha256/x", kept, b"x") == 200
+    bundled.take_back("team-went")  # again: nothing left to take
+    assert bundled.principals() == after

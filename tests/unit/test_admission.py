@@ -17,7 +17,7 @@ from agentrun.admission import (
     unchanged,
 )
 from agentrun.api import AttemptStatus, RunSpec, RunStatus
-from agentrun.core import ledger, requests
+from agentrun.core import interrupts, ledger
 
 OPERATOR = "system:serviceaccount:agentrun-system:agentrun"
 DOCS = admission_policies(OPERATOR)
@@ -104,7 +104,7 @@ def test_people_decide_on_side_effects_in_their_own_name_and_pods_never_do() -> 
 
 
 def test_approvals_are_told_apart_by_the_prefix_the_worker_uses() -> None:
-    assert APPROVAL_PREFIX == requests.APPROVAL_PREFIX
+    assert APPROVAL_PREFIX == interrupts.APPROVAL_PREFIX
     assert ledger.approval_request_id("sfx-1", "sha256:" + "0" * 64).startswith(APPROVAL_PREFIX)
 
 

@@ -23,7 +23,7 @@ from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands import compensate, effects, resume
 from agentrun.cli.commands.common import show_outcome
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import identifier_problem
+from agentrun.cli.controls import identifier_problem
 from agentrun.cli.hints import Target
 from agentrun.cli.nextsteps import NEW_KEY_VERSION_DOC, run_steps
 from agentrun.cli.output import Output

@@ -12,7 +12,7 @@ from kubernetes.client.rest import ApiException
 
 from agentrun.api import Attempt, Checkpoint, ControlRecord, Run, SideEffect, SideEffectState
 from agentrun.api.common import IDENTIFIER_PATTERN
-from agentrun.cli import control_requests, render, timeline
+from agentrun.cli import controls, render, timeline
 from agentrun.cli.app import parse
 from agentrun.cli.commands import cancel, effects, resume, watch
 from agentrun.cli.errors import CliError, api_error_from, describe_api_error
@@ -219,14 +219,14 @@ def test_unknown_output_formats_are_usage_errors() -> None:
 
 
 def test_the_default_resume_key_is_stable_valid_and_tied_to_the_answer() -> None:
-    key = control_requests.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
-    assert key == control_requests.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
+    key = controls.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
+    assert key == controls.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
     assert re.fullmatch(IDENTIFIER_PATTERN, key) and len(key) <= 128
     others = {
-        control_requests.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "low"}),
-        control_requests.resume_key(UID, "ask-r2", "ask-a1-s1", {"priority": "high"}),
-        control_requests.resume_key(UID, "ask-r1", "ask-a1-s2", {"priority": "high"}),
-        control_requests.resume_key("another-uid", "ask-r1", "ask-a1-s1", {"priority": "high"}),
+        controls.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "low"}),
+        controls.resume_key(UID, "ask-r2", "ask-a1-s1", {"priority": "high"}),
+        controls.resume_key(UID, "ask-r1", "ask-a1-s2", {"priority": "high"}),
+        controls.resume_key("another-uid", "ask-r1", "ask-a1-s1", {"priority": "high"}),
     }
     assert key not in others and len(others) == 4
 
@@ -234,33 +234,27 @@ def test_the_default_resume_key_is_stable_valid_and_tied_to_the_answer() -> None
 def test_retry_keys_and_pause_ids_change_with_the_runs_progress() -> None:
     failed = make_run({"phase": "Failed", "attempts": 1, "latestCheckpoint": "ask-a1-s1"})
     again = make_run({"phase": "Failed", "attempts": 2, "latestCheckpoint": "ask-a1-s1"})
-    assert control_requests.retry_key(failed, None, "fixed") == control_requests.retry_key(
-        failed, None, "fixed"
-    )
-    assert control_requests.retry_key(failed, None, "fixed") != control_requests.retry_key(
-        again, None, "fixed"
-    )
-    assert control_requests.retry_key(failed, None, "fixed") != control_requests.retry_key(
-        failed, "c", "fixed"
-    )
+    assert controls.retry_key(failed, None, "fixed") == controls.retry_key(failed, None, "fixed")
+    assert controls.retry_key(failed, None, "fixed") != controls.retry_key(again, None, "fixed")
+    assert controls.retry_key(failed, None, "fixed") != controls.retry_key(failed, "c", "fixed")
     running = make_run({"phase": "Running", "attempts": 1, "latestCheckpoint": "ask-a1-s1"})
     later = make_run({"phase": "Running", "attempts": 1, "latestCheckpoint": "ask-a1-s2"})
-    assert control_requests.pause_request_id(running, None) != control_requests.pause_request_id(later, None)
-    assert re.fullmatch(IDENTIFIER_PATTERN, control_requests.pause_request_id(running, "lunch"))
+    assert controls.pause_request_id(running, None) != controls.pause_request_id(later, None)
+    assert re.fullmatch(IDENTIFIER_PATTERN, controls.pause_request_id(running, "lunch"))
 
 
 def test_compensate_keys_are_fresh_per_compensation_and_the_patch_replaces_the_effects() -> None:
     done = make_run({"phase": "Succeeded", "attempts": 1})
     compensated = make_run({"phase": "Succeeded", "attempts": 2})
-    key = control_requests.compensate_key(done, ["b", "a"])
-    assert key == control_requests.compensate_key(done, ["a", "b"]), "a double click asks once"
-    assert key != control_requests.compensate_key(compensated, ["a", "b"]), "after it ran, a new request"
-    assert key != control_requests.compensate_key(done, [])
+    key = controls.compensate_key(done, ["b", "a"])
+    assert key == controls.compensate_key(done, ["a", "b"]), "a double click asks once"
+    assert key != controls.compensate_key(compensated, ["a", "b"]), "after it ran, a new request"
+    assert key != controls.compensate_key(done, [])
     assert re.fullmatch(IDENTIFIER_PATTERN, key) and len(key) <= 128
-    assert control_requests.compensate_patch(key, ["b", "a"], by="carol") == {
+    assert controls.compensate_patch(key, ["b", "a"], by="carol") == {
         "spec": {"compensateRequest": {"idempotencyKey": key, "effects": ["a", "b"], "requestedBy": "carol"}}
     }
-    assert control_requests.compensate_patch(key, [])["spec"]["compensateRequest"]["effects"] is None
+    assert controls.compensate_patch(key, [])["spec"]["compensateRequest"]["effects"] is None
 
 
 def test_the_compensate_command_takes_effects_by_key() -> None:
@@ -269,27 +263,25 @@ def test_the_compensate_command_takes_effects_by_key() -> None:
 
 
 def test_schema_problems_read_like_the_operators() -> None:
-    assert control_requests.schema_problem({"priority": "high"}, PRIORITY) is None
-    assert control_requests.schema_problem("anything", None) is None
-    problem = control_requests.schema_problem({"priority": "urgent"}, PRIORITY)
+    assert controls.schema_problem({"priority": "high"}, PRIORITY) is None
+    assert controls.schema_problem("anything", None) is None
+    problem = controls.schema_problem({"priority": "urgent"}, PRIORITY)
     assert problem is not None and problem.startswith("value at priority: 'urgent' is not one of")
-    assert (
-        control_requests.schema_problem({}, PRIORITY) == "value at (root): 'priority' is a required property"
-    )
+    assert controls.schema_problem({}, PRIORITY) == "value at (root): 'priority' is a required property"
 
 
 def test_patches_say_exactly_what_is_asked() -> None:
-    assert control_requests.cancel_operations(3, "99") == [
+    assert controls.cancel_operations(3, "99") == [
         {"op": "test", "path": "/spec/cancelEpoch", "value": 3},
         {"op": "replace", "path": "/spec/cancelEpoch", "value": 4},
     ]
-    assert control_requests.cancel_operations(None, "99")[0] == {
+    assert controls.cancel_operations(None, "99")[0] == {
         "op": "test",
         "path": "/metadata/resourceVersion",
         "value": "99",
     }
     # explicit nulls, so that a merge patch removes what an earlier request had set
-    assert control_requests.retry_patch("k", None, None) == {
+    assert controls.retry_patch("k", None, None) == {
         "spec": {
             "retryRequest": {
                 "idempotencyKey": "k",
@@ -300,7 +292,7 @@ def test_patches_say_exactly_what_is_asked() -> None:
         }
     }
     # the answer replaces the previous one whole (a merge patch would mix the two values)
-    assert control_requests.resume_operations("7", "r", "c", {"a": 1}, "k") == [
+    assert controls.resume_operations("7", "r", "c", {"a": 1}, "k") == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {
             "op": "add",
@@ -311,12 +303,12 @@ def test_patches_say_exactly_what_is_asked() -> None:
 
 
 def test_every_request_names_its_sender_and_a_default_key_is_the_senders_own() -> None:
-    [_, answer] = control_requests.resume_operations("7", "r", "c", {"a": 1}, "k", by="carol")
+    [_, answer] = controls.resume_operations("7", "r", "c", {"a": 1}, "k", by="carol")
     assert answer["value"]["answeredBy"] == "carol"
-    assert control_requests.retry_patch("k", None, None, by="carol")["spec"]["retryRequest"][
-        "requestedBy"
-    ] == ("carol")
-    assert control_requests.cancel_request("k", "wrong input", by="carol") == {
+    assert controls.retry_patch("k", None, None, by="carol")["spec"]["retryRequest"]["requestedBy"] == (
+        "carol"
+    )
+    assert controls.cancel_request("k", "wrong input", by="carol") == {
         "idempotencyKey": "k",
         "reason": "wrong input",
         "requestedBy": "carol",
@@ -325,18 +317,14 @@ def test_every_request_names_its_sender_and_a_default_key_is_the_senders_own() -
     value: dict[str, Any] = {"approved": True}
     keys = [
         (
-            control_requests.resume_key(UID, "r", "c", value, by=who),
-            control_requests.retry_key(run, None, None, by=who),
+            controls.resume_key(UID, "r", "c", value, by=who),
+            controls.retry_key(run, None, None, by=who),
         )
         for who in ("carol", "dave")
     ]
     assert keys[0][0] != keys[1][0] and keys[0][1] != keys[1][1], "two people, two requests"
-    assert control_requests.cancel_key(run, 1, None, by="carol") != control_requests.cancel_key(
-        run, 1, None, by="dave"
-    )
-    assert control_requests.compensate_key(run, [], by="carol") != control_requests.compensate_key(
-        run, [], by="dave"
-    )
+    assert controls.cancel_key(run, 1, None, by="carol") != controls.cancel_key(run, 1, None, by="dave")
+    assert controls.compensate_key(run, [], by="carol") != controls.compensate_key(run, [], by="dave")
 
 
 def resume_args(**given: Any) -> argparse.Namespace:
@@ -347,7 +335,7 @@ def test_resume_defaults_come_from_the_pending_request_then_from_the_sent_resume
     waiting = make_run(WAITING)
     answer = resume.plan_answer(waiting, resume_args(), {"priority": "high"})
     assert (answer.request_id, answer.checkpoint_id) == ("ask-r1", "ask-a1-s1")
-    assert answer.key == control_requests.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
+    assert answer.key == controls.resume_key(UID, "ask-r1", "ask-a1-s1", {"priority": "high"})
     assert resume.local_refusal(waiting, answer, explicit_request=False) is None
 
     wrong = resume.plan_answer(waiting, resume_args(), {"priority": "urgent"})

@@ -1,4 +1,4 @@
-"""core.forking and the ForkStart rule: which sources a fork refuses and why, what it copies, which of the
+"""core.fork and the ForkStart rule: which sources a fork refuses and why, what it copies, which of the
 source's SideEffects it inherits (exactly those up to the checkpoint's ledger mark), and how the ledger,
 the report and compensation treat inherited records."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agentrun.api import Checkpoint, Run, SideEffect
-from agentrun.core import compensation, forking, ledger, report
-from agentrun.core.forking import ForkSourceView
+from agentrun.core import compensation, fork, ledger, report
+from agentrun.core.fork import ForkSourceView
 from agentrun.core.ledger import Step, StopReason, side_effect_name
 from agentrun.core.plan import CreateAttempt, CreateCheckpoint, CreateSideEffect, WriteLease
 from agentrun.core.runs import decide
@@ -94,19 +94,25 @@ def decide_fork(source: ForkSourceView | None, run: Run | None = None) -> Any:
 @pytest.mark.parametrize(
     ("source", "run", "reason", "says"),
     [
-        (ForkSourceView(run=None), None, forking.NOT_FOUND, "no Run source in namespace team-a"),
-        (view(checkpoint=None), None, forking.NOT_FOUND, "Run source has no checkpoint source-a1-s2"),
+        (ForkSourceView(run=None), None, fork.NOT_FOUND, "no Run source in namespace team-a"),
+        (view(checkpoint=None), None, fork.NOT_FOUND, "Run source has no checkpoint source-a1-s2"),
         (
             view(checkpoint=None, missing_note="compacted"),
             None,
-            forking.NOT_FOUND,
+            fork.NOT_FOUND,
             "no checkpoint source-a1-s2 (compacted)",
         ),
-        (view(checkpoint=checkpoint(kind="Writes")), None, forking.INVALID, "is a Writes checkpoint"),
-        (view(checkpoint=checkpoint(kind="Journal")), None, forking.INVALID, "is a Journal checkpoint"),
-        (view(checkpoint=checkpoint(mark=None)), None, forking.INVALID, "records no ledger mark"),
-        (view(checkpoint=checkpoint(deltaBase="source-a1-s1")), None, forking.INVALID, "deltas"),
-        (view(), fork_run(run=FORK), forking.INVALID, "names this Run itself (fork)"),
+        (view(checkpoint=checkpoint(kind="Writes")), None, fork.INVALID, "is a Writes checkpoint"),
+        (view(checkpoint=checkpoint(kind="Journal")), None, fork.INVALID, "is a Journal checkpoint"),
+        (view(checkpoint=checkpoint(mark=None)), None, fork.INVALID, "records no ledger mark"),
+        (view(checkpoint=checkpoint(deltaBase="source-a1-s1")), None, fork.INVALID, "deltas"),
+        (
+            view(checkpoint=checkpoint(thread={"id": SOURCE, "ns": "tools:6f1c"})),
+            None,
+            fork.INVALID,
+            "a checkpoint of a subgraph (checkpoint namespace 'tools:6f1c')",
+        ),
+        (view(), fork_run(run=FORK), fork.INVALID, "names this Run itself (fork)"),
     ],
 )
 def test_a_fork_from_an_unusable_source_fails_before_any_attempt(
@@ -182,6 +188,17 @@ def test_a_fork_copies_the_checkpoint_inherits_up_to_the_mark_then_resumes_from_
     assert of_type(plan, WriteLease)[0].epoch == 1
 
 
+def test_a_langgraph_checkpoint_of_the_root_graph_is_forked_with_its_thread_as_it_is() -> None:
+    thread = {"id": SOURCE, "ns": ""}
+    plan = decide_fork(view(checkpoint=checkpoint(thread=thread), side_effects=[record("k1", 1)]))
+
+    assert kinds(plan)[:2] == ["CreateCheckpoint", "CreateSideEffect"]
+    copy = of_type(plan, CreateCheckpoint)[0].body
+    assert copy["spec"]["thread"] == thread  # run_graph in the fork continues it on the fork's own thread
+    assert copy["spec"]["ledgerMark"] == MARK
+    assert copy["spec"]["stateRef"]["key"].startswith(f"agentrun/{NAMESPACE}/{SOURCE_UID}/")
+
+
 def test_records_without_a_ledger_sequence_are_inherited_so_nothing_is_repeated() -> None:
     plan = decide_fork(view(side_effects=[record("old", None), record("later", 5)]))
 
@@ -204,7 +221,7 @@ def test_an_inherited_open_record_stops_the_fork_before_any_attempt(state: str |
     assert open_status["state"] == "Unknown"  # a Pending one may still be in flight at the source
     patch = run_patch(plan)
     assert patch["phase"] == "NeedsReconciliation"
-    assert patch["failure"]["reason"] == forking.INHERITED_UNKNOWN
+    assert patch["failure"]["reason"] == fork.INHERITED_UNKNOWN
     assert patch["latestCheckpoint"] == "fork-a0-s2"  # a retry after the resolution resumes there
     assert side_effect_name(SOURCE, "k2") in patch["message"]
 
@@ -228,7 +245,7 @@ def test_a_started_fork_is_not_forked_again() -> None:
 
 def inherited_record(state: str) -> SideEffect:
     source = record("k1", 1, state)
-    body, statuses = forking.inherited_record(fork_run(), source_run(), source, NOW)
+    body, statuses = fork.inherited_record(fork_run(), source_run(), source, NOW)
     return SideEffect.model_validate({**body, "status": statuses[-1]})
 
 
@@ -279,18 +296,18 @@ def test_an_archived_source_is_read_from_its_archive_document() -> None:
         "report": {},
     }
 
-    source = forking.archived_source(document, "source-a1-s2")
+    source = fork.archived_source(document, "source-a1-s2")
     plan = decide_fork(source)
 
     assert source.archived and source.checkpoint is not None and source.checkpoint.spec.id == "source-a1-s2"
     assert [c.body["spec"]["idempotencyKey"] for c in of_type(plan, CreateSideEffect)] == ["k1"]
     assert run_patch(plan)["fork"]["archived"] is True
-    missing = decide_fork(forking.archived_source(document, "nope"))
-    assert run_patch(missing)["failure"]["reason"] == forking.NOT_FOUND
+    missing = decide_fork(fork.archived_source(document, "nope"))
+    assert run_patch(missing)["failure"]["reason"] == fork.NOT_FOUND
 
 
 def test_a_fork_that_never_started_is_not_retried_from_the_beginning() -> None:
-    failure = {"class": "deterministic", "reason": forking.NOT_FOUND, "message": "no Run", "fingerprint": "f"}
+    failure = {"class": "deterministic", "reason": fork.NOT_FOUND, "message": "no Run", "fingerprint": "f"}
     run = fork_run(phase="Failed", failure=failure)
     body = run.to_api()
     body["spec"]["retryRequest"] = {"idempotencyKey": "retry-1"}

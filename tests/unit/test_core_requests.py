@@ -1,5 +1,5 @@
 """Issue 15's decisions, table-driven: keys stay spent (core.controls.key_use), cancel recorded
-(judge_cancel), the worker's request bookkeeping and the hold window (core.requests, core.runs)."""
+(judge_cancel), the worker's request bookkeeping and the hold window (core.interrupts, core.runs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from agentrun.api import ControlOp, InterruptReason, json_digest
 from agentrun.api.run import MAX_SPENT_KEYS
-from agentrun.core import controls, requests
+from agentrun.core import controls, interrupts
 from agentrun.core.controls import KeyUse
 from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.runs import decide
@@ -159,25 +159,30 @@ def test_a_cancel_digest_covers_the_target_epoch_and_the_reason() -> None:
 # ---- the worker's bookkeeping ------------------------------------------------------------------------
 
 KINDS = {
-    "a-question": ("ask-r3", InterruptReason.INPUT_REQUIRED, None, requests.RequestKind.QUESTION),
-    "an-auth-question": ("ask-r3", InterruptReason.AUTH_REQUIRED, None, requests.RequestKind.QUESTION),
-    "an-approval": ("approve-sfx-1", InterruptReason.AUTH_REQUIRED, None, requests.RequestKind.APPROVAL),
-    "a-pause": ("maintenance", InterruptReason.PAUSED, None, requests.RequestKind.PAUSE),
-    "a-pause-named-like-an-approval": ("approve-x", InterruptReason.PAUSED, None, requests.RequestKind.PAUSE),
-    "legacy-pause": ("maintenance", None, "maintenance", requests.RequestKind.PAUSE),
-    "legacy-approval": ("approve-sfx-1", None, "maintenance", requests.RequestKind.APPROVAL),
-    "legacy-question": ("ask-r3", None, "maintenance", requests.RequestKind.QUESTION),
+    "a-question": ("ask-r3", InterruptReason.INPUT_REQUIRED, None, interrupts.RequestKind.QUESTION),
+    "an-auth-question": ("ask-r3", InterruptReason.AUTH_REQUIRED, None, interrupts.RequestKind.QUESTION),
+    "an-approval": ("approve-sfx-1", InterruptReason.AUTH_REQUIRED, None, interrupts.RequestKind.APPROVAL),
+    "a-pause": ("maintenance", InterruptReason.PAUSED, None, interrupts.RequestKind.PAUSE),
+    "a-pause-named-like-an-approval": (
+        "approve-x",
+        InterruptReason.PAUSED,
+        None,
+        interrupts.RequestKind.PAUSE,
+    ),
+    "legacy-pause": ("maintenance", None, "maintenance", interrupts.RequestKind.PAUSE),
+    "legacy-approval": ("approve-sfx-1", None, "maintenance", interrupts.RequestKind.APPROVAL),
+    "legacy-question": ("ask-r3", None, "maintenance", interrupts.RequestKind.QUESTION),
 }
 
 
 @pytest.mark.parametrize(("request_id", "reason", "pause", "kind"), KINDS.values(), ids=KINDS.keys())
-def test_request_kind(request_id: str, reason: Any, pause: str | None, kind: requests.RequestKind) -> None:
-    assert requests.request_kind(request_id, reason, pause) == kind
+def test_request_kind(request_id: str, reason: Any, pause: str | None, kind: interrupts.RequestKind) -> None:
+    assert interrupts.request_kind(request_id, reason, pause) == kind
 
 
-PAUSE = requests.Answered("p1", requests.RequestKind.PAUSE)
-QUESTION = requests.Answered("ask-r2", requests.RequestKind.QUESTION)
-APPROVAL = requests.Answered("approve-sfx-1", requests.RequestKind.APPROVAL)
+PAUSE = interrupts.Answered("p1", interrupts.RequestKind.PAUSE)
+QUESTION = interrupts.Answered("ask-r2", interrupts.RequestKind.QUESTION)
+APPROVAL = interrupts.Answered("approve-sfx-1", interrupts.RequestKind.APPROVAL)
 
 
 @pytest.mark.parametrize(
@@ -186,9 +191,9 @@ APPROVAL = requests.Answered("approve-sfx-1", requests.RequestKind.APPROVAL)
     ids=["nothing", "a-pause-answers-neither", "a-question", "an-approval"],
 )
 def test_an_answer_answers_only_its_own_kind(answer: Any, question: bool, approval: bool) -> None:
-    assert requests.answers_question(answer) == question
-    assert requests.answers_approval(answer, "approve-sfx-1") == approval
-    assert not requests.answers_approval(APPROVAL, "approve-sfx-2")
+    assert interrupts.answers_question(answer) == question
+    assert interrupts.answers_approval(answer, "approve-sfx-1") == approval
+    assert not interrupts.answers_approval(APPROVAL, "approve-sfx-2")
 
 
 @pytest.mark.parametrize(
@@ -203,7 +208,7 @@ def test_an_answer_answers_only_its_own_kind(answer: Any, question: bool, approv
     ids=["no-pause", "due", "answered-before", "this-attempt-answers-it", "answering-something-else"],
 )
 def test_pause_due(pause: str | None, answered: frozenset[str], answering: Any, due: bool) -> None:
-    assert requests.pause_due(pause, answered, answering) == due
+    assert interrupts.pause_due(pause, answered, answering) == due
 
 
 @pytest.mark.parametrize(
@@ -218,7 +223,7 @@ def test_pause_due(pause: str | None, answered: frozenset[str], answering: Any, 
     ids=["from-the-beginning", "crash-retry", "lease-takeover", "manual-retry", "answer"],
 )
 def test_resume_reason(attempt: Any, reason: str | None) -> None:
-    assert requests.resume_reason(attempt) == reason
+    assert interrupts.resume_reason(attempt) == reason
 
 
 def pending(held: str | None = None, request_id: str = "req-1") -> dict[str, Any]:
@@ -237,41 +242,41 @@ RESUME = {"resume": {"requestId": "req-1", "checkpointId": "ckpt-2", "value": "a
 HOLDS = {
     "held": (
         run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))),
-        requests.HoldState.WAITING,
+        interrupts.HoldState.WAITING,
     ),
     "held-before-the-flip": (
         run_status("Running", current=1, lease_epoch=1, pendingRequest=pending(name_of(1))),
-        requests.HoldState.WAITING,
+        interrupts.HoldState.WAITING,
     ),
     "released": (
         run_status("InputRequired", current=1, lease_epoch=1, pendingRequest=pending()),
-        requests.HoldState.ENDED,
+        interrupts.HoldState.ENDED,
     ),
     "answered": (
         run_status("Running", current=1, lease_epoch=1, inputs=[INPUT]),
-        requests.HoldState.ANSWERED,
+        interrupts.HoldState.ANSWERED,
     ),
     "answered-to-a-new-attempt": (
         run_status("Running", current=2, lease_epoch=2, inputs=[INPUT]),
-        requests.HoldState.ENDED,
+        interrupts.HoldState.ENDED,
     ),
     "expired": (
         run_status("Failed", current=1, lease_epoch=1, pendingRequest=pending()),
-        requests.HoldState.ENDED,
+        interrupts.HoldState.ENDED,
     ),
 }
 
 
 @pytest.mark.parametrize(("status", "state"), HOLDS.values(), ids=HOLDS.keys())
-def test_hold_state(status: dict[str, Any], state: requests.HoldState) -> None:
-    assert requests.hold_state(make_run(status, spec=RESUME), name_of(1), "req-1") == state
+def test_hold_state(status: dict[str, Any], state: interrupts.HoldState) -> None:
+    assert interrupts.hold_state(make_run(status, spec=RESUME), name_of(1), "req-1") == state
 
 
 def test_a_held_answer_is_read_only_while_spec_resume_is_the_one_recorded() -> None:
     status = run_status("Running", current=1, lease_epoch=1, inputs=[INPUT])
-    assert requests.held_answer(make_run(status, spec=RESUME), "req-1") == (True, "a")
+    assert interrupts.held_answer(make_run(status, spec=RESUME), "req-1") == (True, "a")
     other = {"resume": {**RESUME["resume"], "value": "b", "idempotencyKey": "k-2"}}
-    assert requests.held_answer(make_run(status, spec=other), "req-1") == (False, None)
+    assert interrupts.held_answer(make_run(status, spec=other), "req-1") == (False, None)
 
 
 # ---- the operator and the hold -----------------------------------------------------------------------

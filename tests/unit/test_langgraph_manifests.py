@@ -105,18 +105,18 @@ class Thread:
 
 def test_a_manifest_reads_back_the_checkpoint_it_was_written_from() -> None:
     thread = Thread()
-    for n in range(7):
+    for n in range(2 * SEGMENTS_PER_NODE + 7):  # long enough for a list document
         manifest = thread.superstep(n)
     checkpoint = thread.read(manifest)
     assert checkpoint["channel_values"]["messages"] == thread.messages
-    assert checkpoint["channel_values"]["step"] == 6
+    assert checkpoint["channel_values"]["step"] == 2 * SEGMENTS_PER_NODE + 6
     assert checkpoint["channel_versions"] == thread.versions
-    assert checkpoint["id"] == "cp0006"
+    assert checkpoint["id"] == f"cp{2 * SEGMENTS_PER_NODE + 6:04d}"
     # every blob the manifest names is in its refs, and a list document is marked to be followed
     data = asyncio.run(thread.store.get(manifest.ref))
     refs = document_refs(data)
     assert {r.sha256 for r in refs} == set(manifest.refs)
-    assert [r.links for r in refs if r.sha256 == manifest.body["channels"]["messages"]["list"]] == [True]
+    assert [r.links for r in refs if r.sha256 == manifest.body["channels"]["messages"]["prev"]] == [True]
     assert manifest.ref.links
 
 
@@ -126,8 +126,9 @@ def test_an_unchanged_channel_is_referenced_and_a_growing_list_writes_only_its_n
         thread.superstep(n)
     first, last = thread.manifests[3], thread.manifests[-1]
     assert first.body["channels"]["system"] == last.body["channels"]["system"]  # the same blob
-    # Beyond its new messages (put once, by the pending write), a superstep puts its manifest and its
-    # list document (at most SEGMENTS_PER_NODE segments named): a few KiB, whatever the thread's length.
+    # Beyond its new messages (put once, by the pending write), a superstep puts its manifest (its list
+    # entry names at most SEGMENTS_PER_NODE segments) and, when that entry is full, a list document
+    # holding them: a few KiB, whatever the thread's length.
     overhead = [w - new for w, new in zip(thread.written, thread.new_data, strict=True)]
     assert max(overhead) < 8 * 1024
     assert sum(thread.written) < 1.5 * sum(thread.new_data)
@@ -191,8 +192,9 @@ def test_a_list_that_does_not_extend_its_previous_version_is_written_whole() -> 
 
 def test_a_manifest_of_another_kind_is_refused() -> None:
     thread = Thread()
-    manifest = thread.superstep(0)
-    node = manifest.refs[manifest.body["channels"]["messages"]["list"]]
+    for n in range(2 * SEGMENTS_PER_NODE):  # long enough for a list document
+        manifest = thread.superstep(n)
+    node = manifest.refs[manifest.body["channels"]["messages"]["prev"]]
     fresh = ThreadBlobs(RunBlobs(thread.store, NAMESPACE, RUN_UID))
     with pytest.raises(StateUnverifiable, match=MANIFEST_KIND):
         asyncio.run(fresh.document(node, MANIFEST_KIND))

@@ -1,4 +1,4 @@
-"""operator.archiver on a memory:// store and a fake Clock: ArchiveRun written, verified and indexed (its
+"""operator.archive on a memory:// store and a fake Clock: ArchiveRun written, verified and indexed (its
 metrics in the given registry), a store that refuses counted as a failure with the deletion pending, and
 the retention pass deleting a day's archives once the whole day is past archiveRetention."""
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from agentrun.core import archive
 from agentrun.core.plan import ArchiveRun
 from agentrun.core.runs import World
-from agentrun.operator.archiver import Archiver, ArchiveRetention
+from agentrun.operator.archive import Archiver, ArchiveRetention
 from agentrun.statestore import BlobStore, StateStoreError
 from agentrun.statestore import archives as stored
 from support.clock import FakeClock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.operator.cache import HAS_MANAGED_FIELDS, OwnedObjects
+from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, OwnedObjects
 from agentrun.operator.run_cache import RunCache
 from support.clock import FakeClock
 
@@ -69,3 +69,24 @@ def test_the_run_cache_says_whether_the_run_carries_managed_fields() -> None:
     runs.put({"metadata": {**metadata, "resourceVersion": "8"}, **ended})  # as a reset answers
     assert not runs.has_managed_fields(("team-a", "triage"))
     assert not runs.has_managed_fields(("team-a", "other"))
+
+
+def account(namespace: str, name: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "labels": {"agentrun.dev/agent": "true"}}}
+
+
+def test_the_opted_in_accounts_tell_which_namespace_changed_and_which_are_opted_in() -> None:
+    """What the namespaces' principals act on (operator.store_principals): an account put, removed, or
+    gone at a relist (its namespace deleted while the watch was down) names its namespace."""
+    accounts, told = AgentAccounts(), list[str]()
+    accounts.on_change(told.append)
+
+    accounts.replace([account("a", "default"), account("b", "agents")])
+    assert accounts.namespaces() == {"a", "b"} and sorted(told) == ["a", "b"]
+    told.clear()
+    accounts.put(account("a", "second"))
+    accounts.remove(account("a", "default"))
+    assert accounts.namespaces() == {"a", "b"} and told == ["a", "a"]
+    told.clear()
+    accounts.replace([account("a", "second")])  # b's accounts are gone at the relist
+    assert accounts.namespaces() == {"a"} and told == ["a", "b"]

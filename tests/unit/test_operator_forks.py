@@ -1,4 +1,4 @@
-"""operator.forks: the seam where a deleted fork source is read from its archive."""
+"""operator.fork: the seam where a deleted fork source is read from its archive."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun.api.blobref import BlobRef as ApiBlobRef
-from agentrun.operator.forks import DocumentArchives, NoArchives, archives_in
+from agentrun.operator.fork import DocumentArchives, NoArchives, archives_in
 from agentrun.statestore import BlobRef, BlobStore
 from agentrun.statestore import archives as stored
 from agentrun.statestore.checkpoint_index import encode_index, entry, inline_state_bytes

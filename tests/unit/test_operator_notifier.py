@@ -15,7 +15,7 @@ from aiohttp import web
 from agentrun.api import Run
 from agentrun.core import notifications
 from agentrun.core.notifications import Notice
-from agentrun.operator.notifier import Notifier
+from agentrun.operator.notifications import Notifier
 from agentrun.operator.settings import OperatorSettings
 from unit.factories import NOW, make_run, pending_request, run_status
 

@@ -27,6 +27,7 @@ from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.runtime import Runtime
 from agentrun.operator.settings import OperatorSettings
+from agentrun.operator.store_principals import NamespacePrincipals
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
 from agentrun.tracing import Tracing
 from support.clock import FakeClock
@@ -369,11 +370,11 @@ def test_the_reconciler_reads_the_very_caches_it_is_given_even_empty_ones() -> N
     assert runtime.informers.accounts is accounts and runtime.informers.cache is reconciler.cache
 
 
-def start_up(clock: FakeClock | None = None) -> Runtime:
+def start_up(clock: FakeClock | None = None, config: OperatorSettings | None = None) -> Runtime:
     """The operator's object graph, as start-up builds it, on a fake clock (no API server is called)."""
     return Runtime(
         None,  # type: ignore[arg-type]
-        OperatorSettings(),
+        config or OperatorSettings(),
         operator_account=None,
         tracing=Tracing("agentrun-operator", {}),
         operator_metrics=OperatorMetrics(None),
@@ -390,3 +391,21 @@ def test_every_collaborator_is_built_once_on_the_one_clock() -> None:
     assert runtime.reconciler.leases is runtime.leases and runtime.queue.clock is clock
     for collaborator in (runtime.cache, runtime.executor, runtime.reconciler, runtime.leases):
         assert collaborator.clock is clock
+
+
+def test_the_namespaces_principals_are_administered_while_active_only_with_the_bundled_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An activity (it runs only while the replica acts), on the reconciler's credentials and the
+    informers' accounts: an opt-in seen by the watch is what it acts on."""
+    assert not [a for a in start_up().activities if isinstance(a, NamespacePrincipals)]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ROOT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "root-secret")
+    url = "s3://agentrun?endpoint=http://127.0.0.1:7070&region=us-east-1"
+    clock = FakeClock()
+    runtime = start_up(clock, OperatorSettings(state_store_url=url, state_store_provision=True))
+
+    [principals] = [a for a in runtime.activities if isinstance(a, NamespacePrincipals)]
+    assert principals.credentials is runtime.reconciler.store_credentials
+    assert principals.accounts is runtime.accounts and principals.clock is clock
+    assert principals.synced() is runtime.informers.synced

@@ -1,4 +1,4 @@
-"""The runtime's standing among its peers, followed from the peering object (agentrun.operator.standby),
+"""The runtime's standing among its peers, followed from the peering object (agentrun.operator.peering),
 on a clock the test moves: it flips when the object changes, and when a blocking heartbeat runs out."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from agentrun.core.peering import Standing
+from agentrun.operator.peering import RECHECK_SLACK, PeeringStanding, peering_collections, replica_identity
 from agentrun.operator.runtime import Runtime
-from agentrun.operator.standby import RECHECK_SLACK, PeeringStanding, peering_collections, replica_identity
 from support.clock import FakeClock
 from unit.factories import NAMESPACE, make_run, run_status
 from unit.test_operator_runtime import start_up

@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrun.api import RUN_LABEL, lease_name
 from agentrun.operator.cache import Key, OwnedObjects
-from agentrun.operator.expiry import LEASE_CHECK_SLACK, LeaseExpiry
+from agentrun.operator.lease import LEASE_CHECK_SLACK, LeaseExpiry
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
 from support.clock import FakeClock
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agentrun.examples import tickets
+from agentrun.examples import tickets, ticketservice
 from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
 
@@ -315,3 +315,36 @@ def test_state_survives_a_restart(service: TicketServiceProcess) -> None:
     assert service.audit() == audit
     assert tickets.create(key(), "next", "b")["id"] == "T-2"
     assert tickets.create(k, "t", "b")["id"] == "T-1"
+
+
+def test_the_installed_service_has_no_fault_switches() -> None:
+    """agentrun.examples.ticketservice, what the agent images ship and examples/tickets.yaml runs, serves
+    tickets; the fault switches and the calls in flight are the test service's (devcluster.ticket_faults)."""
+    server = ticketservice.TicketServer(("127.0.0.1", 0), ticketservice.TicketStore(None))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def call(method: str, path: str, payload: object = None, headers: dict[str, str] | None = None) -> Any:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=10)
+        try:
+            connection.request(method, path, None if payload is None else json.dumps(payload), headers or {})
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            connection.close()
+
+    try:
+        status, ticket = call("POST", "/tickets", {"title": "t", "body": "b"}, {"Idempotency-Key": "k-1"})
+        assert (status, ticket["id"], ticket["status"]) == (201, "T-1", "open")
+        assert call("GET", "/tickets?idempotencyKey=k-1") == (200, ticket)
+        for method, path in (
+            ("GET", "/faults"),
+            ("POST", "/faults"),
+            ("DELETE", "/faults"),
+            ("GET", "/inflight"),
+        ):
+            assert call(method, path, {} if method == "POST" else None)[0] == 404, (method, path)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -87,8 +87,9 @@ class CheckpointSpec(ApiModel):
         None,
         description="The Run's ledger as it stood when the checkpoint was saved: the highest "
         "ledgerSequence among the Run's SideEffects opened by then (0: none). A fork from this "
-        "checkpoint inherits exactly the SideEffects up to it. Absent on checkpoints saved by an SDK "
-        "that predates forks (they cannot be forked from).",
+        "checkpoint inherits exactly the SideEffects up to it. The SDK and the LangGraph saver record it "
+        "inside an attempt Pod; absent on checkpoints saved outside one or by an SDK that predates forks "
+        "(they cannot be forked from).",
     )
     copied_from: CopiedFrom | None = Field(
         None,

@@ -28,7 +28,7 @@ from agentrun.cli.commands import (
 )
 from agentrun.cli.console import command as console
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import identifier_problem
+from agentrun.cli.controls import identifier_problem
 from agentrun.cli.errors import EXIT_FAILED, CliError, api_error_from, describe_api_error
 from agentrun.cli.hints import Target
 from agentrun.cli.output import FORMATS, Output

@@ -8,7 +8,7 @@ do not run the agent: the worker settles the records whose outcome is open with 
 then runs the compensations of the confirmed reversible effects, newest first, each through the ledger.
 They have a budget of their own (spec.compensation.maxAttempts); what cannot be settled or compensated
 sends the Run to NeedsReconciliation (CompensationIncomplete). Pure decisions, no I/O; the
-Compensating phase's rule of the Run's table is core.runs.compensating.
+Compensating phase's rule of the Run's table is core.runs.compensation.
 """
 
 from __future__ import annotations

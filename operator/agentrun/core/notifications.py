@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from agentrun.api import API_VERSION, Run, RunPhase
-from agentrun.core.requests import APPROVAL_PREFIX
+from agentrun.core.interrupts import APPROVAL_PREFIX
 
 SPEC_VERSION: Final = "1.0"
 TYPE_PREFIX: Final = "dev.agentrun.run."

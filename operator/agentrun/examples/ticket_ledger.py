@@ -12,7 +12,7 @@ from typing import Any
 
 from agentrun import worker
 from agentrun.examples import tickets
-from agentrun.worker.identity import Identity, NotInAttemptPod
+from agentrun.worker import Identity, NotInAttemptPod
 
 
 @contextlib.contextmanager

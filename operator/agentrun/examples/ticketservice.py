@@ -9,22 +9,9 @@ GET /tickets?idempotencyKey=K (200 or 404) · GET /tickets (all) · GET /tickets
 POST /tickets/{id}/close (optional header Idempotency-Key: recorded with the close) closes a ticket; closing a
   closed ticket changes nothing and is recorded as "close-repeated", so a test counts every close that arrived
 GET /audit: every creation, idempotent replay and close, in order (append-only) · GET /healthz
-GET /inflight: the creates and closes received and applied but not answered yet, oldest first ({seq, op
-  (create or close), idempotencyKey, ticketId, receivedAt}): a test that must act while a call is in flight
-  waits for its entry here
-POST /faults JSON merges fault settings, DELETE /faults clears them (kept in memory only):
-  failLookups: true          lookups by key or id answer 503
-  failCreates: 503           creates answer this status and create nothing
-  delayCreateSeconds: 2      a create is stored, then the answer waits this long
-  holdCreates: true          a create is stored, then the answer waits until this is false or cleared
-  holdCloses: true           a close is applied, then the answer waits until this is false or cleared
-  dropCreateResponse: true   a create is stored, then the connection closes with no answer
-  dropCreateRequests: 1      the next N creates close the connection with no answer BEFORE the ticket is
-                             stored: the caller cannot tell that nothing happened
-  rateLimitCreates: 1        the next N creates answer 429 (Retry-After: rateLimitRetryAfter, default 0)
-                             and store nothing
-  (a create answered after the client's timeout: holdCreates or delayCreateSeconds with a short client
-  timeout; a ticket under a key with other content: POST /tickets with that key first, as someone else)
+
+The tests, the chaos harness and the local demo run it with fault switches and the calls in flight on top
+(hack/devcluster/ticket_faults.py, outside the installed package), through the Handler's hooks below.
 """
 
 from __future__ import annotations
@@ -35,7 +22,6 @@ import os
 import re
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -45,25 +31,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 Json = dict[str, Any]
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)  # bool is an int in Python
-
-
-# Fault name -> whether a value is acceptable.
-FAULTS: dict[str, Callable[[Any], bool]] = {
-    "failLookups": lambda value: isinstance(value, bool),
-    "dropCreateResponse": lambda value: isinstance(value, bool),
-    "holdCreates": lambda value: isinstance(value, bool),
-    "holdCloses": lambda value: isinstance(value, bool),
-    "failCreates": lambda value: type(value) is int and 400 <= value <= 599,
-    "delayCreateSeconds": lambda value: _is_number(value) and value >= 0,
-    "dropCreateRequests": lambda value: type(value) is int and value >= 0,
-    "rateLimitCreates": lambda value: type(value) is int and value >= 0,
-    "rateLimitRetryAfter": lambda value: _is_number(value) and value >= 0,
-}
-COUNTED = ("dropCreateRequests", "rateLimitCreates")  # faults that act on that many creates, then stop
 
 
 class KeyReused(Exception):
@@ -177,62 +144,21 @@ class TicketStore:
 class TicketServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], store: TicketStore) -> None:
-        super().__init__(address, Handler)
+    def __init__(
+        self, address: tuple[str, int], store: TicketStore, handler: type[Handler] | None = None
+    ) -> None:
+        super().__init__(address, handler or Handler)
         self.store = store
-        self.faults: Json = {}
-        # Guards faults and inflight; notified when the faults change (a held create may go on).
-        self.changed = threading.Condition()
-        self.inflight: dict[int, Json] = {}
-        self._received = 0
-
-    def set_faults(self, faults: Json) -> Json:
-        with self.changed:
-            self.faults = faults
-            self.changed.notify_all()
-            return dict(faults)
-
-    def take(self, fault: str) -> bool:
-        """Whether a counted fault acts on this create (and counts it down)."""
-        with self.changed:
-            left = self.faults.get(fault, 0)
-            if not left:
-                return False
-            self.faults = {**self.faults, fault: left - 1}
-            self.changed.notify_all()
-            return True
-
-    def hold_answer(self, fault: str = "holdCreates") -> None:
-        """Waits while the hold fault (holdCreates, holdCloses) is set."""
-        with self.changed:
-            self.changed.wait_for(lambda: not self.faults.get(fault))
-
-    def received(self, ticket: Json, op: str = "create") -> int:
-        with self.changed:
-            self._received += 1
-            self.inflight[self._received] = {
-                "seq": self._received,
-                "op": op,
-                "idempotencyKey": ticket["idempotencyKey"],
-                "ticketId": ticket["id"],
-                "receivedAt": _now(),
-            }
-            return self._received
-
-    def answered(self, seq: int) -> None:
-        with self.changed:
-            self.inflight.pop(seq, None)
-
-    def in_flight(self) -> list[Json]:
-        with self.changed:
-            return [dict(entry) for _, entry in sorted(self.inflight.items())]
 
 
 class Refused(Exception):
-    def __init__(self, status: int, message: str, reason: str = "") -> None:
+    def __init__(
+        self, status: int, message: str, reason: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason or HTTPStatus(status).phrase.replace(" ", "")
+        self.headers = headers or {}
 
 
 # (status, JSON payload), or None to close the connection without answering.
@@ -246,16 +172,11 @@ def _found(ticket: Json | None) -> Reply:
     return HTTPStatus.OK, ticket
 
 
-def _check_faults(request: Json) -> None:
-    for name, value in request.items():
-        if name not in FAULTS or not FAULTS[name](value):
-            raise Refused(HTTPStatus.BAD_REQUEST, f"unknown fault or bad value: {name}={value!r}")
-
-
 class Handler(BaseHTTPRequestHandler):
+    """The routes. Its hooks do nothing here; a test's service overrides them to inject faults (the hooks
+    that return False close the connection with no answer)."""
+
     server: TicketServer
-    _inflight: int | None = None  # this request's entry in server.inflight (a create being answered)
-    _retry_after: str | None = None  # the Retry-After header of a 429
 
     def do_GET(self) -> None:
         self._answer(self._get)
@@ -272,10 +193,6 @@ class Handler(BaseHTTPRequestHandler):
             return HTTPStatus.OK, {"ok": True}
         if path == "/audit":
             return HTTPStatus.OK, store.audit()
-        if path == "/faults":
-            return HTTPStatus.OK, self.server.faults
-        if path == "/inflight":
-            return HTTPStatus.OK, self.server.in_flight()
         if path == "/tickets" and "idempotencyKey" not in query:
             return HTTPStatus.OK, store.tickets()
         if path == "/tickets":
@@ -291,19 +208,12 @@ class Handler(BaseHTTPRequestHandler):
             return self._create()
         if match := re.fullmatch(r"/tickets/([^/]+)/close", path):
             return self._close(match[1])
-        if path == "/faults":
-            request = self._json_body()
-            _check_faults(request)
-            return HTTPStatus.OK, self.server.set_faults({**self.server.faults, **request})
         raise Refused(HTTPStatus.NOT_FOUND, f"no route for POST {path}")
 
     def _delete(self, path: str, query: Query) -> Reply:
-        if path == "/faults":
-            return HTTPStatus.OK, self.server.set_faults({})
         raise Refused(HTTPStatus.NOT_FOUND, f"no route for DELETE {path}")
 
     def _create(self) -> Reply:
-        faults = self.server.faults
         request = self._json_body()
         key = self.headers.get("Idempotency-Key")
         if not key:
@@ -311,36 +221,37 @@ class Handler(BaseHTTPRequestHandler):
         title, body = request.get("title"), request.get("body", "")
         if not isinstance(title, str) or not title or not isinstance(body, str):
             raise Refused(HTTPStatus.BAD_REQUEST, "expected {title: non-empty string, body: string}")
-        if faults.get("failCreates"):
-            raise Refused(faults["failCreates"], "creates fail (injected fault)", reason="InjectedFault")
-        if self.server.take("rateLimitCreates"):
-            self._retry_after = str(faults.get("rateLimitRetryAfter", 0))
-            raise Refused(HTTPStatus.TOO_MANY_REQUESTS, "slow down (injected fault)", reason="RateLimited")
-        if self.server.take("dropCreateRequests"):
+        if not self._before_create():
             return None  # lost before it was stored: nothing happened, and the caller cannot tell
         try:
             ticket, replayed = self.server.store.create(key, title, body)
         except KeyReused as err:
             raise Refused(HTTPStatus.UNPROCESSABLE_ENTITY, str(err), reason="IdempotencyKeyReused") from err
-        # These faults act after the ticket is stored: the caller cannot tell whether it exists.
-        self._inflight = self.server.received(ticket)
-        time.sleep(faults.get("delayCreateSeconds", 0))
-        self.server.hold_answer()
-        if self.server.faults.get("dropCreateResponse"):
-            return None
+        if not self._after_create(ticket):
+            return None  # stored, and the caller cannot tell whether it exists
         return (HTTPStatus.OK if replayed else HTTPStatus.CREATED), ticket
 
     def _close(self, ticket_id: str) -> Reply:
         reply = _found(self.server.store.close(ticket_id, self.headers.get("Idempotency-Key")))
         assert reply is not None
-        # Applied: the caller cannot tell whether it took effect until the answer comes.
-        self._inflight = self.server.received(reply[1], op="close")  # type: ignore[arg-type]
-        self.server.hold_answer("holdCloses")
+        self._after_close(reply[1])  # type: ignore[arg-type]
         return reply
 
+    # ---- hooks: nothing here; the faults of a test's service (hack/devcluster/ticket_faults.py) ----------
+
     def _check_lookups(self) -> None:
-        if self.server.faults.get("failLookups"):
-            raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "lookups fail (injected fault)", "InjectedFault")
+        """Before a lookup by key or id: may refuse it."""
+
+    def _before_create(self) -> bool:
+        """A valid create, before its ticket is stored: may refuse it, or return False (no answer)."""
+        return True
+
+    def _after_create(self, ticket: Json) -> bool:
+        """A ticket stored (or replayed), before the answer: may hold it, or return False (no answer)."""
+        return True
+
+    def _after_close(self, ticket: Json) -> None:
+        """A close applied, before the answer (the caller cannot tell whether it took effect until then)."""
 
     def _json_body(self) -> Json:
         length = int(self.headers.get("Content-Length") or 0)
@@ -354,13 +265,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: Callable[[str, Query], Reply]) -> None:
         url = urlsplit(self.path)
-        self._inflight = None
-        self._retry_after = None
+        headers: dict[str, str] = {}
         try:
             try:
                 reply = route(url.path, parse_qs(url.query))
             except Refused as err:
-                reply = err.status, {"error": str(err), "reason": err.reason}
+                reply, headers = (err.status, {"error": str(err), "reason": err.reason}), err.headers
             if reply is None:
                 self.close_connection = True
                 return
@@ -369,16 +279,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            if self._retry_after is not None:
-                self.send_header("Retry-After", self._retry_after)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the caller is gone (a killed worker): nobody to answer
-        finally:
-            if self._inflight is not None:
-                self.server.answered(self._inflight)
 
 
 def main(argv: list[str] | None = None) -> None:

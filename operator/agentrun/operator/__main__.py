@@ -16,8 +16,8 @@ from agentrun.api import ApiModel
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
 from agentrun.operator import bootstrap, handlers, logs, policies
+from agentrun.operator.peering import replica_identity
 from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
-from agentrun.operator.standby import replica_identity
 
 log = logging.getLogger("agentrun.operator")
 

@@ -204,21 +204,39 @@ class AgentAccounts:
 
     def __init__(self) -> None:
         self._labels: dict[tuple[str, str], dict[str, str]] = {}
+        self._listeners: list[Callable[[str], None]] = []
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """`listener(namespace)` after an account of that namespace is put (listed too) or removed."""
+        self._listeners.append(listener)
 
     def put(self, account: JsonDict) -> None:
         metadata = account.get("metadata") or {}
         self._labels[(metadata["namespace"], metadata["name"])] = dict(metadata.get("labels") or {})
+        self._changed(str(metadata["namespace"]))
 
     def remove(self, account: JsonDict) -> None:
         metadata = account.get("metadata") or {}
         self._labels.pop((str(metadata.get("namespace")), str(metadata.get("name"))), None)
+        self._changed(str(metadata.get("namespace")))
 
     def replace(self, listed: list[JsonDict], namespace: str | None = None) -> None:
         """A relist (of one namespace, or of all when None): exactly the listed accounts are opted in."""
+        gone = {k[0] for k in self._labels if namespace is None or k[0] == namespace}
         for where in [k for k in self._labels if namespace is None or k[0] == namespace]:
             del self._labels[where]
         for account in listed:
             self.put(account)
+        for left in sorted(gone - self.namespaces()):
+            self._changed(left)
+
+    def namespaces(self) -> frozenset[str]:
+        """The namespaces with at least one opted-in account."""
+        return frozenset(namespace for namespace, _ in self._labels)
+
+    def _changed(self, namespace: str) -> None:
+        for listener in self._listeners:
+            listener(namespace)
 
     def labels(self, namespace: str, name: str) -> dict[str, str] | None:
         return self._labels.get((namespace, name))

@@ -14,7 +14,7 @@ from agentrun.clock import Clock
 from agentrun.core import plan as p
 from agentrun.core.identity import owned_by, squatted
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.operator.archiver import Archiver
+from agentrun.operator.archive import Archiver
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
@@ -217,7 +217,7 @@ class Executor:
         return Written(action)
 
     async def _archive_run(self, action: p.ArchiveRun, progress: _Progress) -> Written:
-        """The archive written and verified (operator.archiver); a store that cannot raises, and the
+        """The archive written and verified (operator.archive); a store that cannot raises, and the
         Plan stops before the Run's deletion."""
         if self.archiver is None:
             raise RuntimeError("an archive was planned but the operator has no state store")

@@ -1,6 +1,6 @@
 """kopf's part: the Run watch (and the peering, in settings). The startup handler builds the Runtime into
 kopf's memo, which kopf hands to every handler; the Run event handler passes each event on. With peering,
-the Runtime follows kopf's pause on its own (agentrun.operator.standby): kopf gets the same `identity`."""
+the Runtime follows kopf's pause on its own (agentrun.operator.peering): kopf gets the same `identity`."""
 
 from __future__ import annotations
 

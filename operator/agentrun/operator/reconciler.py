@@ -20,11 +20,11 @@ from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
 from agentrun.core.runs import World, decide, fail_squatted
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
-from agentrun.operator import forks, logs
+from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
-from agentrun.operator.expiry import LeaseExpiry
+from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.spans import RunSpans
@@ -64,7 +64,7 @@ class Reconciler:
         store_credentials: StoreCredentials,
         default_ttl_seconds: int | None = None,
         has_store: bool = False,
-        archives: forks.ArchivedSources | None = None,
+        archives: fork.ArchivedSources | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -76,7 +76,7 @@ class Reconciler:
         self.workers = workers
         self.default_ttl_seconds = default_ttl_seconds
         self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
-        self.archives = archives or forks.NoArchives()  # where a deleted fork source is read from
+        self.archives = archives or fork.NoArchives()  # where a deleted fork source is read from
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -263,8 +263,8 @@ class Reconciler:
         allowed = may_start_pods(run) and account_refused is None and not role_denied
         store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
         fork_source = None
-        if forks.wants_source(run):  # a fork not started yet: its source, read from the API server
-            fork_source = await forks.read_source(self.api, run, self.archives)
+        if fork.wants_source(run):  # a fork not started yet: its source, read from the API server
+            fork_source = await fork.read_source(self.api, run, self.archives)
         return World(
             run=run,
             attempts=attempts,

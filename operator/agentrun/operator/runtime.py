@@ -3,7 +3,7 @@ informers that fill them, the lease expiry, the work queue, the executor and its
 reconciler, metrics and tracing. kopf delivers the Run events (and keeps the peering); everything else is
 here, with nothing held at module level and nothing built behind a default.
 
-With peering, the runtime acts only while kopf would (agentrun.operator.standby): a replica standing by
+With peering, the runtime acts only while kopf would (agentrun.operator.peering): a replica standing by
 runs no informer, no reconcile worker, no timer and no notification sender (the Runs kopf still hands
 over are only noted). Taking over is a full resync: the caches are listed again and every Run known is
 reconciled, as at a start."""
@@ -20,21 +20,22 @@ from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.peering import Standing
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import forks, metrics
-from agentrun.operator.archiver import Archiver, ArchiveRetention
+from agentrun.operator import fork, metrics
+from agentrun.operator.archive import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
-from agentrun.operator.expiry import LeaseExpiry
 from agentrun.operator.informers import Informers
-from agentrun.operator.notifier import Notifier, namespace_labels, refusal_event
+from agentrun.operator.lease import LeaseExpiry
+from agentrun.operator.notifications import Notifier, namespace_labels, refusal_event
+from agentrun.operator.peering import PeeringStanding
 from agentrun.operator.reconciler import Reconciler
 from agentrun.operator.run_cache import RunCache
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.spans import RunSpans
-from agentrun.operator.standby import PeeringStanding
 from agentrun.operator.store_credentials import StoreCredentials
+from agentrun.operator.store_principals import NamespacePrincipals
 from agentrun.operator.storemetrics import StoreMetrics
 from agentrun.operator.workqueue import WorkQueue
 from agentrun.statestore.operatorstore import OperatorStore
@@ -83,6 +84,7 @@ class Runtime:
         self.leases = LeaseExpiry(self.cache, clock)
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing)
+        self.store_credentials = StoreCredentials.for_settings(api, clock, config)
         self.executor = Executor(
             api,
             self.cache,
@@ -106,10 +108,10 @@ class Runtime:
             clock=clock,
             operator_account=operator_account,
             workers=config.workers,
-            store_credentials=StoreCredentials.for_settings(api, clock, config),
+            store_credentials=self.store_credentials,
             default_ttl_seconds=config.ttl_seconds_after_finished,
             has_store=self.state_store is not None,
-            archives=forks.archives_in(self.state_store),
+            archives=fork.archives_in(self.state_store),
         )
         self.informers = Informers(
             api,
@@ -133,6 +135,18 @@ class Runtime:
         self.activities: list[Activity] = [self.notifier, *([self.collector] if self.collector else [])]
         if self.archiver is not None and config.archive_retention_seconds is not None:
             self.activities.append(ArchiveRetention(self.archiver, config.archive_retention_seconds))
+        if self.store_credentials.bundled is not None:  # the namespaces' principals on the bundled server
+            self.activities.append(
+                NamespacePrincipals(
+                    api,
+                    self.store_credentials,
+                    self.accounts,
+                    clock=clock,
+                    interval_seconds=config.state_store_principal_sweep_seconds,
+                    namespaces=namespaces,
+                    synced=lambda: self.informers.synced,
+                )
+            )
         self.peering = (
             PeeringStanding(
                 api,

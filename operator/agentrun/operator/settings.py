@@ -66,6 +66,9 @@ class OperatorSettings:
     # the operator holds its root credentials: each opted-in namespace gets its principals and Secrets
     # from the operator (operator.store_credentials). Elsewhere an administrator provides the Secrets.
     state_store_provision: bool = False
+    # ... and takes them back once their namespace is gone: a sweep of the server's principals against
+    # the namespaces every interval (and whenever an opted-in ServiceAccount appears or goes).
+    state_store_principal_sweep_seconds: float = 300.0
     # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (None: kept), and how
     # long its archive stays in the store after it (None: kept; DESIGN.md "Lifecycle of a finished Run").
     ttl_seconds_after_finished: int | None = None
@@ -87,6 +90,8 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if self.event_worker_idle_seconds <= 0:
             raise ValueError("event_worker_idle_seconds must be above 0 (see its comment)")
+        if self.state_store_principal_sweep_seconds <= 0:
+            raise ValueError("state_store_principal_sweep_seconds must be above 0")
         if self.state_store_gc_interval_seconds < 0:
             raise ValueError("AGENTRUN_STATE_STORE_GC_INTERVAL_SECONDS must be 0 (no collection) or more")
         if self.state_store_gc_grace_seconds <= 0 or self.state_store_gc_quarantine_seconds <= 0:
@@ -116,6 +121,9 @@ class OperatorSettings:
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
             state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
+            state_store_principal_sweep_seconds=float(
+                env("AGENTRUN_STATE_STORE_PRINCIPAL_SWEEP_SECONDS", cls.state_store_principal_sweep_seconds)
+            ),
             ttl_seconds_after_finished=_seconds(env("AGENTRUN_TTL_SECONDS_AFTER_FINISHED", ""), minimum=-1),
             archive_retention_seconds=_seconds(env("AGENTRUN_ARCHIVE_RETENTION_SECONDS", ""), minimum=0),
             state_store_gc_interval_seconds=float(

@@ -3,14 +3,16 @@ with the bundled object store, the namespace's principals and Secrets made when 
 
 Before a Pod takes the credentials by secretKeyRef, the operator reads the Secret (by name only: its RBAC
 grants `get` on that name, never a list of the namespace's Secrets), so a missing one fails the Run with
-what to create (core.store_access) instead of leaving its Pod in CreateContainerConfigError. A namespace
+what to create (core.store_credentials) instead of leaving its Pod in CreateContainerConfigError. A namespace
 found to hold it is not asked again for a while; one found without it is asked again at the next look,
 so a Secret created since is seen at once.
 
 With the bundled server (AGENTRUN_STATE_STORE_PROVISION=versitygw, the operator holding the server's
-root credentials), a namespace that opted its agents' ServiceAccount in gets its principals instead, at
-its first Run: one that gets and puts under the namespace's prefix (the Secret attempt Pods read) and one
-that only gets (the `-read` Secret people read with), made idempotently (agentrun.statestore.principals).
+root credentials), a namespace that opts its agents' ServiceAccount in gets its principals: one that gets
+and puts under the namespace's prefix (the Secret attempt Pods read) and one that only gets (the `-read`
+Secret people read with), made idempotently (agentrun.statestore.principals) when the namespace opts in
+(operator.store_principals, which also takes them back once the namespace is gone), and again at a Run
+whose namespace lacks its Secret (one deleted since, or a Run quicker than that sweep).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 
 from agentrun.clock import Clock
 from agentrun.core.pods import StateStorePodEnv
-from agentrun.core.store_access import needs_secret
+from agentrun.core.store_credentials import needs_secret
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.settings import OperatorSettings
 from agentrun.statestore import StoreRefused, parse_store_url
@@ -58,6 +60,9 @@ class StoreCredentials:
         self.api, self.clock, self.store, self.bundled = api, clock, store, bundled
         self._found_until: dict[str, float] = {}
         self._unchecked_said = False
+        # One provisioning of a namespace at a time (a sweep and a Run's reconcile may both want it):
+        # the second finds the first's Secret and keeps its credentials.
+        self._making: dict[str, asyncio.Lock] = {}
 
     @classmethod
     def for_settings(
@@ -100,6 +105,11 @@ class StoreCredentials:
         there already keeps its credentials). False when the server refused (said in the log); a server
         that does not answer raises, and the Run is looked at again later."""
         assert self.store is not None and self.bundled is not None
+        async with self._making.setdefault(namespace, asyncio.Lock()):
+            return await self._provision(namespace)
+
+    async def _provision(self, namespace: str) -> bool:
+        assert self.store is not None and self.bundled is not None
         try:
             for access, name in (
                 (Access.WRITE, self.store.secret),
@@ -111,6 +121,17 @@ class StoreCredentials:
             return False
         log.info("made namespace %s's principals on the state store and their Secrets", namespace)
         return True
+
+    async def take_back(self, namespace: str) -> None:
+        """The principals of a namespace that is gone: out of the bucket's policy, then deleted (its
+        Secrets went with the namespace). A server that refuses or does not answer raises: the next
+        sweep tries again."""
+        assert self.bundled is not None
+        self._found_until.pop(namespace, None)
+        async with self._making.setdefault(namespace, asyncio.Lock()):
+            await asyncio.to_thread(self.bundled.take_back, namespace)
+        self._making.pop(namespace, None)
+        log.info("took back namespace %s's principals on the state store (the namespace is gone)", namespace)
 
     async def _principal(self, namespace: str, access: Access, name: str) -> None:
         assert self.bundled is not None

@@ -8,18 +8,23 @@ bucket has one (its ACL no longer), and lets its root (the operator) do anything
 
 Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
 namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
-and puts the policy statement when it is not there as it should be.
+and puts the policy statement when it is not there as it should be. `take_back` (a namespace that is
+gone) takes the statements out, then deletes the users; `principals` reads back what the server holds,
+for the operator's sweep (agentrun.core.store_principals decides).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import xml.etree.ElementTree
 import xml.sax.saxutils
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
+
+from agentrun.core.store_principals import ServerPrincipals, principal_name, principal_namespace
 
 from .errors import StoreRefused
 from .location import StoreLocation
@@ -29,6 +34,8 @@ POLICY_VERSION: Final = "2012-10-17"
 # What versitygw's admin API answers to creating a user whose access key is taken.
 _USER_EXISTS: Final = b"XAdminUserExists"
 _NO_POLICY: Final = b"NoSuchBucketPolicy"
+# ... and to deleting a user that does not exist (already deleted: a take-back run again).
+_NO_USER: Final = (b"XAdminUserNotFound", b"user not found")
 
 
 class Access(Enum):
@@ -43,8 +50,9 @@ class Access(Enum):
 
 
 def access_key(namespace: str, access: Access) -> str:
-    """The principal's access key: fixed by namespace and access, so a rerun finds the same user."""
-    return f"agentrun.{namespace}" + ("" if access is Access.WRITE else ".read")
+    """The principal's access key: fixed by namespace and access, so a rerun finds the same user
+    (agentrun.core.store_principals names them, and reads them back)."""
+    return principal_name(namespace, read=access is Access.READ)
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,41 @@ class BundledStore:
         status, body = self._request("PATCH", "/update-user", query=query, body=update)
         if status not in (200, 201):
             raise StoreRefused("update-user", credentials.access_key, f"HTTP {status}: {_short(body)}")
+
+    def users(self) -> frozenset[str]:
+        """The access keys of the server's users (its root is none of them)."""
+        status, body = self._request("PATCH", "/list-users")
+        if status != 200:
+            raise StoreRefused("list-users", self.endpoint, f"HTTP {status}: {_short(body)}")
+        try:
+            root = xml.etree.ElementTree.fromstring(body)
+        except xml.etree.ElementTree.ParseError as exc:
+            raise StoreRefused(
+                "list-users", self.endpoint, f"unreadable answer ({exc}): {_short(body)}"
+            ) from None
+        return frozenset((e.text or "").strip() for e in root.iter() if _local(e.tag) == "Access")
+
+    def delete_user(self, access: str) -> None:
+        """Deletes the user; one that does not exist is fine (a take-back run again)."""
+        status, body = self._request("PATCH", "/delete-user", query={"access": access})
+        if status in (200, 204) or any(marker in body for marker in _NO_USER):
+            return
+        raise StoreRefused("delete-user", access, f"HTTP {status}: {_short(body)}")
+
+    def principals(self) -> ServerPrincipals:
+        """The users, and the principals the bucket's policy names: what a sweep compares with the
+        namespaces (the users first, as a sweep lists the server before the namespaces)."""
+        users = self.users()
+        statements = self.policy().get("Statement") or []
+        return ServerPrincipals(users=users, granted=frozenset(_principals(statements)))
+
+    def take_back(self, namespace: str) -> None:
+        """The namespace's principals lose their statements, then their users (a namespace that is gone).
+        Idempotent: a take-back interrupted half-way is found by the next sweep (a statement or a user
+        left names the namespace) and run again."""
+        self.revoke(namespace)
+        for access in Access:
+            self.delete_user(access_key(namespace, access))
 
     # ---- the bucket's policy ----------------------------------------------------------------------------
 
@@ -178,6 +221,24 @@ def _names(statement: Mapping[str, Any], principal: str) -> bool:
     if isinstance(named, str):
         named = [named]
     return principal in (named or [])
+
+
+def _principals(statements: list[Mapping[str, Any]]) -> list[str]:
+    """Every principal of ours the statements name (whatever the form of their Principal)."""
+    found = []
+    for statement in statements:
+        named = statement.get("Principal")
+        if isinstance(named, Mapping):
+            named = named.get("AWS")
+        if isinstance(named, str):
+            named = [named]
+        found += [str(n) for n in named or [] if principal_namespace(str(n)) is not None]
+    return found
+
+
+def _local(tag: str) -> str:
+    """An XML element's name without its namespace."""
+    return tag.rsplit("}", 1)[-1]
 
 
 def _xml(text: str) -> str:

@@ -8,8 +8,8 @@ async def agent(ctx: worker.Context) -> dict:
 
 worker.main(agent)
 
-Framework integrations (agentrun.integrations) use this module's names only, and `ctx.store` (a
-RunStore) for fenced access to the Run: never a submodule (an import contract holds it).
+Framework integrations (agentrun.integrations) and the examples use this module's names only, and
+`ctx.store` (a RunStore) for fenced access to the Run: never a submodule (an import contract holds it).
 """
 
 from agentrun.core.steps import StepRetry
@@ -28,6 +28,7 @@ from agentrun.worker.errors import (
     TransientError,
     UnknownSideEffect,
 )
+from agentrun.worker.identity import Identity, NotInAttemptPod
 from agentrun.worker.main import main
 from agentrun.worker.session import refuse_over_budget
 from agentrun.worker.store import RunStore
@@ -39,8 +40,10 @@ __all__ = [
     "ConflictingResult",
     "Context",
     "Effect",
+    "Identity",
     "Interrupted",
     "KeyReused",
+    "NotInAttemptPod",
     "PermanentError",
     "RateLimited",
     "RunBlobs",

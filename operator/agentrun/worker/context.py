@@ -8,7 +8,7 @@ from typing import Any
 
 from agentrun.api import Attempt, Checkpoint, InterruptReason, Resend, Run, SideEffectState
 from agentrun.api.budgets import ACCEPTED_SCHEMA_BUDGET
-from agentrun.core import ledger, requests
+from agentrun.core import interrupts, ledger
 from agentrun.core.ledger import side_effect_name
 from agentrun.core.steps import StepRetry, journal_replays
 from agentrun.worker.effects import Effect, Ledger
@@ -63,8 +63,8 @@ class Context:
         # a retry), and once an answer arrives within a hold: what the agent observed before is stale,
         # it must look at its world again. resume_reason says why (the Attempt's reason).
         self.resumed = resumed_from is not None
-        self.resume_reason: str | None = requests.resume_reason(attempt)
-        self._answering = requests.answered(run, attempt)  # the request this Attempt brings the answer to
+        self.resume_reason: str | None = interrupts.resume_reason(attempt)
+        self._answering = interrupts.answered(run, attempt)  # the request this Attempt brings the answer to
         self.resume_value: Any = attempt.spec.input if self._answering else None
         self._answered = {i.request_id for i in run.status.inputs or []}
         self._approve_irreversible = bool(run.spec.approvals and run.spec.approvals.irreversible)
@@ -84,7 +84,7 @@ class Context:
         self._session.progress.report()
         run = await self._session.read_run() if fresh else (self._session.observed or self._session.run)
         pause = run.spec.pause if run else None
-        if pause and requests.pause_due(pause.request_id, frozenset(self._answered), self._answering):
+        if pause and interrupts.pause_due(pause.request_id, frozenset(self._answered), self._answering):
             await self._raise_interrupt(InterruptReason.PAUSED, pause.reason, None, None, pause.request_id)
 
     def progress(self) -> None:
@@ -124,7 +124,7 @@ class Context:
         is returned here, by the same Attempt (ctx.resumed becomes True); after that the hold is
         released and the answer goes to a new Attempt as without one.
         """
-        if requests.answers_question(self._answering):
+        if interrupts.answers_question(self._answering):
             value = self.resume_value
             self._answering = None  # one answer per resumed Attempt: a later interrupt pauses again
             _check_answer(value, schema)
@@ -201,13 +201,13 @@ class Context:
         while True:
             session.changed.clear()  # before looking: a change after this wakes the wait below
             run = session.observed or await session.read_run()
-            state = requests.hold_state(run, self.attempt, request_id)
-            if state == requests.HoldState.ANSWERED:
-                found, value = requests.held_answer(run, request_id)
+            state = interrupts.hold_state(run, self.attempt, request_id)
+            if state == interrupts.HoldState.ANSWERED:
+                found, value = interrupts.held_answer(run, request_id)
                 if not found:  # spec.resume was replaced right after the acceptance: a retry carries it
                     raise TransientError(f"the answer to {request_id} was accepted but is no longer readable")
                 return True, value
-            if state == requests.HoldState.ENDED:
+            if state == interrupts.HoldState.ENDED:
                 return False, None
             remaining = deadline - session.clock.monotonic()
             if remaining <= 0:
@@ -340,7 +340,7 @@ class Context:
                 return
         # The request id carries the digest: an approval of one request never approves another.
         request_id = ledger.approval_request_id(side_effect_name(self.run_name, key), digest)
-        if requests.answers_approval(self._answering, request_id):
+        if interrupts.answers_approval(self._answering, request_id):
             answer = self.resume_value
             self._answering = None
         else:

@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.api import Attempt, Run
-from agentrun.core import requests
+from agentrun.core import interrupts
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.blobs import RunBlobs
 from agentrun.worker.session import Session
 
 
 def answered_request(run: Run, attempt: Attempt) -> str | None:
-    """The id of the request this Attempt brings the answer to (core.requests.answered)."""
-    answer = requests.answered(run, attempt)
+    """The id of the request this Attempt brings the answer to (core.interrupts.answered)."""
+    answer = interrupts.answered(run, attempt)
     return answer.request_id if answer else None
 
 
@@ -61,6 +61,13 @@ class RunStore:
         """The id of the request this Attempt brings the answer to, if it continues after one."""
         run = self._session.run or await self._session.read_run()
         return answered_request(run, await self._session.read_attempt())
+
+    async def ledger_mark(self) -> int:
+        """The Run's ledger as it stands now: the highest SideEffect ledgerSequence opened so far (0: none),
+        as ctx.checkpoint records it in a State checkpoint's spec.ledgerMark. A fork from a checkpoint
+        inherits exactly its source's records up to this mark, so an integration records it on every
+        State checkpoint it saves (one read per Attempt, then counted here)."""
+        return await self._session.ledger_position()
 
     async def fenced_status_write(self, patch: dict[str, Any], what: str) -> Run:
         """Writes `patch` into the Run's status if this Attempt still holds the Run (its lease epoch and

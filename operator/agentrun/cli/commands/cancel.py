@@ -11,7 +11,7 @@ from agentrun.cli import render
 from agentrun.cli.cluster import Cluster, wait_for_run
 from agentrun.cli.commands.common import read_run
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import cancel_key, cancel_operations, cancel_request
+from agentrun.cli.controls import cancel_key, cancel_operations, cancel_request
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 

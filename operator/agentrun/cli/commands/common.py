@@ -8,7 +8,7 @@ from agentrun.api import ControlOutcome, ControlRecord, Run
 from agentrun.cli import render
 from agentrun.cli.cluster import wait_for_run
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import recorded
+from agentrun.cli.controls import recorded
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 
 

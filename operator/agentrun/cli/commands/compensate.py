@@ -8,7 +8,7 @@ from agentrun.api import TERMINAL_PHASES, Run, RunPhase
 from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import compensate_key, compensate_patch, recorded
+from agentrun.cli.controls import compensate_key, compensate_patch, recorded
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 

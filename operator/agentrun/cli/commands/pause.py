@@ -7,7 +7,7 @@ import argparse
 from agentrun.api import STOPPED_PHASES, RunPhase
 from agentrun.cli.commands.common import await_outcome, read_run, show_outcome
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import pause_patch, pause_request_id, recorded
+from agentrun.cli.controls import pause_patch, pause_request_id, recorded
 from agentrun.cli.errors import EXIT_OK, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 

@@ -14,7 +14,7 @@ from agentrun.cli import render
 from agentrun.cli.commands.common import await_outcome, read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import recorded, resume_key, resume_operations, schema_problem
+from agentrun.cli.controls import recorded, resume_key, resume_operations, schema_problem
 from agentrun.cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, describe_api_error
 from agentrun.cli.hints import Target
 from agentrun.kubeapi import ApiError

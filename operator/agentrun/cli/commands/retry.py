@@ -8,7 +8,7 @@ from agentrun.api import CANCEL_FROZEN_PHASES, ControlOutcome, Run, RunPhase
 from agentrun.cli.commands.common import read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
-from agentrun.cli.control_requests import recorded, retry_key, retry_patch
+from agentrun.cli.controls import recorded, retry_key, retry_patch
 from agentrun.cli.errors import EXIT_FAILED, CliError, describe_api_error
 from agentrun.kubeapi import ApiError
 

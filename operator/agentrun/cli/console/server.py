@@ -39,7 +39,7 @@ from agentrun.cli.console import actions, runpage
 from agentrun.cli.console.seats import ProxySeats, Seat, token_from
 from agentrun.cli.console.sessions import Session, Sessions, csrf_matches
 from agentrun.cli.console.store import Store
-from agentrun.cli.control_requests import schema_problem
+from agentrun.cli.controls import schema_problem
 from agentrun.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("agentrun.console")

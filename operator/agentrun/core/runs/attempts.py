@@ -18,7 +18,7 @@ from agentrun.core import failures
 from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
 from agentrun.core.pods import PodView
 from agentrun.core.runs.chain import Rule, SubTable
-from agentrun.core.runs.failing import after_failure
+from agentrun.core.runs.failures import after_failure
 from agentrun.core.runs.grants import pod_created
 from agentrun.core.runs.promises import create_promised
 from agentrun.core.runs.stopping import finish_lost, lease_lost, revoked

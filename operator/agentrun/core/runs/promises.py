@@ -16,7 +16,7 @@ from agentrun.api import (
     StartKind,
     StartReason,
 )
-from agentrun.core import controls, requests
+from agentrun.core import controls, interrupts
 from agentrun.core.plan import CreateAttempt
 from agentrun.core.runs.grants import attempt_object
 from agentrun.core.runs.transition import NOTHING, Transition, writes
@@ -83,7 +83,7 @@ def automatic_retry(world: World, number: int) -> tuple[str, Any]:
         # An answer accepted while the Attempt held its request, before it saved a newer Checkpoint.
         held = [i for i in world.run.status.inputs or [] if i.checkpoint_id == latest]
         if held and _created_by(latest, previous):
-            found, value = requests.recorded_value(world.run, held[-1])
+            found, value = interrupts.recorded_value(world.run, held[-1])
             carried = value if found else None
     return _reason_after(previous), carried
 

@@ -21,7 +21,7 @@ from agentrun.api import (
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
-from agentrun.core.runs import attempts, external, stopping
+from agentrun.core.runs import attempts, controls, stopping
 from agentrun.core.runs.grants import failure_fields, grant
 from agentrun.core.runs.promises import automatic_retry, or_promised
 from agentrun.core.runs.transition import Transition, event, finish_attempt, set_phase, wake_in
@@ -94,7 +94,7 @@ def hold_ending(w: World) -> Transition | None:
 def control_request(w: World) -> Transition | None:
     """A retry, cancel, pause or resume request not judged yet -> judged and recorded once per key: a
     resume or a retry accepted starts the next Attempt (or continues the holding one)."""
-    judged = external.judge_requests(w, w.run.status.current_attempt or 0)
+    judged = controls.judge_requests(w, w.run.status.current_attempt or 0)
     return None if judged is None else _hold_wake(w, judged)
 
 
@@ -113,7 +113,7 @@ def request_expired(w: World) -> Transition | None:
         return None
     if w.now < request.expires_at:
         return None
-    return _hold_wake(w, external.fail_expired_request(w))
+    return _hold_wake(w, controls.fail_expired_request(w))
 
 
 # ---- rules by phase ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Run's first Attempt cannot start where its namespace has no credentials for the state store
-(core.store_access): the Run fails first, saying what to create."""
+(core.store_credentials): the Run fails first, saying what to create."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from agentrun.api import FailureClass, RunPhase
 from agentrun.core.failures import fingerprint
 from agentrun.core.runs.transition import Transition, event, set_phase
 from agentrun.core.runs.world import World
-from agentrun.core.store_access import CREDENTIALS_MISSING, credentials_refusal, needs_secret
+from agentrun.core.store_credentials import CREDENTIALS_MISSING, credentials_refusal, needs_secret
 
 
 def credentials_missing(w: World) -> Transition | None:

@@ -23,7 +23,7 @@ from agentrun.api import (
 )
 from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compaction, compensating, expiry, fork, rules, store_credentials
+from agentrun.core.runs import attempts, compaction, compensation, expiry, fork, rules, store_credentials
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
 from agentrun.core.runs.grants import failure_fields
 from agentrun.core.runs.stopping import revoked
@@ -48,8 +48,8 @@ TABLE: Final = Chain(
         ),
         Rule(
             "Compensating",
-            compensating.compensating,
-            table=compensating.COMPENSATING,
+            compensation.compensating,
+            table=compensation.COMPENSATING,
             applies_in=frozenset({P.COMPENSATING}),
             moves_to=ENDS | {P.NEEDS_RECONCILIATION},
         ),
@@ -127,7 +127,7 @@ TABLE: Final = Chain(
     rewrites=(
         Rewrite(
             "CompensateFirst",
-            compensating.compensate_first,
+            compensation.compensate_first,
             turns=((P.CANCELLED, P.COMPENSATING), (P.FAILED, P.COMPENSATING)),
         ),
         Rewrite("CollectPods", compaction.collect_pods),

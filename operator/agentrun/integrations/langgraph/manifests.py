@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import copy
 import hashlib
+import json
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from agentrun.statestore import BlobRef
 from agentrun.statestore.documents import decode_document, encode_document
@@ -38,13 +41,20 @@ from agentrun.worker import RunBlobs, StateUnverifiable
 
 MANIFEST_KIND: Final = "LangGraphCheckpoint"
 LIST_KIND: Final = "LangGraphList"
-FORMAT: Final = 1
+# Documents are written in format 2 (a list's newest segments in the manifest's channel entry, small
+# segments inline); format 1 (every list in list documents, every segment a blob) is read as before.
+FORMAT: Final = 2
+READABLE_FORMATS: Final = (1, 2)
 # Serialized values up to this many bytes stay inline (in a manifest, a Writes object): a store request
 # costs more than they do, and they do not grow with the thread.
 INLINE_LIMIT: Final = 512
-# Segments one list document names before it starts a new one that points at it: bounds the bytes a
-# superstep rewrites (~300 bytes a segment) against the documents a reader walks (items / this).
+# Segments one list node (the manifest's list entry, or a list document) names before it starts a new
+# one that points at it: bounds the bytes a superstep rewrites (~300 bytes a segment) against the
+# documents a reader walks (items / this).
 SEGMENTS_PER_NODE: Final = 16
+# Bytes of inline segments (each at most INLINE_LIMIT) a manifest's list entry carries: past this, the
+# entry's segments go to a list document of their own and the next entry starts after it.
+INLINE_NODE_BYTES: Final = 2048
 # Blobs fetched at once when a list is read back.
 READ_CONCURRENCY: Final = 16
 _DOCUMENT_CACHE: Final = 4096
@@ -56,9 +66,13 @@ RECENT_SECONDS: Final = 60.0
 # Blob bytes this saver put or read and verified, kept to answer another read of the same digest (a
 # list's segments are shared by every checkpoint holding them): bytes whose sha256 is their key.
 _BYTES_CACHE: Final = 64 * 1024 * 1024
+# Lists (by their list document) whose items this saver serialized or read back and verified, kept as
+# those very objects: a new version of the list that starts with the same objects extends it.
+_LIST_CACHE: Final = 16
 
 JsonDict = dict[str, Any]
 Typed = tuple[str, bytes]
+T = TypeVar("T")
 
 
 class Serde(Protocol):
@@ -77,22 +91,45 @@ def _b64(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class Segment:
-    """Consecutive items of a list: one blob holding `count` items as a list, or one item (`single`)."""
+    """Consecutive items of a list: `count` items serialized as a list, or one item (`single`); in a blob
+    (its sha256) or, when at most INLINE_LIMIT bytes, inline (`data`, checked against the sha256)."""
 
     sha: str
     count: int
     type: str
     single: bool
+    data: bytes | None = None
 
     def to_json(self) -> list[Any]:
-        return [self.sha, self.count, self.type, self.single]
+        if self.data is None:
+            return [self.sha, self.count, self.type, self.single]
+        return [self.sha, self.count, self.type, self.single, _b64(self.data)]
 
     @classmethod
     def from_json(cls, value: Any) -> Segment:
-        sha, count, type_, single = value
-        if not isinstance(sha, str) or not isinstance(count, int) or count < 1:
-            raise ValueError("a segment is [sha256, count >= 1, type, single]")
-        return cls(sha, count, str(type_), bool(single))
+        sha, count, type_, single, *inline = value
+        if not isinstance(sha, str) or not isinstance(count, int) or count < 1 or len(inline) > 1:
+            raise ValueError("a segment is [sha256, count >= 1, type, single] or with its data inline")
+        data: bytes | None = None
+        if inline:
+            if not isinstance(inline[0], str):
+                raise ValueError("a segment's inline data is base64")
+            data = base64.b64decode(inline[0], validate=True)
+            if sha256(data) != sha:
+                raise ValueError(f"a segment's inline data does not have the sha256 {sha}")
+        return cls(sha, count, str(type_), bool(single), data)
+
+
+def list_key(entry: Mapping[str, Any]) -> str:
+    """What identifies one version of a list: the digest of its manifest entry (which names its list
+    document, or holds its newest segments and names the document before them)."""
+    return sha256(json.dumps(entry, sort_keys=True, separators=(",", ":")).encode())
+
+
+def is_list_entry(entry: Mapping[str, Any] | None) -> bool:
+    if entry is None:
+        return False
+    return isinstance(entry.get("list"), str) or isinstance(entry.get("segments"), list)
 
 
 @dataclass(frozen=True)
@@ -152,6 +189,53 @@ class Applied:
         return cls(write.task_path, write.task_id, write.idx, write.channel, encoding, write.digest())
 
 
+class _Item:
+    """One list item as this saver stored or read it: the object, its attribute values then (a field
+    reassigned in place is not the stored item), and a deep copy of whatever in it is mutable (a dict,
+    a list, the item itself when it is a container): a change inside those, made in place, is seen too.
+    An item whose mutable parts cannot be copied or compared is never taken as held (bytes decide)."""
+
+    __slots__ = ("fields", "item", "mutable")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.fields = _fields(item)
+        try:
+            self.mutable: tuple[Any, ...] | None = copy.deepcopy(_mutable_parts(item, self.fields))
+        except Exception:  # an object deepcopy cannot take: compare its bytes instead
+            self.mutable = None
+
+    def holds(self, item: Any) -> bool:
+        if item is not self.item or self.mutable is None:
+            return False
+        now = _fields(item)
+        if len(now) != len(self.fields) or not all(a is b for a, b in zip(now, self.fields, strict=True)):
+            return False
+        try:
+            return bool(_mutable_parts(item, now) == self.mutable)
+        except Exception:  # an __eq__ that refuses: not known to be unchanged
+            return False
+
+
+_ATOMS: Final = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _fields(item: Any) -> tuple[Any, ...]:
+    """An object's attribute values (a pydantic model's fields, and its extra fields, kept apart)."""
+    attributes = getattr(item, "__dict__", None)
+    found = tuple(attributes.values()) if isinstance(attributes, dict) else ()
+    extra = getattr(item, "__pydantic_extra__", None)
+    return (*found, *extra.values()) if isinstance(extra, dict) else found
+
+
+def _mutable_parts(item: Any, fields: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What of an item can change without a field being reassigned: its non-atomic field values, or
+    the item itself when it has no fields (a dict or a list as a list item)."""
+    if not fields:
+        return () if isinstance(item, _ATOMS) else (item,)
+    return tuple(value for value in fields if not isinstance(value, _ATOMS))
+
+
 @dataclass
 class Built:
     """A channel entry for a manifest and the blobs it names."""
@@ -174,6 +258,7 @@ class ThreadBlobs:
         self._recent: OrderedDict[str, tuple[BlobRef, float]] = OrderedDict()
         self._bytes: OrderedDict[str, bytes] = OrderedDict()
         self._bytes_held = 0
+        self._lists: OrderedDict[str, list[_Item]] = OrderedDict()
         self.written = 0  # bytes this saver put (created or found already there), for measurements
 
     # ---- blobs ---------------------------------------------------------------------------------------
@@ -247,8 +332,8 @@ class ThreadBlobs:
         data = await self.get(ref)
         try:
             raw = decode_document(data)
-            if raw.get("kind") != kind or raw.get("format") != FORMAT:
-                raise ValueError(f"not a {kind} document of format {FORMAT}")
+            if raw.get("kind") != kind or raw.get("format") not in READABLE_FORMATS:
+                raise ValueError(f"not a {kind} document of format {' or '.join(map(str, READABLE_FORMATS))}")
             named = [BlobRef.from_json(r) for r in raw.pop("refs")]
         except (ValueError, TypeError) as exc:
             raise StateUnverifiable(
@@ -304,52 +389,101 @@ class ThreadBlobs:
 
     # ---- lists ---------------------------------------------------------------------------------------
 
-    async def list_nodes(self, head: BlobRef) -> list[Document]:
-        """The list documents from the oldest to `head`."""
-        nodes: list[Document] = []
-        ref: BlobRef | None = head
-        while ref is not None:
-            node = await self.document(ref, LIST_KIND)
-            nodes.append(node)
-            prev = node.body.get("prev")
-            ref = node.named(prev) if isinstance(prev, str) else None
-        nodes.reverse()
-        return nodes
+    def remember_list(self, head: str, items: Sequence[Any], base: str | None = None) -> None:
+        """The items of the list document `head` (its sha256), as this saver serialized them or read
+        them back verified: the very objects. `base`: a list known here that `items` start with."""
+        known = self._lists.get(base) if base is not None else None
+        if known is not None and len(known) <= len(items):
+            self._lists[head] = [*known, *(_Item(item) for item in items[len(known) :])]
+        else:
+            self._lists[head] = [_Item(item) for item in items]
+        self._lists.move_to_end(head)
+        while len(self._lists) > _LIST_CACHE:
+            self._lists.popitem(last=False)
 
-    async def segments(self, head: BlobRef) -> list[tuple[Segment, BlobRef]]:
-        found: list[tuple[Segment, BlobRef]] = []
-        for node in await self.list_nodes(head):
-            for raw in node.body.get("segments", []):
-                try:
-                    segment = Segment.from_json(raw)
-                except (ValueError, TypeError) as exc:
-                    raise StateUnverifiable(
-                        f"the list {node.ref.key} has a malformed segment: {exc}", key=node.ref.key
-                    ) from None
-                found.append((segment, node.named(segment.sha)))
+    def starts_with_list(self, value: Sequence[Any], head: str, count: int) -> bool:
+        """Whether `value` starts with the items of the list document `head` as this saver stored or
+        read them: the same objects, no field of them reassigned since. False says only "not known
+        here" (another saver's list, another object of the same content): the caller compares bytes."""
+        known = self._lists.get(head)
+        if known is None or len(known) != count or len(value) < count:
+            return False
+        self._lists.move_to_end(head)
+        return all(stored.holds(item) for stored, item in zip(known, value, strict=False))
+
+    def node_segments(self, body: Mapping[str, Any], owner: Document) -> list[tuple[Segment, BlobRef | None]]:
+        """The segments one list node holds (a list document's body, or a manifest's list entry), with
+        the blob each names in `owner` (None: inline)."""
+        found: list[tuple[Segment, BlobRef | None]] = []
+        for raw in body.get("segments", []):
+            try:
+                segment = Segment.from_json(raw)
+            except (ValueError, TypeError, binascii.Error) as exc:
+                raise StateUnverifiable(
+                    f"the list in {owner.ref.key} has a malformed segment: {exc}", key=owner.ref.key
+                ) from None
+            found.append((segment, None if segment.data is not None else owner.named(segment.sha)))
         return found
 
-    async def read_list(self, head: BlobRef, count: int, serde: Serde) -> list[Any]:
-        segments = await self.segments(head)
+    async def chain(self, body: Mapping[str, Any], owner: Document) -> list[tuple[Segment, BlobRef | None]]:
+        """Every segment of the list whose newest node is `body` (named in `owner`), oldest first: the
+        node's own, after those of the list documents its `prev` names, back to the first."""
+        parts: list[list[tuple[Segment, BlobRef | None]]] = []
+        while True:
+            parts.append(self.node_segments(body, owner))
+            prev = body.get("prev")
+            if not isinstance(prev, str):
+                break
+            owner = await self.document(owner.named(prev), LIST_KIND)
+            body = owner.body
+        return [segment for part in reversed(parts) for segment in part]
+
+    async def list_chain(
+        self, entry: Mapping[str, Any], manifest: Document
+    ) -> list[tuple[Segment, BlobRef | None]]:
+        """The segments of a manifest's list entry: in its own list document (format 1), or its newest
+        in the entry itself."""
+        if isinstance(entry.get("list"), str):
+            head = await self.document(manifest.named(entry["list"]), LIST_KIND)
+            return await self.chain(head.body, head)
+        return await self.chain(entry, manifest)
+
+    async def segments(self, head: BlobRef) -> list[tuple[Segment, BlobRef | None]]:
+        """The segments of the list whose newest list document is `head`, oldest first."""
+        node = await self.document(head, LIST_KIND)
+        return await self.chain(node.body, node)
+
+    async def read_list(self, entry: Mapping[str, Any], manifest: Document, serde: Serde) -> list[Any]:
+        """A manifest's list entry read back: every segment verified (a blob's sha256 and size, inline
+        data against its sha256), the count checked."""
+        count = int(entry["count"])
+        segments = await self.list_chain(entry, manifest)
         gate = asyncio.Semaphore(READ_CONCURRENCY)
 
-        async def load(segment: Segment, ref: BlobRef) -> list[Any]:
-            async with gate:
-                data = await self.get(ref)
+        async def load(segment: Segment, ref: BlobRef | None) -> list[Any]:
+            if ref is None:
+                assert segment.data is not None
+                data = segment.data
+            else:
+                async with gate:
+                    data = await self.get(ref)
             value = serde.loads_typed((segment.type, data))
             if segment.single:
                 return [value]
             if not isinstance(value, list) or len(value) != segment.count:
-                raise StateUnverifiable(f"the list segment {ref.key} does not hold {segment.count} items")
+                where = ref.key if ref is not None else manifest.ref.key
+                raise StateUnverifiable(f"the list segment {where} does not hold {segment.count} items")
             return value
 
         parts = await asyncio.gather(*(load(s, r) for s, r in segments))
         items = [item for part in parts for item in part]
         if len(items) != count:
             raise StateUnverifiable(
-                f"the list {head.key} holds {len(items)} items, its manifest says {count}: not loaded",
-                key=head.key,
+                f"a list in {manifest.ref.key} holds {len(items)} items, its manifest says {count}: not "
+                "loaded",
+                key=manifest.ref.key,
             )
+        self.remember_list(list_key(entry), items)
         return items
 
 
@@ -403,32 +537,79 @@ class ManifestWriter:
         return Built({"type": typed[0], "blob": ref.sha256}, [ref])
 
     def _named(self, entry: Mapping[str, Any]) -> list[BlobRef]:
-        assert self.parent.manifest is not None
+        """The blobs a channel entry of the parent's manifest names."""
+        manifest = self.parent.manifest
+        assert manifest is not None
         sha = entry.get("blob") or entry.get("list")
-        return [self.parent.manifest.named(sha)] if isinstance(sha, str) else []
+        if isinstance(sha, str):
+            return [manifest.named(sha)]
+        if isinstance(entry.get("segments"), list):
+            refs = [ref for _, ref in self.blobs.node_segments(entry, manifest) if ref is not None]
+            prev = entry.get("prev")
+            return [*refs, manifest.named(prev)] if isinstance(prev, str) else refs
+        return []
 
     async def _list(self, name: str, value: list[Any], previous: Mapping[str, Any] | None) -> Built:
-        base: Document | None = None
-        done = 0
-        if previous is not None and isinstance(previous.get("list"), str):
-            assert self.parent.manifest is not None
-            head = self.parent.manifest.named(previous["list"])
-            if await self._extends(value, head):
-                base = await self.blobs.document(head, LIST_KIND)
-                done = int(previous["count"])
+        """A list channel: when the value starts with the parent's list, its new items only, as segments
+        in the new entry beside the parent entry's own (or after them, in a list document of their own,
+        once the entry is full); else the whole list, anew."""
+        carried: list[tuple[Segment, BlobRef | None]] = []  # the parent entry's own segments, kept
+        prev: BlobRef | None = None  # the list document holding the items before `carried`
+        prev_count = done = 0
+        manifest = self.parent.manifest
+        if manifest is not None and previous is not None and is_list_entry(previous):
+            count = int(previous["count"])
+            if self.blobs.starts_with_list(value, list_key(previous), count) or await self._extends(
+                value, previous, manifest
+            ):
+                done = count
+                if isinstance(previous.get("list"), str):  # format 1: a list document holds them all
+                    prev, prev_count = manifest.named(previous["list"]), count
+                else:
+                    carried = self.blobs.node_segments(previous, manifest)
+                    if isinstance(previous.get("prev"), str):
+                        prev, prev_count = manifest.named(previous["prev"]), int(previous.get("prevCount", 0))
         tail = value[done:]
-        if base is not None and not tail:
-            return Built({"list": base.ref.sha256, "count": done}, [base.ref])
-        new_segments = await self._segments(name, tail)
-        node = await self._node(base, done, new_segments)
-        return Built({"list": node.ref.sha256, "count": len(value)}, [node.ref])
+        if done and not tail and not isinstance(previous and previous.get("list"), str):
+            assert previous is not None
+            return Built(dict(previous), self._named(previous))
+        new = await self._segments(name, tail)
+        inline = sum(len(s.data) for s, _ in [*carried, *new] if s.data is not None)
+        if carried and (len(carried) + len(new) > SEGMENTS_PER_NODE or inline > INLINE_NODE_BYTES):
+            prev = await self._spill(carried, prev, prev_count)
+            prev_count, carried = done, []
+        segments = [*carried, *new]
+        entry: JsonDict = {
+            "count": len(value),
+            "prev": prev.sha256 if prev is not None else None,
+            "prevCount": prev_count,
+            "segments": [segment.to_json() for segment, _ in segments],
+        }
+        refs = [ref for _, ref in segments if ref is not None] + ([prev] if prev is not None else [])
+        base = list_key(previous) if done and previous is not None else None
+        self.blobs.remember_list(list_key(entry), value, base)
+        return Built(entry, refs)
 
-    async def _extends(self, value: list[Any], head: BlobRef) -> bool:
-        """Whether `value` starts with exactly the items of the list at `head`: each of its segments
+    async def _spill(
+        self, segments: list[tuple[Segment, BlobRef | None]], prev: BlobRef | None, prev_count: int
+    ) -> BlobRef:
+        """A full list entry's segments as a list document of their own (naming the one before)."""
+        refs = [ref for _, ref in segments if ref is not None] + ([prev] if prev is not None else [])
+        body = {
+            "format": FORMAT,
+            "prev": prev.sha256 if prev is not None else None,
+            "prevCount": prev_count,
+            "segments": [segment.to_json() for segment, _ in segments],
+        }
+        return (await self.blobs.put_document(LIST_KIND, refs, body)).ref
+
+    async def _extends(self, value: list[Any], previous: Mapping[str, Any], manifest: Document) -> bool:
+        """Whether `value` starts with exactly the items of the parent's list: each of its segments
         serialized again from `value` gives the same bytes (not mere equality: what is stored is what
-        a reader gets back)."""
+        a reader gets back). Only for a list whose items this saver does not hold (starts_with_list):
+        the whole list is serialized again."""
         done = 0
-        for segment, _ in await self.blobs.segments(head):
+        for segment, _ in await self.blobs.list_chain(previous, manifest):
             if done + segment.count > len(value):
                 return False
             chunk = value[done] if segment.single else value[done : done + segment.count]
@@ -438,18 +619,21 @@ class ManifestWriter:
             done += segment.count
         return True
 
-    async def _segments(self, channel: str, tail: list[Any]) -> list[tuple[Segment, BlobRef]]:
+    async def _segments(self, channel: str, tail: list[Any]) -> list[tuple[Segment, BlobRef | None]]:
         """The new items as segments: those the parent's pending writes of this channel hold (as a list
-        or one item, in the order they were applied) are those writes' blobs (the same bytes: no second
-        put); the rest is one segment."""
+        or one item, in the order they were applied) are those writes' bytes (a blob already stored:
+        no second put); the rest is one segment. A segment of at most INLINE_LIMIT bytes is inline."""
         aligned = self._aligned(channel, tail)
         start = len(tail) - sum(segment.count for segment, _ in aligned)
         pieces = list(aligned)
         if start > 0:
             encoding, data = self.serde.dumps_typed(tail[:start])
             pieces.insert(0, (Segment(sha256(data), start, encoding, False), data))
-        found: list[tuple[Segment, BlobRef]] = []
+        found: list[tuple[Segment, BlobRef | None]] = []
         for segment, data in pieces:
+            if len(data) <= INLINE_LIMIT:
+                found.append((Segment(segment.sha, segment.count, segment.type, segment.single, data), None))
+                continue
             ref = await self.blobs.put(data, self.known)
             self.known[ref.sha256] = ref
             found.append((segment, ref))
@@ -478,28 +662,6 @@ class ManifestWriter:
             offset += count
         return aligned
 
-    async def _node(self, base: Document | None, done: int, new: list[tuple[Segment, BlobRef]]) -> Document:
-        refs = [ref for _, ref in new]
-        segments = [segment.to_json() for segment, _ in new]
-        if base is not None and len(base.body["segments"]) + len(new) <= SEGMENTS_PER_NODE:
-            # Still room: the base's segments and prev again, with the new ones.
-            prev = base.body.get("prev")
-            body = {
-                "format": FORMAT,
-                "prev": prev,
-                "prevCount": base.body.get("prevCount", 0),
-                "segments": [*base.body["segments"], *segments],
-            }
-            refs += [base.named(s[0]) for s in base.body["segments"]]
-            if isinstance(prev, str):
-                refs.append(base.named(prev))
-        else:
-            body = {"format": FORMAT, "prev": None, "prevCount": 0, "segments": segments}
-            if base is not None:
-                body["prev"], body["prevCount"] = base.ref.sha256, done
-                refs.append(base.ref)
-        return await self.blobs.put_document(LIST_KIND, refs, body)
-
 
 async def write_manifest(
     blobs: ThreadBlobs,
@@ -518,10 +680,14 @@ async def write_manifest(
     versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
     channels: JsonDict = {}
     refs: list[BlobRef] = []
-    for name in sorted(values):
-        built = await writer.channel(name, values[name], versions.get(name), name in new_versions)
-        channels[name] = built.entry
-        refs.extend(built.refs)
+    names = sorted(values)
+    # Each channel's blobs are put at once (independent puts); the manifest that names them, after all.
+    built = await all_of(
+        [writer.channel(name, values[name], versions.get(name), name in new_versions) for name in names]
+    )
+    for name, channel in zip(names, built, strict=True):
+        channels[name] = channel.entry
+        refs.extend(channel.refs)
     core = {k: v for k, v in checkpoint.items() if k != "channel_values"}
     writes = []
     for write in parent.writes:
@@ -542,6 +708,16 @@ async def write_manifest(
         body["parentManifest"] = parent.manifest.ref.sha256
         refs.append(parent.manifest.ref)
     return await blobs.put_document(MANIFEST_KIND, refs, body)
+
+
+async def all_of(coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Runs independent coroutines at once and waits for every one; the first failure is raised once
+    all have ended (none is left running behind the caller)."""
+    done = await asyncio.gather(*coroutines, return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return done  # type: ignore[return-value]
 
 
 def _typed_json(typed: Typed) -> JsonDict:
@@ -577,8 +753,8 @@ async def channel_value(blobs: ThreadBlobs, manifest: Document, name: str, serde
     what = f"the channel {name} of {manifest.ref.key}"
     try:
         entry = manifest.body["channels"][name]
-        if isinstance(entry.get("list"), str):
-            return await blobs.read_list(manifest.named(entry["list"]), int(entry["count"]), serde)
+        if is_list_entry(entry):
+            return await blobs.read_list(entry, manifest, serde)
         if isinstance(entry.get("blob"), str):
             ref = manifest.named(entry["blob"])
             return serde.loads_typed((str(entry.get("type")), await blobs.get(ref)))

@@ -59,7 +59,7 @@ from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 
 from agentrun.api import API_VERSION, RUN_LABEL, CheckpointKind
 from agentrun.api.budgets import CHECKPOINT_STATE_BUDGET, over_budget
-from agentrun.integrations.langgraph import ancestry, manifests
+from agentrun.integrations.langgraph import ancestry, forks, manifests
 from agentrun.integrations.langgraph.ancestry import Seed, Stored
 from agentrun.integrations.langgraph.manifests import (
     MANIFEST_KIND,
@@ -472,6 +472,15 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         if name is None:
             return None
         state = await self.api.get(self.api.custom_path("checkpoints", self.namespace, name))
+        if (
+            not checkpoint_id
+            and self._is_runs_thread(thread_id, ns)
+            and not self._is_langgraph(state, thread_id, ns)
+            and forks.is_fork_copy(state)
+        ):
+            assert state is not None
+            name = await self._continue_fork(state, thread_id, ns)
+            state = await self.api.get(self.api.custom_path("checkpoints", self.namespace, name))
         if not self._is_langgraph(state, thread_id, ns):
             return None  # absent, or not a LangGraph checkpoint of this thread (ctx.checkpoint's own)
         assert state is not None
@@ -519,6 +528,43 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             count += 1
             if limit is not None and count >= limit:
                 return
+
+    async def _continue_fork(self, copy: JsonDict, thread_id: str, ns: str) -> str:
+        """A fork's first Attempt, pointed at the operator's copy of the source's LangGraph checkpoint:
+        saves the fork root (module forks: that checkpoint on this Run's thread, its manifest shared by
+        digest), moves latestCheckpoint to it (fenced) and returns its name. Again in a later Attempt
+        that resumes from the copy: the root exists already, and is the one continued from."""
+        assert self._session is not None
+        what = f"the forked checkpoint {copy['spec']['id']}"
+        pointers = forks.inline_pointers(copy)
+        if pointers is None:
+            ref = self._manifest_ref(copy)
+            assert ref is not None  # forks.is_fork_copy: inline pointers or a manifest
+            blobs = await self._reading_blobs(what)
+            header = (await blobs.document(ref, MANIFEST_KIND)).body
+            pointers = {k: header[k] for k in forks.POINTERS if k in header}
+        if not isinstance(pointers.get("checkpointId"), str):
+            raise StateUnverifiable(f"{what} records no LangGraph checkpoint id: it cannot be continued")
+        name = self.state_name(thread_id, ns, pointers["checkpointId"])
+        labels = {
+            KIND_LABEL: "State",
+            THREAD_LABEL: _digest(thread_id),
+            NAMESPACE_LABEL: _digest(thread_id, ns),
+        }
+        body = forks.root_checkpoint(
+            copy,
+            pointers,
+            name=name,
+            attempt=self.attempt,
+            lease_epoch=self.lease_epoch,
+            ledger_mark=await self._session.ledger_mark(),
+            thread={"id": thread_id, "ns": ns},
+            metadata=await self._owned_metadata(name, labels),
+        )
+        await self._create(body, f"the fork's first LangGraph checkpoint (Checkpoint {name}, from {what})")
+        await self._session.fenced_status_write({"latestCheckpoint": name}, f"checkpoint {name}")
+        self._shared.pointer = name
+        return name
 
     # ---- delta channels: the history walk ------------------------------------------------------------
 
@@ -749,6 +795,10 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
             "thread": {"id": thread_id, "ns": ns},
             "state": stored,
         }
+        if self._session is not None:
+            # The Run's ledger as it stands (as ctx.checkpoint records it): a fork from this checkpoint
+            # inherits exactly the records opened before it, and never sends again what they confirmed.
+            spec["ledgerMark"] = await self._session.ledger_mark()
         if (blobs := await self._blobs()) is not None:
             header: JsonDict = {"checkpointId": checkpoint["id"], "sequence": sequence}
             if parent_id:
@@ -844,9 +894,13 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 digest = manifests.sha256(typed[1])
                 blobs.remember_value(digest, value)
                 staged.append(Applied(task_path, task_id, idx, channel, typed[0], digest))
-            for idx, channel, _, typed in serialized:
-                stored, _ = await blobs.store_value(typed)
+            # the values' puts at once (independent); the Writes object that names them, after all
+            puts = await manifests.all_of([blobs.store_value(typed) for _, _, _, typed in serialized])
+            for (idx, channel, _, _), (stored, _) in zip(serialized, puts, strict=True):
                 entries.append([idx, channel, stored])
+        writes_state: JsonDict = {"taskId": task_id, "writes": entries}
+        if task_path:
+            writes_state["taskPath"] = task_path
         labels = {
             KIND_LABEL: "Writes",
             THREAD_LABEL: _digest(thread_id),
@@ -864,15 +918,11 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 "parent": parent,
                 "attempt": self.attempt,
                 "leaseEpoch": self.lease_epoch,
-                "step": f"langgraph:writes:{task_path or task_id}"[:128],
                 "kind": CheckpointKind.WRITES.value,
                 "thread": {"id": thread_id, "ns": ns},
-                "state": {
-                    "checkpointId": checkpoint_id,
-                    "taskId": task_id,
-                    "taskPath": task_path,
-                    "writes": entries,
-                },
+                # the checkpoint they belong to is spec.parent; no step (the task is): fewer fields
+                # than a State checkpoint, each one stored twice (the object and its managedFields)
+                "state": writes_state,
             },
         }
         await self._create(body, f"the pending writes of task {task_id} (Checkpoint {name})")

@@ -79,7 +79,7 @@ def no_progress(w: World) -> Transition | None:
     says where to return."""
     if w.run.status.compensating is not None:
         return None
-    return incomplete(w, "the Run is Compensating without status.compensating: nothing says what to undo")
+    return incomplete("the Run is Compensating without status.compensating: nothing says what to undo")
 
 
 def earlier_running(w: World) -> Transition | None:
@@ -297,7 +297,7 @@ def _after(
         return wake_in((due - w.now).total_seconds())
     retry, message = retry_after_failure(w, attempt.spec.number, failure, progress)
     if retry is None:
-        return incomplete(w, message, **fields)
+        return incomplete(message, **fields)
     at = w.now + timedelta(seconds=retry)
     if at.microsecond:  # status holds whole seconds: round up, so the retry never starts early
         at = at.replace(microsecond=0) + timedelta(seconds=1)
@@ -341,7 +341,7 @@ def returned(w: World, progress: CompensationProgress, **fields: Any) -> Transit
     )
 
 
-def incomplete(w: World, message: str, **fields: Any) -> Transition:
+def incomplete(message: str, **fields: Any) -> Transition:
     """What is left can be neither settled nor compensated by an Attempt: a person decides."""
     text = f"{INCOMPLETE}: {message}; resolve the SideEffects, then ask again (spec.compensateRequest)"
     failure = failure_fields(FailureClass.UNKNOWN_SIDE_EFFECT, INCOMPLETE, message)

@@ -10,7 +10,7 @@ from agentrun.api import FINISHED_ATTEMPT_PHASES, AttemptReason, ControlOp, Run,
 from agentrun.core import compensation, controls, report
 from agentrun.core.controls import KeyUse
 from agentrun.core.plan import PatchRunStatus
-from agentrun.core.runs.compensating import returned
+from agentrun.core.runs.compensation import returned
 from agentrun.core.runs.grants import grant
 from agentrun.core.runs.transition import Transition, event, set_phase, writes
 from agentrun.core.runs.world import World

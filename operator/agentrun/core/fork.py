@@ -86,6 +86,12 @@ def _checkpoint_refusal(name: str, checkpoint: Checkpoint) -> tuple[str, str] | 
             f"spec.forkFrom.checkpointId: checkpoint {spec.id} of Run {name} is a {spec.kind.value} "
             "checkpoint; a fork starts from a State checkpoint (a resume point)"
         )
+    if spec.thread is not None and spec.thread.ns:
+        return INVALID, (
+            f"spec.forkFrom.checkpointId: checkpoint {spec.id} of Run {name} is a checkpoint of a subgraph "
+            f"(checkpoint namespace {spec.thread.ns!r}), not of the graph the Run runs; fork from a "
+            "checkpoint of its root graph (thread.ns empty)"
+        )
     if spec.ledger_mark is None:
         return INVALID, (
             f"spec.forkFrom.checkpointId: checkpoint {spec.id} of Run {name} records no ledger mark (saved "

@@ -1,4 +1,4 @@
-"""Reading a fork's source (spec.forkFrom) for core.forking: the source Run, its checkpoint and its
+"""Reading a fork's source (spec.forkFrom) for core.fork: the source Run, its checkpoint and its
 SideEffects, read from the API server (not the caches: a record a lagging cache had not seen yet would
 not be inherited, and its action could be executed again). Done only while the fork has not started.
 
@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from agentrun.api import RUN_LABEL, Checkpoint, Run, RunPhase, SideEffect
-from agentrun.core.forking import ForkSourceView, archived_source
+from agentrun.core.fork import ForkSourceView, archived_source
 from agentrun.core.identity import owned_by
 from agentrun.kubeapi import KubeApi
 from agentrun.statestore import BlobRef as StoredRef
@@ -55,7 +55,7 @@ ReadBlob = Callable[[StoredRef], Awaitable[bytes]]
 
 
 class DocumentArchives:
-    """Deleted sources read from their archive documents (core.forking.archived_source), and compacted
+    """Deleted sources read from their archive documents (core.fork.archived_source), and compacted
     sources' older checkpoints from their checkpoint index (statestore.checkpoint_index)."""
 
     def __init__(self, read: ReadArchive, read_blob: ReadBlob | None = None) -> None:

@@ -1,6 +1,7 @@
-"""The worker's request bookkeeping: which answer an Attempt carries, which call it answers, and when a
-pause is due. Three sources of requests share one mechanism (the agent's own question, the approval
-gate, a pause from outside); an answer to one of them must never answer another.
+"""Interrupts, the worker's requests to a person (status.pendingRequest; not the control requests a
+person sends, core.controls): which answer an Attempt carries, which call it answers, and when a pause is
+due. Three sources of requests share one mechanism (the agent's own question, ctx.interrupt; the approval
+gate; a pause from outside); an answer to one of them must never answer another.
 """
 
 from __future__ import annotations
