@@ -6,10 +6,17 @@ Pod collected, the bytes per Run are the JSON of its runs, attempts, checkpoints
 as `kubectl get -o json --show-managed-fields` prints them (indented), and compact.
 
     PYTHONPATH=hack:tests .venv/bin/python bench/finished_runs.py [--runs 50] [--checkpoints 10]
-        [--state-bytes 20000] [--effects 2] [--no-store]   # bench/finished_runs.json, a Markdown table
+        [--state-bytes 20000] [--effects 2] [--no-store] [--clear all|runs|none] [--out FILE]
+        # bench/finished_runs.json (or FILE), a Markdown table
 
 --no-store: neither the agents nor the operator have a store (states inline; the Lease goes, every
 Checkpoint stays), for comparison.
+--clear: which managedFields compaction's last write clears, for comparison: all (as installed: the Run's,
+its Attempts', SideEffects' and Checkpoints'), runs (the operator's RBAC loses `patch` on attempts,
+sideeffects and checkpoints, so only the Run's are: it is cleared first), none (no `patch` at all: the
+managedFields stay, as before the clearing existed). Whatever is cleared is waited for before measuring.
+Reported besides: what each part is worth in print (managedFields by kind, and the Run's conditions,
+report and side-effect counts), so that each option can be weighed on the same objects.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
+from devcluster.security import OPERATOR_SERVICE_ACCOUNT
 from support.agentrun import install_crds
 from support.clusters import opt_in_for_attempts
 from support.kube import Kube, wait_for
@@ -46,6 +54,56 @@ def kubectl_json(kube: Kube, ns: str, kind: str) -> list[dict[str, Any]]:
     out = kube.kubectl("get", kind, "-o", "json", "--show-managed-fields", namespace=ns).stdout
     items: list[dict[str, Any]] = json.loads(out)["items"]
     return items
+
+
+def printed_size(item: dict[str, Any]) -> int:
+    return len(json.dumps(item, indent=4).encode())
+
+
+def without(item: dict[str, Any], *path: str) -> dict[str, Any]:
+    """A copy of the object without the field at `path` (e.g. "metadata", "managedFields")."""
+    copy: dict[str, Any] = json.loads(json.dumps(item))
+    parent = copy
+    for key in path[:-1]:
+        parent = parent.get(key) or {}
+    parent.pop(path[-1], None)
+    return copy
+
+
+def parts_per_run(kube: Kube, ns: str) -> dict[str, float]:
+    """What parts of the objects are worth in print, mean per Run: each kind's managedFields, and the Run's
+    status conditions, report and side-effect counts (the printed object with it minus without it)."""
+    totals: dict[str, int] = {}
+    runs = 0
+    for kind in ("runs", "attempts", "checkpoints", "sideeffects"):
+        for item in kubectl_json(kube, ns, kind):
+            runs += kind == "runs"
+            whole = printed_size(item)
+            key = f"{kind}.managedFields"
+            bare = printed_size(without(item, "metadata", "managedFields"))
+            totals[key] = totals.get(key, 0) + whole - bare
+            if kind == "runs":
+                for field in ("conditions", "report", "sideEffects"):
+                    key = f"runs.status.{field}"
+                    totals[key] = totals.get(key, 0) + whole - printed_size(without(item, "status", field))
+    return {k: round(v / max(runs, 1)) for k, v in totals.items()}
+
+
+CLEARED_KINDS = {"all": KINDS[:4], "runs": ("runs",), "none": ()}
+
+
+def deny_patch(kube: Kube, kinds: tuple[str, ...]) -> None:
+    """Takes `patch` on these kinds (their main resource) from the operator's ClusterRole."""
+    role = json.loads(kube.kubectl("get", "clusterrole", OPERATOR_SERVICE_ACCOUNT, "-o", "json").stdout)
+    for rule in role["rules"]:
+        resources = rule.get("resources", [])
+        if any(kind in resources for kind in kinds):
+            kept = [r for r in resources if r not in kinds]
+            if kept:  # the other kinds of the rule keep every verb
+                role["rules"].append({**rule, "resources": kept})
+            rule["resources"] = [r for r in resources if r in kinds]
+            rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
+    kube.rbac.patch_cluster_role(OPERATOR_SERVICE_ACCOUNT, {"rules": role["rules"]})
 
 
 def bytes_per_run(kube: Kube, ns: str, *, printed: bool) -> dict[str, dict[str, int]]:
@@ -73,6 +131,9 @@ def main() -> None:
     parser.add_argument("--state-bytes", type=int, default=20_000)
     parser.add_argument("--effects", type=int, default=2)
     parser.add_argument("--no-store", action="store_true")
+    parser.add_argument("--clear", choices=sorted(CLEARED_KINDS), default="all")
+    parser.add_argument("--out", type=Path, help="where the figures go (default: bench/finished_runs*.json)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a batch may take")
     parser.add_argument("--concurrency", type=int, default=8, help="Runs started at once")
     parser.add_argument(
         "--dump", type=Path, help="write the first Run's objects (as kubectl prints them) here"
@@ -89,6 +150,9 @@ def main() -> None:
         operator_kubeconfig = security.install(
             cluster.binary("kubectl"), cluster.kubeconfig, state_dir / "operator.kubeconfig"
         )
+        cleared = CLEARED_KINDS[args.clear]
+        if args.clear != "all":
+            deny_patch(kube, tuple(k for k in KINDS[:4] if k not in cleared))
         env = {"AGENTRUN_METRICS_PORT": str(free_port()), **security.OPERATOR_ENV}
         if not args.no_store:
             env |= security.state_store_operator_env(cluster.state_store_url) | cluster.state_store_env()
@@ -138,7 +202,8 @@ def main() -> None:
                 )
                 kube.custom.create_namespaced_custom_object("agentrun.dev", "v1alpha1", ns, "runs", body)
             log(f"started {batch + len(chunk)}/{len(names)}")
-            wait_for(partial(settled, kube, ns, chunk, args.no_store), 600, interval=1.0, what="a batch")
+            done = partial(settled, kube, ns, chunk, args.no_store, cleared)
+            wait_for(done, args.timeout, interval=1.0, what="a batch")
         took = time.monotonic() - started
         if args.dump:
             first = names[0]
@@ -160,6 +225,7 @@ def main() -> None:
             "stateBytes": args.state_bytes,
             "effects": args.effects,
             "store": not args.no_store,
+            "cleared": list(cleared),
             "phases": sorted(phases),
             "podsLeft": pods,
             "seconds": round(took, 1),
@@ -167,8 +233,10 @@ def main() -> None:
             "bytesPerRunMean": round(sum(per_run) / len(per_run)),
             "bytesByKindMean": {k: round(sum(s[k] for s in sizes.values()) / len(sizes)) for k in KINDS},
             "compactBytesPerRunMean": round(sum(sum(s.values()) for s in compact.values()) / len(compact)),
+            "printedBytesOfPartsMean": parts_per_run(kube, ns),
         }
-        out = HERE / ("finished_runs.json" if not args.no_store else "finished_runs_no_store.json")
+        default = "finished_runs.json" if not args.no_store else "finished_runs_no_store.json"
+        out = args.out or HERE / default
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         kib = 1024
@@ -183,8 +251,9 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(state_dir)], check=False)
 
 
-def settled(kube: Kube, ns: str, names: list[str], no_store: bool) -> bool:
-    """Every Run of the batch ended, compacted (or, without a store, its Lease gone) and its Pod gone."""
+def settled(kube: Kube, ns: str, names: list[str], no_store: bool, cleared: tuple[str, ...]) -> bool:
+    """Every Run of the batch ended, compacted (or, without a store, its Lease gone), its Pod gone, and
+    the managedFields of the `cleared` kinds cleared."""
     runs = {
         r["metadata"]["name"]: r for r in kubectl_json(kube, ns, "runs") if r["metadata"]["name"] in names
     }
@@ -202,7 +271,14 @@ def settled(kube: Kube, ns: str, names: list[str], no_store: bool) -> bool:
     if left:
         return False
     checkpoints = [c for c in kubectl_json(kube, ns, "checkpoints") if c["spec"]["runName"] in names]
-    return no_store or len(checkpoints) == len(names)
+    if not no_store and len(checkpoints) != len(names):
+        return False
+    for kind in cleared:
+        for item in runs.values() if kind == "runs" else kubectl_json(kube, ns, kind):
+            owner = item["metadata"]["name"] if kind == "runs" else item["metadata"]["labels"].get(LABEL)
+            if owner in names and item["metadata"].get("managedFields"):
+                return False
+    return True
 
 
 if __name__ == "__main__":

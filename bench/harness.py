@@ -276,6 +276,9 @@ class Bench:
     # The admission policies of agentrun.admission, installed as a Helm install has them; off only to
     # measure what they cost.
     policies: bool = True
+    # The operator told the cluster's object store (finished Runs' indexes and archives go there); each
+    # namespace() then holds the store Secret of its own principal.
+    store: bool = False
     cluster: LocalCluster = field(init=False)
     kube: Kube = field(init=False)
     operator: OperatorProcess = field(init=False)
@@ -307,6 +310,12 @@ class Bench:
                 **security.OPERATOR_ENV,
                 # without the policies (a measure of their cost) the operator is told not to require them
                 **({} if self.policies else {"AGENTRUN_REQUIRE_ADMISSION_POLICIES": "false"}),
+                **(
+                    security.state_store_operator_env(self.cluster.state_store_url)
+                    | self.cluster.state_store_env()
+                    if self.store
+                    else {}
+                ),
             },
             verbose=False,
         )
@@ -359,6 +368,9 @@ class Bench:
                 "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": name}],
             },
         )
+        if self.store:
+            secret = security.state_store_secret(name, self.cluster.namespace_store_env(name))
+            self.kube.core.create_namespaced_secret(name, secret)
         return name
 
     def requests(self) -> Counter[RequestKey]:

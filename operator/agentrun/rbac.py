@@ -35,16 +35,18 @@ ATTEMPT_POD_RULES: list[Rule] = [
 # namespaces and CRDs, and (with peering) its peering objects, which the operator creates when missing
 # (agentrun.operator.bootstrap).
 OPERATOR_RULES: list[Rule] = [
-    # delete: a finished Run past its time to live, once its archive is verified in the state store
-    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch", "delete"]},
+    # delete: a finished Run past its time to live, once its archive is verified in the state store;
+    # patch (here and on attempts, checkpoints and sideeffects): a compacted Run's managedFields cleared
+    # (a metadata-only merge patch, core.runs.compaction; the operator writes no spec)
+    {"apiGroups": [GROUP], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch", "delete"]},
     {"apiGroups": [GROUP], "resources": ["runs/status"], "verbs": ["get", "patch", "update"]},
-    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": [GROUP], "resources": ["attempts"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [GROUP], "resources": ["attempts/status"], "verbs": ["get", "patch"]},
     {
         "apiGroups": [GROUP],
         "resources": ["checkpoints", "sideeffects"],
         # create: a fork's copy of its source's checkpoint and its inherited records (core.fork)
-        "verbs": ["get", "list", "watch", "create", "delete"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},

@@ -209,3 +209,49 @@ def test_an_operator_restarted_mid_compaction_finishes_it(
     run = compacted(kube, ns, name)
     assert run["status"]["checkpointIndex"] == index["checkpointIndex"], "written again, it is the same blob"
     assert len(read_blob(local_cluster, run["status"]["checkpointIndex"])["checkpoints"]) == 4
+
+
+def managed(kube: Kube, ns: str, name: str) -> list[str]:
+    """The Run's objects (the Run, its Attempts, Checkpoints and SideEffects) that carry managedFields."""
+    objects = [get_run(kube, ns, name), *(o for kind in KINDS[1:] for o in owned(kube, ns, kind, name))]
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["metadata"].get("managedFields")]
+
+
+def test_a_compacted_run_keeps_no_managed_fields_even_after_a_later_write(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = run_namespace, "unmanaged"
+    create_run(kube, ns, finishing_run(name, local_cluster, checkpoints=3, stateBytes=20_000, effects=2))
+    run = wait_phase(kube, ns, name, ENDED, timeout=120)
+    assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
+    compacted(kube, ns, name)
+    wait_for(lambda: kube.pod(f"{name}-a1", ns) is None, 60, interval=0.2, what="the Pod collected")
+    before = {kind: owned(kube, ns, kind, name) for kind in KINDS[1:]}
+
+    wait_for(lambda: not managed(kube, ns, name), 60, interval=0.2, what="every managedFields cleared")
+    run = get_run(kube, ns, name)
+    # what a person reads is all there: nothing but the managedFields went
+    assert run["status"]["phase"] == "Succeeded" and "checkpointIndex" in run["status"]
+    assert run["status"]["report"] and run["status"]["conditions"]
+    for kind in KINDS[1:]:
+        after = {o["metadata"]["name"]: o for o in owned(kube, ns, kind, name)}
+        for o in before[kind]:
+            kept = after[o["metadata"]["name"]]
+            assert (kept.get("spec"), kept.get("status")) == (o.get("spec"), o.get("status")), kind
+
+    # A plain write does not start the record again (the API server tracks no fields on an update of an
+    # object that has none); a server-side apply does, and the operator, back, clears it again.
+    kube.kubectl("annotate", f"runs.{GROUP}/{name}", "team=blue", namespace=ns)
+    assert not managed(kube, ns, name)
+    operator.kill()
+    annotated = {"name": name, "annotations": {"owner": "alice"}}
+    applied = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": annotated}
+    kube.kubectl(
+        "apply", "--server-side", "--field-manager=alice", "-f", "-", input=json.dumps(applied), namespace=ns
+    )
+    assert managed(kube, ns, name) == [f"Run/{name}"]
+    operator.start()
+    operator.wait_ready()
+    wait_for(lambda: not managed(kube, ns, name), 60, interval=0.2, what="the new entries cleared")
+    annotations = get_run(kube, ns, name)["metadata"]["annotations"]
+    assert (annotations["team"], annotations["owner"]) == ("blue", "alice")

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import Checkpoint, FailureClass
+from agentrun.api import Checkpoint, FailureClass, SideEffect
 from agentrun.core.lease import epoch_for_grant
 from agentrun.core.plan import (
+    ClearManagedFields,
     CreateAttempt,
     DeleteCheckpoint,
     DeleteLease,
@@ -33,12 +34,15 @@ from unit.factories import (
     make_checkpoint,
     make_lease,
     make_run,
+    make_side_effect,
     make_world,
     name_of,
     of_type,
     run_status,
 )
 from unit.run_worlds import CHAIN, UNKNOWN_EFFECT, retry_spec, stopped
+from unit.test_core_runs_expiry import at, expires_time
+from unit.test_core_runs_expiry import finished as expiring
 
 INDEX = {"key": f"p/{NAMESPACE}/uid/sha256/{'a' * 64}", "sha256": "a" * 64, "size": 123, "links": True}
 
@@ -275,3 +279,115 @@ def test_a_run_refused_before_any_attempt_is_not_compacted() -> None:
     world = replace(world, attempts={})
 
     assert kinds(decide(world)) == []
+
+
+# ---- managedFields cleared (the last write of a compacted Run) -----------------------------------------
+
+MANAGED_ALL = frozenset(
+    {
+        ("runs", "triage"),
+        ("attempts", name_of(1)),
+        ("checkpoints", "ckpt-5"),
+        ("checkpoints", "ckpt-1"),  # a superseded one: deleted first, never cleared
+    }
+)
+
+
+def compacted(**kwargs: Any) -> World:
+    """A Run compacted with a store (index recorded, no Lease), only its latest Checkpoint left."""
+    world = finished(lease=False, index=INDEX, **kwargs)
+    latest = make_checkpoint("ckpt-5", 5).to_api()
+    latest["metadata"]["resourceVersion"] = "305"
+    return replace(world, checkpoints=(Checkpoint.model_validate(latest),))
+
+
+def test_a_compacted_run_at_rest_has_its_managed_fields_cleared_run_first() -> None:
+    world = replace(compacted(), managed_fields=MANAGED_ALL)
+
+    plan = decide(world)
+
+    assert [(a.kind, a.name) for a in of_type(plan, ClearManagedFields)] == [
+        ("runs", "triage"),
+        ("attempts", name_of(1)),
+        ("checkpoints", "ckpt-5"),
+    ]
+    assert kinds(plan) == ["ClearManagedFields"] * 3
+    # each preconditioned on the version the decision saw; the Run's first, so the cached view will do
+    run_clear, attempt_clear, _ = of_type(plan, ClearManagedFields)
+    assert run_clear.resource_version == world.run.metadata.resource_version
+    assert attempt_clear.resource_version == world.attempts[1].metadata.resource_version
+    assert not plan.needs_fresh_run
+
+
+def test_only_the_objects_that_carry_managed_fields_are_cleared_and_then_nothing() -> None:
+    body = make_side_effect("k1", "Confirmed").to_api()
+    body["metadata"]["resourceVersion"] = "77"
+    effect = SideEffect.model_validate(body)
+    world = stopped("Succeeded", side_effects=(effect,), latestCheckpoint="ckpt-5", checkpointIndex=INDEX)
+    world = replace(world, lease=None, has_store=True)
+    name = str(effect.metadata.name)
+
+    plan = decide(replace(world, managed_fields=frozenset({("sideeffects", name)})))
+
+    assert of_type(plan, ClearManagedFields) == [ClearManagedFields("sideeffects", name, "77")]
+    assert kinds(decide(world)) == []  # none left: nothing to write
+
+
+def test_the_superseded_checkpoints_go_before_anything_is_cleared() -> None:
+    world = replace(finished(lease=False, index=INDEX), managed_fields=MANAGED_ALL)
+
+    assert set(kinds(decide(world))) == {"DeleteCheckpoint"}
+
+
+def test_not_before_the_index_is_written_and_the_lease_deleted() -> None:
+    assert "ClearManagedFields" not in kinds(decide(replace(finished(), managed_fields=MANAGED_ALL)))
+
+
+def test_not_while_a_log_tail_is_to_be_kept_or_a_pod_collected() -> None:
+    tail = replace(with_pod("OnAttemptEnd"), managed_fields=MANAGED_ALL)
+    collect = replace(with_pod("OnAttemptEnd", log_tail=True), managed_fields=MANAGED_ALL)
+
+    assert kinds(decide(tail)) == ["SaveLogTail"]
+    assert kinds(decide(collect)) == ["DeletePod"]
+    # the Pod gone: the Attempt (its tail recorded) is cleared with the Run
+    gone = replace(collect, pods={})
+    assert [(a.kind, a.name) for a in of_type(decide(gone), ClearManagedFields)][:2] == [
+        ("runs", "triage"),
+        ("attempts", name_of(1)),
+    ]
+
+
+def test_without_a_store_the_run_is_cleared_once_its_lease_is_gone() -> None:
+    world = replace(finished(store=False, lease=False), managed_fields=frozenset({("runs", "triage")}))
+
+    assert kinds(decide(world)) == ["ClearManagedFields"]
+    # ... never while its Lease stays (a recorded index, no store: the Lease says the index is behind)
+    kept = replace(finished(store=False, index=INDEX), managed_fields=frozenset({("runs", "triage")}))
+    assert kinds(decide(kept)) == []
+
+
+def test_a_run_with_a_time_to_live_writes_its_expiry_first_then_is_cleared_and_waits() -> None:
+    managed = frozenset({("runs", "triage")})
+    world = replace(expiring(ttl=600, now=at(100)), managed_fields=managed)
+
+    assert kinds(decide(world)) == ["PatchRunStatus"]  # expiresTime: a write that adds an entry again
+    plan = decide(replace(expires_time(expiring(ttl=600, now=at(100))), managed_fields=managed))
+    assert kinds(plan) == ["ClearManagedFields"]
+    assert plan.requeue_after == 500  # the wake for its expiry is kept
+
+
+def test_a_run_due_for_its_archive_is_archived_and_deleted_not_cleared() -> None:
+    world = replace(expires_time(expiring(ttl=0, now=at(0))), managed_fields=frozenset({("runs", "triage")}))
+
+    assert kinds(decide(world)) == ["ArchiveRun", "DeleteRun"]
+
+
+def test_not_on_a_run_that_is_not_at_rest() -> None:
+    """NeedsReconciliation, or an effect whose outcome is open: a person still works on the Run."""
+    needs = replace(finished(phase="NeedsReconciliation", lease=False), managed_fields=MANAGED_ALL)
+    open_effect = replace(
+        compacted(phase="Failed"), side_effects=(UNKNOWN_EFFECT,), managed_fields=MANAGED_ALL
+    )
+
+    assert "ClearManagedFields" not in kinds(decide(needs))
+    assert "ClearManagedFields" not in kinds(decide(open_effect))

@@ -23,6 +23,7 @@ from agentrun.api import (
 from agentrun.core.lease import LeaseView, Sighting, seconds_until_expiry, sight
 from agentrun.core.plan import (
     Action,
+    ClearManagedFields,
     CreateAttempt,
     CreatePod,
     DeleteCheckpoint,
@@ -37,7 +38,7 @@ from agentrun.core.plan import (
     WriteLease,
 )
 from agentrun.core.pods import pod_view
-from agentrun.core.runs import World, decide
+from agentrun.core.runs import World, compaction, decide
 from unit.factories import (
     CREATED,
     NO_SIDE_EFFECTS,
@@ -127,6 +128,10 @@ class Cluster:
     store: bool = False  # whether the operator has a state store
     indexed: set[str] = field(default_factory=set)  # the Checkpoints the recorded index names
     saved_checkpoints: list[str] = field(default_factory=list)  # every Checkpoint saved, in order
+    # The objects that carry managedFields, as (plural, name): every write adds its writer's entry (the
+    # harder case: a real API server adds none on a plain update of an object without any, only on a
+    # server-side apply), and only a ClearManagedFields removes them (the API server's reset).
+    managed: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def now(self) -> datetime:
@@ -155,6 +160,7 @@ class Cluster:
             side_effects=[SideEffect.model_validate(b) for b in self.side_effects.values()],
             checkpoints=[Checkpoint.model_validate(b) for b in self.checkpoints.values()],
             has_store=self.store,
+            managed_fields=frozenset(self.managed),
         )
 
     def protected_checkpoints(self) -> set[str]:
@@ -165,9 +171,24 @@ class Cluster:
 
     # ---- the API server
 
+    def _written(self, kind: str, name: str, body: dict[str, Any] | None = None) -> None:
+        """A write of an object: its writer's managedFields entry, and (but the Run's) a new version."""
+        self.managed.add((kind, name))
+        if body is not None:
+            body["metadata"]["resourceVersion"] = self._next_rv()
+
     def apply(self, action: Action) -> None:
         match action:
+            case ClearManagedFields(kind=kind, name=name, resource_version=rv):
+                if (self.status or {}).get("phase") not in ("Succeeded", "Failed", "Cancelled"):
+                    raise Violation(f"managedFields of {kind}/{name} cleared before the Run ended")
+                objects = {"attempts": self.attempts, "sideeffects": self.side_effects}
+                objects["checkpoints"] = self.checkpoints
+                if kind != "runs" and objects[kind][name]["metadata"]["resourceVersion"] != rv:
+                    raise Violation(f"{kind}/{name} cleared from a stale view ({rv})")
+                self.managed.discard((kind, name))
             case PatchRunStatus(patch=patch):
+                self.managed.add(("runs", RUN))
                 old = self.status or {}
                 kept = {"sideEffects", "report", "checkpointIndex"}
                 if old.get("phase") in ("Succeeded", "Cancelled") and set(patch) - kept:
@@ -211,12 +232,14 @@ class Cluster:
                 stored["metadata"]["uid"] = f"uid-{name}"
                 stored.setdefault("status", {})
                 self.attempts[name] = stored
+                self._written("attempts", name, stored)
             case PatchAttemptStatus(name=name, patch=patch):
                 attempt = self.attempts[name]
                 phase = attempt["status"].get("phase")
                 if phase in FINISHED and patch.get("phase", phase) != phase:
                     raise Violation(f"{name} ended {phase} and was rewritten to {patch['phase']}")
                 attempt["status"] = merge(attempt["status"], patch)
+                self._written("attempts", name, attempt)
             case CreatePod(body=body):
                 name = body["metadata"]["name"]
                 if name not in self.attempts:
@@ -235,6 +258,7 @@ class Cluster:
                     raise Violation(f"Checkpoint {name} deleted before the recorded index names it")
                 if self.checkpoints.pop(name, None) is not None:
                     self.checkpoints_pruned.append(name)
+                self.managed.discard(("checkpoints", name))
             case WriteCheckpointIndex(checkpoints=checkpoints, previous=previous):
                 if not self.store:
                     raise Violation("a checkpoint index written without a state store")
@@ -264,6 +288,7 @@ class Cluster:
                 self.attempts[name]["status"] = merge(
                     self.attempts[name]["status"], {"logTail": {"text": "..."}}
                 )
+                self._written("attempts", name, self.attempts[name])
             case RecordEvent():
                 pass
 
@@ -354,6 +379,7 @@ class Cluster:
         spec = self.attempts[name]["spec"]
         record = {"attempt": name, "leaseEpoch": spec["leaseEpoch"], "cancelEpoch": spec["cancelEpoch"]}
         self.status = merge(self.status or {}, {"result": {"done": True}, "committedBy": record})
+        self._written("runs", RUN)
 
     def _save_checkpoint(self, name: str) -> str:
         """As the SDK does: a new Checkpoint after the latest, then status.latestCheckpoint (fenced)."""
@@ -373,7 +399,9 @@ class Cluster:
             },
         }
         self.saved_checkpoints.append(checkpoint_id)
+        self._written("checkpoints", checkpoint_id, self.checkpoints[checkpoint_id])
         self.status = merge(self.status or {}, {"latestCheckpoint": checkpoint_id})
+        self._written("runs", RUN)
         return checkpoint_id
 
     def _interrupt(self, name: str, reason: str, request_id: str | None) -> None:
@@ -391,6 +419,7 @@ class Cluster:
     def _record_effect(self, name: str, state: str) -> None:
         effect = make_side_effect(f"ticket-{name}", state, created=self.now).to_api()
         self.side_effects[effect["metadata"]["name"]] = effect
+        self._written("sideeffects", effect["metadata"]["name"], effect)
 
     def _end(self, name: str, code: int, message: str | None) -> None:
         terminated: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
@@ -410,10 +439,12 @@ class Cluster:
             for effect in self.side_effects.values():
                 if effect["status"]["state"] == "Unknown":
                     effect["status"] = {**effect["status"], "state": "Confirmed", "resolvedBy": "alice"}
+                    self._written("sideeffects", effect["metadata"]["name"], effect)
         else:
             patch = action(self.status or {}) if callable(action) else action
             assert isinstance(patch, dict)
             self.spec = merge(self.spec, patch)
+            self._written("runs", RUN)
         return True
 
     # ---- the operator
@@ -692,6 +723,9 @@ def check_story(story: Story, crash: tuple[int, int] | None) -> None:
         assert "checkpointIndex" in status
     else:
         assert "checkpointIndex" not in status
+    # A Run at rest, compacted, carries no managedFields, nor do its objects: clearing them came last.
+    if compaction.settled(cluster.world()):
+        assert not cluster.managed, f"managedFields left: {sorted(cluster.managed)}"
 
 
 @pytest.mark.parametrize("story", STORIES.values(), ids=STORIES.keys())

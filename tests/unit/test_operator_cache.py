@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun.operator.cache import AgentAccounts, OwnedObjects
+from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, OwnedObjects
+from agentrun.operator.run_cache import RunCache
 from support.clock import FakeClock
 
 RUN_LABEL = {"agentrun.dev/run": "triage"}
@@ -43,6 +44,31 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
 
     [cached] = cache.of("attempts", ("team-a", "triage"))
     assert cached["status"]["phase"] == "Succeeded"
+
+
+def test_the_cache_says_whether_an_object_carries_managed_fields_not_what_they_are() -> None:
+    cache = OwnedObjects(FakeClock())
+    cache.put("sideeffects", served("SideEffect", "triage-k1", "7", status={"state": "Confirmed"}))
+    [cached] = cache.of("sideeffects", ("team-a", "triage"))
+    assert cached[HAS_MANAGED_FIELDS] is True and "managedFields" not in cached["metadata"]
+
+    cleared = served("SideEffect", "triage-k1", "8", status={"state": "Confirmed"})
+    del cleared["metadata"]["managedFields"]  # as the API server answers a reset
+    cache.put("sideeffects", cleared)
+    [cached] = cache.of("sideeffects", ("team-a", "triage"))
+    assert HAS_MANAGED_FIELDS not in cached
+
+
+def test_the_run_cache_says_whether_the_run_carries_managed_fields() -> None:
+    runs = RunCache()
+    metadata = {"name": "triage", "namespace": "team-a", "uid": "u", "resourceVersion": "7"}
+    ended = {"status": {"phase": "Succeeded"}}
+    runs.put({"metadata": {**metadata, "managedFields": MANAGED}, **ended})
+    assert runs.has_managed_fields(("team-a", "triage"))
+
+    runs.put({"metadata": {**metadata, "resourceVersion": "8"}, **ended})  # as a reset answers
+    assert not runs.has_managed_fields(("team-a", "triage"))
+    assert not runs.has_managed_fields(("team-a", "other"))
 
 
 def account(namespace: str, name: str) -> dict[str, Any]:

@@ -129,6 +129,21 @@ class SaveLogTail:
     best_effort: bool = False
 
 
+ManagedKind = Literal["runs", "attempts", "sideeffects", "checkpoints"]
+
+
+@dataclass(frozen=True)
+class ClearManagedFields:
+    """Strip metadata.managedFields from an object of a compacted Run (the API server's documented reset: a
+    patch setting them to a list of one empty entry), preconditioned on the resourceVersion the decision
+    saw: an object written since (a person's retry, a resolution) is decided again, its entries kept.
+    `kind` is the plural: runs, attempts, sideeffects or checkpoints."""
+
+    kind: ManagedKind
+    name: str
+    resource_version: str
+
+
 @dataclass(frozen=True)
 class RecordEvent:
     type: Literal["Normal", "Warning"]
@@ -170,6 +185,7 @@ Action = (
     | WriteCheckpointIndex
     | DeleteLease
     | SaveLogTail
+    | ClearManagedFields
     | RecordEvent
     | ArchiveRun
     | DeleteRun
@@ -215,6 +231,10 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
         # A checkpoint index is recorded by a preconditioned Run status patch too (its blobs, written
         # first, are content-addressed: a stale view writes nothing that could be wrong).
         if isinstance(action, PatchRunStatus | WriteCheckpointIndex):
+            return Consistency.CACHED_RUN
+        # So is the reset of the Run's managedFields: a merge patch preconditioned on the Run's
+        # resourceVersion, ahead of those of its other objects (each preconditioned on its own).
+        if isinstance(action, ClearManagedFields) and action.kind == "runs":
             return Consistency.CACHED_RUN
         collected = isinstance(action, SaveLogTail | DeleteLease) or (
             isinstance(action, DeletePod) and action.collected

@@ -49,14 +49,21 @@ def _newer(incoming: JsonDict, cached: JsonDict | None) -> bool:
     return new > old
 
 
+# Kept at the top of a cached object (not in its metadata) when the object carries managedFields: a
+# compacted Run's are cleared (core.runs.compaction), and only whether there are any is decided on.
+HAS_MANAGED_FIELDS = "hasManagedFields"
+
+
 def essentials(kind: str, obj: JsonDict) -> JsonDict:
     """What the cache keeps of an object: what the reconciler reads. managedFields go (often the largest
-    part of an object), a Pod keeps only what says how its agent is doing, a Checkpoint loses its state
-    (the operator never reads it; it may be hundreds of KiB)."""
+    part of an object; HAS_MANAGED_FIELDS says whether there were any), a Pod keeps only what says how its
+    agent is doing, a Checkpoint loses its state (the operator never reads it; it may be hundreds of KiB)."""
     if kind == "pods":
         return pod_essentials(obj)
     metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     kept = {**obj, "metadata": metadata}
+    if (obj.get("metadata") or {}).get("managedFields"):
+        kept[HAS_MANAGED_FIELDS] = True
     if kind == "checkpoints":
         kept["spec"] = {k: v for k, v in (obj.get("spec") or {}).items() if k != "state"}
     return kept

@@ -122,6 +122,7 @@ class Executor:
             p.WriteCheckpointIndex: self._write_checkpoint_index,
             p.DeleteLease: self._delete_lease,
             p.SaveLogTail: self._save_log_tail,
+            p.ClearManagedFields: self._clear_managed_fields,
             p.RecordEvent: self._event,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
@@ -348,6 +349,32 @@ class Executor:
         except (ApiError, StateStoreError) as exc:
             log.info("the log tail of %s is kept later: %s", pod, exc)
             return None
+
+    async def _clear_managed_fields(self, action: p.ClearManagedFields, progress: _Progress) -> Written:
+        """metadata.managedFields reset (the API server strips them when a write sets them to one empty
+        entry), preconditioned on the version the decision saw: one written since is decided again. The
+        Run's own reset follows on from the Run's version this Plan has reached."""
+        run = progress.run
+        ns = str(run.metadata.namespace)
+        is_run = action.kind == "runs"
+        version = progress.resource_version if is_run else action.resource_version
+        body: JsonDict = {"metadata": {"resourceVersion": version, "managedFields": [{}]}}
+        before = None if is_run else self.cache.get(action.kind, self._ns(run), action.name)
+        try:
+            written = await self.api.merge_patch(self.api.custom_path(action.kind, ns, action.name), body)
+        except ApiError as exc:
+            if exc.conflict:
+                raise Superseded(str(exc)) from None
+            if not exc.not_found:
+                raise
+            return Written(action, before=before)
+        if is_run:
+            progress.resource_version = written["metadata"]["resourceVersion"]
+            if self.runs is not None:
+                self.runs.put(written)
+        else:
+            self.cache.put(action.kind, written)
+        return Written(action, before=before, after=written, changed=True)
 
     async def _conditional(self, write: Any) -> JsonDict:
         try:

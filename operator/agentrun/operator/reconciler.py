@@ -23,7 +23,7 @@ from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
-from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
+from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
@@ -251,10 +251,10 @@ class Reconciler:
         uid = str(run.metadata.uid)
         self.metrics.run_seen(key, run.status.phase)
         self.leases.remember(key, uid, run.spec.lease.duration_seconds)
-        attempts = {
-            a.spec.number: a
-            for a in (Attempt.model_validate(o) for o in self._owned("attempts", key, uid, controller=True))
-        }
+        owned_attempts = self._owned("attempts", key, uid, controller=True)
+        owned_effects = self._owned("sideeffects", key, uid)
+        owned_checkpoints = self._owned("checkpoints", key, uid)
+        attempts = {a.spec.number: a for a in (Attempt.model_validate(o) for o in owned_attempts)}
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
         await self._fresh_statement(key, attempts, pods)
         lease = self.leases.lease(key)
@@ -278,8 +278,8 @@ class Reconciler:
             lease=lease,
             now=self.clock.now(),
             lease_expires_in=self.leases.expires_in(key, lease),
-            side_effects=[SideEffect.model_validate(o) for o in self._owned("sideeffects", key, uid)],
-            checkpoints=[Checkpoint.model_validate(o) for o in self._owned("checkpoints", key, uid)],
+            side_effects=[SideEffect.model_validate(o) for o in owned_effects],
+            checkpoints=[Checkpoint.model_validate(o) for o in owned_checkpoints],
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
@@ -288,6 +288,9 @@ class Reconciler:
             default_ttl_seconds=self.default_ttl_seconds,
             has_store=self.has_store,
             fork_source=fork_source,
+            managed_fields=self._managed_fields(
+                key, attempts=owned_attempts, sideeffects=owned_effects, checkpoints=owned_checkpoints
+            ),
         )
 
     async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
@@ -313,6 +316,18 @@ class Reconciler:
             attempts[number] = fresh
         if not reads_refs(fresh):
             self._undeclared[key] = attempt_uid
+
+    def _managed_fields(self, key: Key, **owned: list[JsonDict]) -> frozenset[tuple[str, str]]:
+        """(plural, name) of the Run and of its objects that carry managedFields, as cached."""
+        found = {
+            (kind, o["metadata"]["name"])
+            for kind, objects in owned.items()
+            for o in objects
+            if o.get(HAS_MANAGED_FIELDS)
+        }
+        if self.runs.has_managed_fields(key):
+            found.add(("runs", key[1]))
+        return frozenset(found)
 
     def _owned(self, kind: str, key: Key, uid: str, *, controller: bool = False) -> list[JsonDict]:
         return [o for o in self.cache.of(kind, key) if owned_by(o, uid, controller=controller)]

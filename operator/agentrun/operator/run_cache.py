@@ -25,8 +25,8 @@ class RunCache:
     of a put's CPU."""
 
     def __init__(self) -> None:
-        # resourceVersion, uid, the JSON, whether it is zlib'd
-        self._runs: dict[Key, tuple[int | None, str, bytes, bool]] = {}
+        # resourceVersion, uid, the JSON, whether it is zlib'd, whether it carries managedFields
+        self._runs: dict[Key, tuple[int | None, str, bytes, bool, bool]] = {}
 
     @staticmethod
     def key_of(body: JsonDict) -> Key:
@@ -49,15 +49,21 @@ class RunCache:
         text = api_json({**body, "metadata": kept})  # kopf parses with json: an int may pass 64 bits
         at_rest = (body.get("status") or {}).get("phase") in AT_REST
         uid = str(metadata.get("uid"))
-        self._runs[key] = (version, uid, zlib.compress(text, 1) if at_rest else text, at_rest)
+        managed = bool(metadata.get("managedFields"))
+        self._runs[key] = (version, uid, zlib.compress(text, 1) if at_rest else text, at_rest, managed)
         return True
 
     def get(self, key: Key) -> Run | None:
         cached = self._runs.get(key)
         if cached is None:
             return None
-        _, _, text, compressed = cached
+        _, _, text, compressed, _ = cached
         return Run.model_validate_json(zlib.decompress(text) if compressed else text)
+
+    def has_managed_fields(self, key: Key) -> bool:
+        """Whether the Run, as last seen, carries metadata.managedFields."""
+        cached = self._runs.get(key)
+        return cached is not None and cached[4]
 
     def resource_version(self, key: Key) -> str | None:
         cached = self._runs.get(key)

@@ -13,6 +13,13 @@ Compaction is level-based, in two reconciles, so an operator restart between any
    request or an Attempt resumes from, and what their state is rebuilt from (core.retention).
 Without a store only the Lease goes (never while an index is recorded: then the Lease is what says the
 index is behind) and every Checkpoint stays: state is never lost for want of a place to put it.
+3. Then, with or without a store, once nothing else is left to write for the Run (no log tail to keep, no
+   Pod to collect, no upkeep, its time to live's writes made and its archive not due), the
+   metadata.managedFields of the Run and of the Attempts, SideEffects and Checkpoints it keeps are
+   cleared: about half of what a finished Run leaves in the API server as kubectl prints it. Decided on
+   the objects as observed (World.managed_fields), so a later write that adds an entry again (a
+   server-side apply; the API server tracks no fields on a plain update of an object that has none) is
+   followed by another clear once the Run is at rest again.
 """
 
 from __future__ import annotations
@@ -27,13 +34,23 @@ from agentrun.api import (
     CheckpointKind,
     PodGC,
     Run,
+    SideEffect,
 )
 from agentrun.core import compensation
-from agentrun.core.plan import DeleteCheckpoint, DeleteLease, DeletePod, SaveLogTail, WriteCheckpointIndex
+from agentrun.core.plan import (
+    ClearManagedFields,
+    DeleteCheckpoint,
+    DeleteLease,
+    DeletePod,
+    ManagedKind,
+    SaveLogTail,
+    WriteCheckpointIndex,
+)
 from agentrun.core.retention import rebuilt_from
-from agentrun.core.runs import rules
+from agentrun.core.runs import expiry, rules
 from agentrun.core.runs.stopping import live_attempts
-from agentrun.core.runs.transition import Transition, event, writes
+from agentrun.core.runs.transition import NOTHING, Transition, event, writes
+from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
 
 INDEXED = "CheckpointsIndexed"
@@ -42,12 +59,15 @@ LEASE_RELEASED = "LeaseReleased"
 
 def compacting(w: World) -> Transition | None:
     """Succeeded, Failed or Cancelled and settled -> with a store, the Checkpoint index written and the
-    Lease deleted, then the superseded Checkpoints deleted; without one, the Lease deleted only."""
+    Lease deleted, then the superseded Checkpoints deleted; without one, the Lease deleted only; then the
+    managedFields of what is left cleared."""
     if not settled(w):
         return None
     lease, index = w.lease, w.run.status.checkpoint_index
     if not w.has_store:
-        if lease is None or index is not None:
+        if lease is None:
+            return clear_managed_fields(w)
+        if index is not None:
             return None
         message = "the Run has ended: its Lease is deleted; without a state store its Checkpoints are kept"
         return writes(DeleteLease(lease.resource_version)).then(event("Normal", LEASE_RELEASED, message))
@@ -63,7 +83,37 @@ def compacting(w: World) -> Transition | None:
         )
         return t.then(event("Normal", INDEXED, message))
     gone = superseded(w.run, w.checkpoints, w.attempts.values())
-    return writes(*(DeleteCheckpoint(name) for name in gone)) if gone else None
+    return writes(*(DeleteCheckpoint(name) for name in gone)) if gone else clear_managed_fields(w)
+
+
+def clear_managed_fields(w: World) -> Transition | None:
+    """A compacted Run at rest -> the managedFields of the Run, then of its Attempts, SideEffects and
+    Checkpoints, cleared: each a reset preconditioned on the version seen. Only as the last write: while
+    anything else is to be written for the Run (an upkeep, a log tail, a Pod to collect, its expiresTime
+    or Archived condition, its archive and deletion) that goes first, so that the result does not depend
+    on whether a later write records its writer again (a server-side apply does). A Run to be archived
+    and deleted now is not cleared (its records go to the store whole)."""
+    if not w.managed_fields or upkeep(w) or collect_pods(w, NOTHING) is not None:
+        return None
+    rest = expiry.expiry(w)
+    if rest is not None and rest.steps:
+        return None
+    run = w.run
+    attempts = sorted(w.attempts.values(), key=lambda a: a.spec.number)
+    objects: list[tuple[ManagedKind, str, str | None]] = [
+        ("runs", str(run.metadata.name), run.metadata.resource_version),
+        *(("attempts", str(a.metadata.name), a.metadata.resource_version) for a in attempts),
+        *(("sideeffects", *_named(e)) for e in _by_name(w.side_effects)),
+        *(("checkpoints", *_named(c)) for c in _by_name(w.checkpoints)),
+    ]
+    clears = [
+        ClearManagedFields(kind, name, version)
+        for kind, name, version in objects
+        if (kind, name) in w.managed_fields and version is not None
+    ]
+    if not clears:
+        return None
+    return writes(*clears).then(rest or NOTHING)
 
 
 def settled(w: World) -> bool:
@@ -108,6 +158,14 @@ def superseded(run: Run, checkpoints: Iterable[Checkpoint], attempts: Iterable[A
         and (c.spec.parent in gone if c.spec.parent is not None else bool(states) and not start_kept)
     ]
     return [str(c.metadata.name) for c in sorted(entries, key=_order) + sorted(pruned, key=_order)]
+
+
+def _named(o: SideEffect | Checkpoint) -> tuple[str, str | None]:
+    return str(o.metadata.name), o.metadata.resource_version
+
+
+def _by_name(objects: Iterable[SideEffect | Checkpoint]) -> list[SideEffect | Checkpoint]:
+    return sorted(objects, key=lambda o: str(o.metadata.name))
 
 
 def _order(c: Checkpoint) -> tuple[int, str]:

@@ -54,6 +54,10 @@ class World:
     # A fork's source (spec.forkFrom), observed by the I/O layer while the fork has not started (phase
     # None or Queued); None otherwise, or when not looked at yet.
     fork_source: ForkSourceView | None = None
+    # The Run's objects that carry metadata.managedFields, as (plural, name): ("runs", the Run's name),
+    # ("attempts", ...), ("sideeffects", ...), ("checkpoints", ...). A compacted Run's are cleared
+    # (core.runs.compaction); the I/O layer observes which still have them.
+    managed_fields: frozenset[tuple[str, str]] = frozenset()
 
     def failure_of(self, number: int) -> AttemptFailure | None:
         attempt = self.attempts.get(number)
