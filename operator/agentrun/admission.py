@@ -602,6 +602,38 @@ def _operator_scope(operator: str) -> list[Manifest]:
     )
 
 
+def _operator_records(operator: str) -> list[Manifest]:
+    """RBAC lets the operator patch the main resource of agentrun's objects for one thing only: clearing
+    a finished Run's managedFields (core.runs.compaction). Its writes there change nothing else."""
+    kept = ("labels", "annotations", "finalizers", "ownerReferences")
+    same_metadata = " && ".join(
+        f"(has(object.metadata.{f}) == has(oldObject.metadata.{f}))"
+        f" && (!has(object.metadata.{f}) || object.metadata.{f} == oldObject.metadata.{f})"
+        for f in kept
+    )
+    return _policy(
+        f"operator-records.{GROUP}",
+        "The agentrun operator's writes to the main resource of Runs, Attempts, Checkpoints and "
+        "SideEffects change only metadata.managedFields: never a spec, a label, an annotation, a "
+        "finalizer or an owner.",
+        # the main resources only: a rule names a subresource (runs/status) to match it
+        rules=[_rule(GROUP, ["runs", "attempts", "checkpoints", "sideeffects"], ["UPDATE"])],
+        variables=[],
+        validations=[
+            _validation(
+                "(has(object.spec) == has(oldObject.spec))"
+                " && (!has(object.spec) || object.spec == oldObject.spec)"
+                f" && {same_metadata}",
+                f"'{RefusalCause.NOT_OPERATOR_FIELD}: the agentrun operator changes only"
+                " metadata.managedFields of ' + request.resource.resource + ' ' + request.name",
+            )
+        ],
+        match_conditions=[
+            {"name": "the-operator", "expression": f"request.userInfo.username == '{operator}'"},
+        ],
+    )
+
+
 def admission_policies(operator: str) -> list[Manifest]:
     """Every ValidatingAdmissionPolicy with its binding; `operator` is the operator's user name (for the
     chart, `system:serviceaccount:<namespace>:<name>`)."""
@@ -616,6 +648,7 @@ def admission_policies(operator: str) -> list[Manifest]:
         *_lease(operator),
         *_attempt_pods(operator),
         *_operator_scope(operator),
+        *_operator_records(operator),
     ]
 
 

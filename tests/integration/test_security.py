@@ -14,13 +14,22 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.examples.manifests import IMAGE
+from agentrun.examples.manifests import IMAGE, agent_run
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from support.agentrun import error_message
 from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, attempts, create_run, get_run, support_agent_run, wait_phase
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    attempts,
+    create_run,
+    get_run,
+    support_agent_run,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 TOKEN_CACHE_SECONDS = 10
@@ -185,6 +194,35 @@ def test_the_operator_itself_writes_only_pods_and_leases_labelled_with_a_run(
     with pytest.raises(ApiException) as refused:
         as_operator.coordination.delete_namespaced_lease("someone-elses", namespace)
     assert refused.value.status == 403
+
+
+def test_the_operator_changes_nothing_of_a_runs_main_resource_but_its_managed_fields(
+    kube: Kube, namespace: str, operator_kubeconfig: Path, agentrun_crds: None
+) -> None:
+    # RBAC lets the operator patch a Run (to clear a finished one's managedFields); the API server holds
+    # it to that one field.
+    as_operator = Kube(operator_kubeconfig, kube.kubectl_path)
+    create_run(kube, namespace, agent_run("held-to-its-field", "echo", {"n": 1}))
+    writes: tuple[dict[str, Any], ...] = (
+        {"spec": {"cancelEpoch": 1}},
+        {"metadata": {"labels": {"forged": "yes"}}},
+        {"metadata": {"annotations": {"forged": "yes"}}},
+        {"metadata": {"finalizers": ["agentrun.dev/forged"]}},
+    )
+    for body in writes:
+        with pytest.raises(ApiException) as refused:
+            as_operator.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "runs", "held-to-its-field", body
+            )
+        assert refused.value.status == 403, error_message(refused.value)
+        assert "NotOperatorField: the agentrun operator changes only metadata.managedFields of runs" in (
+            error_message(refused.value)
+        )
+    cleared = as_operator.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "runs", "held-to-its-field", {"metadata": {"managedFields": [{}]}}
+    )
+    assert "managedFields" not in cleared["metadata"]
+    assert get_run(kube, namespace, "held-to-its-field")["spec"].get("cancelEpoch", 0) == 0
 
 
 def refused_start(kubeconfig: Path, log: Path, **env: str) -> str:

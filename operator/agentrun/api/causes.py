@@ -24,6 +24,7 @@ class RefusalCause(StrEnum):
     NOT_POD_BOUND = "NotPodBound"  # a service-account token not bound to a Pod
     NOT_WORKER_FIELD = "NotWorkerField"  # a field only the operator or a person writes
     NOT_OPERATOR = "NotOperator"  # an object only the operator creates
+    NOT_OPERATOR_FIELD = "NotOperatorField"  # the operator's own write beyond what it is there to write
     # People: who decided is the API server's to say.
     NOT_THE_SENDER = "NotTheSender"  # a field names someone other than the requesting user
     NOT_NAMED = "NotNamed"  # a decision (an approval's answer, a resolution) names nobody
