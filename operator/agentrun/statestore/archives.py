@@ -183,6 +183,7 @@ async def index_archive(store: BlobStore, entry: ArchiveEntry) -> bool:
     indexed before an operator restart); a duplicate in an older chain is harmless: readers keep one
     entry per uid, the latest archived. Returns whether it was added now."""
     prefix = index_prefix(store, entry.namespace) + entry.day + "/"
+    added = False
     for _ in range(APPEND_TRIES):
         heads = _heads(await store.list_keys(prefix))
         chain, seq, entries = 0, -1, list[ArchiveEntry]()
@@ -193,7 +194,7 @@ async def index_archive(store: BlobStore, entry: ArchiveEntry) -> bool:
                 continue  # superseded meanwhile: list again
             entries = found
         if any(e.key == entry.key for e in entries):
-            return False
+            return added
         if len(entries) >= CHAIN_LENGTH:
             chain, seq, entries = chain + 1, -1, []
         target = f"{prefix}{chain:06d}-{seq + 1:06d}.json"
@@ -201,7 +202,13 @@ async def index_archive(store: BlobStore, entry: ArchiveEntry) -> bool:
         if await store.put_new(target, encode_document(INDEX_KIND, [], body)):
             if seq >= 0:
                 await store.delete_key(f"{prefix}{chain:06d}-{seq:06d}.json")  # superseded
-            return True
+            added = True
+            if await _is_head(store, prefix, (entry.day, chain), seq + 1):
+                return True
+            # A later segment was there already: ours took the key of one deleted as superseded while we
+            # read (a chain's last segment only grows, so ours is no reader's). The loop appends again
+            # to the chain's last segment, unless that one holds the entry by now.
+            await store.delete_key(target)
     raise StoreUnavailable("put", prefix, f"the index was taken {APPEND_TRIES} times in a row")
 
 
@@ -303,6 +310,12 @@ def _heads(keys: Sequence[str]) -> dict[tuple[str, int], tuple[int, str]]:
         if chain not in heads or heads[chain][0] < seq:
             heads[chain] = (seq, key)
     return heads
+
+
+async def _is_head(store: BlobStore, prefix: str, chain: tuple[str, int], seq: int) -> bool:
+    """Whether segment `seq` is its chain's last, as a listing now shows."""
+    head = _heads(await store.list_keys(prefix)).get(chain)
+    return head is not None and head[0] == seq
 
 
 async def _segment_entries(store: BlobStore, key: str) -> list[ArchiveEntry] | None:
