@@ -1068,20 +1068,19 @@ class Chaos:
         current = (self.runs[victim].get("status") or {}).get("currentAttempt")
         if not current:
             return False
+        return self._hostile_run({"victim": victim, "victimAttempt": f"{victim}-a{current}"}) is not None
+
+    def _hostile_run(self, input: dict[str, Any]) -> str | None:
+        """Creates the next hostile agent's Run with `input`; its name, or None when it was not made."""
         name = f"hostile-{len(self.records.hostile) + 1:03d}"
-        attacker = support_agent_run(
-            name,
-            "hostile_agent",
-            {"victim": victim, "victimAttempt": f"{victim}-a{current}"},
-            labels={HOSTILE_LABEL: "true"},
-        )
+        attacker = support_agent_run(name, "hostile_agent", input, labels={HOSTILE_LABEL: "true"})
         try:
             self.api_().call("POST", custom("runs"), attacker)
         except AnswerLost:
             if self.api_().get(custom("runs", name)) is None:
-                return False
+                return None
         self.records.hostile.append(name)
-        return True
+        return name
 
     # ---- the state store, forks, archives ------------------------------------------------------------
 
@@ -1129,20 +1128,11 @@ class Chaos:
         ref = ((checkpoint or {}).get("spec") or {}).get("stateRef")
         if checkpoint is None or ref is None:
             return False
-        name = f"hostile-{len(self.records.hostile) + 1:03d}"
         mode = self.rng.choice(("replace", "truncate"))
-        attacker = support_agent_run(
-            name,
-            "hostile_agent",
-            {"victim": victim, "store": {"mode": mode, "checkpoint": checkpoint["spec"]["id"]}},
-            labels={HOSTILE_LABEL: "true"},
-        )
-        try:
-            self.api_().call("POST", custom("runs"), attacker)
-        except AnswerLost:
-            if self.api_().get(custom("runs", name)) is None:
-                return False
-        self.records.hostile.append(name)
+        store = {"mode": mode, "checkpoint": checkpoint["spec"]["id"]}
+        name = self._hostile_run({"victim": victim, "store": store})
+        if name is None:
+            return False
         self.records.tamperings[victim] = Tampering(
             victim, name, mode, checkpoint["spec"]["id"], ref, checkpoint["spec"].get("parent")
         )

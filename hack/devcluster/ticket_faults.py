@@ -24,14 +24,13 @@ POST /faults JSON merges fault settings, DELETE /faults clears them (kept in mem
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
+from agentrun.examples import ticketservice
 from agentrun.examples.ticketservice import (
     Handler,
     Json,
@@ -185,16 +184,7 @@ class FaultyHandler(Handler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8088)
-    parser.add_argument("--state", type=Path, help="JSON file of the tickets and audit log (default: memory)")
-    args = parser.parse_args(argv)
-    server = FaultyTicketServer((args.host, args.port), TicketStore(args.state))
-    print(f"ticket service listening on http://{args.host}:{server.server_port}", flush=True)
-    server.serve_forever()
+    ticketservice.main(argv, FaultyTicketServer)
 
 
 if __name__ == "__main__":

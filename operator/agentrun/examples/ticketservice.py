@@ -288,7 +288,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the caller is gone (a killed worker): nobody to answer
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, server: type[TicketServer] | None = None) -> None:
+    """Serves tickets until killed; `server`: a TicketServer subclass (the tests' faults), else this one."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -296,9 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8088)
     parser.add_argument("--state", type=Path, help="JSON file of the tickets and audit log (default: memory)")
     args = parser.parse_args(argv)
-    server = TicketServer((args.host, args.port), TicketStore(args.state))
-    print(f"ticket service listening on http://{args.host}:{server.server_port}", flush=True)
-    server.serve_forever()
+    serving = (server or TicketServer)((args.host, args.port), TicketStore(args.state))
+    print(f"ticket service listening on http://{args.host}:{serving.server_port}", flush=True)
+    serving.serve_forever()
 
 
 if __name__ == "__main__":
