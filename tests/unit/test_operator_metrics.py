@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from agentrun.api import Usage, lease_name
 from agentrun.core.plan import (
     CreateAttempt,
+    DeletePod,
     PatchAttemptStatus,
     PatchRunStatus,
     Plan,
@@ -26,7 +27,7 @@ from agentrun.core.pods import owner_reference
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator import logs, metrics
 from agentrun.operator.cache import OwnedObjects
-from agentrun.operator.executor import Executor
+from agentrun.operator.executor import Executor, Written
 from agentrun.operator.metrics import OperatorMetrics
 from agentrun.operator.workqueue import WorkQueue
 from support.clock import FakeClock
@@ -166,6 +167,15 @@ def test_rejected_commits_count_each_attempt_once(registry: CollectorRegistry, m
     assert sample(registry, "agentrun_rejected_commits_total", reason="stale_after_cancel") == 1
 
 
+def test_pods_collected_count_the_deletions_of_spec_pod_gc_only(
+    registry: CollectorRegistry, m: OperatorMetrics
+) -> None:
+    run = make_run()
+    m.written(run, Written(DeletePod("r-a1", collected=True)))
+    m.written(run, Written(DeletePod("r-a2", grace_seconds=0)))  # a superseded Attempt's Pod: not podGC
+    assert sample(registry, "agentrun_attempt_pods_collected_total") == 1
+
+
 def effect(name: str, state: str | None, run: str = RUN) -> JsonDict:
     body: JsonDict = {
         "metadata": {
@@ -234,6 +244,7 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_reconciles",
         "agentrun_lease_takeovers",
         "agentrun_rejected_commits",
+        "agentrun_attempt_pods_collected",
         "agentrun_work_queue_depth",
         "agentrun_operator_active",
         "agentrun_usage_input_tokens",

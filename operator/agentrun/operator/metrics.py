@@ -41,7 +41,7 @@ from agentrun.api import (
     Usage,
 )
 from agentrun.api.usage import MICRO
-from agentrun.core.plan import CreateAttempt, PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
 
 if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
     from agentrun.api import Run
@@ -217,6 +217,11 @@ class OperatorMetrics:
             ["kind"],
             registry=registry,
         )
+        self.pods_collected = Counter(
+            "agentrun_attempt_pods_collected",
+            "Pods of ended Attempts deleted by the Run's spec.podGC, after their log tail was kept.",
+            registry=registry,
+        )
         self.rejected_commits = Counter(
             "agentrun_rejected_commits",
             "Attempts seen with a commit refused by a fence, by reason (stale_after_cancel, "
@@ -321,6 +326,8 @@ class OperatorMetrics:
                 self.attempt_started(str(body["spec"]["reason"]))
             case PatchAttemptStatus(patch=patch) if written.after is not None:
                 self.attempt_status_written(patch)
+            case DeletePod(collected=True):
+                self.pods_collected.inc()
 
     def cached(self, kind: str, previous: JsonDict | None, obj: JsonDict) -> None:
         """The cache took in obj (replacing previous): an Attempt first seen with a rejected commit."""
