@@ -210,6 +210,7 @@ def test_an_account_without_the_attempt_role_fails_the_run_before_any_pod_until_
     wait_for(lambda: may_patch_run_status(kube, ns, "unbound"), what="the binding in force")
     body = scenario_run("bound", {"steps": 1})
     body["spec"]["agent"]["serviceAccountName"] = "unbound"
+    body["spec"]["podGC"] = "Never"  # its Pod is read below, after the Run ended
     author_creates(author, ns, body)
     run = wait_phase(kube, ns, "bound", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", run["status"]
