@@ -2,9 +2,10 @@
 
 The declared worst case of an object is computed from its generated CRD schema: every string at its
 maxLength, every list at maxItems, every map at maxProperties (keys at the length their CEL rule
-allows), every integer at its maximum, and every free-form field at its budget in
-agentrun.api.budgets. A character counts one byte: the bounds are in characters, and the free-form
-budgets, which the writers measure in real bytes, take the bulk of each object.
+allows), every integer at its maximum, of a group of members its CEL rules make exclusive the largest
+one only, and every free-form field at its budget in agentrun.api.budgets. A character counts one byte:
+the bounds are in characters, and the free-form budgets, which the writers measure in real bytes, take
+the bulk of each object.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ DATE_TIME_BYTES = len('"2006-01-02T15:04:05.999999999+07:00"')
 NUMBER_BYTES = len("-1.7976931348623157e+308")
 INTEGER_BYTES = len(str(-(2**63)))
 KEY_BOUND = re.compile(r"^self\.all\(key, size\(key\) <= (\d+)\)$")
+# Rules that let an object hold at most one member of a group (agentrun.api.kube's env sources): the
+# worst case of such an object holds the group's largest member, not all of them.
+AT_MOST_ONE = re.compile(r"^!\(has\(self\.(\w+)\) && has\(self\.(\w+)\)\)$")
+EXACTLY_ONE = re.compile(r"^\(has\(self\.\w+\) \? 1 : 0\)( \+ \(has\(self\.\w+\) \? 1 : 0\))* == 1$")
+HAS = re.compile(r"has\(self\.(\w+)\)")
+
+
+def exclusive_groups(node: Schema) -> list[set[str]]:
+    """The groups of members of which an object may hold one at most, by its CEL rules."""
+    groups = []
+    for rule in node.get(crdgen.VALIDATIONS, []):
+        text = " ".join(rule["rule"].split())
+        if AT_MOST_ONE.match(text) or EXACTLY_ONE.match(text):
+            groups.append(set(HAS.findall(text)))
+    return groups
 
 
 def map_key_length(node: Schema, path: str) -> int:
@@ -57,11 +73,15 @@ def worst_case(node: Schema, path: str, free: dict[str, int]) -> int:
             value = worst_case(node["additionalProperties"], f"{path}{{*}}", free)
             return 2 + int(node["maxProperties"]) * (key + value + 1)
         case "object":
-            members = (
-                len(name) + 3 + worst_case(sub, f"{path}.{name}", free) + 1
+            members = {
+                name: len(name) + 3 + worst_case(sub, f"{path}.{name}", free) + 1
                 for name, sub in node.get("properties", {}).items()
-            )
-            return 2 + sum(members)
+            }
+            for group in exclusive_groups(node):
+                largest = max(members[name] for name in group)
+                members = {name: size for name, size in members.items() if name not in group}
+                members[" | ".join(sorted(group))] = largest
+            return 2 + sum(members.values())
         case "array":
             return 2 + int(node["maxItems"]) * (worst_case(node["items"], f"{path}[*]", free) + 1)
         case "string":
@@ -169,3 +189,11 @@ EPOCHS = {
 def test_epochs_and_counters_fit_an_int32(kind: str, path: str) -> None:
     node = dict(crdgen.schema_nodes(SCHEMAS[kind]))[path]
     assert (node["type"], node["maximum"]) == ("integer", 2147483647)
+
+
+def test_exclusive_members_are_read_from_the_rules_that_make_them_so() -> None:
+    env = SCHEMAS["Run"]["properties"]["spec"]["properties"]["agent"]["properties"]["env"]["items"]
+    assert exclusive_groups(env) == [{"value", "valueFrom"}]
+    assert exclusive_groups(env["properties"]["valueFrom"]) == [
+        {"configMapKeyRef", "secretKeyRef", "fieldRef", "resourceFieldRef"}
+    ]

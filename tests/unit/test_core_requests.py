@@ -279,6 +279,18 @@ def test_a_held_answer_is_read_only_while_spec_resume_is_the_one_recorded() -> N
     assert interrupts.held_answer(make_run(status, spec=other), "req-1") == (False, None)
 
 
+def test_a_held_answer_outlives_the_spec_resume_that_brought_it() -> None:
+    """The operator keeps the accepted value (status.acceptedInput): a second answer replacing spec.resume
+    before the holder read it takes nothing away; a kept value that is not the recorded one is never used."""
+    other = {"resume": {**RESUME["resume"], "value": "b", "idempotencyKey": "k-2"}}
+    kept = {"requestId": "req-1", "idempotencyKey": INPUT["idempotencyKey"], "value": "a"}
+    status = run_status("Running", current=1, lease_epoch=1, inputs=[INPUT], acceptedInput=kept)
+    assert interrupts.held_answer(make_run(status, spec=other), "req-1") == (True, "a")
+    other_value = {**kept, "value": "c"}
+    forged = run_status("Running", current=1, lease_epoch=1, inputs=[INPUT], acceptedInput=other_value)
+    assert interrupts.held_answer(make_run(forged, spec=other), "req-1") == (False, None)
+
+
 # ---- the operator and the hold -----------------------------------------------------------------------
 
 

@@ -165,6 +165,8 @@ def test_resume_accepted() -> None:
             "reason": "input_required",
         }
     ]
+    kept = {"requestId": "req-1", "idempotencyKey": "answer-1", "value": {"choice": "b"}}
+    assert patch["acceptedInput"] == kept
     assert patch["spentKeys"] == [
         {"key": "answer-1", "op": "Resume", "digest": controls.short_digest(patch["controls"][0]["digest"])}
     ]

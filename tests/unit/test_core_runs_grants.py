@@ -483,6 +483,7 @@ ANSWERED = {
     "controls": [record("answer-1", "Resume")],
     "latestCheckpoint": CHECKPOINT,
 }
+ACCEPTED_VALUE = {"requestId": "req-1", "idempotencyKey": "answer-1", "value": {"choice": "a"}}  # answer-1's
 RESUMED_ONCE = (
     make_attempt(1, phase="Interrupted"),
     make_attempt(2, phase="Failed", reason="resume:req-1", failure=failure_of(FailureClass.TRANSIENT)),
@@ -494,7 +495,24 @@ PROMISES: dict[str, tuple[World, str, Any]] = {
         "resume:req-1",
         {"choice": "a"},
     ),
-    "after-a-resume-whose-spec-changed-since": (
+    "after-a-resume-whose-spec-a-second-answer-replaced": (
+        granted(
+            2,
+            (make_attempt(1, phase="Interrupted"),),
+            resume(key="answer-2"),  # refused already; the status kept what was accepted
+            **{
+                **ANSWERED,
+                "controls": [
+                    record("answer-1", "Resume"),
+                    record("answer-2", "Resume", "Rejected", "NotWaiting"),
+                ],
+            },
+            acceptedInput=ACCEPTED_VALUE,
+        ),
+        "resume:req-1",
+        {"choice": "a"},
+    ),
+    "after-a-resume-whose-spec-changed-since-accepted-by-an-older-operator": (
         granted(
             2,
             (make_attempt(1, phase="Interrupted"),),

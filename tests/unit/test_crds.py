@@ -57,6 +57,7 @@ PRESERVE_UNKNOWN_FIELDS = {
         f"{POD_SPEC}.volumes[*]",
         f"{POD_SPEC}.volumes[*].hostPath",
         ".status.result",
+        ".status.acceptedInput.value",
         ".status.pendingRequest.acceptedSchema",
         ".status.pendingRequest.action.request",
     },

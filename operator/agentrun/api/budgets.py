@@ -28,8 +28,9 @@ METADATA_ALLOWANCE: Final = 320 * KIB
 
 # A Run's whole status (its declared maxima: who answered, approved and resolved, the action an approval
 # shows, then a finished Run's checkpoint index, expiry and fork source, took it past 256 KiB; the Run
-# still fits etcd), and an inline Checkpoint state (larger state goes to spec.stateRef).
-RUN_STATUS_BUDGET: Final = 292 * KIB
+# still fits etcd; then the accepted answer's value, 64 KiB more, so that no later spec.resume can take
+# it away), and an inline Checkpoint state (larger state goes to spec.stateRef).
+RUN_STATUS_BUDGET: Final = 356 * KIB
 CHECKPOINT_STATE_BUDGET: Final = 256 * KIB
 
 # Free-form fields inside the Run status budget (the bounded rest of the status takes < 200 KiB).
@@ -50,6 +51,7 @@ FREE_JSON_BUDGETS: Final[dict[str, dict[str, int]]] = {
         ".spec.resume.value": RESUME_VALUE_BUDGET,
         ".spec.agent.podTemplate.spec": POD_SPEC_BUDGET,
         ".status.result": RESULT_BUDGET,
+        ".status.acceptedInput.value": RESUME_VALUE_BUDGET,
         ".status.pendingRequest.acceptedSchema": ACCEPTED_SCHEMA_BUDGET,
         ".status.pendingRequest.action.request": ACTION_REQUEST_BUDGET,
     },

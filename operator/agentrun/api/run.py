@@ -737,6 +737,17 @@ class RecordedInput(ApiModel):
     time: datetime = Field(description="When the input was accepted (RFC 3339).")
 
 
+class AcceptedInput(ApiModel):
+    """The value of the newest accepted resume input, as accepted."""
+
+    request_id: Identifier = Field(description="The request it answered (an entry of status.inputs).")
+    idempotency_key: Identifier = Field(description="The idempotencyKey of the resume that brought it.")
+    value: FreeJson = Field(
+        description="The answer, as it was in spec.resume.value when the operator accepted it (its digest "
+        f"is the status.inputs entry's). At most {RESUME_VALUE_BUDGET // KIB} KiB of JSON."
+    )
+
+
 class SpentKey(ApiModel):
     """An idempotency key the operator has processed: never processed again with other parameters."""
 
@@ -993,6 +1004,12 @@ class RunStatus(ApiModel):
         max_length=MAX_RECORDED_CONTROLS,
         description="The most recent accepted resume inputs, one per request.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["requestId"]},
+    )
+    accepted_input: AcceptedInput | None = Field(
+        None,
+        description="The value of the newest accepted input, kept by the operator: an Attempt that starts or "
+        "continues with that answer takes it from here, since the next answer may replace spec.resume before "
+        "then (the key of an accepted resume is spent, so the API server lets a new answer replace it).",
     )
     controls: list[ControlRecord] | None = Field(
         None,

@@ -229,6 +229,11 @@ def with_input(
     return [*kept, entry][-MAX_RECORDS:]
 
 
+def accepted_input(resume: ResumeRequest) -> dict[str, Any]:
+    """status.acceptedInput for an accepted resume: its value, kept where no later answer replaces it."""
+    return {"requestId": resume.request_id, "idempotencyKey": resume.idempotency_key, "value": resume.value}
+
+
 def retry_digest(run: Run) -> str:
     request = run.spec.retry_request
     assert request is not None

@@ -119,17 +119,18 @@ def hold_state(run: Run, attempt: str, request_id: str) -> HoldState:
 
 
 def recorded_value(run: Run, recorded: RecordedInput) -> tuple[bool, JsonValue]:
-    """(True, value) of an accepted input, read from spec.resume while it still is the answer recorded
-    (same key and digest); (False, None) once spec.resume was replaced by another request."""
-    resume = run.spec.resume
-    if (
-        resume is None
-        or resume.request_id != recorded.request_id
-        or resume.idempotency_key != recorded.idempotency_key
-        or json_digest(resume.value) != recorded.digest
-    ):
-        return False, None
-    return True, resume.value
+    """(True, value) of an accepted input: from status.acceptedInput, where the operator kept the newest
+    one, or from spec.resume while it still is that answer (a Run whose answer was accepted before
+    acceptedInput existed); (False, None) when neither holds it (same request, key and digest)."""
+    for held in (run.status.accepted_input, run.spec.resume):
+        if (
+            held is not None
+            and held.request_id == recorded.request_id
+            and held.idempotency_key == recorded.idempotency_key
+            and json_digest(held.value) == recorded.digest
+        ):
+            return True, held.value
+    return False, None
 
 
 def held_answer(run: Run, request_id: str) -> tuple[bool, JsonValue]:

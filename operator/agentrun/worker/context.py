@@ -204,7 +204,7 @@ class Context:
             state = interrupts.hold_state(run, self.attempt, request_id)
             if state == interrupts.HoldState.ANSWERED:
                 found, value = interrupts.held_answer(run, request_id)
-                if not found:  # spec.resume was replaced right after the acceptance: a retry carries it
+                if not found:  # only for an answer accepted before status.acceptedInput: no longer readable
                     raise TransientError(f"the answer to {request_id} was accepted but is no longer readable")
                 return True, value
             if state == interrupts.HoldState.ENDED:

@@ -162,6 +162,7 @@ def resume_run(w: World, current: int) -> Transition:
     assert pending is not None
     accepted: dict[str, Any] = {
         "inputs": controls.with_input(run, resume, now, pending.reason),
+        "acceptedInput": controls.accepted_input(resume),
         "spentKeys": controls.with_spent(run, resume.idempotency_key, ControlOp.RESUME, digest),
         "pendingRequest": None,
     }

@@ -51,7 +51,7 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
     MAX_RECORDED_CONTROLS). Otherwise the grant was an automatic retry, whose reason follows from how the
     previous Attempt ended.
     """
-    status, resume = world.run.status, world.run.spec.resume
+    status = world.run.status
     accepted = [
         c.op
         for c in status.controls or []
@@ -62,8 +62,8 @@ def _promised(world: World, number: int) -> tuple[str, Any]:
         return AttemptReason.MANUAL_RETRY, None
     if accepted.count(ControlOp.RESUME) > kinds.count(StartKind.RESUME) and status.inputs:
         answer = status.inputs[-1]  # the newest accepted input
-        same = resume is not None and resume.idempotency_key == answer.idempotency_key
-        return AttemptReason.resume(answer.request_id), resume.value if same and resume else None
+        _, value = interrupts.recorded_value(world.run, answer)
+        return AttemptReason.resume(answer.request_id), value
     return automatic_retry(world, number)
 
 
