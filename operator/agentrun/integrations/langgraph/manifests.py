@@ -322,9 +322,13 @@ class ThreadBlobs:
             self._bytes_held -= len(dropped)
 
     async def put_document(self, kind: str, refs: Iterable[BlobRef], body: JsonDict) -> Document:
-        document, put = self.reserve_document(kind, refs, body)
-        if put is not None:
-            await put
+        named = list(refs)
+        data = encode_document(kind, named, body)
+        ref = await self.put(data)  # awaited here, not a task: no turn of the event loop before it starts
+        document = Document(
+            BlobRef(ref.key, ref.sha256, ref.size, links=True), body, {r.sha256: r for r in named}
+        )
+        self._remember(document)
         return document
 
     def reserve(
@@ -799,6 +803,8 @@ async def _build_manifest(
     if link_parent and parent.manifest is not None:
         body["parentManifest"] = parent.manifest.ref.sha256
         refs.append(parent.manifest.ref)
+    if not writer.puts:  # nothing else to wait for: the manifest's put, started at once
+        return await blobs.put_document(MANIFEST_KIND, refs, body)
     manifest, put = blobs.reserve_document(MANIFEST_KIND, refs, body)
     if put is not None:
         writer.puts.append(put)
