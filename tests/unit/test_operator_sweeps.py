@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from agentrun.operator.sweeps import PeriodicSweep
 from support.clock import FakeClock
 
@@ -190,5 +192,64 @@ def test_stop_cancels_the_sweep_under_way_and_a_start_begins_afresh() -> None:
         _, interval = await clock.sleeps.get()
         await loop.stop()  # in the wait: the clock's sleep is cancelled with it
         assert interval.cancelled() and failed == []
+
+    run(test)
+
+
+def sweep_tasks() -> list[asyncio.Task[object]]:
+    """The loops under way (a loop's task bears its sweep's name)."""
+    return [task for task in asyncio.all_tasks() if task.get_name() == "test-sweep"]
+
+
+def test_a_start_while_started_changes_nothing() -> None:
+    async def test(clock: HeldClock, sweep: HeldSweep, failed: list[Exception]) -> None:
+        loop = periodic(clock, sweep, failed)
+        loop.start()
+        await sweep.began.get()
+        loop.start()  # e.g. an activity started twice: one loop, the sweep under way goes on
+        assert len(sweep_tasks()) == 1
+        sweep.outcomes.put_nowait(None)
+        assert await clock.elapse() == INTERVAL
+        assert await sweep.began.get() == 1000.0 + INTERVAL
+        assert sweep.cancelled == 0 and len(sweep_tasks()) == 1
+        await loop.stop()
+
+    run(test)
+
+
+class Fatal(Exception):
+    """An error the sweeper does not survive."""
+
+
+def test_a_failed_that_raises_ends_the_loop_until_it_is_stopped() -> None:
+    async def test(clock: HeldClock, sweep: HeldSweep, failed: list[Exception]) -> None:
+        def survive_all_but_fatal(error: Exception) -> None:
+            failed.append(error)
+            if isinstance(error, Fatal):
+                raise error
+
+        loop = PeriodicSweep(
+            sweep, name="test-sweep", clock=clock, interval_seconds=INTERVAL, failed=survive_all_but_fatal
+        )
+        loop.start()
+        await sweep.began.get()
+        survived = RuntimeError("the store is down")
+        sweep.outcomes.put_nowait(survived)
+        assert await clock.elapse() == INTERVAL  # survived: the next sweep after the interval
+        await sweep.began.get()
+        fatal = Fatal("a bug")
+        sweep.outcomes.put_nowait(fatal)
+        [task] = sweep_tasks()
+        with pytest.raises(Fatal) as ended:
+            await task
+        assert ended.value is fatal
+        assert failed == [survived, fatal]
+        assert clock.sleeps.empty() and sweep.began.empty()  # no wait, no sweep after it
+        loop.start()  # ended, not stopped: still no loop
+        assert sweep_tasks() == []
+        await loop.stop()  # the ended loop's error is taken in, not raised
+        loop.start()
+        assert await sweep.began.get() == 1000.0 + INTERVAL
+        await loop.stop()
 
     run(test)

@@ -4,7 +4,9 @@
 Started, it waits until it is `ready` (if told to), then sweeps; after each sweep, whether it did its
 work or failed (`failed` is told the error; the next sweep tries again), it waits `interval_seconds` on
 the runtime's Clock, or less when `nudge`d. A nudge that comes while a sweep runs is not lost: it ends
-the wait that follows at once. Stopped, the sweep under way (or the wait) is cancelled.
+the wait that follows at once. A `failed` that raises ends the loop instead (an error its sweeper does
+not survive); the loop stays ended until stopped. Started again before it is stopped, nothing changes:
+one loop at a time. Stopped, the sweep under way (or the wait) is cancelled.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ class PeriodicSweep:
         return self._nudged.is_set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._sweep_forever(), name=self.name)
+        """The loop, unless one was started and not stopped since (whether it runs or has ended)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._sweep_forever(), name=self.name)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -63,7 +67,7 @@ class PeriodicSweep:
                 await self.sweep()
             except asyncio.CancelledError:
                 raise
-            except Exception as error:  # the next sweep tries again
+            except Exception as error:  # the next sweep tries again, unless `failed` raises
                 self.failed(error)
             await self._next()
 
