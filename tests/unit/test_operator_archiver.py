@@ -129,6 +129,9 @@ def test_the_retention_passes_outlast_a_store_that_fails_and_end_on_any_other_er
         with pytest.raises(ValueError, match="a bug"):
             await task
         assert clock.sleeps.empty()  # no next pass
+        [stopped] = [r for r in caplog.records if r.levelname == "ERROR"]  # loud, with its traceback
+        assert stopped.getMessage() == "archive retention stopped until this replica acts again"
+        assert stopped.exc_info is not None and isinstance(stopped.exc_info[1], ValueError)
         await retention.stop()
 
     asyncio.run(scenario())

@@ -137,8 +137,10 @@ class ArchiveRetention:
         await self._periodic.stop()
 
     def _failed(self, error: Exception) -> None:
-        """A pass the state store failed is tried again; any other error is raised (the passes end)."""
+        """A pass the state store failed is tried again; any other error is a defect: logged with its
+        traceback, then raised (the passes end until this replica acts again), never swallowed."""
         if not isinstance(error, StateStoreError):
+            log.error("archive retention stopped until this replica acts again", exc_info=error)
             raise error
         log.warning("archive retention: %s; trying again in %.0fs", error, self.interval_seconds)
 
