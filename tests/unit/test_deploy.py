@@ -19,6 +19,7 @@ from agentrun.deploy.values import Values
 from agentrun.rbac import (
     ATTEMPT_POD_RULES,
     OPERATOR_RULES,
+    STATE_STORE_NAMESPACE_RULES,
     STATE_STORE_PROVISION_RULES,
     STATE_STORE_SECRET,
     Rule,
@@ -705,6 +706,33 @@ def test_the_operator_may_create_the_namespaces_store_secrets_only_with_the_bund
     assert create == {("", "secrets", "create")}
     assert not create & grants(one(template(*scoped), kind, "rel-agentrun", namespace)["rules"])
     assert create <= grants(one(template(BUNDLED, *scoped), kind, "rel-agentrun", namespace)["rules"])
+
+
+def test_a_namespaced_operator_reads_its_namespaces_for_the_bundled_store_only_when_asked() -> None:
+    """Its sweep of the server's principals reads each watched namespace (cluster-scoped): a ClusterRole
+    limited to their names, rendered only when asked, as every cluster-scoped part of that mode."""
+    scoped = ("watchNamespaces={team-a,team-b}", BUNDLED)
+    assert not cluster_scoped(template(*scoped))
+    docs = template(*scoped, "stateStore.bundled.readNamespaces=true")
+    assert cluster_scoped(docs) == {
+        ("ClusterRole", "rel-agentrun-namespaces"),
+        ("ClusterRoleBinding", "rel-agentrun-namespaces"),
+    }
+    role = one(docs, "ClusterRole", "rel-agentrun-namespaces")
+    (rule,) = role["rules"]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["namespaces"],
+        "verbs": ["get"],
+        "resourceNames": ["team-a", "team-b"],
+    }
+    assert grants(role["rules"]) == grants(STATE_STORE_NAMESPACE_RULES)
+    binding = one(docs, "ClusterRoleBinding", "rel-agentrun-namespaces")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-agentrun", "namespace": "ops"}]
+    # cluster-wide, the operator's ClusterRole already reads namespaces: nothing more
+    wide = template(BUNDLED, "stateStore.bundled.readNamespaces=true")
+    assert not [d for d in wide if d["metadata"]["name"] == "rel-agentrun-namespaces"]
+    assert ("", "namespaces", "get") in grants(one(wide, "ClusterRole", "rel-agentrun")["rules"])
 
 
 def test_the_local_control_plane_starts_the_same_server(tmp_path: Path) -> None:

@@ -210,6 +210,13 @@ class BundledStore(_Values):
     """Node selector of the server's Pod."""
     tolerations: list[KubeObject] = Field(default_factory=list)
     """Tolerations of the server's Pod."""
+    read_namespaces: bool = False
+    """Namespace-scoped mode only: a ClusterRole <fullname>-namespaces, bound to the operator, that lets it
+    get each watched namespace by name (nothing else), so that its sweep of the server's principals sees
+    a namespace deleted and takes that namespace's principals back. Cluster-scoped, so off unless asked;
+    without it the sweep cannot read the namespaces (it logs so), namespaces still get their principals
+    before their first Run, and those of a deleted namespace stay on the server. Cluster-wide mode needs
+    nothing more."""
 
 
 class StateStore(_Values):
