@@ -792,6 +792,31 @@ BIG_STATE_AGENT = REPO / "tests" / "support" / "big_state_agent.py"
 STORE = f"{RELEASE}-store"
 
 
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespace-scoped"])
+def test_the_chart_with_the_bundled_store_lints_and_is_accepted_by_the_api_server(
+    e2e_target: Target, namespaces: tuple[str, str], mode: str
+) -> None:
+    namespace, _ = namespaces
+    values = ["--set=stateStore.bundled.enabled=true"]
+    if mode == "namespace-scoped":  # and its cluster administrator lets it read its namespaces
+        values += [f"--set=watchNamespaces={{{namespace}}}", "--set=stateStore.bundled.readNamespaces=true"]
+    version = f"--kube-version={server_version(e2e_target.kube)}"
+    linted = e2e_target.helm("lint", "--strict", str(CHART), version, *values)
+    assert "0 chart(s) failed" in linted.stdout
+    rendered = e2e_target.helm(
+        "template", "dry-run", str(CHART), f"--namespace={namespace}", version, "--skip-tests", *values
+    ).stdout
+    applied = e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered).stdout
+    names = {line.split(" ")[0] for line in applied.splitlines()}
+    assert {
+        "statefulset.apps/dry-run-agentrun-store",
+        "service/dry-run-agentrun-store",
+        "secret/dry-run-agentrun-store-root",
+    } <= names, applied
+    if mode == "namespace-scoped":
+        assert "clusterrole.rbac.authorization.k8s.io/dry-run-agentrun-namespaces" in names, applied
+
+
 def _store_pod_waits_for_its_volume(kube: Kube, ns: str) -> dict[str, Any] | None:
     """The StatefulSet's Pod, once the scheduler has said why it cannot place it (local control plane)."""
     pod = kube.pod(f"{STORE}-0", ns)
