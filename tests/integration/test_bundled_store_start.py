@@ -145,3 +145,9 @@ def test_a_server_that_never_answers_stops_the_start_after_the_wait(monkeypatch:
     # an operator without the bundled store does not ask at all
     monkeypatch.setenv(BUNDLED_STORE_WAIT_ENV, "0")
     asyncio.run(require_bundled_bucket(OperatorSettings(state_store_url=nobody), FakeClock()))
+    # one told to provision without the server's root credentials stops at once, saying so
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        asyncio.run(require_bundled_bucket(config, FakeClock()))
+    assert exited.value.code == 2

@@ -56,7 +56,11 @@ BUNDLED_STORE_WAIT_ENV = "AGENTRUN_STATE_STORE_WAIT_SECONDS"
 async def require_bundled_bucket(config: OperatorSettings, clock: Clock) -> None:
     """With the bundled state store (AGENTRUN_STATE_STORE_PROVISION): its bucket exists, versioned, or the
     operator exits (code 2, the reason logged)."""
-    bundled = store_credentials.bundled_store(config)
+    try:
+        bundled = store_credentials.bundled_store(config)
+    except ValueError as error:  # told to provision without the server's root credentials
+        log.error("%s", error)
+        raise SystemExit(2) from None
     if bundled is None:
         return
     within = float(os.environ.get(BUNDLED_STORE_WAIT_ENV) or 120)
