@@ -31,6 +31,12 @@ from .location import StoreLocation
 from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
 
 POLICY_VERSION: Final = "2012-10-17"
+_VERSIONING_ON: Final = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b'<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Status>Enabled</Status></VersioningConfiguration>"
+)
+_BUCKET_OWNED: Final = b"BucketAlreadyOwnedByYou"
 # What versitygw's admin API answers to creating a user whose access key is taken.
 _USER_EXISTS: Final = b"XAdminUserExists"
 _NO_POLICY: Final = b"NoSuchBucketPolicy"
@@ -95,6 +101,24 @@ class BundledStore:
         self.put_user(credentials)
         self.grant(namespace, access)
         return credentials
+
+    # ---- the bucket ------------------------------------------------------------------------------------
+
+    def prepare_bucket(self) -> None:
+        """The bucket exists and its versioning is Enabled (idempotent: a bucket already there is fine, a
+        versioning already on is put again). Read back: a server that does not report it Enabled raises
+        StoreRefused, as does one that refuses a request; one that does not answer, StoreUnavailable."""
+        bucket = self.location.bucket
+        status, body = self._request("PUT", f"/{bucket}")
+        if status != 200 and _BUCKET_OWNED not in body:
+            raise StoreRefused("create-bucket", bucket, f"HTTP {status}: {_short(body)}")
+        status, body = self._request("PUT", f"/{bucket}", query={"versioning": ""}, body=_VERSIONING_ON)
+        if status != 200:
+            raise StoreRefused("put-bucket-versioning", bucket, f"HTTP {status}: {_short(body)}")
+        status, body = self._request("GET", f"/{bucket}", query={"versioning": ""})
+        if status != 200 or b"<Status>Enabled</Status>" not in body:
+            detail = f"versioning not reported Enabled: HTTP {status}: {_short(body)}"
+            raise StoreRefused("get-bucket-versioning", bucket, detail)
 
     # ---- the admin API: users ---------------------------------------------------------------------------
 
