@@ -5,9 +5,9 @@ prefix (`<prefix>/<namespace>/`), for its attempt Pods, and one that may only ge
 read the namespace's state. Neither may delete, list, or reach another namespace's prefix. The grant is a
 statement of the bucket's policy naming the user's access key; versitygw consults only the policy once a
 bucket has one (its ACL no longer), and lets its root (the operator) do anything. The policy grows by two
-statements per namespace (about 300 bytes), so the server must keep it where its size is not bounded:
-the bundled server's posix backend runs with `--sidecar` (a file per attribute, not one extended
-attribute of the bucket directory, which holds 12 namespaces on ext4).
+statements per namespace (about 300 bytes with names of 12 characters), and versitygw v1.8.0's posix
+backend keeps it in one extended attribute of the bucket directory: on ext4, 12 namespaces fit; a policy
+the server cannot store is refused (HTTP 500) and the refusal names its size (docs/state-store.md).
 
 Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
 namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
