@@ -49,9 +49,11 @@ def signed_request(
     body: bytes = b"",
     region: str = DEFAULT_REGION,
     timeout: float = 10.0,
+    session_token: str | None = None,
 ) -> tuple[int, bytes]:
     """One path-style request to `endpoint` (http(s)://host[:port]); (status, body), error answers
-    included. A server that does not answer raises StoreUnavailable."""
+    included. A server that does not answer raises StoreUnavailable. `session_token`: temporary
+    credentials' token (AWS_SESSION_TOKEN), sent and signed as x-amz-security-token."""
     host = endpoint.split("://", 1)[1].rstrip("/")
     now = datetime.datetime.now(datetime.UTC)
     amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -61,6 +63,8 @@ def signed_request(
     )
     payload_hash = hashlib.sha256(body).hexdigest()
     headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
+    if session_token:
+        headers["x-amz-security-token"] = session_token
     signed = ";".join(sorted(headers))
     canonical = "\n".join(
         [
