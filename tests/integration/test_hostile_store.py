@@ -4,7 +4,9 @@ size, truncates it, or plants garbage at the predictable address of the victim's
 lets the overwrite through (the namespace's principal may put); the victim never continues from it: its
 next Attempt stops as StateUnverifiable naming the blob, the Run waits for a person (NeedsReconciliation,
 never retried on its own) with its earlier verified checkpoint kept, and a retryRequest from that
-checkpoint finishes the Run with the state it saved, whole. (docs/security.md, "The state store".)"""
+checkpoint finishes the Run with the state it saved, whole. The operator puts an overwritten blob back from
+the version the store kept (versioning on), says so on the Run and retries nothing; a retryRequest from the
+very checkpoint whose blob was forged then finishes too. (docs/security.md, "The state store".)"""
 
 from __future__ import annotations
 
@@ -102,6 +104,15 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     # the Run waits for a person: not compacted, its earlier verified checkpoint kept, no new Attempt
     assert status.get("checkpointIndex") is None
     assert checkpoint(kube, ns, earlier) is not None
+    # the operator answers the failure on its own, without a retry: an overwritten blob is put back from
+    # the version the store kept; a planted one is referenced by nothing, so there is nothing to put back
+    said = wait_for(
+        lambda: condition(get_run(kube, ns, name), "StateRestored"), 60, what=f"{name}'s StateRestored"
+    )
+    expected = ("False", "NotReferenced") if mode == "plant" else ("True", "BlobsRestored")
+    assert (said["status"], said["reason"]) == expected, said
+    assert key in said["message"]
+    assert len(attempts(kube, ns, name)) == 2
 
     patch_spec(
         kube, ns, name, {"retryRequest": {"idempotencyKey": "from-verified", "fromCheckpoint": earlier}}

@@ -17,6 +17,7 @@ from agentrun.core.blobrepair import (
     StoredVersion,
     Target,
     named_keys,
+    not_referenced,
     targets,
     unreferenced,
     verdict,
@@ -111,6 +112,16 @@ def test_the_named_keys_and_those_no_object_references() -> None:
     assert unreferenced(unverifiable(KEY), [CKPT]) == frozenset()
 
 
+def test_what_the_failure_names_and_nothing_references_is_said_not_restored() -> None:
+    failure = unverifiable(KEY, PLANTED)
+    assert not_referenced("NeedsReconciliation", failure, [], [CKPT]) == (
+        Restoration(Target(PLANTED, "c" * 64, 0), Outcome.NOT_REFERENCED),
+    )
+    assert not_referenced("NeedsReconciliation", unverifiable(KEY), [], [CKPT]) == ()
+    assert not_referenced("Running", failure, [], [CKPT]) == ()
+    assert not_referenced("NeedsReconciliation", failure, [STATE_RESTORED], [CKPT]) == ()
+
+
 def version(vid: str, minutes: int, size: int = len(GENUINE), **kw: Any) -> StoredVersion:
     return StoredVersion(vid, NOW + timedelta(minutes=minutes), size, **kw)
 
@@ -176,12 +187,17 @@ VERDICT_CASES = {
     "a store without versions: said so": (
         [Restoration(TARGET, Outcome.UNSUPPORTED, detail="a file:// store keeps no versions")],
         ("False", "RestoreUnsupported", "Warning", "StateNotRestored"),
-        ["a file:// store keeps no versions", "the operator could not restore them"],
+        ["a file:// store keeps no versions", "the operator restored nothing"],
+    ),
+    "named but referenced by nothing (planted): said so, nothing restored": (
+        [Restoration(Target(PLANTED, "c" * 64, 0), Outcome.NOT_REFERENCED)],
+        ("False", "NotReferenced", "Warning", "StateNotRestored"),
+        [f"blob {PLANTED} is referenced by no object of this Run", "the operator restored nothing"],
     ),
     "refused by the store: said so": (
         [Restoration(TARGET, Outcome.REFUSED, detail="state store refused list versions: HTTP 403")],
         ("False", "RestoreRefused", "Warning", "StateNotRestored"),
-        ["HTTP 403", "the operator could not restore them"],
+        ["HTTP 403", "the operator restored nothing"],
     ),
 }
 

@@ -158,13 +158,15 @@ def verifies(target: Target, data: bytes) -> bool:
 class Outcome(StrEnum):
     """What became of one blob: restored from a version; found verified already (restored before, e.g.
     by an operator that restarted before recording it); no version the store kept is its content; the
-    store keeps no versions the operator can list (not an S3 store); the store refused the requests."""
+    store keeps no versions the operator can list (not an S3 store); the store refused the requests;
+    no object of the Run references it (nothing recorded to restore it to: not_referenced)."""
 
     RESTORED = "restored"
     VERIFIED = "verified"
     NO_VERSION = "no_version"
     UNSUPPORTED = "unsupported"
     REFUSED = "refused"
+    NOT_REFERENCED = "not_referenced"
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,25 @@ _REASONS: Final = {
     Outcome.NO_VERSION: "NoVerifiedVersion",
     Outcome.UNSUPPORTED: "RestoreUnsupported",
     Outcome.REFUSED: "RestoreRefused",
+    Outcome.NOT_REFERENCED: "NotReferenced",
 }
+
+
+def not_referenced(
+    phase: str | None,
+    failure: Mapping[str, Any] | None,
+    condition_types: Iterable[str],
+    references: Iterable[Reference],
+) -> tuple[Restoration, ...]:
+    """The content addresses a waiting Run's failure names that none of its references records (all of
+    them, documents included), as outcomes to record: e.g. a blob planted at the address of a state its
+    writer then refused to reference. Nothing is restored there: no content is recorded for it."""
+    if failure is None or not waits_for_restore(phase, failure, condition_types):
+        return ()
+    return tuple(
+        Restoration(Target(key, key.rsplit("/", 1)[-1], 0), Outcome.NOT_REFERENCED)
+        for key in sorted(unreferenced(failure, references))
+    )
 
 
 def verdict(restorations: Sequence[Restoration], *, generation: int | None, now: datetime) -> Verdict:
@@ -207,7 +227,7 @@ def verdict(restorations: Sequence[Restoration], *, generation: int | None, now:
         reason = _REASONS[failed[0].outcome]
         lost = any(r.outcome == Outcome.NO_VERSION for r in failed)
         tail = (
-            ("the state they held is lost" if lost else "the operator could not restore them")
+            ("the state they held is lost" if lost else "the operator restored nothing")
             + ": retry from an earlier checkpoint (spec.retryRequest.fromCheckpoint), or restore the blob "
             "by hand with the store's own credentials; the Run does not retry on its own"
         )
@@ -249,6 +269,11 @@ def _said(r: Restoration) -> str:
             f"no version of blob {key} the store keeps is its recorded content (sha256 {target.sha256}, "
             f"{target.size} bytes; {r.listed} versions listed, {r.read} of that size read): "
             "it stays unverifiable"
+        )
+    if r.outcome == Outcome.NOT_REFERENCED:
+        return (
+            f"blob {key} is referenced by no object of this Run (a writer never references what is not its "
+            "content): there is no recorded content to restore it to"
         )
     if r.outcome == Outcome.UNSUPPORTED:
         return f"blob {key} cannot be restored here: {r.detail}"

@@ -81,9 +81,10 @@ class StateRepair:
         if missing := blobrepair.unreferenced(failure, refs):
             refs += await self._in_documents(refs, missing)
         found = blobrepair.targets(status.phase, failure, kinds, refs)
-        if not found:
-            return False  # the failure names no blob the Run references (e.g. one it refused to write)
         restorations = [await self._restore(target) for target in found]
+        restorations += blobrepair.not_referenced(status.phase, failure, kinds, refs)
+        if not restorations:
+            return False  # the failure names no content address: nothing the operator can look at
         decided = blobrepair.verdict(restorations, generation=run.metadata.generation, now=self.clock.now())
         patch = {"conditions": [*(c.to_api() for c in conditions), decided.condition]}
         event = RecordEvent(decided.event_type, decided.event_reason, decided.message)

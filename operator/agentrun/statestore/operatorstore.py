@@ -25,10 +25,11 @@ from .blobs import BlobRef, BlobStore, scrub
 from .errors import StateUnverifiable, StoreRefused, StoreUnavailable
 from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
 
+# More versions of one key than this is no store the operator trusts to page: said, not looped on.
+_VERSIONS_LIMIT: Final = 100_000
 _S3_NS: Final = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 # A status the store answers that is worth another try: 408, 429 and 5xx (as classify() has it).
 _TRANSIENT_STATUS: Final = re.compile(r"^(408|429|5\d\d)$")
-_VERSIONS_PAGE: Final = "1000"
 
 
 class OperatorStore(BlobStore):
@@ -90,18 +91,18 @@ class OperatorStore(BlobStore):
         """Whether the operator can list a key's versions here: an S3 store (ListObjectVersions)."""
         return self.location.scheme == "s3"
 
-    async def versions(self, key: str) -> list[StoredVersion]:
+    async def versions(self, key: str, *, page_size: int = 1000) -> list[StoredVersion]:
         """Every version the store keeps of `key` (a full key, as references name it), delete markers
         included, in the store's order (newest first): S3 ListObjectVersions, paged, signed with the
         operator's own credentials. StoreUnavailable when the store cannot answer now, StoreRefused when
-        it says no (or this is not an S3 store: keeps_versions)."""
+        it says no, pages without moving on, or is not an S3 store (keeps_versions)."""
         self._check_inside(key)
         if not self.keeps_versions():
             raise StoreRefused("list versions", key, f"a {self.location.scheme}:// store keeps no versions")
         found: list[StoredVersion] = []
         markers: dict[str, str] = {}
         while True:
-            query = {"versions": "", "prefix": key, "max-keys": _VERSIONS_PAGE, **markers}
+            query = {"versions": "", "prefix": key, "max-keys": str(page_size), **markers}
             with self._request("list", key) as request:
                 status, body = await asyncio.to_thread(self._signed, "GET", f"/{self.location.bucket}", query)
                 if status != 200:
@@ -111,10 +112,17 @@ class OperatorStore(BlobStore):
                         raise StoreUnavailable("list versions", key, detail)
                     raise StoreRefused("list versions", key, detail)
                 request.outcome = "ok"
-            page, markers = _versions_page(body, key)
+            page, following = _versions_page(body, key)
             found += page
-            if not markers:
+            if not following:
                 return found
+            if following == markers or len(found) > _VERSIONS_LIMIT:
+                # A server that pages without moving on (versitygw v1.8.0 answers the page of its markers
+                # again) or without end: never looped on, and asking again cannot help.
+                raise StoreRefused(
+                    "list versions", key, f"its paging does not move on ({len(found)} versions listed)"
+                )
+            markers = following
 
     async def get_version(self, key: str, version_id: str) -> bytes:
         """The bytes of one version of `key` (a full key), unverified: the caller checks them. A version
