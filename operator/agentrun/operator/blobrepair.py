@@ -77,9 +77,12 @@ class StateRepair:
         kinds = [c.type for c in conditions]
         if failure is None or not blobrepair.waits_for_restore(status.phase, failure, kinds):
             return False
-        refs = list(_references(world))
+        # Only keys under the Run's own namespace: a fork shares its source's blobs, never another
+        # namespace's. (Whatever a reference says, only bytes whose sha256 is the key's own are written.)
+        inside = self.store.location.key(str(run.metadata.namespace)) + "/"
+        refs = [r for r in _references(world) if r.key.startswith(inside)]
         if missing := blobrepair.unreferenced(failure, refs):
-            refs += await self._in_documents(refs, missing)
+            refs += await self._in_documents(refs, missing, inside)
         found = blobrepair.targets(status.phase, failure, kinds, refs)
         restorations = [await self._restore(target) for target in found]
         restorations += blobrepair.not_referenced(status.phase, failure, kinds, refs)
@@ -96,7 +99,9 @@ class StateRepair:
         log.log(level, "run %s/%s: %s", run.metadata.namespace, run.metadata.name, decided.message)
         return executed.changed
 
-    async def _in_documents(self, refs: list[Reference], wanted: frozenset[str]) -> list[Reference]:
+    async def _in_documents(
+        self, refs: list[Reference], wanted: frozenset[str], inside: str
+    ) -> list[Reference]:
         """The references inside the documents the Run's references reach (read verified, as the
         collector follows them), until every key in `wanted` is found or the documents run out. A
         document that cannot be read is passed over: if it is what the failure names, it is a target
@@ -119,6 +124,8 @@ class StateRepair:
             for each in named:
                 holder = f"document {document.key}"
                 inner = Reference(each.key, each.sha256, each.size, holder, document.checkpoint, each.links)
+                if not each.key.startswith(inside):
+                    continue
                 found.append(inner)
                 left.discard(each.key)
                 if each.links:
