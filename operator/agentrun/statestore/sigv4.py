@@ -51,10 +51,13 @@ def signed_request(
     timeout: float = 10.0,
     service: str = "s3",
     extra_headers: Mapping[str, str] | None = None,
+    session_token: str | None = None,
 ) -> tuple[int, bytes]:
     """One path-style request to `endpoint` (http(s)://host[:port]); (status, body), error answers
     included. A server that does not answer raises StoreUnavailable. `service` is the signature's
-    service ("iam" for an IAM API); `extra_headers` are sent and signed besides (lower-case names)."""
+    service ("iam" for an IAM API); `extra_headers` are sent and signed besides (lower-case names);
+    `session_token`: temporary credentials' token (AWS_SESSION_TOKEN), sent and signed as
+    x-amz-security-token."""
     host = endpoint.split("://", 1)[1].rstrip("/")
     now = datetime.datetime.now(datetime.UTC)
     amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -69,6 +72,8 @@ def signed_request(
         "x-amz-content-sha256": payload_hash,
         "x-amz-date": amz_date,
     }
+    if session_token:
+        headers["x-amz-security-token"] = session_token
     signed = ";".join(sorted(headers))
     canonical = "\n".join(
         [
