@@ -1409,8 +1409,9 @@ class Chaos:
         request: Json = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
         failure = (self.runs.get(name, {}).get("status") or {}).get("failure") or {}
         if failure.get("reason") == "StateUnverifiable":
-            # A person restores nothing here: the Run goes on from the checkpoint before the tampered one
-            # (verified), as `kubectl agentrun retry --from-checkpoint` asks.
+            # The operator puts the overwritten blob back (StateRestored); the harness still goes on from
+            # the checkpoint before the tampered one (verified), as `kubectl agentrun retry
+            # --from-checkpoint` asks, so the run does not depend on the restore.
             tampering = self.records.tamperings.get(name)
             if tampering is None or not tampering.confirmed:
                 self.records.unverifiable_untampered.append(f"{name}: {failure.get('message')}")

@@ -6,7 +6,11 @@
 # as published. Re-running reuses the binary.
 set -euo pipefail
 
-VERSITYGW_VERSION="${VERSITYGW_VERSION:-v1.8.0}"
+# The pin has one source, which the Helm chart's image tag comes from too (agentrun.deploy.render).
+PIN_SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/operator/agentrun/statestore/versitygw.py"
+PINNED="$(sed -n 's/^VERSION: Final = "\(v[0-9][0-9.]*\)"$/\1/p' "$PIN_SOURCE")"
+[[ -n "$PINNED" ]] || { echo "[versitygw build] no VERSION pin found in $PIN_SOURCE" >&2; exit 1; }
+VERSITYGW_VERSION="${VERSITYGW_VERSION:-$PINNED}"
 CACHE_DIR="${AGENTRUN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}"
 BIN="$CACHE_DIR/bin/versitygw-$VERSITYGW_VERSION/versitygw"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0

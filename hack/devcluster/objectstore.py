@@ -4,8 +4,10 @@ directory, with bucket versioning on, bound to loopback. The agent-state store o
 hack/build-versitygw.sh builds it from its Go module at a pinned version into the binary cache. The root
 credentials are made per start and handed to the process through its environment (never its command
 line); clients get them from `env()`. The bucket is created, and versioned, once the gateway is healthy,
-with two signed S3 requests (agentrun.statestore.sigv4). Its internal IAM holds a user per agent
-namespace (namespace_credentials), granted by the bucket's policy.
+with signed S3 requests (agentrun.statestore.principals.BundledStore.prepare_bucket, which the chart's
+operator runs too). Its internal IAM holds a user per agent namespace (namespace_credentials), granted by
+the bucket's policy. Its version, flags and directories are agentrun.statestore.versitygw's: the chart
+starts the same server the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from types import TracebackType
 from typing import Final
 from urllib.parse import parse_qsl
 
-from agentrun.statestore import StoreUnavailable, parse_store_url
+from agentrun.statestore import StateStoreError, StoreUnavailable, parse_store_url
+from agentrun.statestore import versitygw as server
 from agentrun.statestore.principals import Access, BundledStore
 from agentrun.statestore.sigv4 import S3Credentials, signed_request
 
@@ -30,14 +33,9 @@ from .processes import free_port, pid_alive, spawn, stop_group
 
 Credentials = S3Credentials  # the gateway's root, a namespace's user: an access key and its secret
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUCKET: Final = "agentrun"
-REGION: Final = "us-east-1"
-HEALTH_PATH: Final = "/health"
-_VERSIONING_ON: Final = (
-    b'<?xml version="1.0" encoding="UTF-8"?>'
-    b'<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-    b"<Status>Enabled</Status></VersioningConfiguration>"
-)
+BUCKET: Final = server.BUCKET
+REGION: Final = server.REGION
+HEALTH_PATH: Final = server.HEALTH_PATH
 
 
 class ObjectStoreError(RuntimeError):
@@ -69,6 +67,8 @@ class ObjectStoreProcess:
     bucket: str = BUCKET
     binary: Path = field(default_factory=versitygw_binary)
     tie_to_parent: bool = True
+    # False: started without its bucket, as the chart's server starts (its operator creates the bucket).
+    prepare_at_start: bool = True
     pid: int | None = None
 
     @property
@@ -93,30 +93,19 @@ class ObjectStoreProcess:
             raise ObjectStoreError(
                 f"{self.binary} is missing: build it with `bash hack/build-versitygw.sh` (or `make binaries`)"
             )
-        return [
-            str(self.binary),
-            f"--port=127.0.0.1:{self.port}",
-            f"--health={HEALTH_PATH}",
-            f"--region={REGION}",
-            "--quiet",
-            # Its internal IAM: a user per agent namespace (agentrun.statestore.principals).
-            f"--iam-dir={self.data_dir / 'iam'}",
-            "posix",
-            # Versioning keeps every overwritten or deleted object's earlier versions here.
-            f"--versioning-dir={self.data_dir / 'versions'}",
-            str(self.data_dir / "buckets"),
-        ]
+        listen = f"127.0.0.1:{self.port}"
+        return [str(self.binary), *server.server_args(listen=listen, data_dir=str(self.data_dir))]
 
     def process_env(self) -> dict[str, str]:
         """The gateway's environment: its root credentials, not on its command line (`ps` shows that)."""
         return {
             **os.environ,
-            "ROOT_ACCESS_KEY_ID": self.credentials.access_key,
-            "ROOT_SECRET_ACCESS_KEY": self.credentials.secret_key,
+            server.ROOT_ACCESS_KEY_ENV: self.credentials.access_key,
+            server.ROOT_SECRET_KEY_ENV: self.credentials.secret_key,
         }
 
     def make_dirs(self) -> None:
-        for sub in ("versions", "buckets", "iam"):
+        for sub in server.DATA_DIRS:
             (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def prepare(self) -> None:
@@ -150,7 +139,8 @@ class ObjectStoreProcess:
         self.pid = proc.pid
         try:
             wait_healthy(self.health_url, lambda: pid_alive(proc.pid), time.monotonic() + timeout_seconds)
-            self.prepare()
+            if self.prepare_at_start:
+                self.prepare()
         except ObjectStoreError as exc:
             self.stop()
             raise ObjectStoreError(f"{exc}\n{self.log_tail()}") from None
@@ -196,18 +186,13 @@ def wait_healthy(health_url: str, alive: Callable[[], bool], deadline: float) ->
 
 
 def prepare_bucket(endpoint: str, credentials: Credentials, bucket: str) -> None:
-    """Creates the bucket (already there: fine, e.g. after a restart) and turns its versioning on."""
-    status, body = s3_request("PUT", endpoint, f"/{bucket}", credentials=credentials)
-    if status != 200 and b"BucketAlreadyOwnedByYou" not in body:
-        raise ObjectStoreError(f"creating bucket {bucket}: HTTP {status}: {body[:300]!r}")
-    status, body = s3_request(
-        "PUT", endpoint, f"/{bucket}", query="versioning=", body=_VERSIONING_ON, credentials=credentials
-    )
-    if status != 200:
-        raise ObjectStoreError(f"enabling versioning on bucket {bucket}: HTTP {status}: {body[:300]!r}")
-    status, body = s3_request("GET", endpoint, f"/{bucket}", query="versioning=", credentials=credentials)
-    if status != 200 or b"<Status>Enabled</Status>" not in body:
-        raise ObjectStoreError(f"bucket {bucket} does not report versioning Enabled: {body[:300]!r}")
+    """Creates the bucket (already there: fine, e.g. after a restart) and turns its versioning on, as the
+    chart's operator does at its start (BundledStore.prepare_bucket)."""
+    location = parse_store_url(f"s3://{bucket}?endpoint={endpoint}&region={REGION}")
+    try:
+        BundledStore(location, credentials).prepare_bucket()
+    except StateStoreError as error:
+        raise ObjectStoreError(str(error)) from None
 
 
 def s3_request(

@@ -121,6 +121,10 @@ def attempt_role(namespace: str, name: str = ATTEMPT_ROLE) -> dict[str, Any]:
 # to an operator told AGENTRUN_STATE_STORE_PROVISION (the local control plane's, the chart's with its
 # own server), never by default.
 STATE_STORE_PROVISION_RULES: list[Rule] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+# ... and, watching some namespaces only, reads each of them by name (cluster-scoped: granted by a
+# ClusterRole limited to their names), so that its sweep of the server's principals sees one deleted
+# (operator.store_principals); cluster-wide, OPERATOR_RULES already lists namespaces.
+STATE_STORE_NAMESPACE_RULES: list[Rule] = [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]
 
 # Opts a ServiceAccount in for attempt Pods (a merge patch): an administrator's decision, never a Run's.
 AGENT_ACCOUNT_PATCH: dict[str, Any] = {"metadata": {"labels": {AGENT_LABEL: "true"}}}

@@ -10,9 +10,12 @@ the chart's RBAC is what the operator runs with.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import json
 import os
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -28,13 +31,17 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import crdgen
 from agentrun.deploy import render
+from agentrun.statestore import versitygw
+from devcluster.objectstore import Credentials, ObjectStoreProcess, s3_request
 from devcluster.processes import free_port
 from e2e.conftest import Target
+from support.big_state_agent import digest as big_digest
+from support.big_state_agent import output as big_output
 from support.corpus import REPO
 from support.history import previous_chart, previous_sdk
 from support.hostile_agent import EXPECTED_CAUSES, refusals_missing
 from support.kube import Kube, wait_for
-from support.runs import GROUP, VERSION, create_run, get_run, wait_phase
+from support.runs import FAST_RETRY, GROUP, VERSION, create_run, get_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -777,3 +784,190 @@ def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
         "uninstall after the upgrade",
     )
     print(f"\nupgrade e2e timings (s): {json.dumps({k: round(release.timings[k], 1) for k in mine})}")
+
+
+# --- the bundled state store ----------------------------------------------------------------------------
+
+BIG_STATE_AGENT = REPO / "tests" / "support" / "big_state_agent.py"
+STORE = f"{RELEASE}-store"
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespace-scoped"])
+def test_the_chart_with_the_bundled_store_lints_and_is_accepted_by_the_api_server(
+    e2e_target: Target, namespaces: tuple[str, str], mode: str
+) -> None:
+    namespace, _ = namespaces
+    values = ["--set=stateStore.bundled.enabled=true"]
+    if mode == "namespace-scoped":  # and its cluster administrator lets it read its namespaces
+        values += [f"--set=watchNamespaces={{{namespace}}}", "--set=stateStore.bundled.readNamespaces=true"]
+    version = f"--kube-version={server_version(e2e_target.kube)}"
+    linted = e2e_target.helm("lint", "--strict", str(CHART), version, *values)
+    assert "0 chart(s) failed" in linted.stdout
+    rendered = e2e_target.helm(
+        "template", "dry-run", str(CHART), f"--namespace={namespace}", version, "--skip-tests", *values
+    ).stdout
+    applied = e2e_target.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered).stdout
+    names = {line.split(" ")[0] for line in applied.splitlines()}
+    assert {
+        "statefulset.apps/dry-run-agentrun-store",
+        "service/dry-run-agentrun-store",
+        "secret/dry-run-agentrun-store-root",
+    } <= names, applied
+    if mode == "namespace-scoped":
+        assert "clusterrole.rbac.authorization.k8s.io/dry-run-agentrun-namespaces" in names, applied
+
+
+def _store_pod_waits_for_its_volume(kube: Kube, ns: str) -> dict[str, Any] | None:
+    """The StatefulSet's Pod, once the scheduler has said why it cannot place it (local control plane)."""
+    pod = kube.pod(f"{STORE}-0", ns)
+    conditions = (pod or {}).get("status", {}).get("conditions") or []
+    scheduled = [c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"]
+    return pod if scheduled else None
+
+
+def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
+    release: Release, tmp_path: Path
+) -> None:
+    """stateStore.bundled.enabled, installed for real (cluster-wide, the agents' namespace restricted): the
+    StatefulSet with its claim template, the Service, the root Secret the chart made, the operator told
+    to administer the server. The operator creates the bucket with versioning on at its start, makes the
+    agents' namespace its principals' Secrets, and a Run whose state outgrows the inline threshold, killed
+    half-way, resumes whole from the store and succeeds; its blobs are in the bucket.
+
+    On the local control plane the StatefulSet's own Pod cannot run: nothing provisions volumes (its
+    claim stays Pending, so the scheduler does not place the Pod), and the node agent runs commands as
+    local processes, without images or volumes. So the test starts the same server (the pinned versitygw
+    binary, the arguments agentrun.statestore.versitygw gives both, without its bucket) on loopback with
+    the root credentials the chart generated, and points the operator at it with stateStore.url. On
+    another cluster (AGENTRUN_E2E_KUBECONFIG) the StatefulSet's server is the one used."""
+    kube, ns, target = release.kube, release.namespace, release.target
+    if release.installed:  # the module's release goes first (same name: the CRDs' owner)
+        uninstall_and_wait(release, "uninstall before the bundled store")
+    server: ObjectStoreProcess | None = None
+    values = [
+        f"--namespace={ns}",
+        "--set=replicaCount=1",
+        f"--set=agents.namespaces={{{ns}}}",
+        f"--set=health.port={release.health_port}",
+        f"--set=metrics.port={release.metrics_port}",
+        "--set=stateStore.bundled.enabled=true",
+        "--set=stateStore.bundled.storage.size=1Gi",
+        *release.image_values(),
+    ]
+    if target.local:
+        subprocess.run(["bash", str(REPO / "hack/build-versitygw.sh")], check=True, timeout=1800)
+        port = free_port()
+        local_url = f"s3://{versitygw.BUCKET}?endpoint=http://127.0.0.1:{port}&region={versitygw.REGION}"
+        values.append(f"--set-string=stateStore.url={local_url}")
+    started = time.monotonic()
+    # no --wait: on the local control plane the StatefulSet never becomes ready (see above)
+    waits = [] if target.local else ["--wait", "--timeout=300s"]
+    target.helm("install", RELEASE, str(CHART), *values, *waits)
+    release.installed = True
+    try:
+        # what the chart installed: the server, its Service and volume, the root credentials it made
+        sts = kube.apps.read_namespaced_stateful_set(STORE, ns)
+        assert sts.spec.replicas == 1
+        (container,) = sts.spec.template.spec.containers
+        assert container.image == f"{versitygw.IMAGE}:{versitygw.VERSION}"
+        assert container.args == versitygw.server_args(listen=f":{versitygw.PORT}", data_dir="/data")
+        (claim,) = sts.spec.volume_claim_templates
+        assert claim.spec.resources.requests == {"storage": "1Gi"}
+        assert kube.core.read_namespaced_service(STORE, ns).spec.ports[0].port == versitygw.PORT
+        secret = kube.core.read_namespaced_secret(f"{STORE}-root", ns)
+        root = Credentials(
+            base64.b64decode(secret.data["AWS_ACCESS_KEY_ID"]).decode(),
+            base64.b64decode(secret.data["AWS_SECRET_ACCESS_KEY"]).decode(),
+        )
+        # the StatefulSet controller made its Pod (it passed the restricted Pod Security Standard) and claim
+        volume = wait_for(
+            lambda: kube.get("persistentvolumeclaim", f"data-{STORE}-0", ns), 60, what="the server's claim"
+        )
+        assert volume["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        if target.local:
+            pod = wait_for(
+                lambda: _store_pod_waits_for_its_volume(kube, ns), 60, what="the server's Pod, unschedulable"
+            )
+            (unscheduled,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+            why = f"{unscheduled.get('reason')}: {unscheduled.get('message')}"
+            print(f"\nthe bundled server's Pod on the local control plane: {why}")
+            assert "PersistentVolumeClaim" in why, why  # unbound: nothing provisions volumes here
+            claimed = kube.get("persistentvolumeclaim", f"data-{STORE}-0", ns) or {}
+            assert claimed["status"]["phase"] == "Pending"
+            # the same server, started as the chart starts it (without its bucket), with the chart's root
+            server = ObjectStoreProcess(
+                tmp_path / "store",
+                tmp_path / "versitygw.log",
+                port=port,
+                credentials=root,
+                prepare_at_start=False,
+            )
+            server.start()
+
+        (operator,) = wait_for(lambda: release.running_operator_pods(1), 120, what="the operator Pod running")
+        env = {e["name"]: e.get("value") for e in operator["spec"]["containers"][0]["env"]}
+        assert env["AGENTRUN_STATE_STORE_PROVISION"] == "versitygw"
+        if not target.local:
+            assert env["AGENTRUN_STATE_STORE_URL"] == (
+                f"s3://{versitygw.BUCKET}?endpoint=http://{STORE}.{ns}.svc:{versitygw.PORT}&region={versitygw.REGION}"
+            )
+
+        # the operator made the agents' namespace its principals: their Secrets, not the root
+        def made_secret() -> dict[str, Any] | None:
+            return kube.get("secret", "agentrun-state-store", ns)
+
+        made = wait_for(made_secret, 120, what="the agents' store Secret the operator makes")
+        assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentrun"
+        assert base64.b64decode(made["data"]["AWS_ACCESS_KEY_ID"]).decode() != root.access_key
+        assert kube.get("secret", "agentrun-state-store-read", ns) is not None
+
+        # a large state, killed half-way, resumed whole from the store
+        steps, size = 4, 20_000
+        run = _shipped_agent(
+            kube,
+            ns,
+            "big",
+            target.agent_image,
+            BIG_STATE_AGENT,
+            input={"steps": steps, "outputBytes": size, "killAt": 2, "resultBytes": 0},
+        )
+        run["spec"]["retry"] = FAST_RETRY
+        create_run(kube, ns, run)
+        done = wait_phase(kube, ns, "big", {"Succeeded", "Failed", "NeedsReconciliation"}, timeout=180)
+        release.timings["bundled store: install to a large Run succeeded"] = time.monotonic() - started
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        result = done["status"]["result"]
+        full_state = {"outputs": [big_output(i, size) for i in range(steps)], "fetched": "big-a1"}
+        assert (result["complete"], result["attempt"], result["fetchedBy"]) == (True, "big-a2", "big-a1")
+        assert result["stateDigest"] == big_digest(full_state)
+        refs = [
+            c["spec"]["stateRef"]
+            for c in kube.custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, "checkpoints", label_selector="agentrun.dev/run=big"
+            )["items"]
+            if "stateRef" in c["spec"]
+        ]
+        assert refs, "the state went to the store"
+        if server is not None:  # read the blobs back from the server as its root, and its versioning
+            for ref in refs:
+                status, blob = s3_request(
+                    "GET", server.endpoint, f"/{versitygw.BUCKET}/{ref['key']}", credentials=root
+                )
+                assert status == 200
+                assert (len(blob), hashlib.sha256(blob).hexdigest()) == (ref["size"], ref["sha256"])
+                assert ref["key"].startswith(f"{ns}/{done['metadata']['uid']}/sha256/")
+            status, versioning = s3_request(
+                "GET", server.endpoint, f"/{versitygw.BUCKET}", query="versioning=", credentials=root
+            )
+            assert status == 200 and b"<Status>Enabled</Status>" in versioning
+            log = release.operator_log(operator)
+            said = f"state store bucket {versitygw.BUCKET} at {server.endpoint} is there with versioning"
+            assert said in log, log[-3000:]
+        uninstall_and_wait(release, "bundled store: uninstall")
+        # the volume outlives the release: the agents' state is kept
+        assert kube.get("persistentvolumeclaim", f"data-{STORE}-0", ns) is not None
+    finally:
+        if server is not None:
+            server.stop()
+    timings = {k: round(v, 1) for k, v in release.timings.items()}
+    print(f"\nbundled store e2e timings (s): {json.dumps(timings)}")

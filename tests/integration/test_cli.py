@@ -14,8 +14,10 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.api.causes import RefusalCause
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands.cancel import Swap, compare_and_swap
+from agentrun.cli.errors import ADVICE
 from agentrun.kubeapi import KubeApi, load_configuration
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
@@ -553,3 +555,55 @@ def test_the_plugin_names_the_user_the_api_server_knows(
     [recorded] = done["status"]["inputs"]
     assert recorded["answeredBy"] == done["spec"]["resume"]["answeredBy"] == user
     assert f"answered by {user}" in ok(cli(kube, ns, "describe", "named"))
+
+
+def test_a_refusal_whose_cause_a_person_meets_says_what_to_do(
+    kube: Kube, namespace: str, agentrun_crds: None, operator_kubeconfig: Path
+) -> None:
+    """A ServiceAccount resolving a side effect through the plugin: the API server takes its write for an
+    agent's (NotPodBound: its token is bound to no Pod); the plugin prints the server's words, then what
+    to do (agentrun.cli.errors.ADVICE)."""
+    ns = namespace
+    effect = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SideEffect",
+        "metadata": {"name": "sfx-bot", "labels": {"agentrun.dev/run": "gone"}},
+        "spec": {"runName": "gone", "tool": "create_ticket", "idempotencyKey": "ticket-1", "target": "t"},
+    }
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", effect)
+    for state in ("Pending", "Unknown"):
+        kube.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, ns, "sideeffects", "sfx-bot", {"status": {"state": state}}
+        )
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "bot"}})
+    rules = [
+        {"apiGroups": [GROUP], "resources": ["sideeffects"], "verbs": ["get"]},
+        {"apiGroups": [GROUP], "resources": ["sideeffects/status"], "verbs": ["patch"]},
+    ]
+    kube.rbac.create_namespaced_role(ns, {"metadata": {"name": "resolver"}, "rules": rules})
+    kube.rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "resolver"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "resolver"},
+            "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": ns}],
+        },
+    )
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    bot = kube.with_token(kube.core.create_namespaced_service_account_token("bot", ns, request).status.token)
+
+    def refused_by_the_policy() -> (
+        subprocess.CompletedProcess[str] | None
+    ):  # RBAC's 403 until it sees the Role
+        result = cli(kube, ns, "resolve-effect", "sfx-bot", "--absent", kubeconfig=bot.kubeconfig)
+        return result if "NotPodBound:" in result.stderr else None
+
+    refused = wait_for(refused_by_the_policy, what="the bot's resolution refused by the policy")
+    said, todo = refused.stderr.rstrip("\n").split("\n")
+    assert refused.returncode == 1
+    assert said.startswith("error: cannot resolve side effect sfx-bot: forbidden: ") and (
+        f"system:serviceaccount:{ns}:bot presented a token that is not bound to a Pod" in said
+    )
+    assert todo == f"what to do: {ADVICE[RefusalCause.NOT_POD_BOUND]}"
+    status = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", "sfx-bot")["status"]
+    assert status["state"] == "Unknown" and "resolvedBy" not in status

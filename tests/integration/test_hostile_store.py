@@ -4,17 +4,22 @@ size, truncates it, or plants garbage at the predictable address of the victim's
 lets the overwrite through (the namespace's principal may put); the victim never continues from it: its
 next Attempt stops as StateUnverifiable naming the blob, the Run waits for a person (NeedsReconciliation,
 never retried on its own) with its earlier verified checkpoint kept, and a retryRequest from that
-checkpoint finishes the Run with the state it saved, whole. (docs/security.md, "The state store".)"""
+checkpoint finishes the Run with the state it saved, whole. The operator puts an overwritten blob back from
+the version the store kept (versioning on), says so on the Run and retries nothing; a retryRequest from the
+very checkpoint whose blob was forged then finishes too. (docs/security.md, "The state store".)"""
 
 from __future__ import annotations
 
+import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from agentrun.statestore import StateUnverifiable
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
-from integration.test_state_store_worker import ENDED, big_state_run
+from integration.test_state_store_worker import ENDED, big_state_run, read_blob
 from support.big_state_agent import digest, output
 from support.kube import Kube, wait_for
 from support.runs import (
@@ -99,6 +104,15 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     # the Run waits for a person: not compacted, its earlier verified checkpoint kept, no new Attempt
     assert status.get("checkpointIndex") is None
     assert checkpoint(kube, ns, earlier) is not None
+    # the operator answers the failure on its own, without a retry: an overwritten blob is put back from
+    # the version the store kept; a planted one is referenced by nothing, so there is nothing to put back
+    said = wait_for(
+        lambda: condition(get_run(kube, ns, name), "StateRestored"), 60, what=f"{name}'s StateRestored"
+    )
+    expected = ("False", "NotReferenced") if mode == "plant" else ("True", "BlobsRestored")
+    assert (said["status"], said["reason"]) == expected, said
+    assert key in said["message"]
+    assert len(attempts(kube, ns, name)) == 2
 
     patch_spec(
         kube, ns, name, {"retryRequest": {"idempotencyKey": "from-verified", "fromCheckpoint": earlier}}
@@ -118,3 +132,93 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     full_state = {"outputs": [output(i, SIZE) for i in range(STEPS)], "fetched": None, "by": f"{name}-a3"}
     assert result["complete"] is True
     assert result["stateDigest"] == digest(full_state), "the state it saved, whole, not the forged one"
+
+
+def restored_blobs(operator: OperatorProcess) -> float:
+    """The operator's count of blobs it restored from a version the store kept."""
+    port = operator.env["AGENTRUN_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "agentrun_state_store_blobs_repaired_total"
+        and sample.labels["outcome"] == "restored"
+    )
+
+
+def condition(run: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in run.get("status", {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+@pytest.mark.parametrize("mode", ["replace", "truncate"])
+def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_checkpoint_finishes(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, mode: str
+) -> None:
+    """The forged blob is the very state the Run waits at: the writer never overwrites (put-if-absent), so
+    only the operator can bring it back, from the version the store kept (versioning on). It does so on its
+    own, tells the person, and retries nothing; the person's retry from that checkpoint then finishes."""
+    ns, name = run_namespace, f"restored-{mode}"
+    body = big_state_run(name, local_cluster, steps=STEPS, outputBytes=SIZE, askAt=1, stampAttempt=True)
+    create_run(kube, ns, body)
+    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    pending = waiting["status"]["pendingRequest"]
+    forged_at = pending["checkpointId"]
+    saved = checkpoint(kube, ns, forged_at)
+    assert saved is not None
+    ref = saved["spec"]["stateRef"]
+    genuine = read_blob(local_cluster, ref)
+    restored_before = restored_blobs(operator)
+
+    result = attack(kube, ns, f"hostile-restored-{mode}", name, {"mode": mode, "checkpoint": forged_at})
+    assert result["tampered"] == [ref["key"]]
+    with pytest.raises(StateUnverifiable):  # the store holds the forged bytes now
+        read_blob(local_cluster, ref)
+
+    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
+    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
+    assert stopped["status"]["phase"] == "NeedsReconciliation", stopped["status"]
+    assert stopped["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert ref["key"] in stopped["status"]["failure"]["message"]
+
+    def restored() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        return run if condition(run, "StateRestored") is not None else None
+
+    run = wait_for(restored, 60, what=f"{name}'s blob restored")
+    said = condition(run, "StateRestored")
+    assert said is not None
+    assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())
+    assert ref["key"] in said["message"]
+    assert f"a retryRequest from checkpoint {forged_at}" in said["message"]
+    # a person decides: the Run still waits, no Attempt was started, its failure still names the blob
+    assert run["status"]["phase"] == "NeedsReconciliation"
+    assert run["status"]["attempts"] == 2
+    assert len(attempts(kube, ns, name)) == 2
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "StateRestored" and ref["key"] in (e.message or "") for e in events)
+    assert restored_blobs(operator) == restored_before + 1
+    # what the store holds at the key now is the genuine state, read and verified as any reader does
+    assert read_blob(local_cluster, ref) == genuine
+
+    patch_spec(
+        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-restored", "fromCheckpoint": forged_at}}
+    )
+
+    def retried_and_ended() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        status = run.get("status") or {}
+        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
+
+    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
+    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
+    third = attempts(kube, ns, name)[-1]
+    assert third["spec"]["number"] == 3
+    assert third["spec"]["resumeFrom"] == forged_at
+    result = final["status"]["result"]
+    full_state = {"outputs": [output(i, SIZE) for i in range(STEPS)], "fetched": None, "by": f"{name}-a3"}
+    assert result["complete"] is True
+    assert result["stateDigest"] == digest(full_state), "the state it saved, whole"
+    assert condition(final, "StateRestored") is None, "a phase change leaves the answered condition behind"

@@ -156,3 +156,45 @@ def test_a_namespace_taken_back_loses_its_users_and_statements_and_no_other(
     assert request(server, "PUT", "team-kept/run/sha256/x", kept, b"x") == 200
     bundled.take_back("team-went")  # again: nothing left to take
     assert bundled.principals() == after
+
+
+def test_a_full_bucket_policy_is_a_named_refusal_and_a_namespace_taken_back_makes_room(
+    server: ObjectStoreProcess,
+) -> None:
+    """versitygw's posix backend keeps the bucket policy in one extended attribute of the bucket
+    directory, whose size the filesystem bounds (4 KiB on ext4; 64 KiB on any Linux filesystem): namespaces
+    are made until the server refuses the policy. The refusal names the policy and its size, the
+    namespaces made before keep their principals apart, and taking a gone namespace's principals back
+    makes room for the refused one."""
+    bundled = BundledStore(parse_store_url(server.url), server.credentials)
+    made: list[str] = []
+    refused: StoreRefused | None = None
+    for number in range(400):  # 64 KiB hold fewer than 220 namespaces on any filesystem
+        namespace = f"full-{number:03d}"
+        try:
+            for access in Access:
+                server.namespace_credentials(namespace, access)
+        except StoreRefused as error:
+            refused = error
+            break
+        made.append(namespace)
+    assert refused is not None, "the bucket policy grew past any extended attribute's size"
+    assert refused.operation == "put-bucket-policy" and "bytes" in str(refused)
+    assert len(made) >= 2
+    first, last, waiting = made[0], made[-1], f"full-{len(made):03d}"
+    assert waiting not in bundled.principals().namespaces() or not bundled.principals().complete(waiting)
+
+    credentials = server.namespace_credentials(first)
+    assert request(server, "PUT", f"{first}/run/sha256/x", credentials, b"x") == 200
+    assert request(server, "GET", f"{first}/run/sha256/x", credentials) == 200
+    assert request(server, "PUT", f"{last}/run/sha256/x", credentials, b"x") == 403
+    assert request(server, "DELETE", f"{first}/run/sha256/x", credentials) == 403
+    assert request(server, "GET", "", credentials) == 403
+
+    server.forget_namespace(last)  # gone: its statements leave the policy
+    for access in Access:
+        server.namespace_credentials(waiting, access)
+    after = bundled.principals()
+    assert after.complete(waiting) and last not in after.namespaces()
+    for namespace in [*made[:-1], waiting]:
+        server.forget_namespace(namespace)

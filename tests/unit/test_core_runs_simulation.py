@@ -111,6 +111,9 @@ class Cluster:
     spec: dict[str, Any]
     fates: dict[int, str]
     user: list[UserStep] = field(default_factory=list)
+    # Steps a person takes while the operator restarts (between the crash and its successor's first
+    # decision), in the phase given: a write that races the new operator.
+    racing: list[UserStep] = field(default_factory=list)
     saves: int = 0
     clock: float = 1.0  # seconds since the Run was created, also the operator's monotonic clock
     status: dict[str, Any] | None = None
@@ -430,11 +433,12 @@ class Cluster:
             "containerStatuses": [{"name": "agent", "state": {"terminated": terminated}}],
         }
 
-    def act(self) -> bool:
+    def act(self, script: list[UserStep] | None = None) -> bool:
         """The user takes the next step of the script if the Run is in its phase; True if they did."""
-        if not self.user or (self.status or {}).get("phase") != self.user[0][0]:
+        script = self.user if script is None else script
+        if not script or (self.status or {}).get("phase") != script[0][0]:
             return False
-        _, action = self.user.pop(0)
+        _, action = script.pop(0)
         if action == "resolve":
             for effect in self.side_effects.values():
                 if effect["status"]["state"] == "Unknown":
@@ -470,7 +474,7 @@ class Cluster:
             if not restarted:
                 self.check_after_decision()
             phase = (self.status or {}).get("phase")
-            acted = not plan.actions and self.act()
+            acted = (restarted and self.act(self.racing)) or (not plan.actions and self.act())
             # The lease check wakes the operator at the expiry too (it skips that when the worker renewed:
             # a reconcile more here changes nothing, decide being level-based).
             wakes = [t for t in (plan.requeue_after, plan.lease_expires_in) if t is not None]
@@ -759,3 +763,38 @@ CRASH_POINTS = crash_points()
 @pytest.mark.parametrize(("story", "crash"), CRASH_POINTS.values(), ids=CRASH_POINTS.keys())
 def test_operator_killed_between_writes(story: Story, crash: tuple[int, int]) -> None:
     check_story(story, crash)
+
+
+def test_a_second_answer_written_while_the_operator_restarts_takes_nothing_away() -> None:
+    """The operator accepts an answer and dies before creating the Attempt its grant promised; a second
+    answer replaces spec.resume before its successor looks (the first one's key is spent, so the API
+    server allows it). The promised Attempt still starts with the answer that was accepted, and the
+    second one is refused: nothing it says reaches the agent."""
+    story = STORIES["resume-then-success"]
+    plans = Cluster(spec=copy.deepcopy(story.spec), fates=story.fates, user=list(story.user)).drive()
+    step, n = next(
+        (s, i)
+        for s, plan in enumerate(plans)
+        for i, action in enumerate(plan.actions)
+        if isinstance(action, CreateAttempt) and action.body["spec"]["reason"].startswith("resume:")
+    )
+    second = {
+        "resume": {
+            "requestId": f"{RUN}-r1",
+            "checkpointId": f"{name_of(1)}-s1",
+            "value": {"choice": "z"},
+            "idempotencyKey": "answer-2",
+        }
+    }
+    cluster = Cluster(
+        spec=copy.deepcopy(story.spec), fates=story.fates, user=list(story.user), racing=[("Running", second)]
+    )
+    cluster.drive(crash=(step, n))
+
+    attempts = sorted(cluster.attempts.values(), key=lambda a: a["spec"]["number"])
+    assert not cluster.racing, "the second answer was written while the promised Attempt was missing"
+    assert cluster.spec["resume"]["idempotencyKey"] == "answer-2"
+    assert [a["spec"].get("input") for a in attempts] == [None, {"choice": "b"}]
+    assert cluster.status is not None and cluster.status["phase"] == "Succeeded"
+    controls = [(c["idempotencyKey"], c["outcome"]) for c in cluster.status["controls"]]
+    assert controls == [("answer-1", "Accepted"), ("answer-2", "Rejected")]

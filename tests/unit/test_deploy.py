@@ -16,7 +16,16 @@ import yaml
 from agentrun.admission import admission_policies, policy_names, policy_reader_rules
 from agentrun.deploy import render
 from agentrun.deploy.values import Values
-from agentrun.rbac import ATTEMPT_POD_RULES, OPERATOR_RULES, STATE_STORE_SECRET, Rule
+from agentrun.rbac import (
+    ATTEMPT_POD_RULES,
+    OPERATOR_RULES,
+    STATE_STORE_NAMESPACE_RULES,
+    STATE_STORE_PROVISION_RULES,
+    STATE_STORE_SECRET,
+    Rule,
+)
+from agentrun.statestore import versitygw
+from devcluster.objectstore import ObjectStoreProcess
 from support.corpus import REPO
 
 CHART = REPO / "charts" / "agentrun"
@@ -34,6 +43,8 @@ FREE_FORM_VALUES = {
     "topologySpreadConstraints[*]",
     "operator.extraEnv[*]",
     "console.resources",
+    "stateStore.bundled.resources",
+    "stateStore.bundled.tolerations[*]",
 }
 NAMESPACED_RESOURCES = {
     ("agentrun.dev", "runs"),
@@ -145,9 +156,12 @@ def test_generated_chart_file_says_so(path: str) -> None:
 
 def test_rule_sets_split_the_operator_rules_without_loss() -> None:
     sets = render.rule_sets()
-    operator_sets = [rules for name, rules in sets.items() if name != "agentrun.rules.attempt"]
+    # the bundled store's rule set is rendered only with it (test_the_operator_may_create_...)
+    others = ("agentrun.rules.attempt", "agentrun.rules.operator.provision")
+    operator_sets = [rules for name, rules in sets.items() if name not in others]
     assert set().union(*(grants(rules) for rules in operator_sets)) == grants(OPERATOR_RULES)
     assert grants(sets["agentrun.rules.attempt"]) == grants(ATTEMPT_POD_RULES)
+    assert grants(sets["agentrun.rules.operator.provision"]) == grants(STATE_STORE_PROVISION_RULES)
     for name, rules in sets.items():
         scopes = {
             (group, resource.split("/")[0]) in render.CLUSTER_SCOPED for group, resource, _ in grants(rules)
@@ -206,6 +220,9 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "rbac",
         "podDisruptionBudget",
         "stateStore",
+        "stateStore.bundled",
+        "stateStore.bundled.image",
+        "stateStore.bundled.storage",
         "console",
         "console.service",
     }
@@ -231,6 +248,10 @@ def test_values_yaml_is_the_model_defaults_and_valid() -> None:
         "stateStore.url=s3://key:secret@bucket/prefix",
         "stateStore.url=http://bucket",
         "stateStore.agentSecretName=Not_A_Name",
+        "stateStore.bundled.unknown=1",
+        "stateStore.bundled.bucket=Not_A_Bucket",
+        "stateStore.bundled.storage.size=lots",
+        "stateStore.bundled.port=80",
     ],
 )
 def test_bad_values_are_refused_by_the_schema(bad: str) -> None:
@@ -545,6 +566,192 @@ def test_the_charts_operator_reads_the_agents_store_secrets_by_their_configured_
     rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
     names = [name, f"{name}-read"]
     assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": names}]
+
+
+# --- the bundled state store --------------------------------------------------------------------------
+
+BUNDLED = "stateStore.bundled.enabled=true"
+STORE = "rel-agentrun-store"
+
+
+def test_the_bundled_store_is_off_by_default() -> None:
+    docs = template()
+    assert not by_kind(docs, "StatefulSet")
+    assert not [d for d in docs if d["metadata"]["name"].startswith(STORE)]
+    assert "AGENTRUN_STATE_STORE_PROVISION" not in env_of(operator_container(docs))
+    role = one(docs, "ClusterRole", "rel-agentrun")
+    assert ("", "secrets", "create") not in grants(role["rules"])
+
+
+def test_the_bundled_store_runs_the_server_the_local_control_plane_runs() -> None:
+    """One replica of the pinned versitygw, started with the arguments the local control plane starts its
+    own with (agentrun.statestore.versitygw), its data on the claim a volumeClaimTemplate makes."""
+    docs = template(BUNDLED)
+    sts = one(docs, "StatefulSet", STORE, "ops")
+    assert sts["spec"]["replicas"] == 1
+    assert sts["spec"]["serviceName"] == STORE
+    retained = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == retained
+    pod = sts["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    image = f"{versitygw.IMAGE}:{versitygw.VERSION}"
+    assert (server["image"], versitygw.VERSION) == ("ghcr.io/versity/versitygw:v1.8.0", "v1.8.0")
+    assert server["command"] == ["versitygw"]
+    assert server["args"] == versitygw.server_args(listen=f":{versitygw.PORT}", data_dir="/data")
+    assert "--versioning-dir=/data/versions" in server["args"]
+    assert "--iam-dir=/data/iam" in server["args"]
+    assert server["ports"] == [{"name": "s3", "containerPort": 7070, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": versitygw.HEALTH_PATH, "port": "s3"}
+    root = {var["name"]: var["valueFrom"]["secretKeyRef"] for var in server["env"]}
+    assert root == {
+        "ROOT_ACCESS_KEY_ID": {"name": f"{STORE}-root", "key": "AWS_ACCESS_KEY_ID"},
+        "ROOT_SECRET_ACCESS_KEY": {"name": f"{STORE}-root", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    assert {"name": "data", "mountPath": "/data"} in server["volumeMounts"]
+    (dirs,) = pod["initContainers"]
+    assert dirs["image"] == image
+    assert dirs["command"] == ["mkdir", "-p", *(f"/data/{d}" for d in versitygw.DATA_DIRS)]
+    assert {"name": "data", "mountPath": "/data"} in dirs["volumeMounts"]
+    # restricted Pod Security Standard, like the operator's
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert pod["automountServiceAccountToken"] is False
+    for container in (server, dirs):
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"] == {"requests": {"storage": "10Gi"}}
+    assert "storageClassName" not in claim["spec"]  # the cluster's default StorageClass
+    service = one(docs, "Service", STORE, "ops")
+    assert service["spec"]["ports"] == [{"name": "s3", "port": 7070, "targetPort": "s3", "protocol": "TCP"}]
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "state-store"
+
+
+def test_the_bundled_stores_volume_image_and_port_are_values() -> None:
+    docs = template(
+        BUNDLED,
+        "stateStore.bundled.storage.size=50Gi",
+        "stateStore.bundled.storage.storageClassName=fast",
+        "stateStore.bundled.image.repository=mirror.example.com/versitygw",
+        "stateStore.bundled.port=9000",
+        "stateStore.bundled.bucket=agent-state",
+    )
+    sts = one(docs, "StatefulSet", STORE, "ops")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "fast"
+    assert claim["spec"]["resources"] == {"requests": {"storage": "50Gi"}}
+    (server,) = sts["spec"]["template"]["spec"]["containers"]
+    assert server["image"] == f"mirror.example.com/versitygw:{versitygw.VERSION}"
+    assert server["args"] == versitygw.server_args(listen=":9000", data_dir="/data")
+    env = env_of(operator_container(docs))
+    assert env["AGENTRUN_STATE_STORE_URL"] == (
+        "s3://agent-state?endpoint=http://rel-agentrun-store.ops.svc:9000&region=us-east-1"
+    )
+    static = one(
+        template(BUNDLED, "stateStore.bundled.storage.storageClassName="), "StatefulSet", STORE, "ops"
+    )
+    assert static["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == ""
+
+
+def test_the_operator_administers_the_bundled_store_with_its_root_credentials() -> None:
+    """The operator is pointed at the Service, told it provisions the namespaces' principals, and holds the
+    root credentials the chart made (random, both keys) from the Secret the server reads them from."""
+    docs = template(BUNDLED)
+    container = operator_container(docs)
+    env = env_of(container)
+    assert env["AGENTRUN_STATE_STORE_URL"] == (
+        f"s3://{versitygw.BUCKET}?endpoint=http://{STORE}.ops.svc:7070&region={versitygw.REGION}"
+    )
+    assert env["AGENTRUN_STATE_STORE_PROVISION"] == "versitygw"
+    assert env["AGENTRUN_STATE_STORE_SECRET"] == STATE_STORE_SECRET
+    assert container["envFrom"] == [{"secretRef": {"name": f"{STORE}-root"}}]
+    secret = one(docs, "Secret", f"{STORE}-root", "ops")
+    assert set(secret["data"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    again = one(template(BUNDLED), "Secret", f"{STORE}-root", "ops")
+    assert again["data"] != secret["data"], "made afresh by each helm template (an install: once)"
+
+
+def test_the_bundled_store_takes_the_root_credentials_from_a_given_secret() -> None:
+    docs = template(BUNDLED, "stateStore.bundled.existingSecret=store-root")
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == f"{STORE}-root"]
+    assert operator_container(docs)["envFrom"] == [{"secretRef": {"name": "store-root"}}]
+    (server,) = one(docs, "StatefulSet", STORE, "ops")["spec"]["template"]["spec"]["containers"]
+    assert {var["valueFrom"]["secretKeyRef"]["name"] for var in server["env"]} == {"store-root"}
+
+
+def test_the_bundled_store_may_be_reached_at_another_url() -> None:
+    url = "s3://agentrun/prod?endpoint=http://127.0.0.1:7070&region=us-east-1"
+    env = env_of(operator_container(template(BUNDLED, f"stateStore.url={url}")))
+    assert env["AGENTRUN_STATE_STORE_URL"] == url
+    assert env["AGENTRUN_STATE_STORE_PROVISION"] == "versitygw"
+
+
+def test_the_bundled_store_refuses_other_operator_credentials() -> None:
+    assert "credentialsSecret must be empty" in template_error(BUNDLED, "stateStore.credentialsSecret=other")
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespace-scoped"])
+def test_the_operator_may_create_the_namespaces_store_secrets_only_with_the_bundled_store(mode: str) -> None:
+    scoped = ("watchNamespaces={team-a}",) if mode == "namespace-scoped" else ()
+    kind, namespace = ("Role", "team-a") if scoped else ("ClusterRole", None)
+    create = grants(STATE_STORE_PROVISION_RULES)
+    assert create == {("", "secrets", "create")}
+    assert not create & grants(one(template(*scoped), kind, "rel-agentrun", namespace)["rules"])
+    assert create <= grants(one(template(BUNDLED, *scoped), kind, "rel-agentrun", namespace)["rules"])
+
+
+def test_a_namespaced_operator_reads_its_namespaces_for_the_bundled_store_only_when_asked() -> None:
+    """Its sweep of the server's principals reads each watched namespace (cluster-scoped): a ClusterRole
+    limited to their names, rendered only when asked, as every cluster-scoped part of that mode."""
+    scoped = ("watchNamespaces={team-a,team-b}", BUNDLED)
+    assert not cluster_scoped(template(*scoped))
+    docs = template(*scoped, "stateStore.bundled.readNamespaces=true")
+    assert cluster_scoped(docs) == {
+        ("ClusterRole", "rel-agentrun-namespaces"),
+        ("ClusterRoleBinding", "rel-agentrun-namespaces"),
+    }
+    role = one(docs, "ClusterRole", "rel-agentrun-namespaces")
+    (rule,) = role["rules"]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["namespaces"],
+        "verbs": ["get"],
+        "resourceNames": ["team-a", "team-b"],
+    }
+    assert grants(role["rules"]) == grants(STATE_STORE_NAMESPACE_RULES)
+    binding = one(docs, "ClusterRoleBinding", "rel-agentrun-namespaces")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-agentrun", "namespace": "ops"}]
+    # cluster-wide, the operator's ClusterRole already reads namespaces: nothing more
+    wide = template(BUNDLED, "stateStore.bundled.readNamespaces=true")
+    assert not [d for d in wide if d["metadata"]["name"] == "rel-agentrun-namespaces"]
+    assert ("", "namespaces", "get") in grants(one(wide, "ClusterRole", "rel-agentrun")["rules"])
+
+
+def test_the_local_control_plane_starts_the_same_server(tmp_path: Path) -> None:
+    """hack/ builds the version the chart runs (the pin has one source) and starts it with the same
+    arguments and directories."""
+    out = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-versitygw.sh"), "print-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == versitygw.VERSION
+    binary = Path(shutil.which("true") or "/bin/true")
+    local = ObjectStoreProcess(data_dir=tmp_path, log_path=tmp_path / "log", port=17070, binary=binary)
+    same = versitygw.server_args(listen="127.0.0.1:17070", data_dir=str(tmp_path))
+    assert local.argv() == [str(binary), *same]
+    local.make_dirs()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(versitygw.DATA_DIRS)
+    assert set(local.process_env()) >= {versitygw.ROOT_ACCESS_KEY_ENV, versitygw.ROOT_SECRET_KEY_ENV}
 
 
 # --- the console in the cluster -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from agentrun.core import archive
 from agentrun.core.plan import ArchiveRun
 from agentrun.core.runs import World
 from agentrun.operator.archive import Archiver, ArchiveRetention
-from agentrun.statestore import BlobStore, StateStoreError
+from agentrun.statestore import BlobStore, StateStoreError, StoreUnavailable
 from agentrun.statestore import archives as stored
 from support.clock import FakeClock
 from unit.factories import NAMESPACE, NOW, RUN, RUN_UID, make_attempt, make_run, run_status
@@ -83,5 +83,55 @@ def test_the_retention_pass_deletes_whole_days_past_retention() -> None:
         assert await archiver.store.read_key(entry.key) is None
         assert await stored.archived_runs(archiver.store, NAMESPACE) == []
         assert value(registry, "agentrun_run_archives_expired_total") == 1
+
+    asyncio.run(scenario())
+
+
+class WaitingClock(FakeClock):
+    """Each sleep is handed to the test (its seconds) and lasts until it is cancelled."""
+
+    def __init__(self, now: datetime) -> None:
+        super().__init__(now)
+        self.sleeps: asyncio.Queue[float] = asyncio.Queue()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.put_nowait(seconds)
+        await asyncio.get_running_loop().create_future()
+
+
+def test_the_retention_passes_outlast_a_store_that_fails_and_end_on_any_other_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    listings: asyncio.Queue[Exception] = asyncio.Queue()
+
+    async def failing(store: BlobStore) -> list[str]:
+        raise await listings.get()
+
+    monkeypatch.setattr(stored, "archived_namespaces", failing)
+
+    async def scenario() -> None:
+        clock = WaitingClock(ARCHIVED)
+        retention = ArchiveRetention(Archiver(BlobStore.from_url("memory://state"), clock, None), 86400)
+        assert retention.interval_seconds == 3600.0
+        retention.start()
+        listings.put_nowait(StoreUnavailable("list", "_archives/", "connection refused"))
+        assert await clock.sleeps.get() == 3600.0  # the store failed: the next pass after the interval
+        [warning] = [r for r in caplog.records if r.getMessage().startswith("archive retention:")]
+        assert warning.levelname == "WARNING"
+        assert warning.getMessage() == (
+            "archive retention: state store unavailable during list of _archives/: connection refused; "
+            "trying again in 3600s"
+        )
+        await retention.stop()
+        retention.start()
+        [task] = [task for task in asyncio.all_tasks() if task.get_name() == "archive-retention"]
+        listings.put_nowait(ValueError("a bug"))
+        with pytest.raises(ValueError, match="a bug"):
+            await task
+        assert clock.sleeps.empty()  # no next pass
+        [stopped] = [r for r in caplog.records if r.levelname == "ERROR"]  # loud, with its traceback
+        assert stopped.getMessage() == "archive retention stopped until this replica acts again"
+        assert stopped.exc_info is not None and isinstance(stopped.exc_info[1], ValueError)
+        await retention.stop()
 
     asyncio.run(scenario())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import obstore
@@ -13,8 +14,14 @@ import pytest
 from obstore.store import MemoryStore
 
 from agentrun.core.collector import BlobAddress, live_address
-from agentrun.statestore import StateUnverifiable, StoreRequest, parse_store_url
-from agentrun.statestore.operatorstore import OperatorStore
+from agentrun.statestore import (
+    StateUnverifiable,
+    StoreRefused,
+    StoreRequest,
+    StoreUnavailable,
+    parse_store_url,
+)
+from agentrun.statestore.operatorstore import OperatorStore, _versions_page
 
 NAMESPACE = "team-a"
 RUN_UID = "3f1c2a9e-8d5b-4c47-9f0e-2b6d7a1c5e34"
@@ -117,3 +124,39 @@ def test_get_at_reads_a_key_no_reference_names_verified_by_the_digest_its_key_en
         asyncio.run(store.get_at("_archives/named-freely.json", len(DATA)))
     with pytest.raises(StateUnverifiable):
         asyncio.run(store.get_at(archive, len(DATA) + 1))
+
+
+# ListObjectVersions as versitygw v1.8.0 answers it (its delete markers ahead of its versions, newest first).
+VERSIONS_XML = b"""<?xml version="1.0" encoding="UTF-8"?>
+<ListVersionsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><DeleteMarker><IsLatest>true</IsLatest>
+<Key>k/sha256/a</Key><LastModified>2026-12-02T15:24:20.976352495Z</LastModified><VersionId>d1</VersionId>
+</DeleteMarker><IsTruncated>%(truncated)s</IsTruncated><NextKeyMarker>%(next)s</NextKeyMarker>
+<NextVersionIdMarker>v1</NextVersionIdMarker><Version><LastModified>2026-12-02T15:24:20Z</LastModified>
+<IsLatest>false</IsLatest><Key>k/sha256/a</Key><Size>5</Size><VersionId>v2</VersionId></Version>
+<Version><LastModified>2026-12-02T15:24:19Z</LastModified><IsLatest>false</IsLatest><Key>k/sha256/ab</Key>
+<Size>9</Size><VersionId>other-key</VersionId></Version><Version><LastModified>2026-12-02T15:24:19Z
+</LastModified><IsLatest>false</IsLatest><Key>k/sha256/a</Key><Size>3</Size><VersionId>v1</VersionId>
+</Version></ListVersionsResult>"""
+
+
+def test_a_versions_page_is_read_in_its_order_for_exactly_its_key() -> None:
+    page, markers = _versions_page(VERSIONS_XML % {b"truncated": b"false", b"next": b""}, "k/sha256/a")
+    assert [(v.version_id, v.delete_marker, v.size, v.latest) for v in page] == [
+        ("d1", True, 0, True),
+        ("v2", False, 5, False),
+        ("v1", False, 3, False),
+    ]
+    assert page[1].last_modified == datetime(2026, 12, 2, 15, 24, 20, tzinfo=UTC)
+    assert markers == {}
+    truncated = VERSIONS_XML % {b"truncated": b"true", b"next": b"k/sha256/a"}
+    _, following = _versions_page(truncated, "k/sha256/a")
+    assert following == {"key-marker": "k/sha256/a", "version-id-marker": "v1"}
+    with pytest.raises(StoreUnavailable):
+        _versions_page(b"<html>a proxy's error page", "k/sha256/a")
+
+
+def test_a_store_that_keeps_no_versions_refuses_to_list_them() -> None:
+    store, _ = memory_store()
+    assert not store.keeps_versions()
+    with pytest.raises(StoreRefused, match="keeps no versions"):
+        asyncio.run(store.versions(store.location.key(NAMESPACE, RUN_UID, "sha256", "a" * 64)))

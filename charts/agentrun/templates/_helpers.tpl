@@ -80,6 +80,9 @@ cluster-wide mode, so a namespace-scoped release renders nothing cluster-scoped 
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: there is nothing to scrape otherwise" }}
 {{- end }}
+{{- if and .Values.stateStore.bundled.enabled .Values.stateStore.credentialsSecret }}
+{{- fail "stateStore.credentialsSecret must be empty with stateStore.bundled.enabled: the operator's credentials are the bundled server's root (stateStore.bundled.existingSecret)" }}
+{{- end }}
 {{- if and (not .Values.rbac.create) (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when the chart creates neither the ServiceAccount nor its RBAC" }}
 {{- end }}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
+from agentrun.api.causes import RefusalCause
 from agentrun.kubeapi import ApiError
 
 # Exit codes: 0 done (or nothing to do), 1 refused, failed or not found, 2 wrong usage.
@@ -23,8 +27,47 @@ def not_found(kind: str, name: str, namespace: str) -> CliError:
     return CliError(f'{kind} "{name}" not found in namespace "{namespace}"')
 
 
+# What a person does about a refusal whose cause (agentrun.api.causes) a write of the plugin can meet:
+# its writes name their sender (spec.resume.answeredBy, requestedBy, a SideEffect's resolvedBy) as
+# SelfSubjectReview says, and a ServiceAccount's write of a SideEffect's status is judged as an agent's.
+_AS_A_PERSON: Final = (
+    "send it with a person's credentials: a ServiceAccount writing this is taken for an agent"
+)
+ADVICE: Final[Mapping[RefusalCause, str]] = {
+    RefusalCause.NOT_THE_SENDER: (
+        "the plugin sends the name `kubectl auth whoami` shows: check it is who this context writes as"
+    ),
+    RefusalCause.NOT_NAMED: (
+        "the plugin names you from `kubectl auth whoami`: once that shows your name, send again"
+    ),
+    RefusalCause.NOT_POD_BOUND: _AS_A_PERSON,
+    RefusalCause.NOT_OWN_RUN: _AS_A_PERSON,
+    RefusalCause.NOT_OPERATOR_FIELD: (
+        "send it with your own credentials, not the agentrun operator's (it may change only managedFields)"
+    ),
+}
+# The causes no write of the plugin meets: the fences and the fields of an attempt Pod (they need a
+# token of the Run's own Attempt), and what only the operator creates (the Pods and Leases of a Run).
+BEYOND_THE_PLUGIN: Final = frozenset(
+    {
+        RefusalCause.STALE_AFTER_CANCEL,
+        RefusalCause.STALE_WORKER,
+        RefusalCause.NOT_CURRENT_ATTEMPT,
+        RefusalCause.NOT_WORKER_FIELD,
+        RefusalCause.NOT_OPERATOR,
+    }
+)
+
+
+def advice(message: str) -> str | None:
+    """What to do about a refusal, from the cause its message starts with; None for another refusal."""
+    cause = RefusalCause.of(message)
+    return ADVICE.get(cause) if cause is not None else None
+
+
 def describe_api_error(exc: ApiError, doing: str = "") -> str:
-    """One line for a refusal of the API server: what it was, and the server's own words."""
+    """One line for a refusal of the API server: what it was, and the server's own words; then, when
+    its cause is one a person meets, a line of what to do."""
     prefix = f"{doing}: " if doing else ""
     kinds = {
         400: "bad request",
@@ -39,7 +82,9 @@ def describe_api_error(exc: ApiError, doing: str = "") -> str:
     message = exc.message.strip() or exc.reason
     if exc.status == 404 and "could not find the requested resource" in message:
         message += " (are the agentrun CRDs installed in this cluster?)"
-    return f"{prefix}{kind}: {message}"
+    said = f"{prefix}{kind}: {message}"
+    todo = advice(message)
+    return f"{said}\nwhat to do: {todo}" if todo else said
 
 
 def api_error_from(exc: BaseException) -> ApiError | None:

@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from agentrun.statestore import versitygw
+
 # Kubernetes API objects the chart copies into the Pod spec unchanged (the API server validates them).
 KubeObject = dict[str, Any]
 
@@ -158,11 +160,71 @@ class PodDisruptionBudget(_Values):
     """How many operator replicas a voluntary disruption (a node drain) may take down at once."""
 
 
+class BundledImage(_Values):
+    repository: str = Field(versitygw.IMAGE, min_length=1)
+    """The versitygw image (upstream's)."""
+    tag: str = Field(versitygw.VERSION, min_length=1)
+    """Its tag: the version the local control plane builds and the tests run (hack/build-versitygw.sh)."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy of the server."""
+
+
+class BundledStorage(_Values):
+    size: str = Field("10Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    """Size of the server's PersistentVolumeClaim (its buckets, object versions and users). Versioning keeps
+    every deleted blob's earlier version: leave room (docs/state-store.md, "Collection")."""
+    storage_class_name: str | None = Field(None, max_length=253)
+    """StorageClass of the claim; null (default): the cluster's default StorageClass; "": no class (a
+    PersistentVolume made by hand)."""
+
+
+class BundledStore(_Values):
+    enabled: bool = False
+    """Install the state store with the release, for a cluster without an object store: versitygw (an
+    S3-compatible server, one replica) as a StatefulSet with its data on a PersistentVolumeClaim, a Service
+    <fullname>-store, and the operator pointed at it with the server's root credentials. The operator
+    creates the bucket with versioning on at its start, and each opted-in agent namespace's principals and
+    Secrets (stateStore.agentSecretName). One replica, one volume: back the volume up. stateStore.url may
+    name another address of the same server (default: the Service's); stateStore.credentialsSecret must be
+    empty (the operator's credentials are the server's root)."""
+    existing_secret: str = Field("", pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    """A Secret in the release's namespace holding the server's root credentials as AWS_ACCESS_KEY_ID and
+    AWS_SECRET_ACCESS_KEY. Empty (default): the chart makes <fullname>-store-root with random ones, kept
+    across upgrades."""
+    image: BundledImage = Field(default_factory=BundledImage)
+    """The server's image."""
+    bucket: str = Field(versitygw.BUCKET, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """The bucket the operator creates (versioned) and the store URL names."""
+    port: int = Field(versitygw.PORT, ge=1024, le=65535)
+    """The server's port (container and Service)."""
+    storage: BundledStorage = Field(default_factory=BundledStorage)
+    """The server's volume."""
+    resources: KubeObject = Field(
+        default_factory=lambda: {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        }
+    )
+    """Resources of the server's container."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector of the server's Pod."""
+    tolerations: list[KubeObject] = Field(default_factory=list)
+    """Tolerations of the server's Pod."""
+    read_namespaces: bool = False
+    """Namespace-scoped mode only: a ClusterRole <fullname>-namespaces, bound to the operator, that lets it
+    get each watched namespace by name (nothing else), so that its sweep of the server's principals sees
+    a namespace deleted and takes that namespace's principals back. Cluster-scoped, so off unless asked;
+    without it the sweep cannot read the namespaces (it logs so), namespaces still get their principals
+    before their first Run, and those of a deleted namespace stay on the server. Cluster-wide mode needs
+    nothing more."""
+
+
 class StateStore(_Values):
     url: str = Field("", max_length=2048, pattern=r"^$|^(s3|gs|az|file)://[^@\s]+$")
     """The agent-state store's URL (docs/state-store.md), e.g. s3://bucket/prefix?endpoint=https://...;
-    empty (default): no store, all state stays inline within the byte budgets. A URL never holds
-    credentials (the schema and the operator refuse one with '@')."""
+    empty (default): no store, all state stays inline within the byte budgets (or, with bundled.enabled,
+    the bundled server's Service). A URL never holds credentials (the schema and the operator refuse one
+    with '@')."""
     credentials_secret: str = Field("", pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """A Secret in the release's namespace whose keys become the operator's environment (e.g.
     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY): the operator's own store principal, the one allowed to
@@ -172,6 +234,8 @@ class StateStore(_Values):
     """The Secret, in each agent namespace, holding that namespace's own store credentials (get and put
     under its prefix, no delete); attempt Pods take them by secretKeyRef. A Run whose namespace lacks it
     fails before its first Attempt (StateStoreCredentialsMissing)."""
+    bundled: BundledStore = Field(default_factory=BundledStore)
+    """The state store installed with the release (off by default: point url at the one you have)."""
 
 
 class ConsoleService(_Values):

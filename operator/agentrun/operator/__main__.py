@@ -15,7 +15,7 @@ import uvloop
 from agentrun.api import ApiModel
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import KubeApi
-from agentrun.operator import bootstrap, handlers, logs, policies
+from agentrun.operator import bootstrap, handlers, logs, policies, store_credentials
 from agentrun.operator.peering import replica_identity
 from agentrun.operator.settings import OperatorSettings, auto_priority, own_account
 
@@ -48,6 +48,29 @@ async def require_policies(api: KubeApi, clock: Clock) -> None:
         raise SystemExit(2) from None
 
 
+# How long the operator waits at its start for the bundled state store to answer (its StatefulSet is
+# installed with it), before it exits and is restarted.
+BUNDLED_STORE_WAIT_ENV = "AGENTRUN_STATE_STORE_WAIT_SECONDS"
+
+
+async def require_bundled_bucket(config: OperatorSettings, clock: Clock) -> None:
+    """With the bundled state store (AGENTRUN_STATE_STORE_PROVISION): its bucket exists, versioned, or the
+    operator exits (code 2, the reason logged)."""
+    try:
+        bundled = store_credentials.bundled_store(config)
+    except ValueError as error:  # told to provision without the server's root credentials
+        log.error("%s", error)
+        raise SystemExit(2) from None
+    if bundled is None:
+        return
+    within = float(os.environ.get(BUNDLED_STORE_WAIT_ENV) or 120)
+    try:
+        await store_credentials.prepare_bucket(bundled, clock, within=within)
+    except store_credentials.BucketNotReady as error:
+        log.error("%s", error)
+        raise SystemExit(2) from None
+
+
 async def run(namespaces: list[str], liveness: str | None) -> None:
     clock = SystemClock()  # the operator's one clock: every collaborator is given it
     chance = random.Random()
@@ -57,6 +80,7 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
     try:
         await bootstrap.prepare(api, namespaces, config.peering, clock)
         await require_policies(api, clock)
+        await require_bundled_bucket(config, clock)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
     freeze_startup_objects()

@@ -8,7 +8,6 @@ waits for the store (the reconciler retries with backoff), the record is never l
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -19,6 +18,7 @@ from agentrun.api import Run
 from agentrun.clock import Clock
 from agentrun.core import archive
 from agentrun.core.plan import ArchiveRun
+from agentrun.operator.sweeps import PeriodicSweep
 from agentrun.statestore import BlobStore, StateStoreError
 from agentrun.statestore import archives as stored
 
@@ -110,32 +110,39 @@ class Archiver:
 
 class ArchiveRetention:
     """Deletes archives past `retention_seconds` (and their index), a day at a time, every
-    `interval_seconds` on the runtime's Clock. Several replicas may run it: every delete is idempotent."""
+    `interval_seconds` on the runtime's Clock. Several replicas may run it: every delete is idempotent.
+    A pass that fails on the state store is tried again after the interval; any other error ends the
+    passes (until the replica stops them)."""
 
     def __init__(self, archiver: Archiver, retention_seconds: int) -> None:
         self.store, self.clock, self.metrics = archiver.store, archiver.clock, archiver.metrics
         self.retention_seconds = retention_seconds
-        self.interval_seconds = float(min(3600, max(60, retention_seconds // 24)))
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = PeriodicSweep(
+            self.pass_once,
+            name="archive-retention",
+            clock=self.clock,
+            interval_seconds=float(min(3600, max(60, retention_seconds // 24))),
+            failed=self._failed,
+        )
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._periodic.interval_seconds
 
     def start(self) -> None:
         """Runs its passes while this replica acts (one of the runtime's activities)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name="archive-retention")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._periodic.stop()
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.pass_once()
-            except StateStoreError as exc:
-                log.warning("archive retention: %s; trying again in %.0fs", exc, self.interval_seconds)
-            await self.clock.sleep(self.interval_seconds)
+    def _failed(self, error: Exception) -> None:
+        """A pass the state store failed is tried again; any other error is a defect: logged with its
+        traceback, then raised (the passes end until this replica acts again), never swallowed."""
+        if not isinstance(error, StateStoreError):
+            log.error("archive retention stopped until this replica acts again", exc_info=error)
+            raise error
+        log.warning("archive retention: %s; trying again in %.0fs", error, self.interval_seconds)
 
     async def pass_once(self) -> int:
         """One pass over every namespace's index; returns how many archives it deleted."""

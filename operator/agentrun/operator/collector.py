@@ -7,7 +7,6 @@ good. Only the operator runs it, with its own credentials; marks live in its mem
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from agentrun.core.collector import (
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.informers import collection_paths
 from agentrun.operator.settings import OperatorSettings
+from agentrun.operator.sweeps import PeriodicSweep
 from agentrun.statestore import BlobRef, StateStoreError, StateUnverifiable, StoreTimeouts, archives
 from agentrun.statestore.documents import document_refs, refs_in
 from agentrun.statestore.operatorstore import OperatorStore
@@ -135,36 +135,36 @@ class Collector:
         metrics: CollectorMetrics,
     ) -> None:
         self.api, self.store, self.settings, self.clock = api, store, settings, clock
-        self.interval_seconds = interval_seconds
         self.namespaces = tuple(namespaces)
         self.metrics = metrics
         self.marks = Marks()
         # Documents are immutable: what each named, by its reference, kept while it is still reached.
         self._documents: dict[BlobRef, tuple[BlobRef, ...]] = {}
         self._archives: dict[tuple[str, str], tuple[BlobRef, ...]] = {}  # (key, sha256) -> what it names
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = PeriodicSweep(
+            self.sweep,
+            name="state-store-collector",
+            clock=clock,
+            interval_seconds=interval_seconds,
+            failed=self._failed,
+        )
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._periodic.interval_seconds
 
     def start(self) -> None:
         """Starts sweeping. Marks start afresh: a replica that stood by saw nothing meanwhile."""
         self.marks = Marks()
-        self._task = asyncio.create_task(self._sweep_forever(), name="state-store-collector")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._periodic.stop()
 
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # the next sweep tries again; nothing was decided on this one
-                self.metrics.sweeps.labels("error").inc()
-                log.warning("collector sweep failed, nothing decided: %s", str(error)[:600])
-            await self.clock.sleep(self.interval_seconds)
+    def _failed(self, error: Exception) -> None:
+        """A sweep that failed: nothing was decided on it; the next sweep tries again."""
+        self.metrics.sweeps.labels("error").inc()
+        log.warning("collector sweep failed, nothing decided: %s", str(error)[:600])
 
     async def sweep(self) -> Sweep:
         """One sweep: the listing first, then the roots, then the decisions, carried out."""

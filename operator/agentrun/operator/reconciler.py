@@ -23,6 +23,7 @@ from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
+from agentrun.operator.blobrepair import StateRepair
 from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executor, NameSquatted, Superseded
 from agentrun.operator.lease import LeaseExpiry
@@ -66,6 +67,7 @@ class Reconciler:
         default_ttl_seconds: int | None = None,
         has_store: bool = False,
         archives: fork.ArchivedSources | None = None,
+        repair: StateRepair | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -78,6 +80,7 @@ class Reconciler:
         self.default_ttl_seconds = default_ttl_seconds
         self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
         self.archives = archives or fork.NoArchives()  # where a deleted fork source is read from
+        self.repair = repair  # restores a waiting Run's overwritten blobs (with a store)
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -198,14 +201,16 @@ class Reconciler:
         run = cached if cached is not None else await self._read(key)
         if run is None:
             return
-        plan = decide(await self._world(key, run))
+        world = await self._world(key, run)
+        plan = decide(world)
         if cached is not None and plan.needs_fresh_run:
             current = await self._read(key)
             if current is None:
                 return
             if current.metadata.resource_version != run.metadata.resource_version:
                 run = current
-                plan = decide(await self._world(key, run))
+                world = await self._world(key, run)
+                plan = decide(world)
         try:
             changed = await self._execute(plan, run)
         except NameSquatted as squat:
@@ -223,6 +228,10 @@ class Reconciler:
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
         self.queue.check_lease_in(key, plan.lease_expires_in)
+        if not changed and self.repair is not None:
+            # A Run at rest waiting for a person over a blob that cannot be verified: restore it from the
+            # version the store kept (core.blobrepair), recorded on the Run; never a retry.
+            changed = await self.repair.consider(world)
         if changed:
             # The watch events of these writes are echoes (dropped): decide again on what the writes
             # answered (done() queues the key again once this reconcile ends).

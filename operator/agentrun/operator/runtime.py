@@ -23,6 +23,7 @@ from agentrun.kubeapi import KubeApi
 from agentrun.operator import fork, metrics
 from agentrun.operator.archive import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
+from agentrun.operator.blobrepair import RepairMetrics, StateRepair
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
@@ -112,6 +113,16 @@ class Runtime:
             default_ttl_seconds=config.ttl_seconds_after_finished,
             has_store=self.state_store is not None,
             archives=fork.archives_in(self.state_store),
+            repair=(
+                StateRepair(
+                    self.state_store,
+                    self.executor,
+                    clock=clock,
+                    metrics=RepairMetrics(operator_metrics.registry),
+                )
+                if self.state_store is not None
+                else None
+            ),
         )
         self.informers = Informers(
             api,

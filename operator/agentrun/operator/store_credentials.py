@@ -28,7 +28,7 @@ from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.store_credentials import needs_secret
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.settings import OperatorSettings
-from agentrun.statestore import StoreRefused, parse_store_url
+from agentrun.statestore import StoreRefused, StoreUnavailable, parse_store_url
 from agentrun.statestore.principals import Access, BundledStore
 from agentrun.statestore.sigv4 import S3Credentials
 
@@ -69,17 +69,7 @@ class StoreCredentials:
         cls, api: KubeApi, clock: Clock, config: OperatorSettings, environ: Mapping[str, str] = os.environ
     ) -> StoreCredentials:
         """As configured: with the bundled server, administered with the operator's own store credentials."""
-        store = config.state_store_pod_env()
-        bundled = None
-        if store is not None and config.state_store_provision:
-            if not environ.get("AWS_ACCESS_KEY_ID") or not environ.get("AWS_SECRET_ACCESS_KEY"):
-                raise ValueError(
-                    "AGENTRUN_STATE_STORE_PROVISION needs the bundled server's root credentials in the "
-                    "operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                )
-            admin = S3Credentials(environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"])
-            bundled = BundledStore(parse_store_url(store.url), admin)
-        return cls(api, clock, store, bundled)
+        return cls(api, clock, config.state_store_pod_env(), bundled_store(config, environ))
 
     async def missing(self, namespace: str, *, opted_in: bool) -> bool:
         """Whether attempt Pods of `namespace` would lack the store's Secret (False when no Secret is
@@ -170,6 +160,60 @@ class StoreCredentials:
                     exc,
                 )
             return True
+
+
+def bundled_store(config: OperatorSettings, environ: Mapping[str, str] = os.environ) -> BundledStore | None:
+    """The bundled server, administered with the operator's own store credentials (its root); None unless
+    the operator is told AGENTRUN_STATE_STORE_PROVISION with a store URL."""
+    store = config.state_store_pod_env()
+    if store is None or not config.state_store_provision:
+        return None
+    if not environ.get("AWS_ACCESS_KEY_ID") or not environ.get("AWS_SECRET_ACCESS_KEY"):
+        raise ValueError(
+            "AGENTRUN_STATE_STORE_PROVISION needs the bundled server's root credentials in the "
+            "operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        )
+    admin = S3Credentials(environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"])
+    return BundledStore(parse_store_url(store.url), admin)
+
+
+class BucketNotReady(RuntimeError):
+    """The operator must not start: the bundled server refused, or did not answer in time (the message
+    says which, and what to look at)."""
+
+
+async def prepare_bucket(
+    bundled: BundledStore, clock: Clock, *, within: float, interval: float = 1.0
+) -> None:
+    """The bundled server's bucket exists with versioning Enabled (idempotent), before the operator starts:
+    the collector, archives and the namespaces' principals all need it. The server starts beside the
+    operator (its StatefulSet), so one that does not answer yet is waited for, up to `within` seconds; one
+    that refuses (wrong root credentials, ...) stops the start at once."""
+    bucket, endpoint = bundled.location.bucket, bundled.endpoint
+    deadline = clock.monotonic() + within
+    said = False
+    while True:
+        try:
+            await asyncio.to_thread(bundled.prepare_bucket)
+        except StoreUnavailable as error:
+            if clock.monotonic() >= deadline:
+                raise BucketNotReady(
+                    f"the bundled state store at {endpoint} did not answer within {within:g} s ({error}): "
+                    "is its StatefulSet's Pod running? (kubectl get pods -l "
+                    "app.kubernetes.io/component=state-store)"
+                ) from None
+            if not said:
+                said = True
+                log.info("waiting for the bundled state store at %s to answer (%s)", endpoint, error)
+            await clock.sleep(interval)
+            continue
+        except StoreRefused as error:
+            raise BucketNotReady(
+                f"the bundled state store at {endpoint} refused to prepare bucket {bucket}: {error} "
+                "(the operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be the server's root)"
+            ) from None
+        log.info("state store bucket %s at %s is there with versioning Enabled", bucket, endpoint)
+        return
 
 
 def _credentials(secret: Mapping[str, object]) -> S3Credentials | None:

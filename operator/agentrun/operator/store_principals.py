@@ -23,6 +23,7 @@ from agentrun.core.store_principals import PrincipalPlan, plan_principals
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.cache import AgentAccounts
 from agentrun.operator.store_credentials import StoreCredentials
+from agentrun.operator.sweeps import PeriodicSweep
 from agentrun.statestore import StateStoreError
 
 log = logging.getLogger("agentrun.operator")
@@ -45,54 +46,35 @@ class NamespacePrincipals:
         """synced: the event set once the informers have listed (the opted-in accounts are known)."""
         assert credentials.bundled is not None, "only the bundled server's principals are administered"
         self.api, self.credentials, self.accounts, self.clock = api, credentials, accounts, clock
-        self.interval_seconds = interval_seconds
         self.namespaces = tuple(namespaces)
         self.synced = synced
         self.provisioned: set[str] = set()
-        self._nudged = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = PeriodicSweep(
+            self.sweep,
+            name="state-store-principals",
+            clock=clock,
+            interval_seconds=interval_seconds,
+            failed=_failed,
+            ready=lambda: self.synced().wait(),
+        )
         accounts.on_change(self.nudge)
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._periodic.interval_seconds
 
     def nudge(self, namespace: str) -> None:
         """A labelled ServiceAccount of `namespace` appeared, changed or went: a sweep soon."""
-        self._nudged.set()
+        self._periodic.nudge()
 
     def start(self) -> None:
         """Starts sweeping. What was made is remembered afresh: the first sweep makes every opted-in
         namespace once (a Secret deleted while this replica stood by is made again)."""
         self.provisioned = set()
-        self._task = asyncio.create_task(self._sweep_forever(), name="state-store-principals")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _sweep_forever(self) -> None:
-        await self.synced().wait()
-        while True:
-            self._nudged.clear()
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # the next sweep tries again
-                log.warning("state store principals: sweep failed: %s", str(error)[:600])
-            await self._next()
-
-    async def _next(self) -> None:
-        """Until the interval has passed on the runtime's clock, or a nudge."""
-        waits = [
-            asyncio.create_task(self.clock.sleep(self.interval_seconds)),
-            asyncio.create_task(self._nudged.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await self._periodic.stop()
 
     async def sweep(self) -> PrincipalPlan:
         """One sweep: the server first, then the namespaces, the plan, carried out."""
@@ -137,3 +119,8 @@ class NamespacePrincipals:
             for item in items
             if not (item.get("metadata") or {}).get("deletionTimestamp")
         }
+
+
+def _failed(error: Exception) -> None:
+    """A sweep that failed: the next sweep tries again."""
+    log.warning("state store principals: sweep failed: %s", str(error)[:600])

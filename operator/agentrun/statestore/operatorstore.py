@@ -9,12 +9,27 @@ decisions (agentrun.core.collector) name them.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+from datetime import UTC, datetime
+from typing import Final
+from xml.etree import ElementTree
+
 import obstore
 
+from agentrun.core.blobrepair import StoredVersion
 from agentrun.core.collector import BlobAddress, StoredBlob, relative_key
 
-from .blobs import BlobRef, BlobStore
-from .errors import StateUnverifiable
+from .blobs import BlobRef, BlobStore, scrub
+from .errors import StateUnverifiable, StoreRefused, StoreUnavailable
+from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
+
+# More versions of one key than this is no store the operator trusts to page: said, not looped on.
+_VERSIONS_LIMIT: Final = 100_000
+_S3_NS: Final = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+# A status the store answers that is worth another try: 408, 429 and 5xx (as classify() has it).
+_TRANSIENT_STATUS: Final = re.compile(r"^(408|429|5\d\d)$")
 
 
 class OperatorStore(BlobStore):
@@ -70,6 +85,87 @@ class OperatorStore(BlobStore):
             raise StateUnverifiable(full, f"not a content address: {error}") from None
         return await self.get(ref)
 
+    # ---- versions of a key: restoring an overwritten blob (agentrun.core.blobrepair) -------------------
+
+    def keeps_versions(self) -> bool:
+        """Whether the operator can list a key's versions here: an S3 store (ListObjectVersions)."""
+        return self.location.scheme == "s3"
+
+    async def versions(self, key: str, *, page_size: int = 1000) -> list[StoredVersion]:
+        """Every version the store keeps of `key` (a full key, as references name it), delete markers
+        included, in the store's order (newest first): S3 ListObjectVersions, paged, signed with the
+        operator's own credentials. StoreUnavailable when the store cannot answer now, StoreRefused when
+        it says no, pages without moving on, or is not an S3 store (keeps_versions)."""
+        self._check_inside(key)
+        if not self.keeps_versions():
+            raise StoreRefused("list versions", key, f"a {self.location.scheme}:// store keeps no versions")
+        found: list[StoredVersion] = []
+        markers: dict[str, str] = {}
+        while True:
+            query = {"versions": "", "prefix": key, "max-keys": str(page_size), **markers}
+            with self._request("list", key) as request:
+                status, body = await asyncio.to_thread(self._signed, "GET", f"/{self.location.bucket}", query)
+                if status != 200:
+                    request.outcome = "unavailable" if _TRANSIENT_STATUS.match(str(status)) else "refused"
+                    detail = scrub(f"HTTP {status}: {body[:300]!r}")
+                    if request.outcome == "unavailable":
+                        raise StoreUnavailable("list versions", key, detail)
+                    raise StoreRefused("list versions", key, detail)
+                request.outcome = "ok"
+            page, following = _versions_page(body, key)
+            found += page
+            if not following:
+                return found
+            if following == markers or len(found) > _VERSIONS_LIMIT:
+                # A server that pages without moving on (versitygw v1.8.0 answers the page of its markers
+                # again) or without end: never looped on, and asking again cannot help.
+                raise StoreRefused(
+                    "list versions", key, f"its paging does not move on ({len(found)} versions listed)"
+                )
+            markers = following
+
+    async def get_version(self, key: str, version_id: str) -> bytes:
+        """The bytes of one version of `key` (a full key), unverified: the caller checks them. A version
+        gone meanwhile reads as empty bytes (which verify as nothing)."""
+        self._check_inside(key)
+        with self._request("get", key) as request:
+            try:
+                result = await obstore.get_async(self._store, key, options={"version": version_id})
+            except FileNotFoundError:
+                request.outcome = "missing"
+                return b""
+            data = bytes(await result.bytes_async())
+            request.outcome, request.size = "ok", len(data)
+            return data
+
+    async def put_back(self, ref: BlobRef, data: bytes) -> None:
+        """Writes `data` as the current version of the blob's key, overwriting what is there (only the
+        operator's credentials may: the blob's writers put-if-absent), then reads it back and verifies it
+        against `ref`: StateUnverifiable when it is not that content, so nothing unverified is claimed."""
+        self._check_address(ref)
+        with self._request("put", ref.key) as request:
+            await obstore.put_async(self._store, ref.key, bytes(data), mode="overwrite", use_multipart=False)
+            request.outcome, request.size = "created", len(data)
+        await self.get(ref)
+
+    def _signed(self, method: str, path: str, query: dict[str, str]) -> tuple[int, bytes]:
+        options = self.location.options
+        region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        region = region or DEFAULT_REGION
+        endpoint = options.get("endpoint") or f"https://s3.{region}.amazonaws.com"
+        access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if not access or not secret:
+            return 403, b"no S3 access key in the operator's environment to sign ListObjectVersions with"
+        return signed_request(
+            method,
+            endpoint,
+            path,
+            credentials=S3Credentials(access, secret),
+            query=query,
+            region=region,
+            session_token=os.environ.get("AWS_SESSION_TOKEN") or None,
+        )
+
     async def quarantine(self, address: BlobAddress) -> bool:
         """Moves the blob away from its key: copied under the quarantine segment, then deleted, so that
         a writer's later put-if-absent creates it afresh. False when it was already gone."""
@@ -89,3 +185,49 @@ class OperatorStore(BlobStore):
         if not await self.copy(address.quarantine_key, address.key):
             raise StateUnverifiable(self.location.key(address.quarantine_key), "gone before it was restored")
         await self.delete(address.quarantine_key)
+
+
+def _versions_page(body: bytes, key: str) -> tuple[list[StoredVersion], dict[str, str]]:
+    """One ListObjectVersions answer: the versions and delete markers of exactly `key`, in its order,
+    and the markers of the next page (empty when this was the last)."""
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError as error:
+        raise StoreUnavailable("list versions", key, f"an answer that is not XML: {error}") from None
+    found = []
+    for item in root:
+        kind = item.tag.removeprefix(_S3_NS)
+        if kind not in ("Version", "DeleteMarker") or _text(item, "Key") != key:
+            continue
+        found.append(
+            StoredVersion(
+                version_id=_text(item, "VersionId") or "null",
+                last_modified=_when(_text(item, "LastModified")),
+                size=int(_text(item, "Size") or 0),
+                latest=_text(item, "IsLatest") == "true",
+                delete_marker=kind == "DeleteMarker",
+            )
+        )
+    markers: dict[str, str] = {}
+    if _text(root, "IsTruncated") == "true":
+        markers = {
+            "key-marker": _text(root, "NextKeyMarker"),
+            "version-id-marker": _text(root, "NextVersionIdMarker"),
+        }
+        if not markers["key-marker"]:
+            raise StoreUnavailable("list versions", key, "a truncated answer without its next markers")
+    return found, markers
+
+
+def _text(element: ElementTree.Element, name: str) -> str:
+    found = element.find(_S3_NS + name)
+    if found is None:
+        found = element.find(name)
+    return (found.text or "").strip() if found is not None else ""
+
+
+def _when(value: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.fromtimestamp(0, UTC)

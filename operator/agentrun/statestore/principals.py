@@ -4,7 +4,10 @@ Each namespace gets two users of role `user`: one that may get and put objects u
 prefix (`<prefix>/<namespace>/`), for its attempt Pods, and one that may only get them, for people who
 read the namespace's state. Neither may delete, list, or reach another namespace's prefix. The grant is a
 statement of the bucket's policy naming the user's access key; versitygw consults only the policy once a
-bucket has one (its ACL no longer), and lets its root (the operator) do anything.
+bucket has one (its ACL no longer), and lets its root (the operator) do anything. The policy grows by two
+statements per namespace (about 300 bytes with names of 12 characters), and versitygw v1.8.0's posix
+backend keeps it in one extended attribute of the bucket directory: on ext4, 12 namespaces fit; a policy
+the server cannot store is refused (HTTP 500) and the refusal names its size (docs/state-store.md).
 
 Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
 namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
@@ -31,6 +34,12 @@ from .location import StoreLocation
 from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
 
 POLICY_VERSION: Final = "2012-10-17"
+_VERSIONING_ON: Final = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b'<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Status>Enabled</Status></VersioningConfiguration>"
+)
+_BUCKET_OWNED: Final = b"BucketAlreadyOwnedByYou"
 # What versitygw's admin API answers to creating a user whose access key is taken.
 _USER_EXISTS: Final = b"XAdminUserExists"
 _NO_POLICY: Final = b"NoSuchBucketPolicy"
@@ -95,6 +104,24 @@ class BundledStore:
         self.put_user(credentials)
         self.grant(namespace, access)
         return credentials
+
+    # ---- the bucket ------------------------------------------------------------------------------------
+
+    def prepare_bucket(self) -> None:
+        """The bucket exists and its versioning is Enabled (idempotent: a bucket already there is fine, a
+        versioning already on is put again). Read back: a server that does not report it Enabled raises
+        StoreRefused, as does one that refuses a request; one that does not answer, StoreUnavailable."""
+        bucket = self.location.bucket
+        status, body = self._request("PUT", f"/{bucket}")
+        if status != 200 and _BUCKET_OWNED not in body:
+            raise StoreRefused("create-bucket", bucket, f"HTTP {status}: {_short(body)}")
+        status, body = self._request("PUT", f"/{bucket}", query={"versioning": ""}, body=_VERSIONING_ON)
+        if status != 200:
+            raise StoreRefused("put-bucket-versioning", bucket, f"HTTP {status}: {_short(body)}")
+        status, body = self._request("GET", f"/{bucket}", query={"versioning": ""})
+        if status != 200 or b"<Status>Enabled</Status>" not in body:
+            detail = f"versioning not reported Enabled: HTTP {status}: {_short(body)}"
+            raise StoreRefused("get-bucket-versioning", bucket, detail)
 
     # ---- the admin API: users ---------------------------------------------------------------------------
 
@@ -167,9 +194,9 @@ class BundledStore:
 
     def revoke(self, namespace: str) -> None:
         """The bucket policy no longer grants the namespace's principals anything (a namespace that is
-        gone). The policy holds a statement per principal, and a server may bound its size (versitygw's
-        posix backend keeps it in one extended attribute of the bucket: a few KiB on ext4), so what is no
-        longer needed is taken out."""
+        gone). The policy holds a statement per principal and the server reads it on every request of a
+        principal (versitygw evaluates the whole policy each time), so what is no longer needed is taken
+        out."""
         principals = {access_key(namespace, access) for access in Access}
         with _POLICY_LOCK:
             policy = self.policy()
@@ -194,7 +221,13 @@ class BundledStore:
         body = json.dumps(policy, separators=(",", ":")).encode()
         status, answer = self._request("PUT", f"/{self.location.bucket}", query={"policy": ""}, body=body)
         if status not in (200, 204):
-            raise StoreRefused("put-bucket-policy", self.location.bucket, f"HTTP {status}: {_short(answer)}")
+            # Named with its size: a server that keeps the policy where its size is bounded (versitygw's
+            # posix backend without --sidecar: one extended attribute, 4 KiB on ext4) refuses it with 500.
+            statements = len(policy.get("Statement") or [])
+            size = f"a policy of {len(body)} bytes, {statements} statements"
+            raise StoreRefused(
+                "put-bucket-policy", self.location.bucket, f"HTTP {status} ({size}): {_short(answer)}"
+            )
 
     def delete_policy(self) -> None:
         status, answer = self._request("DELETE", f"/{self.location.bucket}", query={"policy": ""})

@@ -49,9 +49,15 @@ def signed_request(
     body: bytes = b"",
     region: str = DEFAULT_REGION,
     timeout: float = 10.0,
+    service: str = "s3",
+    extra_headers: Mapping[str, str] | None = None,
+    session_token: str | None = None,
 ) -> tuple[int, bytes]:
     """One path-style request to `endpoint` (http(s)://host[:port]); (status, body), error answers
-    included. A server that does not answer raises StoreUnavailable."""
+    included. A server that does not answer raises StoreUnavailable. `service` is the signature's
+    service ("iam" for an IAM API); `extra_headers` are sent and signed besides (lower-case names);
+    `session_token`: temporary credentials' token (AWS_SESSION_TOKEN), sent and signed as
+    x-amz-security-token."""
     host = endpoint.split("://", 1)[1].rstrip("/")
     now = datetime.datetime.now(datetime.UTC)
     amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -60,7 +66,14 @@ def signed_request(
         f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items())
     )
     payload_hash = hashlib.sha256(body).hexdigest()
-    headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
+    headers = {
+        **(extra_headers or {}),
+        "host": host,
+        "x-amz-content-sha256": payload_hash,
+        "x-amz-date": amz_date,
+    }
+    if session_token:
+        headers["x-amz-security-token"] = session_token
     signed = ";".join(sorted(headers))
     canonical = "\n".join(
         [
@@ -72,10 +85,10 @@ def signed_request(
             payload_hash,
         ]
     )
-    scope = f"{day}/{region}/s3/aws4_request"
+    scope = f"{day}/{region}/{service}/aws4_request"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = ("AWS4" + credentials.secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
+    for part in (day, region, service, "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     url = endpoint.rstrip("/") + canonical_path + (f"?{canonical_query}" if canonical_query else "")
