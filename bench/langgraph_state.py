@@ -47,6 +47,7 @@ from support.langgraph_react import build, task
 GROUP, VERSION = "agentrun.dev", "v1alpha1"
 NAMESPACE = "bench"
 EARLY, LATE = range(8, 13), range(98, 103)
+WIDE = range(8, 48)  # 5 supersteps are few on a shared machine: medians over 40 as well
 
 
 class Requests(list[StoreRequest]):
@@ -56,6 +57,23 @@ class Requests(list[StoreRequest]):
         self.append(request)
 
 
+class TimedApi(KubeApi):
+    """KubeApi that adds up the seconds its creates took, by kind of Checkpoint (the saver's only writes
+    outside an Attempt)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.create_seconds: dict[str, float] = {"State": 0.0, "Writes": 0.0}
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            return await super().create(path, body)
+        finally:
+            kind = str(body.get("spec", {}).get("kind", "State"))
+            self.create_seconds[kind] = self.create_seconds.get(kind, 0.0) + time.perf_counter() - started
+
+
 class MeasuredSaver(AgentrunSaver):
     """AgentrunSaver that notes, at each checkpoint it saves, the store requests so far, the time its
     puts took and the new data its pending writes carried (the public async API, wrapped)."""
@@ -63,10 +81,23 @@ class MeasuredSaver(AgentrunSaver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.requests = Requests()
-        self.marks: list[tuple[int, float, int]] = []  # per checkpoint: (requests, seconds, new data)
-        self.seconds = 0.0
+        # per checkpoint, as running totals: store requests, seconds in aput + aput_writes, new data,
+        # seconds in aput and in aput_writes apart, seconds in the creates of State and of Writes objects
+        self.marks: list[dict[str, float]] = []
+        self.totals: dict[str, float] = {"seconds": 0.0, "aput": 0.0, "aput_writes": 0.0}
         self.new_data = 0
         self.measure = AllowListSerializer()
+
+    def _mark(self) -> dict[str, float]:
+        creates = self.api.create_seconds if isinstance(self.api, TimedApi) else {}
+        return {
+            "requests": len(self.requests),
+            "new_data": self.new_data,
+            **self.totals,
+            "create_state": creates.get("State", 0.0),
+            "create_writes": creates.get("Writes", 0.0),
+            "clock": time.perf_counter(),
+        }
 
     async def aput(
         self,
@@ -77,8 +108,10 @@ class MeasuredSaver(AgentrunSaver):
     ) -> RunnableConfig:
         started = time.perf_counter()
         stored = await super().aput(config, checkpoint, metadata, new_versions)
-        self.seconds += time.perf_counter() - started
-        self.marks.append((len(self.requests), self.seconds, self.new_data))
+        took = time.perf_counter() - started
+        self.totals["seconds"] += took
+        self.totals["aput"] += took
+        self.marks.append(self._mark())
         return stored
 
     async def aput_writes(
@@ -86,7 +119,9 @@ class MeasuredSaver(AgentrunSaver):
     ) -> None:
         started = time.perf_counter()
         await super().aput_writes(config, writes, task_id, task_path)
-        self.seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.totals["seconds"] += took
+        self.totals["aput_writes"] += took
         self.new_data += sum(len(self.measure.dumps_typed(v)[1]) for c, v in writes if c == "messages")
 
 
@@ -99,7 +134,7 @@ def run_thread(
 ) -> list[dict[str, float]]:
     """Runs one thread; per superstep: etcd bytes (State and Writes objects), store bytes, new data,
     seconds in the saver's puts."""
-    api = KubeApi(load_configuration(str(cluster.kubeconfig)))
+    api = TimedApi(load_configuration(str(cluster.kubeconfig)))
     requests = Requests()
     store = BlobStore.from_url(cluster.state_store_url, env=cluster.state_store_env(), observer=requests)
     # A Run per thread: blobs are per Run, and two threads of one Run with the same messages share them.
@@ -124,11 +159,17 @@ def run_thread(
         if c["spec"]["kind"] == "Writes":
             writes[c["spec"]["parent"]] = writes.get(c["spec"]["parent"], 0) + size(c)
     per_step: list[dict[str, float]] = []
-    before = (0, 0.0, 0)
+    before = dict.fromkeys(saver.marks[0], 0.0) | {"clock": saver.marks[0]["clock"]}
     for sequence in sorted(states):
         state = states[sequence]
         mark = saver.marks[sequence - 1]
-        created = [r for r in saver.requests[before[0] : mark[0]] if r.operation == "put"]
+        created = [
+            r for r in saver.requests[int(before["requests"]) : int(mark["requests"])] if r.operation == "put"
+        ]
+
+        def moved(key: str, mark: dict[str, float] = mark, before: dict[str, float] = before) -> float:
+            return round(mark[key] - before[key], 5)
+
         per_step.append(
             {
                 "superstep": sequence,
@@ -136,8 +177,20 @@ def run_thread(
                 "writes_objects": writes.get(state["spec"].get("parent", ""), 0),
                 "store_bytes": sum(r.size for r in created if r.outcome == "created"),
                 "store_puts": len(created),
-                "new_data": mark[2] - before[2],
-                "seconds": round(mark[1] - before[1], 4),
+                "new_data": moved("new_data"),
+                "seconds": moved("seconds"),
+                # where those seconds went: aput (the manifest, then the State's create) and aput_writes
+                # (the values' puts, then the Writes' create), which LangGraph may run at the same time;
+                # the creates' own seconds; the store's puts (added up: puts made at once overlap)
+                "aput_seconds": moved("aput"),
+                "aput_writes_seconds": moved("aput_writes"),
+                "create_seconds": round(moved("create_state") + moved("create_writes"), 5),
+                "create_state_seconds": moved("create_state"),
+                "create_writes_seconds": moved("create_writes"),
+                "put_seconds": round(sum(r.seconds for r in created), 5),
+                # wall clock from the previous checkpoint saved to this one: the graph's own work (the
+                # tool, the model node, LangGraph) and the saver's, overlaps counted once
+                "wall_seconds": moved("clock"),
             }
         )
         before = mark
@@ -147,7 +200,21 @@ def run_thread(
 def summary(per_step: list[dict[str, float]]) -> dict[str, Any]:
     def medians(window: range) -> dict[str, float]:
         rows = [r for r in per_step if r["superstep"] in window]
-        keys = ("state_object", "writes_objects", "store_bytes", "store_puts", "new_data", "seconds")
+        keys = (
+            "state_object",
+            "writes_objects",
+            "store_bytes",
+            "store_puts",
+            "new_data",
+            "seconds",
+            "aput_seconds",
+            "aput_writes_seconds",
+            "create_seconds",
+            "create_state_seconds",
+            "create_writes_seconds",
+            "put_seconds",
+            "wall_seconds",
+        )
         found = {k: statistics.median(r[k] for r in rows) for k in keys}
         found["store_bytes_sum"] = sum(r["store_bytes"] for r in rows)
         found["new_data_sum"] = sum(r["new_data"] for r in rows)
@@ -157,6 +224,7 @@ def summary(per_step: list[dict[str, float]]) -> dict[str, Any]:
     return {
         "early (supersteps 8-12)": early,
         "late (supersteps 98-102)": late,
+        "supersteps 8-47": medians(WIDE),
         "State object late - early (bytes)": late["state_object"] - early["state_object"],
         "store bytes / new data, late window": round(
             late["store_bytes_sum"] / max(1, late["new_data_sum"]), 3

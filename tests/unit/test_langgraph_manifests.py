@@ -180,6 +180,61 @@ def test_a_segment_deleted_or_replaced_is_state_unverifiable_never_a_shorter_lis
         thread.read(manifest)
 
 
+def test_a_manifest_is_returned_only_once_every_blob_it_names_is_stored() -> None:
+    """The manifest is put at the same time as the blobs it names (write_manifest): it is handed out, for
+    a Checkpoint object to name, only once every one of them is stored and verified. A blob that cannot
+    be (here a planted one at its key: put-if-absent finds it and it is not this content) fails the
+    whole checkpoint, and no put is left running behind the caller."""
+    thread = Thread()
+    for n in range(4):
+        thread.superstep(n)
+    typed = SERDE.dumps_typed("a new channel value " * 40)  # a blob of its own (over INLINE_LIMIT)
+    key = thread.blobs.blobs.store.key_for(NAMESPACE, RUN_UID, hashlib.sha256(typed[1]).hexdigest())
+    obstore.put(thread.store._store, key, b"x" * len(typed[1]))  # a hostile writer got there first
+    checkpoint: dict[str, Any] = {
+        "v": 4,
+        "id": "cp-planted",
+        "ts": "2026-12-02T00:00:00+00:00",
+        "channel_values": {"messages": thread.messages, "extra": "a new channel value " * 40},
+        "channel_versions": {**thread.versions, "extra": 1},
+        "versions_seen": {},
+        "updated_channels": ["extra"],
+    }
+
+    async def save() -> list[asyncio.Task[Any]]:
+        with pytest.raises(StateUnverifiable, match=key):
+            await write_manifest(
+                thread.blobs,
+                SERDE,
+                thread.parent,
+                checkpoint=checkpoint,
+                metadata={"source": "loop", "step": 4},
+                new_versions={"extra": 1},
+                header={"checkpointId": "cp-planted", "sequence": 5},
+                link_parent=False,
+            )
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(save()) == []
+    checkpoint["channel_values"] = {**checkpoint["channel_values"], "extra": "another value " * 60}
+    manifest = asyncio.run(
+        write_manifest(
+            thread.blobs,
+            SERDE,
+            thread.parent,
+            checkpoint=checkpoint,
+            metadata={"source": "loop", "step": 4},
+            new_versions={"extra": 1},
+            header={"checkpointId": "cp-planted", "sequence": 5},
+            link_parent=False,
+        )
+    )
+    stored = set(asyncio.run(_keys(thread.store)))
+    assert {ref.key for ref in manifest.refs.values()} <= stored
+    assert manifest.ref.key in stored
+    assert thread.read(manifest)["channel_values"]["extra"] == "another value " * 60
+
+
 def test_a_list_that_does_not_extend_its_previous_version_is_written_whole() -> None:
     thread = Thread()
     for n in range(4):

@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import copy
 import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
@@ -195,24 +196,29 @@ class _Item:
     a list, the item itself when it is a container): a change inside those, made in place, is seen too.
     An item whose mutable parts cannot be copied or compared is never taken as held (bytes decide)."""
 
-    __slots__ = ("fields", "item", "mutable")
+    __slots__ = ("fields", "ids", "item", "mutable", "parts")
 
     def __init__(self, item: Any) -> None:
         self.item = item
-        self.fields = _fields(item)
+        self.fields = _fields(item)  # held here, so their ids stay theirs while this lives
+        self.ids = tuple(map(id, self.fields))
+        self.parts = _mutable_parts(item, self.fields)
         try:
-            self.mutable: tuple[Any, ...] | None = copy.deepcopy(_mutable_parts(item, self.fields))
+            self.mutable: tuple[Any, ...] | None = copy.deepcopy(self.parts)
         except Exception:  # an object deepcopy cannot take: compare its bytes instead
             self.mutable = None
 
     def holds(self, item: Any) -> bool:
+        # Called for every item of a list at every superstep: comparisons made by the interpreter's C
+        # code (ids of the fields now against theirs then; the parts against their deep copies), not a
+        # Python loop per field, so that a list of 400 messages costs ~0.5 ms, not ~1.5.
         if item is not self.item or self.mutable is None:
             return False
-        now = _fields(item)
-        if len(now) != len(self.fields) or not all(a is b for a, b in zip(now, self.fields, strict=True)):
+        if tuple(map(id, _fields(item))) != self.ids:  # a field reassigned, added or removed
             return False
         try:
-            return bool(_mutable_parts(item, now) == self.mutable)
+            # the very objects the fields held then, so the same mutable parts: changed in place?
+            return bool(self.parts == self.mutable)
         except Exception:  # an __eq__ that refuses: not known to be unchanged
             return False
 
@@ -318,12 +324,52 @@ class ThreadBlobs:
     async def put_document(self, kind: str, refs: Iterable[BlobRef], body: JsonDict) -> Document:
         named = list(refs)
         data = encode_document(kind, named, body)
-        ref = await self.put(data)
+        ref = await self.put(data)  # awaited here, not a task: no turn of the event loop before it starts
         document = Document(
             BlobRef(ref.key, ref.sha256, ref.size, links=True), body, {r.sha256: r for r in named}
         )
         self._remember(document)
         return document
+
+    def reserve(
+        self, data: bytes, known: Mapping[str, BlobRef] | None = None
+    ) -> tuple[BlobRef, asyncio.Future[BlobRef] | None]:
+        """The reference of `data` at once (its content address), and its put, started: None when no
+        request is needed (a live object names it already, or this saver put it moments ago). The
+        caller awaits the put before any Checkpoint object names the reference, directly or through a
+        document (write_manifest says why a document may be put at the same time as what it names)."""
+        digest = sha256(data)
+        if known is not None and (ref := known.get(digest)) is not None and ref.size == len(data):
+            return BlobRef(ref.key, ref.sha256, ref.size), None
+        if (recent := self._recent.get(digest)) is not None and time.monotonic() - recent[1] < RECENT_SECONDS:
+            return recent[0], None
+        store = self.blobs.store
+        ref = BlobRef(store.key_for(self.blobs.namespace, self.blobs.run_uid, digest), digest, len(data))
+
+        async def put() -> BlobRef:
+            done = await self.put(data)  # `known` was looked at above (the caller may add this ref to it)
+            if (done.key, done.sha256, done.size) != (ref.key, ref.sha256, ref.size):
+                raise StateUnverifiable(f"the blob {ref.key} was stored as {done.key}: not referenced")
+            return done
+
+        return ref, asyncio.ensure_future(put())
+
+    def reserve_document(
+        self, kind: str, refs: Iterable[BlobRef], body: JsonDict
+    ) -> tuple[Document, asyncio.Future[BlobRef] | None]:
+        """A document naming `refs` (reserve): known to this saver's reads only once its put succeeded."""
+        named = list(refs)
+        ref, put = self.reserve(encode_document(kind, named, body))
+        document = Document(
+            BlobRef(ref.key, ref.sha256, ref.size, links=True), body, {r.sha256: r for r in named}
+        )
+        if put is None:
+            self._remember(document)
+        else:
+            put.add_done_callback(
+                lambda done: None if done.cancelled() or done.exception() else self._remember(document)
+            )
+        return document, put
 
     async def document(self, ref: BlobRef, kind: str) -> Document:
         if (found := self._documents.get(ref.sha256)) is not None:
@@ -522,6 +568,20 @@ class ManifestWriter:
         self.serde = serde
         self.parent = parent
         self.known = parent.known()
+        self.puts: list[asyncio.Future[BlobRef]] = []  # started, awaited at once by write_manifest
+
+    def _put(self, data: bytes) -> BlobRef:
+        """The reference of `data`, its put started (ThreadBlobs.reserve) and awaited in settle()."""
+        ref, put = self.blobs.reserve(data, self.known)
+        if put is not None:
+            self.puts.append(put)
+        self.known[ref.sha256] = ref
+        return ref
+
+    async def settle(self) -> None:
+        """Waits for every put started, the first failure raised once all have ended."""
+        puts, self.puts = self.puts, []
+        await all_of(puts)
 
     async def channel(self, name: str, value: Any, version: Any, changed: bool) -> Built:
         previous = self.parent.manifest.body.get("channels", {}).get(name) if self.parent.manifest else None
@@ -532,8 +592,7 @@ class ManifestWriter:
         typed = self.serde.dumps_typed(value)
         if len(typed[1]) <= INLINE_LIMIT:
             return Built({"type": typed[0], "data": _b64(typed[1])})
-        ref = await self.blobs.put(typed[1], self.known)
-        self.known[ref.sha256] = ref
+        ref = self._put(typed[1])
         return Built({"type": typed[0], "blob": ref.sha256}, [ref])
 
     def _named(self, entry: Mapping[str, Any]) -> list[BlobRef]:
@@ -601,7 +660,10 @@ class ManifestWriter:
             "prevCount": prev_count,
             "segments": [segment.to_json() for segment, _ in segments],
         }
-        return (await self.blobs.put_document(LIST_KIND, refs, body)).ref
+        document, put = self.blobs.reserve_document(LIST_KIND, refs, body)
+        if put is not None:
+            self.puts.append(put)
+        return document.ref
 
     async def _extends(self, value: list[Any], previous: Mapping[str, Any], manifest: Document) -> bool:
         """Whether `value` starts with exactly the items of the parent's list: each of its segments
@@ -634,9 +696,7 @@ class ManifestWriter:
             if len(data) <= INLINE_LIMIT:
                 found.append((Segment(segment.sha, segment.count, segment.type, segment.single, data), None))
                 continue
-            ref = await self.blobs.put(data, self.known)
-            self.known[ref.sha256] = ref
-            found.append((segment, ref))
+            found.append((segment, self._put(data)))
         return found
 
     def _aligned(self, channel: str, tail: list[Any]) -> list[tuple[Segment, bytes]]:
@@ -674,14 +734,50 @@ async def write_manifest(
     header: JsonDict,
     link_parent: bool,
 ) -> Document:
-    """Writes the manifest of `checkpoint` (and the blobs of what changed since `parent`)."""
+    """Writes the manifest of `checkpoint` (and the blobs of what changed since `parent`).
+
+    Every put of the checkpoint is made at once: each channel's new blobs, the list documents, and the
+    manifest itself (its bytes are known before any put ends: a blob's reference is its content
+    address). It returns only when every one of them is stored, and the caller creates the Checkpoint
+    object that names the manifest only then. Crash points: a document may become durable before a blob
+    it names; until the object exists nothing names that document (readers start from Checkpoint
+    objects, the collector's roots are their references), so a crash or a failed put in between leaves
+    an unreferenced document, invisible and collected like an interrupted upload. A later checkpoint
+    with the same bytes puts the blobs again (a reference is reused without a put only when a live
+    object names it, or this saver's own put of it succeeded), and waits for them as well."""
     writer = ManifestWriter(blobs, serde, parent)
+    try:
+        manifest = await _build_manifest(
+            writer,
+            checkpoint=checkpoint,
+            metadata=metadata,
+            new_versions=new_versions,
+            header=header,
+            link_parent=link_parent,
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await writer.settle()  # no put is left running behind the caller; its own error is raised
+        raise
+    await writer.settle()
+    return manifest
+
+
+async def _build_manifest(
+    writer: ManifestWriter,
+    *,
+    checkpoint: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    new_versions: Mapping[str, Any],
+    header: JsonDict,
+    link_parent: bool,
+) -> Document:
+    blobs, serde, parent = writer.blobs, writer.serde, writer.parent
     values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
     versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
     channels: JsonDict = {}
     refs: list[BlobRef] = []
     names = sorted(values)
-    # Each channel's blobs are put at once (independent puts); the manifest that names them, after all.
     built = await all_of(
         [writer.channel(name, values[name], versions.get(name), name in new_versions) for name in names]
     )
@@ -707,12 +803,17 @@ async def write_manifest(
     if link_parent and parent.manifest is not None:
         body["parentManifest"] = parent.manifest.ref.sha256
         refs.append(parent.manifest.ref)
-    return await blobs.put_document(MANIFEST_KIND, refs, body)
+    if not writer.puts:  # nothing else to wait for: the manifest's put, started at once
+        return await blobs.put_document(MANIFEST_KIND, refs, body)
+    manifest, put = blobs.reserve_document(MANIFEST_KIND, refs, body)
+    if put is not None:
+        writer.puts.append(put)
+    return manifest
 
 
-async def all_of(coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """Runs independent coroutines at once and waits for every one; the first failure is raised once
-    all have ended (none is left running behind the caller)."""
+async def all_of(coroutines: Sequence[Awaitable[T]]) -> list[T]:
+    """Runs independent coroutines (or puts already started) at once and waits for every one; the first
+    failure is raised once all have ended (none is left running behind the caller)."""
     done = await asyncio.gather(*coroutines, return_exceptions=True)
     for outcome in done:
         if isinstance(outcome, BaseException):
