@@ -427,7 +427,7 @@ class ResumeRecord:
     request_id: str
     checkpoint: str
     value: Json
-    outcome: str  # written | refused | lost
+    outcome: str  # written | refused | lost | gone (the Run was deleted: nothing written)
     message: str = ""
 
 
@@ -1243,6 +1243,9 @@ class Chaos:
         try:
             written = api.json_patch(custom("runs", run), operations)
         except ApiError as exc:
+            if exc.status == 404:  # archived and deleted since it was read (its time to live ran out)
+                self._gone(run)
+                return None
             if exc.status not in (409, 422):
                 raise
             self.records.cancels_refused += 1
@@ -1333,6 +1336,11 @@ class Chaos:
         try:
             self.api_().json_patch(custom("runs", run), operations)
         except ApiError as exc:
+            if exc.status == 404:  # archived and deleted since it was read: nothing was written
+                self._gone(run)
+                record.outcome, record.message = "gone", exc.message
+                self.records.resumes.append(record)
+                return record
             if exc.status not in (409, 422):
                 raise
             record.outcome, record.message = "refused", exc.message
