@@ -6,7 +6,8 @@ next Attempt stops as StateUnverifiable naming the blob, the Run waits for a per
 never retried on its own) with its earlier verified checkpoint kept, and a retryRequest from that
 checkpoint finishes the Run with the state it saved, whole. The operator puts an overwritten blob back from
 the version the store kept (versioning on), says so on the Run and retries nothing; a retryRequest from the
-very checkpoint whose blob was forged then finishes too. (docs/security.md, "The state store".)"""
+very checkpoint whose blob was forged then finishes too, also when the blob is a LangGraph channel blob that
+only the checkpoint's manifest names. (docs/security.md, "The state store".)"""
 
 from __future__ import annotations
 
