@@ -6,23 +6,30 @@ next Attempt stops as StateUnverifiable naming the blob, the Run waits for a per
 never retried on its own) with its earlier verified checkpoint kept, and a retryRequest from that
 checkpoint finishes the Run with the state it saved, whole. The operator puts an overwritten blob back from
 the version the store kept (versioning on), says so on the Run and retries nothing; a retryRequest from the
-very checkpoint whose blob was forged then finishes too. (docs/security.md, "The state store".)"""
+very checkpoint whose blob was forged then finishes too, also when the blob is a LangGraph channel blob that
+only the checkpoint's manifest names. (docs/security.md, "The state store".)"""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrun.statestore import StateUnverifiable
+from agentrun.statestore import BlobRef, BlobStore, StateUnverifiable
+from agentrun.statestore.documents import document_refs, refs_in
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from integration.test_state_store_worker import ENDED, big_state_run, read_blob
 from support.big_state_agent import digest, output
 from support.kube import Kube, wait_for
+from support.langgraph_reader import summary
 from support.runs import (
+    FAST_RETRY,
     GROUP,
     VERSION,
     attempts,
@@ -222,3 +229,112 @@ def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_ch
     assert result["complete"] is True
     assert result["stateDigest"] == digest(full_state), "the state it saved, whole"
     assert condition(final, "StateRestored") is None, "a phase change leaves the answered condition behind"
+
+
+CALLS, ASK_AT = 4, 2
+
+
+def direct_refs(kube: Kube, ns: str, name: str) -> set[str]:
+    """The keys the Run's own objects record (Checkpoints, SideEffects, Attempts, the Run)."""
+    label = f"agentrun.dev/run={name}"
+    bodies: list[Any] = [get_run(kube, ns, name)]
+    for plural in ("checkpoints", "sideeffects", "attempts"):
+        listed = kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, plural, label_selector=label)
+        bodies += listed["items"]
+    return {ref.key for body in bodies for ref in refs_in(body)}
+
+
+def manifest_refs(local_cluster: LocalCluster, ref: dict[str, Any]) -> list[BlobRef]:
+    """The blobs a LangGraph manifest names, read through the store (verified)."""
+    store = BlobStore.from_url(local_cluster.state_store_url, env=local_cluster.state_store_env())
+    return document_refs(asyncio.run(store.get(BlobRef.from_json(ref))))
+
+
+def read_bytes(local_cluster: LocalCluster, ref: BlobRef) -> bytes:
+    store = BlobStore.from_url(local_cluster.state_store_url, env=local_cluster.state_store_env())
+    return asyncio.run(store.get(ref))
+
+
+def test_the_operator_restores_an_overwritten_langgraph_channel_blob_a_manifest_names(
+    kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """A LangGraph agent's state is a manifest per checkpoint naming its channel blobs: no object of the
+    Run records a channel blob itself. One is overwritten while the graph waits for a person; the next
+    Attempt stops as StateUnverifiable naming it; the operator finds it through the documents the Run's
+    checkpoints reach, restores it from the version the store kept, and a retry from that same checkpoint
+    finishes the graph with its whole state, no tool run twice."""
+    ns, name, log = run_namespace, "lg-restored", tmp_path / "tools.log"
+    body = support_agent_run(name, "langgraph_reader", {"calls": CALLS, "outputBytes": SIZE, "askAt": ASK_AT})
+    body["spec"]["agent"]["env"].append({"name": "AGENTRUN_TOOL_LOG", "value": str(log)})
+    body["spec"]["retry"] = FAST_RETRY
+    create_run(kube, ns, body)
+    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    pending = waiting["status"]["pendingRequest"]
+    forged_at = pending["checkpointId"]
+    saved = checkpoint(kube, ns, forged_at)
+    assert saved is not None
+    manifest = saved["spec"]["stateRef"]
+    assert manifest["links"] is True, "the checkpoint names a manifest"
+    # the channel blob no object records, only the manifest: the `files` channel's value after two calls
+    # (the largest; the tool outputs are also their pending writes' blobs, which Writes objects record)
+    recorded = direct_refs(kube, ns, name)
+    assert manifest["key"] in recorded
+    only_named = [r for r in manifest_refs(local_cluster, manifest) if r.key not in recorded]
+    channel = max(only_named, key=lambda r: r.size)
+    assert channel.size > ASK_AT * SIZE, only_named
+    genuine = read_bytes(local_cluster, channel)
+    restored_before = restored_blobs(operator)
+
+    result = attack(kube, ns, "hostile-lg", name, {"mode": "replace", "key": channel.key})
+    assert result["tampered"] == [channel.key]
+    assert result["storeWrites"][f"replace {channel.key}"] == "accepted"
+    with pytest.raises(StateUnverifiable):  # the store holds the forged bytes now
+        read_bytes(local_cluster, channel)
+
+    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
+    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
+    assert stopped["status"]["phase"] == "NeedsReconciliation", (stopped["status"], operator.log_tail())
+    assert stopped["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert channel.key in stopped["status"]["failure"]["message"], "the channel blob is named"
+    second = attempts(kube, ns, name)
+    assert [a["status"]["phase"] for a in second] == ["Interrupted", "Failed"], second
+
+    def restored() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        return run if condition(run, "StateRestored") is not None else None
+
+    run = wait_for(restored, 60, what=f"{name}'s channel blob restored")
+    said = condition(run, "StateRestored")
+    assert said is not None
+    assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())
+    assert channel.key in said["message"]
+    assert f"a retryRequest from checkpoint {forged_at}" in said["message"]
+    assert run["status"]["phase"] == "NeedsReconciliation"
+    assert len(attempts(kube, ns, name)) == 2
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "StateRestored" and channel.key in (e.message or "") for e in events)
+    assert restored_blobs(operator) == restored_before + 1
+    assert read_bytes(local_cluster, channel) == genuine
+
+    patch_spec(
+        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-restored", "fromCheckpoint": forged_at}}
+    )
+
+    def retried_and_ended() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        status = run.get("status") or {}
+        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
+
+    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
+    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
+    third = attempts(kube, ns, name)[-1]
+    assert (third["spec"]["number"], third["spec"]["resumeFrom"]) == (3, forged_at)
+    assert final["status"]["result"] == summary(CALLS, SIZE), "the whole state: every output, every file"
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert Counter(int(call) for _, event, call in lines if event == "end") == Counter(range(CALLS))
+    assert [(a.rsplit("-", 1)[1], int(c)) for a, e, c in lines if e == "start"] == [
+        *(("a1", c) for c in range(ASK_AT)),
+        *(("a3", c) for c in range(ASK_AT, CALLS)),
+    ], "every tool once: before the question in the first Attempt, after it in the retry"
+    assert condition(final, "StateRestored") is None

@@ -9,6 +9,8 @@ namespace: get and put under the namespace's prefix, no delete), as any agent of
     input: {"victim": "<run name>", "store": {"mode": "replace" | "truncate", "checkpoint": "<id>"}}
         the blob the victim's Checkpoint `checkpoint` references is overwritten: other bytes of the same
         size (replace), or its first half (truncate)
+    input: {"victim": "<run name>", "store": {"mode": "replace" | "truncate", "key": "<blob key>"}}
+        the same for the blob at `key`, e.g. a LangGraph channel blob that only the victim's manifests name
     input: {"victim": "<run name>", "store": {"mode": "plant", "value": <JSON>}}
     input: {"victim": "<run name>", "store": {"mode": "plant", "bigState": {"outputs": N, "outputBytes": S,
             "by": "<attempt>"}}}
@@ -247,9 +249,12 @@ async def store_attacks(api: KubeApi, ctx: worker.Context, victim: str, spec: di
         key = blobs.key_for(ns, run["metadata"]["uid"], hashlib.sha256(data).hexdigest())
         forged = b'{"planted":"by a hostile Pod of the namespace"}'
     else:
-        checkpoint = await api.get(api.custom_path("checkpoints", ns, spec["checkpoint"]))
-        assert checkpoint is not None, f"checkpoint {spec['checkpoint']} not found"
-        key = checkpoint["spec"]["stateRef"]["key"]
+        if "key" in spec:  # a blob a document names (a LangGraph channel blob), found by the test
+            key = spec["key"]
+        else:
+            checkpoint = await api.get(api.custom_path("checkpoints", ns, spec["checkpoint"]))
+            assert checkpoint is not None, f"checkpoint {spec['checkpoint']} not found"
+            key = checkpoint["spec"]["stateRef"]["key"]
         original = bytes(await (await obstore.get_async(raw, key)).bytes_async())
         forged = forged_bytes(original) if mode == "replace" else original[: len(original) // 2]
     writes: dict[str, str] = {}
