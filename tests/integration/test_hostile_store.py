@@ -62,6 +62,25 @@ def attack(kube: Kube, ns: str, name: str, victim: str, store: dict[str, Any]) -
     return result
 
 
+def retry_to_success(
+    kube: Kube, ns: str, name: str, operator: OperatorProcess, *, key: str, from_checkpoint: str
+) -> dict[str, Any]:
+    """A person's retryRequest from `from_checkpoint`: the Run once its third Attempt, which continued
+    from there, has ended, and Succeeded."""
+    patch_spec(kube, ns, name, {"retryRequest": {"idempotencyKey": key, "fromCheckpoint": from_checkpoint}})
+
+    def retried_and_ended() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        status = run.get("status") or {}
+        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
+
+    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
+    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
+    third = attempts(kube, ns, name)[-1]
+    assert (third["spec"]["number"], third["spec"]["resumeFrom"]) == (3, from_checkpoint)
+    return final
+
+
 @pytest.mark.parametrize("mode", ["replace", "truncate", "plant"])
 def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier_checkpoint_finishes(
     kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, mode: str
@@ -121,20 +140,7 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     assert key in said["message"]
     assert len(attempts(kube, ns, name)) == 2
 
-    patch_spec(
-        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-verified", "fromCheckpoint": earlier}}
-    )
-
-    def retried_and_ended() -> dict[str, Any] | None:
-        run = get_run(kube, ns, name)
-        status = run.get("status") or {}
-        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
-
-    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
-    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
-    third = attempts(kube, ns, name)[-1]
-    assert third["spec"]["number"] == 3
-    assert third["spec"]["resumeFrom"] == earlier
+    final = retry_to_success(kube, ns, name, operator, key="from-verified", from_checkpoint=earlier)
     result = final["status"]["result"]
     full_state = {"outputs": [output(i, SIZE) for i in range(STEPS)], "fetched": None, "by": f"{name}-a3"}
     assert result["complete"] is True
@@ -210,20 +216,7 @@ def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_ch
     # what the store holds at the key now is the genuine state, read and verified as any reader does
     assert read_blob(local_cluster, ref) == genuine
 
-    patch_spec(
-        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-restored", "fromCheckpoint": forged_at}}
-    )
-
-    def retried_and_ended() -> dict[str, Any] | None:
-        run = get_run(kube, ns, name)
-        status = run.get("status") or {}
-        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
-
-    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
-    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
-    third = attempts(kube, ns, name)[-1]
-    assert third["spec"]["number"] == 3
-    assert third["spec"]["resumeFrom"] == forged_at
+    final = retry_to_success(kube, ns, name, operator, key="from-restored", from_checkpoint=forged_at)
     result = final["status"]["result"]
     full_state = {"outputs": [output(i, SIZE) for i in range(STEPS)], "fetched": None, "by": f"{name}-a3"}
     assert result["complete"] is True
@@ -317,19 +310,7 @@ def test_the_operator_restores_an_overwritten_langgraph_channel_blob_a_manifest_
     assert restored_blobs(operator) == restored_before + 1
     assert read_bytes(local_cluster, channel) == genuine
 
-    patch_spec(
-        kube, ns, name, {"retryRequest": {"idempotencyKey": "from-restored", "fromCheckpoint": forged_at}}
-    )
-
-    def retried_and_ended() -> dict[str, Any] | None:
-        run = get_run(kube, ns, name)
-        status = run.get("status") or {}
-        return run if status.get("attempts", 0) >= 3 and status.get("phase") in ENDED else None
-
-    final = wait_for(retried_and_ended, 120, what=f"{name}'s retry to end")
-    assert final["status"]["phase"] == "Succeeded", (final["status"], operator.log_tail())
-    third = attempts(kube, ns, name)[-1]
-    assert (third["spec"]["number"], third["spec"]["resumeFrom"]) == (3, forged_at)
+    final = retry_to_success(kube, ns, name, operator, key="from-restored", from_checkpoint=forged_at)
     assert final["status"]["result"] == summary(CALLS, SIZE), "the whole state: every output, every file"
     lines = [line.split() for line in log.read_text().splitlines()]
     assert Counter(int(call) for _, event, call in lines if event == "end") == Counter(range(CALLS))
