@@ -87,6 +87,29 @@ def test_the_retention_pass_deletes_whole_days_past_retention() -> None:
     asyncio.run(scenario())
 
 
+def test_a_day_already_deleted_is_not_told_again_where_its_empty_folder_stays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a store over a file system (file://, versitygw's posix backend) the day's folder stays, empty,
+    and is listed again by every later pass: nothing is deleted, counted or logged for it."""
+
+    async def scenario() -> None:
+        registry, clock = CollectorRegistry(), FakeClock(ARCHIVED)
+        archiver = Archiver(BlobStore.from_url(f"file://{tmp_path}/store"), clock, registry)
+        world, planned = action()
+        entry = await archiver.archive(world.run, planned)
+        retention = ArchiveRetention(archiver, retention_seconds=86400)
+        clock.advance(timedelta(hours=39).total_seconds())
+        assert await retention.pass_once() == 1
+        assert await stored.index_days(archiver.store, NAMESPACE) == [entry.day]  # the empty folder
+        with caplog.at_level("INFO", logger="agentrun.operator"):
+            assert await retention.pass_once() == 0
+        assert not [r for r in caplog.records if "archive retention" in r.getMessage()], caplog.text
+        assert value(registry, "agentrun_run_archives_expired_total") == 1
+
+    asyncio.run(scenario())
+
+
 class WaitingClock(FakeClock):
     """Each sleep is handed to the test (its seconds) and lasts until it is cancelled."""
 
