@@ -19,17 +19,14 @@ import asyncio
 import json
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from harness import scratch_cluster
 
 from agentrun.examples.manifests import agent_run
 from agentrun.kubeapi import KubeApi, load_configuration
-from devcluster.cluster import LocalCluster
-from support.agentrun import install_crds
-from support.kube import Kube
 
 NAMESPACE = "create-cost"
 RUN = "r1"
@@ -168,27 +165,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=150, help="requests per shape and round")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="agentrun-create-cost-") as tmp:
-        cluster = LocalCluster(state_dir=Path(tmp) / "cluster")
-        cluster.start()
-        try:
-            kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-            install_crds(kube)
-            kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
-            run = kube.custom.create_namespaced_custom_object(
-                "agentrun.dev", "v1alpha1", NAMESPACE, "runs", agent_run(RUN, "echo", {})
-            )
-            api = KubeApi(load_configuration(str(cluster.kubeconfig)))
+    with scratch_cluster("agentrun-create-cost-", NAMESPACE) as (cluster, kube):
+        run = kube.custom.create_namespaced_custom_object(
+            "agentrun.dev", "v1alpha1", NAMESPACE, "runs", agent_run(RUN, "echo", {})
+        )
+        api = KubeApi(load_configuration(str(cluster.kubeconfig)))
 
-            async def go() -> dict[str, Any]:
-                try:
-                    return await measure(api, run["metadata"]["uid"], args.n, args.rounds)
-                finally:
-                    await api.aclose()
+        async def go() -> dict[str, Any]:
+            try:
+                return await measure(api, run["metadata"]["uid"], args.n, args.rounds)
+            finally:
+                await api.aclose()
 
-            print(json.dumps(asyncio.run(go()), indent=1))
-        finally:
-            cluster.stop()
+        print(json.dumps(asyncio.run(go()), indent=1))
 
 
 if __name__ == "__main__":

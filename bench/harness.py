@@ -12,10 +12,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,6 +385,22 @@ class Bench:
         self.operator.stop()
         self.operator.start()
         self.operator.wait_ready(timeout=120)
+
+
+@contextmanager
+def scratch_cluster(prefix: str, namespace: str) -> Iterator[tuple[LocalCluster, Kube]]:
+    """A control plane of its own in a temporary directory, with the CRDs and `namespace`, no operator;
+    stopped on the way out."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        cluster = LocalCluster(state_dir=Path(tmp) / "cluster")
+        cluster.start()
+        try:
+            kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
+            install_crds(kube)
+            kube.core.create_namespace({"metadata": {"name": namespace}})
+            yield cluster, kube
+        finally:
+            cluster.stop()
 
 
 def runs_path(ns: str | None = None) -> str:

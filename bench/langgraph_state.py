@@ -24,12 +24,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from harness import scratch_cluster
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, CheckpointMetadata
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
@@ -40,7 +39,6 @@ from agentrun.integrations.langgraph.serde import AllowListSerializer
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.statestore import BlobStore, StoreRequest
 from devcluster.cluster import LocalCluster
-from support.agentrun import install_crds
 from support.kube import Kube
 from support.langgraph_react import build, task
 
@@ -243,21 +241,13 @@ def main() -> None:
     parser.add_argument("--output-bytes", type=int, default=40_000)
     parser.add_argument("--rows", action="store_true", help="print every superstep's figures too")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="agentrun-lg-state-") as tmp:
-        cluster = LocalCluster(state_dir=Path(tmp) / "cluster")
-        cluster.start()
-        try:
-            kube = Kube(cluster.kubeconfig, Path(cluster.binary("kubectl")))
-            install_crds(kube)
-            kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
-            results = {
-                name: run_thread(
-                    cluster, kube, name, calls=args.calls, output_bytes=args.output_bytes, delta=delta
-                )
-                for name, delta in (("list", False), ("delta", True))
-            }
-        finally:
-            cluster.stop()
+    with scratch_cluster("agentrun-lg-state-", NAMESPACE) as (cluster, kube):
+        results = {
+            name: run_thread(
+                cluster, kube, name, calls=args.calls, output_bytes=args.output_bytes, delta=delta
+            )
+            for name, delta in (("list", False), ("delta", True))
+        }
     print(json.dumps({name: summary(rows) for name, rows in results.items()}, indent=1))
     if args.rows:
         print(json.dumps(results))
