@@ -165,6 +165,42 @@ def condition(run: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in run.get("status", {}).get("conditions") or [] if c["type"] == kind), None)
 
 
+def answer_into_unverifiable(
+    kube: Kube, ns: str, name: str, pending: dict[str, Any], operator: OperatorProcess, *, key: str
+) -> None:
+    """The person answers; the Attempt that continues reads the forged blob and the Run stops for a person
+    (StateUnverifiable), the failure naming the blob."""
+    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
+    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
+    assert stopped["status"]["phase"] == "NeedsReconciliation", (stopped["status"], operator.log_tail())
+    assert stopped["status"]["failure"]["reason"] == "StateUnverifiable"
+    assert key in stopped["status"]["failure"]["message"], "the blob is named"
+
+
+def expect_restored(
+    kube: Kube, ns: str, name: str, operator: OperatorProcess, *, key: str, forged_at: str, before: float
+) -> None:
+    """The operator restored blob `key` on its own and told the person (condition, Event, metric), and
+    started nothing: a person decides, the Run still waits with its two Attempts."""
+
+    def restored() -> dict[str, Any] | None:
+        run = get_run(kube, ns, name)
+        return run if condition(run, "StateRestored") is not None else None
+
+    run = wait_for(restored, 60, what=f"{name}'s blob restored")
+    said = condition(run, "StateRestored")
+    assert said is not None
+    assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())
+    assert key in said["message"]
+    assert f"a retryRequest from checkpoint {forged_at}" in said["message"]
+    assert run["status"]["phase"] == "NeedsReconciliation"
+    assert run["status"]["attempts"] == 2
+    assert len(attempts(kube, ns, name)) == 2
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "StateRestored" and key in (e.message or "") for e in events)
+    assert restored_blobs(operator) == before + 1
+
+
 @pytest.mark.parametrize("mode", ["replace", "truncate"])
 def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_checkpoint_finishes(
     kube: Kube, local_cluster: LocalCluster, run_namespace: str, operator: OperatorProcess, mode: str
@@ -190,29 +226,8 @@ def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_ch
     with pytest.raises(StateUnverifiable):  # the store holds the forged bytes now
         read_blob(local_cluster, ref)
 
-    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
-    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
-    assert stopped["status"]["phase"] == "NeedsReconciliation", stopped["status"]
-    assert stopped["status"]["failure"]["reason"] == "StateUnverifiable"
-    assert ref["key"] in stopped["status"]["failure"]["message"]
-
-    def restored() -> dict[str, Any] | None:
-        run = get_run(kube, ns, name)
-        return run if condition(run, "StateRestored") is not None else None
-
-    run = wait_for(restored, 60, what=f"{name}'s blob restored")
-    said = condition(run, "StateRestored")
-    assert said is not None
-    assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())
-    assert ref["key"] in said["message"]
-    assert f"a retryRequest from checkpoint {forged_at}" in said["message"]
-    # a person decides: the Run still waits, no Attempt was started, its failure still names the blob
-    assert run["status"]["phase"] == "NeedsReconciliation"
-    assert run["status"]["attempts"] == 2
-    assert len(attempts(kube, ns, name)) == 2
-    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "StateRestored" and ref["key"] in (e.message or "") for e in events)
-    assert restored_blobs(operator) == restored_before + 1
+    answer_into_unverifiable(kube, ns, name, pending, operator, key=ref["key"])
+    expect_restored(kube, ns, name, operator, key=ref["key"], forged_at=forged_at, before=restored_before)
     # what the store holds at the key now is the genuine state, read and verified as any reader does
     assert read_blob(local_cluster, ref) == genuine
 
@@ -285,29 +300,10 @@ def test_the_operator_restores_an_overwritten_langgraph_channel_blob_a_manifest_
     with pytest.raises(StateUnverifiable):  # the store holds the forged bytes now
         read_bytes(local_cluster, channel)
 
-    resume(kube, ns, name, pending, {"go": True}, key="carry-on")
-    stopped = wait_phase(kube, ns, name, {"NeedsReconciliation", "Succeeded", "Failed", "Cancelled"}, 120)
-    assert stopped["status"]["phase"] == "NeedsReconciliation", (stopped["status"], operator.log_tail())
-    assert stopped["status"]["failure"]["reason"] == "StateUnverifiable"
-    assert channel.key in stopped["status"]["failure"]["message"], "the channel blob is named"
+    answer_into_unverifiable(kube, ns, name, pending, operator, key=channel.key)
     second = attempts(kube, ns, name)
     assert [a["status"]["phase"] for a in second] == ["Interrupted", "Failed"], second
-
-    def restored() -> dict[str, Any] | None:
-        run = get_run(kube, ns, name)
-        return run if condition(run, "StateRestored") is not None else None
-
-    run = wait_for(restored, 60, what=f"{name}'s channel blob restored")
-    said = condition(run, "StateRestored")
-    assert said is not None
-    assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())
-    assert channel.key in said["message"]
-    assert f"a retryRequest from checkpoint {forged_at}" in said["message"]
-    assert run["status"]["phase"] == "NeedsReconciliation"
-    assert len(attempts(kube, ns, name)) == 2
-    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "StateRestored" and channel.key in (e.message or "") for e in events)
-    assert restored_blobs(operator) == restored_before + 1
+    expect_restored(kube, ns, name, operator, key=channel.key, forged_at=forged_at, before=restored_before)
     assert read_bytes(local_cluster, channel) == genuine
 
     final = retry_to_success(kube, ns, name, operator, key="from-restored", from_checkpoint=forged_at)
