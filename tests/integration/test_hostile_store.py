@@ -62,6 +62,19 @@ def attack(kube: Kube, ns: str, name: str, victim: str, store: dict[str, Any]) -
     return result
 
 
+def waiting_at_its_question(
+    kube: Kube, ns: str, body: dict[str, Any], operator: OperatorProcess
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Creates the Run and waits for its question: (the Run waiting, the Checkpoint it waits at)."""
+    name = body["metadata"]["name"]
+    create_run(kube, ns, body)
+    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
+    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    saved = checkpoint(kube, ns, waiting["status"]["pendingRequest"]["checkpointId"])
+    assert saved is not None
+    return waiting, saved
+
+
 def retry_to_success(
     kube: Kube, ns: str, name: str, operator: OperatorProcess, *, key: str, from_checkpoint: str
 ) -> dict[str, Any]:
@@ -89,16 +102,9 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     # replace/truncate: the victim waits after its second checkpoint, whose blob is then overwritten;
     # plant: it waits after its first, and its next state's address is taken before it saves it
     ask_at = 0 if mode == "plant" else 1
-    create_run(
-        kube,
-        ns,
-        big_state_run(name, local_cluster, steps=STEPS, outputBytes=SIZE, askAt=ask_at, stampAttempt=True),
-    )
-    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
-    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    body = big_state_run(name, local_cluster, steps=STEPS, outputBytes=SIZE, askAt=ask_at, stampAttempt=True)
+    waiting, saved = waiting_at_its_question(kube, ns, body, operator)
     pending = waiting["status"]["pendingRequest"]
-    saved = checkpoint(kube, ns, pending["checkpointId"])
-    assert saved is not None
     if mode == "plant":
         earlier = saved["spec"]["id"]
         store: dict[str, Any] = {
@@ -210,13 +216,9 @@ def test_the_operator_restores_an_overwritten_blob_and_a_retry_from_that_same_ch
     own, tells the person, and retries nothing; the person's retry from that checkpoint then finishes."""
     ns, name = run_namespace, f"restored-{mode}"
     body = big_state_run(name, local_cluster, steps=STEPS, outputBytes=SIZE, askAt=1, stampAttempt=True)
-    create_run(kube, ns, body)
-    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
-    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    waiting, saved = waiting_at_its_question(kube, ns, body, operator)
     pending = waiting["status"]["pendingRequest"]
     forged_at = pending["checkpointId"]
-    saved = checkpoint(kube, ns, forged_at)
-    assert saved is not None
     ref = saved["spec"]["stateRef"]
     genuine = read_blob(local_cluster, ref)
     restored_before = restored_blobs(operator)
@@ -275,13 +277,9 @@ def test_the_operator_restores_an_overwritten_langgraph_channel_blob_a_manifest_
     body = support_agent_run(name, "langgraph_reader", {"calls": CALLS, "outputBytes": SIZE, "askAt": ASK_AT})
     body["spec"]["agent"]["env"].append({"name": "AGENTRUN_TOOL_LOG", "value": str(log)})
     body["spec"]["retry"] = FAST_RETRY
-    create_run(kube, ns, body)
-    waiting = wait_phase(kube, ns, name, {"InputRequired", *ENDED}, timeout=120)
-    assert waiting["status"]["phase"] == "InputRequired", (waiting["status"], operator.log_tail())
+    waiting, saved = waiting_at_its_question(kube, ns, body, operator)
     pending = waiting["status"]["pendingRequest"]
     forged_at = pending["checkpointId"]
-    saved = checkpoint(kube, ns, forged_at)
-    assert saved is not None
     manifest = saved["spec"]["stateRef"]
     assert manifest["links"] is True, "the checkpoint names a manifest"
     # the channel blob no object records, only the manifest: the `files` channel's value after two calls
