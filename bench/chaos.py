@@ -248,6 +248,11 @@ PROFILES = {
     ),
 }
 
+# Every run restarts both halves of the control loop at least once (the promise is that reconciliation
+# survives a restart at any line): each is injected as soon as it first finds a target, never left to
+# the draw, and the fault window does not end on its count before both happened.
+REQUIRED_FAULTS = ("restart-operator", "restart-apiserver")
+
 WEIGHTS = {
     "kill-worker": 3.0,
     "kill-during-create": 3.0,
@@ -800,7 +805,9 @@ class Chaos:
         next_progress = time.monotonic()
         mean_gap = profile.gap
         window_end = time.monotonic() + profile.seconds
-        while sum(self.records.faults.values()) < profile.faults and time.monotonic() < window_end:
+        while (
+            sum(self.records.faults.values()) < profile.faults or not self.required_faults_done()
+        ) and time.monotonic() < window_end:
             self.observe()
             self.after_traps()
             self.settle_tamperings()
@@ -940,13 +947,19 @@ class Chaos:
         }
         return targets
 
+    def required_faults_done(self) -> bool:
+        return all(self.records.faults[kind] for kind in REQUIRED_FAULTS)
+
     def inject(self) -> str | None:
         targets = {k: v for k, v in self.available().items() if v}
         if not targets:
             return None
         kinds = sorted(targets)
         untried = [k for k in kinds if not self.records.faults[k]]
-        if untried and self.rng.random() < 0.5:  # every kind early on, then by weight
+        required = [k for k in REQUIRED_FAULTS if k in untried]
+        if required:
+            kind = required[0]
+        elif untried and self.rng.random() < 0.5:  # every kind early on, then by weight
             kind = self.rng.choice(untried)
         else:
             kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
