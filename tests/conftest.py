@@ -135,8 +135,8 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> Iterator[str]:
     """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), is
     opted in for attempt Pods (labelled agentrun.dev/agent=true), and holds the state-store credentials
-    Secret its attempt Pods read (its own principal, taken back after the test: the bucket policy holds
-    a statement per principal and the store bounds its size). The session's operator stands for a
+    Secret its attempt Pods read (its own principal, in a bucket of the namespace's own, taken back after
+    the test as an operator would once the namespace is gone). The session's operator stands for a
     cluster whose administrator provides the Secrets (it is not told AGENTRUN_STATE_STORE_PROVISION, so
     a namespace without them fails its Runs: test_store_access), so the fixture, as that administrator,
     takes the principal back; an operator administering the bundled server does it itself."""
