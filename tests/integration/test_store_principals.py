@@ -143,13 +143,16 @@ def test_the_blob_store_client_works_with_a_namespaces_credentials_and_is_refuse
     namespace's own URL (what the operator gives its Pods), or with the store's (it routes by key)."""
     for name, value in server.namespace_credentials("team-c").env().items():
         monkeypatch.setenv(name, value)
+    server.namespace_credentials("team-d")  # its bucket exists: refused there (403)
 
     async def scenario(store: BlobStore) -> None:
         ref = await store.put("team-c", RUN_UID, b"checkpoint of team-c")
         assert await store.put("team-c", RUN_UID, b"checkpoint of team-c") == ref  # 412, then verified
         assert await store.get(ref) == b"checkpoint of team-c"
-        with pytest.raises(StoreRefused):
+        with pytest.raises(StoreRefused, match="403"):
             await store.put("team-d", RUN_UID, b"planted in team-d")
+        with pytest.raises(StoreRefused):  # a namespace never made (with the store's URL: no bucket)
+            await store.put("team-none", RUN_UID, b"planted")
 
     own = BlobStore.from_url(server.namespace_url("team-c"), timeouts=QUICK)
     assert own.location.bucket == bucket_of(server, "team-c") and not own.location.per_namespace
@@ -174,7 +177,8 @@ def test_the_operators_store_spans_the_base_bucket_and_every_namespace_bucket(
         listed = {blob.key for blob in await store.list_blobs()}
         assert {a.key, b.key, "_archives/span-a/x/u.json", "_other/kept"} <= listed
         assert {blob.key for blob in await store.list_blobs("span-a")} == {a.key}
-        assert await store.list_folders("_archives/") == ["_archives/span-a/"]
+        assert "_archives/span-a/" in await store.list_folders("_archives/")  # from span-a's bucket
+        assert await store.list_keys("_archives/span-a/") == ["_archives/span-a/x/u.json"]
         assert await store.copy(a.key, f"_quarantine/{a.key}")
         assert request(server, "GET", a.key, server.credentials) == 200
         assert (
@@ -266,6 +270,7 @@ def test_a_namespace_of_the_one_bucket_layout_is_moved_to_its_own_bucket_and_tak
         "Action": ["s3:GetObject", "s3:PutObject"],
         "Resource": [f"arn:aws:s3:::{server.bucket}/team-old/*"],
     }
+    store.put_user(Credentials.new(access_key("team-old", Access.WRITE)))  # the server checks principals
     store.put_policy({"Version": "2012-10-17", "Statement": [stale]})
     held = store.principals()
     assert "team-old" in held.namespaces() and not held.complete("team-old")

@@ -394,6 +394,9 @@ def classify(operation: str, key: str, exc: BaseException) -> StoreUnavailable |
     detail = scrub(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | InvalidPathError):
         return StoreRefused(operation, key, detail)
+    if isinstance(exc, FileNotFoundError) and operation == "put":
+        # a put's 404 is the bucket's (NoSuchBucket: e.g. a namespace's bucket nobody made), never the key's
+        return StoreRefused(operation, key, detail)
     if isinstance(exc, GenericError) and _CLIENT_ERROR.search(_status_part(str(exc))):
         return StoreRefused(operation, key, detail)
     if isinstance(exc, BaseError | OSError | TimeoutError):
