@@ -177,6 +177,10 @@ def test_the_operators_store_spans_the_base_bucket_and_every_namespace_bucket(
         listed = {blob.key for blob in await store.list_blobs()}
         assert {a.key, b.key, "_archives/span-a/x/u.json", "_other/kept"} <= listed
         assert {blob.key for blob in await store.list_blobs("span-a")} == {a.key}
+        # a namespace whose bucket is not made yet (it opts in later) holds nothing: no error
+        assert await store.list_blobs("span-later") == []
+        assert await store.list_keys("_archives/span-later/_index/") == []
+        assert await store.list_folders("_archives/span-later/_index/") == []
         assert "_archives/span-a/" in await store.list_folders("_archives/")  # from span-a's bucket
         assert await store.list_keys("_archives/span-a/") == ["_archives/span-a/x/u.json"]
         assert await store.copy(a.key, f"_quarantine/{a.key}")

@@ -69,6 +69,7 @@ _SECRET_ENV: Final = (
     "GOOGLE_SERVICE_ACCOUNT_KEY",
 )
 _DETAIL_LIMIT: Final = 600
+_NO_SUCH_BUCKET: Final = "NoSuchBucket"
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,11 @@ class BlobStore:
         found = sorted(b for b in listed if b != base and may_be_namespace_bucket(base, b))
         return [(bucket, self._bucket_store(bucket)) for bucket in (base, *found)]
 
+    def _not_made(self, bucket: str, error: BaseException) -> bool:
+        """Whether a listing failed only because a namespace's bucket is not made yet (a namespace that
+        opted in after the listing started, or never): it holds nothing then."""
+        return bucket != self.location.bucket and _NO_SUCH_BUCKET in str(error)
+
     def _listed_here(self, bucket: str, key: str) -> bool:
         """Whether a key a listing of `bucket` found belongs there (a bucket only named like a namespace's,
         or an object at another bucket's key, is not this store's)."""
@@ -315,8 +321,12 @@ class BlobStore:
         keys: list[str] = []
         try:
             for bucket, store in await self._stores_under(prefix):
-                async for page in obstore.list(store, prefix, chunk_size=1000):
-                    keys.extend(k for k in (str(m["path"]) for m in page) if self._listed_here(bucket, k))
+                try:
+                    async for page in obstore.list(store, prefix, chunk_size=1000):
+                        keys.extend(k for k in (str(m["path"]) for m in page) if self._listed_here(bucket, k))
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
         except StateStoreError:
             raise
         except Exception as exc:
@@ -329,7 +339,12 @@ class BlobStore:
         folders: set[str] = set()
         try:
             for bucket, store in await self._stores_under(prefix):
-                found = await obstore.list_with_delimiter_async(store, prefix)
+                try:
+                    found = await obstore.list_with_delimiter_async(store, prefix)
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
+                    continue
                 named = (str(folder).rstrip("/") + "/" for folder in found["common_prefixes"])
                 folders.update(f for f in named if self._listed_here(bucket, f))
         except StateStoreError:

@@ -45,11 +45,15 @@ class OperatorStore(BlobStore):
         found: list[StoredBlob] = []
         with self._request("list", prefix or "/") as request:
             for bucket, store in await self._stores_under(prefix or ""):
-                async for batch in obstore.list(store, prefix, chunk_size=1000):
-                    for meta in batch:
-                        key = relative_key(self.location.prefix, meta["path"])
-                        if key is not None and self._listed_here(bucket, meta["path"]):
-                            found.append(StoredBlob(key, meta["last_modified"], int(meta["size"])))
+                try:
+                    async for batch in obstore.list(store, prefix, chunk_size=1000):
+                        for meta in batch:
+                            key = relative_key(self.location.prefix, meta["path"])
+                            if key is not None and self._listed_here(bucket, meta["path"]):
+                                found.append(StoredBlob(key, meta["last_modified"], int(meta["size"])))
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
             request.outcome = "ok"
         return found
 
