@@ -115,7 +115,7 @@ class StoreCredentials:
         return True
 
     async def take_back(self, namespace: str) -> None:
-        """The principals of a namespace that is gone: out of the bucket's policy, then deleted (its
+        """The principals of a namespace that is gone: out of their bucket's policy, then deleted (its
         Secrets went with the namespace). A server that refuses or does not answer raises: the next
         sweep tries again."""
         assert self.bundled is not None
