@@ -131,6 +131,11 @@ class LocalCluster:
             raise ClusterError("this cluster runs no object store (with_object_store=False)")
         return self.object_store.namespace_url(namespace)
 
+    def prepare_namespace_bucket(self, namespace: str) -> None:
+        """`namespace`'s bucket on the store, versioned, without principals (nothing without a store)."""
+        if self.object_store is not None:
+            self.object_store.prepare_namespace_bucket(namespace)
+
     def forget_namespace_store(self, namespace: str) -> None:
         """`namespace`'s principals on the store are granted nothing any more and deleted (see
         principals.BundledStore.take_back)."""

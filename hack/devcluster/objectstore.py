@@ -125,6 +125,12 @@ class ObjectStoreProcess:
         with the namespace's bucket: what the namespace's Secret holds, never the gateway's root."""
         return BundledStore(parse_store_url(self.url), self.credentials).ensure(namespace, access, held)
 
+    def prepare_namespace_bucket(self, namespace: str) -> None:
+        """The namespace's bucket exists and is versioned (as the operator makes it when the namespace
+        opts in), without its principals: for a namespace whose objects only the root writes."""
+        bundled = BundledStore(parse_store_url(self.url), self.credentials)
+        bundled.prepare_bucket(bundled.bucket(namespace))
+
     def forget_namespace(self, namespace: str) -> None:
         """The namespace's principals are granted nothing any more and deleted (its test is over), as an
         operator administering the server does once a namespace is gone (operator.store_principals)."""

@@ -16,6 +16,7 @@ import pytest
 from obstore.store import S3Store
 
 from agentrun.api.budgets import stored_size
+from agentrun.core.store_buckets import namespace_bucket
 from agentrun.statestore import BlobRef, BlobStore
 from agentrun.statestore.principals import Access
 from agentrun.worker.blobs import INLINE_THRESHOLD
@@ -166,7 +167,7 @@ def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_un
     store = local_cluster.object_store
     assert store is not None
     raw = S3Store(
-        store.bucket,
+        namespace_bucket(store.bucket, ns),
         config={
             "endpoint": store.endpoint,
             "region": REGION,
