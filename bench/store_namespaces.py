@@ -4,12 +4,16 @@ or `--namespaces` are made; then what a namespace's request costs with that many
 evaluates its authorization data on every request of a principal), and whether a blob written again at a
 key the collector deleted (a delete marker on the versioned bucket) can be read back.
 
-    PYTHONPATH=hack .venv/bin/python bench/store_namespaces.py [--setup bucket-policy] [--namespaces 1000]
+    PYTHONPATH=hack .venv/bin/python bench/store_namespaces.py [--setup SETUP] [--namespaces 1000]
 
 Set-ups (`--setup`):
-- `bucket-policy`: the server as the local control plane runs it (devcluster.objectstore: posix backend,
-  metadata in extended attributes, internal IAM) and the principals as the operator makes them
-  (agentrun.statestore.principals: two users per namespace, a statement each in the bucket's policy);
+- `bucket-per-namespace`: the server as the local control plane runs it (devcluster.objectstore: posix
+  backend, metadata in extended attributes, internal IAM) and the principals as the operator makes them
+  (agentrun.statestore.principals: two users per namespace, granted in the policy of a bucket of the
+  namespace's own); it also times the operator's sweep of the server's principals (ListBuckets and
+  every namespace bucket's policy) with that many namespaces;
+- `bucket-policy`: the layout before it, for comparison: one bucket, whose one policy holds a statement
+  per principal (made here as the operator made them then);
 - `bucket-policy-sidecar`: the same with the posix backend's `--sidecar` (metadata in files of their own);
 - `standalone-iam`: versitygw's standalone IAM service (`versitygw iam`, a second process the gateway asks
   over a unix socket) with two IAM users per namespace, each with an access key the service makes and an
@@ -37,8 +41,9 @@ from urllib.parse import quote
 import obstore
 from obstore.store import S3Store
 
+from agentrun.core.store_buckets import namespace_bucket
 from agentrun.statestore import StoreRefused, parse_store_url
-from agentrun.statestore.principals import Access, BundledStore
+from agentrun.statestore.principals import POLICY_VERSION, Access, BundledStore, access_key
 from agentrun.statestore.sigv4 import signed_request
 from devcluster.objectstore import (
     REGION,
@@ -51,7 +56,8 @@ from devcluster.objectstore import (
 from devcluster.processes import free_port, pid_alive, spawn, stop_group
 
 REQUESTS = 40  # per latency sample: puts, then gets, of a namespace's own keys
-SETUPS = ("bucket-policy", "bucket-policy-sidecar", "standalone-iam")
+SETUPS = ("bucket-per-namespace", "bucket-policy", "bucket-policy-sidecar", "standalone-iam")
+BASE = "agentrun"
 
 
 def namespace(number: int) -> str:
@@ -156,11 +162,27 @@ class StandaloneIam:
         return Credentials(key.group(1).decode(), secret.group(1).decode())
 
 
-def request_ms(endpoint: str, credentials: Credentials, ns: str) -> dict[str, float]:
+def one_bucket_principal(bundled: BundledStore, ns: str, access: Access) -> Credentials:
+    """A principal as the operator made them before a bucket per namespace: a statement of the one
+    bucket's policy, granting the namespace's prefix there."""
+    credentials = Credentials.new(access_key(ns, access))
+    bundled.put_user(credentials)
+    statement = {
+        "Effect": "Allow",
+        "Principal": {"AWS": [credentials.access_key]},
+        "Action": access.actions,
+        "Resource": [f"arn:aws:s3:::{BASE}/{ns}/*"],
+    }
+    statements = bundled.policy().get("Statement") or []
+    bundled.put_policy({"Version": POLICY_VERSION, "Statement": [*statements, statement]})
+    return credentials
+
+
+def request_ms(endpoint: str, credentials: Credentials, ns: str, bucket: str) -> dict[str, float]:
     """Median milliseconds of a put and a get under the namespace's prefix, with its own credentials."""
     puts, gets = [], []
     for i in range(REQUESTS):
-        path = f"/agentrun/{ns}/run/sha256/{i:04d}"
+        path = f"/{bucket}/{ns}/run/sha256/{i:04d}"
         start = time.perf_counter()
         status, body = s3_request("PUT", endpoint, path, body=b"x" * 64, credentials=credentials)
         puts.append(time.perf_counter() - start)
@@ -177,11 +199,14 @@ def request_ms(endpoint: str, credentials: Credentials, ns: str) -> dict[str, fl
     }
 
 
-def isolation(endpoint: str, own: str, mine: Credentials, other: str) -> dict[str, int]:
+def isolation(
+    endpoint: str, own: str, mine: Credentials, other: str, bucket_of: Callable[[str], str]
+) -> dict[str, int]:
     """What the namespace's write principal is answered: its own prefix, the other's, delete, list."""
 
     def status(method: str, key: str, body: bytes = b"", query: str = "") -> int:
-        path = f"/agentrun/{key}" if key else "/agentrun"
+        bucket = bucket_of(key.split("/", maxsplit=1)[0] or own)
+        path = f"/{bucket}/{key}" if key else f"/{bucket}"
         return s3_request(method, endpoint, path, body=body, query=query, credentials=mine)[0]
 
     return {
@@ -223,6 +248,7 @@ def rewritten_after_delete(endpoint: str, root: Credentials) -> str:
 def measure(setup: str, limit: int, workdir: Path) -> dict[str, Any]:
     standalone: StandaloneIam | None = None
     server: ObjectStoreProcess | None = None
+    bucket_of: Callable[[str], str] = lambda ns: BASE  # noqa: E731
     if setup == "standalone-iam":
         standalone = StandaloneIam(workdir)
         standalone.start()
@@ -235,7 +261,11 @@ def measure(setup: str, limit: int, workdir: Path) -> dict[str, Any]:
         server.start()
         endpoint, root = server.endpoint, server.credentials
         bundled = BundledStore(parse_store_url(server.url), server.credentials)
-        make = lambda ns, access: bundled.ensure(ns, access, None)  # noqa: E731
+        if setup == "bucket-per-namespace":
+            make = lambda ns, access: bundled.ensure(ns, access, None)  # noqa: E731
+            bucket_of = lambda ns: namespace_bucket(BASE, ns)  # noqa: E731
+        else:
+            make = lambda ns, access: one_bucket_principal(bundled, ns, access)  # noqa: E731
         argv = " ".join(server.argv()[1:]).replace(str(workdir), "WORKDIR")
     try:
         made, refused, writers = 0, "", {}
@@ -254,7 +284,7 @@ def measure(setup: str, limit: int, workdir: Path) -> dict[str, Any]:
             make_ms.append((time.perf_counter() - start) * 1000)
             made = number
             if number == 1:
-                at_one = request_ms(endpoint, writers[ns], ns)
+                at_one = request_ms(endpoint, writers[ns], ns, bucket_of(ns))
         total_s = time.perf_counter() - began
         first, last = namespace(1), namespace(made)
         result: dict[str, Any] = {
@@ -265,14 +295,22 @@ def measure(setup: str, limit: int, workdir: Path) -> dict[str, Any]:
             "makeSeconds": round(total_s, 2),
             "makeLastTenMedianMs": round(statistics.median(make_ms[-10:]), 1),
             "requestsWithOneNamespace": at_one,
-            f"requestsWith{made}Namespaces": request_ms(endpoint, writers[first], first),
-            "isolation": isolation(endpoint, first, writers[first], last),
+            f"requestsWith{made}Namespaces": request_ms(endpoint, writers[first], first, bucket_of(first)),
+            f"requestsOfTheLastWith{made}Namespaces": request_ms(
+                endpoint, writers[last], last, bucket_of(last)
+            ),
+            "isolation": isolation(endpoint, first, writers[first], last, bucket_of),
             "blobWrittenAgainAfterDelete": rewritten_after_delete(endpoint, root),
         }
         if server is not None:
-            policy = bundled.policy()
+            policy = bundled.policy(bucket_of(last))
             result["policyBytes"] = len(json.dumps(policy, separators=(",", ":")))
             result["policyStatements"] = len(policy.get("Statement") or [])
+        if setup == "bucket-per-namespace":
+            start = time.perf_counter()
+            held = bundled.principals()  # what the operator's sweep reads, every 5 minutes
+            result["principalSweepSeconds"] = round(time.perf_counter() - start, 2)
+            assert all(held.complete(namespace(n)) for n in range(1, made + 1)), "a namespace is incomplete"
         return result
     finally:
         if server is not None:

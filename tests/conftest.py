@@ -39,8 +39,14 @@ def kube(local_cluster: LocalCluster) -> Kube:
     return Kube(local_cluster.kubeconfig, Path(local_cluster.binary("kubectl")))
 
 
-def _fresh_namespace(kube: Kube) -> str:
+def _fresh_namespace(kube: Kube, request: pytest.FixtureRequest) -> str:
+    """A namespace; on a test's local cluster (when it has one) with its bucket on the cluster's store (a
+    bucket per namespace, as the operator makes it for a namespace that opts in): tests write a
+    namespace's objects there as the store's root."""
     name = f"t-{uuid.uuid4().hex[:10]}"
+    if "local_cluster" in request.fixturenames:
+        cluster: LocalCluster = request.getfixturevalue("local_cluster")
+        cluster.prepare_namespace_bucket(name)
     kube.core.create_namespace({"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}})
     wait_for(
         lambda: kube.core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
@@ -51,17 +57,17 @@ def _fresh_namespace(kube: Kube) -> str:
 
 
 @pytest.fixture
-def namespace(kube: Kube) -> Iterator[str]:
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace whose default service account exists (Pods are refused until it does)."""
-    name = _fresh_namespace(kube)
+    name = _fresh_namespace(kube, request)
     yield name
     kube.core.delete_namespace(name)
 
 
 @pytest.fixture(scope="module")
-def module_namespace(kube: Kube) -> Iterator[str]:
+def module_namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace shared by the tests of one module (for tests that only need distinct names)."""
-    name = _fresh_namespace(kube)
+    name = _fresh_namespace(kube, request)
     yield name
     kube.core.delete_namespace(name)
 
@@ -135,8 +141,8 @@ def tickets(tmp_path: Path) -> Iterator[TicketServiceProcess]:
 def run_namespace(kube: Kube, local_cluster: LocalCluster, namespace: str) -> Iterator[str]:
     """A namespace whose default service account may do what an attempt Pod does (agentrun.rbac), is
     opted in for attempt Pods (labelled agentrun.dev/agent=true), and holds the state-store credentials
-    Secret its attempt Pods read (its own principal, taken back after the test: the bucket policy holds
-    a statement per principal and the store bounds its size). The session's operator stands for a
+    Secret its attempt Pods read (its own principal, in a bucket of the namespace's own, taken back after
+    the test as an operator would once the namespace is gone). The session's operator stands for a
     cluster whose administrator provides the Secrets (it is not told AGENTRUN_STATE_STORE_PROVISION, so
     a namespace without them fails its Runs: test_store_access), so the fixture, as that administrator,
     takes the principal back; an operator administering the bundled server does it itself."""

@@ -119,10 +119,22 @@ class LocalCluster:
 
     def namespace_store_env(self, namespace: str) -> dict[str, str]:
         """The credentials of `namespace`'s own principal on the store (AWS_* variables): get and put under
-        the namespace's prefix only, made on first use; what its state-store Secret holds."""
+        the namespace's prefix, in its own bucket, only; made on first use (with the bucket); what its
+        state-store Secret holds."""
         if self.object_store is None:
             raise ClusterError("this cluster runs no object store (with_object_store=False)")
         return self.object_store.namespace_credentials(namespace).env()
+
+    def namespace_store_url(self, namespace: str) -> str:
+        """The URL of `namespace`'s own bucket on the store (what its Pods and its Secrets are given)."""
+        if self.object_store is None:
+            raise ClusterError("this cluster runs no object store (with_object_store=False)")
+        return self.object_store.namespace_url(namespace)
+
+    def prepare_namespace_bucket(self, namespace: str) -> None:
+        """`namespace`'s bucket on the store, versioned, without principals (nothing without a store)."""
+        if self.object_store is not None:
+            self.object_store.prepare_namespace_bucket(namespace)
 
     def forget_namespace_store(self, namespace: str) -> None:
         """`namespace`'s principals on the store are granted nothing any more and deleted (see

@@ -6,8 +6,8 @@ credentials are made per start and handed to the process through its environment
 line); clients get them from `env()`. The bucket is created, and versioned, once the gateway is healthy,
 with signed S3 requests (agentrun.statestore.principals.BundledStore.prepare_bucket, which the chart's
 operator runs too). Its internal IAM holds a user per agent namespace (namespace_credentials), granted by
-the bucket's policy. Its version, flags and directories are agentrun.statestore.versitygw's: the chart
-starts the same server the same way.
+the policy of the namespace's own bucket. Its version, flags and directories are
+agentrun.statestore.versitygw's: the chart starts the same server the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Final
 from urllib.parse import parse_qsl
 
+from agentrun.core.store_buckets import namespace_url
 from agentrun.statestore import StateStoreError, StoreUnavailable, parse_store_url
 from agentrun.statestore import versitygw as server
 from agentrun.statestore.principals import Access, BundledStore
@@ -77,8 +78,13 @@ class ObjectStoreProcess:
 
     @property
     def url(self) -> str:
-        """The state store URL (agentrun.statestore): the bucket, the endpoint and the region."""
-        return f"s3://{self.bucket}?endpoint={self.endpoint}&region={REGION}"
+        """The state store URL (agentrun.statestore): the bucket, the endpoint and the region, and a bucket
+        per namespace, as the chart's operator keeps on its bundled server (agentrun.core.store_buckets)."""
+        return f"s3://{self.bucket}?endpoint={self.endpoint}&region={REGION}&buckets=namespace"
+
+    def namespace_url(self, namespace: str) -> str:
+        """The URL of the namespace's own bucket: what its attempt Pods and its people are given."""
+        return namespace_url(self.url, namespace)
 
     @property
     def health_url(self) -> str:
@@ -115,9 +121,15 @@ class ObjectStoreProcess:
     def namespace_credentials(
         self, namespace: str, access: Access = Access.WRITE, held: Credentials | None = None
     ) -> Credentials:
-        """The namespace's own principal (get and put under its prefix, or get only), made on first use:
-        what the namespace's Secret holds, never the gateway's root."""
+        """The namespace's own principal (get and put under its prefix, or read only), made on first use
+        with the namespace's bucket: what the namespace's Secret holds, never the gateway's root."""
         return BundledStore(parse_store_url(self.url), self.credentials).ensure(namespace, access, held)
+
+    def prepare_namespace_bucket(self, namespace: str) -> None:
+        """The namespace's bucket exists and is versioned (as the operator makes it when the namespace
+        opts in), without its principals: for a namespace whose objects only the root writes."""
+        bundled = BundledStore(parse_store_url(self.url), self.credentials)
+        bundled.prepare_bucket(bundled.bucket(namespace))
 
     def forget_namespace(self, namespace: str) -> None:
         """The namespace's principals are granted nothing any more and deleted (its test is over), as an

@@ -30,6 +30,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import crdgen
+from agentrun.core.store_buckets import namespace_bucket
 from agentrun.deploy import render
 from agentrun.statestore import versitygw
 from devcluster.objectstore import Credentials, ObjectStoreProcess, s3_request
@@ -920,6 +921,8 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
         assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentrun"
         assert base64.b64decode(made["data"]["AWS_ACCESS_KEY_ID"]).decode() != root.access_key
         assert kube.get("secret", "agentrun-state-store-read", ns) is not None
+        url = base64.b64decode(made["data"]["AGENTRUN_STATE_STORE_URL"]).decode()
+        assert url.startswith(f"s3://{namespace_bucket(versitygw.BUCKET, ns)}?")  # the namespace's bucket
 
         # a large state, killed half-way, resumed whole from the store
         steps, size = 4, 20_000
@@ -948,18 +951,18 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
             if "stateRef" in c["spec"]
         ]
         assert refs, "the state went to the store"
-        if server is not None:  # read the blobs back from the server as its root, and its versioning
+        if server is not None:  # read the blobs back from the namespace's bucket as the root, and versioning
+            own = namespace_bucket(versitygw.BUCKET, ns)
             for ref in refs:
-                status, blob = s3_request(
-                    "GET", server.endpoint, f"/{versitygw.BUCKET}/{ref['key']}", credentials=root
-                )
+                status, blob = s3_request("GET", server.endpoint, f"/{own}/{ref['key']}", credentials=root)
                 assert status == 200
                 assert (len(blob), hashlib.sha256(blob).hexdigest()) == (ref["size"], ref["sha256"])
                 assert ref["key"].startswith(f"{ns}/{done['metadata']['uid']}/sha256/")
-            status, versioning = s3_request(
-                "GET", server.endpoint, f"/{versitygw.BUCKET}", query="versioning=", credentials=root
-            )
-            assert status == 200 and b"<Status>Enabled</Status>" in versioning
+            for bucket in (versitygw.BUCKET, own):
+                status, versioning = s3_request(
+                    "GET", server.endpoint, f"/{bucket}", query="versioning=", credentials=root
+                )
+                assert status == 200 and b"<Status>Enabled</Status>" in versioning
             log = release.operator_log(operator)
             said = f"state store bucket {versitygw.BUCKET} at {server.endpoint} is there with versioning"
             assert said in log, log[-3000:]

@@ -144,6 +144,11 @@ def test_an_expired_run_is_archived_verified_and_deleted_and_history_shows_it(
     assert shown.returncode == 0, shown.stderr
     assert f"uid {first}; sha256 {entry.sha256}, verified" in shown.stdout
     assert "attempt 1 Succeeded" in shown.stdout, shown.stdout
+    # the same with the namespace's read-only principal and its bucket's URL: what people hold
+    listed = cli_with_store(kube, local_cluster, ns, "history", read_only=True)
+    assert listed.returncode == 0 and first in listed.stdout, listed.stderr
+    shown = cli_with_store(kube, local_cluster, ns, "describe", "--archived", name, read_only=True)
+    assert shown.returncode == 0 and f"uid {first}; sha256 {entry.sha256}, verified" in shown.stdout
 
     # the same name again: a second archive beside the first, neither hidden nor overwritten
     second = created(kube, ns, scenario_run(name, {"steps": 1}, ttlSecondsAfterFinished=0))

@@ -196,7 +196,9 @@ def collecting_operator(
     local_cluster: LocalCluster, namespace: str, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[tuple[OperatorProcess, int]]:
     """An operator for `namespace` only, with the store's credentials and collection periods of a
-    second: its loop sweeps that namespace's prefix, nothing else."""
+    second: its loop sweeps that namespace's prefix, nothing else. The namespace has its bucket on the
+    store (made with its principals, as for an opted-in namespace)."""
+    local_cluster.namespace_store_env(namespace)
     port = free_port()
     process = OperatorProcess(
         operator_kubeconfig,
@@ -218,6 +220,7 @@ def collecting_operator(
         yield process, port
     finally:
         process.stop()
+        local_cluster.forget_namespace_store(namespace)
 
 
 def test_the_operators_loop_collects_an_unreferenced_blob(

@@ -140,7 +140,7 @@ def test_a_blob_deleted_behind_the_saver_is_state_unverifiable(
     assert server is not None
     env = local_cluster.state_store_env()
     hostile = obstore.store.S3Store(  # the namespace's credentials, not following the rules
-        server.bucket,
+        store.bucket_for(store.location.key(namespace)),  # the namespace's bucket
         config={
             "endpoint": server.endpoint,
             "region": "us-east-1",

@@ -16,7 +16,9 @@ import pytest
 from obstore.store import S3Store
 
 from agentrun.api.budgets import stored_size
+from agentrun.core.store_buckets import namespace_bucket
 from agentrun.statestore import BlobRef, BlobStore
+from agentrun.statestore.principals import Access
 from agentrun.worker.blobs import INLINE_THRESHOLD
 from devcluster.cluster import LocalCluster
 from devcluster.objectstore import REGION
@@ -71,11 +73,16 @@ def read_blob(cluster: LocalCluster, ref: dict[str, Any]) -> Any:
 
 
 def cli_with_store(
-    kube: Kube, cluster: LocalCluster, ns: str, *args: str
+    kube: Kube, cluster: LocalCluster, ns: str, *args: str, read_only: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """`kubectl agentrun ARGS` for a person who holds the store's URL and credentials."""
+    """`kubectl agentrun ARGS` for a person who holds the store's URL and credentials; `read_only`: what
+    the namespace's read-only Secret holds (its principal and its bucket's URL), not the store's root."""
     env = {**env_for(kube.kubeconfig), "AGENTRUN_STATE_STORE_URL": cluster.state_store_url}
     env |= cluster.state_store_env()
+    if read_only:
+        assert cluster.object_store is not None
+        env |= cluster.object_store.namespace_credentials(ns, Access.READ).env()
+        env["AGENTRUN_STATE_STORE_URL"] = cluster.namespace_store_url(ns)
     return subprocess.run(argv(ns, *args), env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -160,7 +167,7 @@ def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_un
     store = local_cluster.object_store
     assert store is not None
     raw = S3Store(
-        store.bucket,
+        namespace_bucket(store.bucket, ns),
         config={
             "endpoint": store.endpoint,
             "region": REGION,

@@ -293,6 +293,7 @@ def test_the_local_control_plane_runs_a_versioned_object_store(
     assert local_cluster.object_store is not None
     for name, value in local_cluster.state_store_env().items():
         monkeypatch.setenv(name, value)
+    local_cluster.namespace_store_env(NAMESPACE)  # the namespace's bucket, made as for its Secret
     store = BlobStore.from_url(local_cluster.state_store_url)
     ref = asyncio.run(store.put(NAMESPACE, RUN_UID, b"state of a Run on the local control plane"))
     # a restart (as bench/chaos.py restarts components) keeps the port, the credentials and the blobs
@@ -307,6 +308,16 @@ def test_the_local_control_plane_runs_a_versioned_object_store(
     )
     assert status == 200, body
     assert b"<Status>Enabled</Status>" in body
+    status, body = s3_request(
+        "GET",
+        local_cluster.object_store.endpoint,
+        f"/{store.bucket_for(ref.key)}",
+        query="versioning=",
+        credentials=local_cluster.object_store.credentials,
+    )
+    assert store.bucket_for(ref.key) == f"{local_cluster.object_store.bucket}-{NAMESPACE}"
+    assert status == 200 and b"<Status>Enabled</Status>" in body, body  # the namespace's bucket too
+    local_cluster.forget_namespace_store(NAMESPACE)
 
 
 def test_the_operators_client_lists_a_keys_versions_and_puts_the_kept_one_back(

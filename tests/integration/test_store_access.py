@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrun.clock import SystemClock
+from agentrun.core.store_buckets import namespace_bucket
 from agentrun.kubeapi import KubeApi
 from agentrun.kubeauth import load_configuration
 from agentrun.operator.settings import OperatorSettings
@@ -70,17 +71,23 @@ def store_credentials(operator_kubeconfig: Path, cluster: LocalCluster) -> Store
     return StoreCredentials.for_settings(api, SystemClock(), config, environ=cluster.state_store_env())
 
 
+def secret_values(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    secret = kube.core.read_namespaced_secret(name, namespace)
+    return {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+
+
 def secret_credentials(kube: Kube, namespace: str, name: str) -> tuple[Credentials, str]:
     secret = kube.core.read_namespaced_secret(name, namespace)
-    values = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+    values = secret_values(kube, namespace, name)
     credentials = Credentials(values["AWS_ACCESS_KEY_ID"], values["AWS_SECRET_ACCESS_KEY"])
     return credentials, secret.metadata.resource_version
 
 
-def put(cluster: LocalCluster, key: str, credentials: Credentials) -> int:
+def put(cluster: LocalCluster, key: str, credentials: Credentials, bucket: str | None = None) -> int:
+    """A PUT of `key` in `bucket`, by default the bucket of its namespace (its first segment)."""
     assert cluster.object_store is not None
     store = cluster.object_store
-    path = f"/{store.bucket}/{key}"
+    path = f"/{bucket or namespace_bucket(store.bucket, key.split('/', maxsplit=1)[0])}/{key}"
     return s3_request("PUT", store.endpoint, path, body=b"state", credentials=credentials)[0]
 
 
@@ -88,6 +95,7 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     kube: Kube, local_cluster: LocalCluster, namespace: str, operator_kubeconfig: Path
 ) -> None:
     other = f"{namespace}-other"
+    local_cluster.namespace_store_env(other)  # another namespace's bucket and principals on the server
     checks = store_credentials(operator_kubeconfig, local_cluster)
 
     async def scenario() -> None:
@@ -103,8 +111,15 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     root = local_cluster.state_store_env()["AWS_ACCESS_KEY_ID"]
     assert root not in (writer.access_key, reader.access_key)
     assert put(local_cluster, f"{namespace}/run/sha256/a", writer) == 200
-    assert put(local_cluster, f"{other}/run/sha256/a", writer) == 403
+    assert put(local_cluster, f"{other}/run/sha256/a", writer) == 403  # in its bucket
+    own = namespace_bucket("agentrun", namespace)
+    assert put(local_cluster, f"{other}/run/sha256/a", writer, bucket=own) == 403  # another prefix
     assert put(local_cluster, f"{namespace}/run/sha256/b", reader) == 403
+    # both Secrets name the namespace's own bucket: what people set to read with the read-only one
+    for name in (security.STATE_STORE_SECRET, security.STATE_STORE_SECRET + "-read"):
+        url = secret_values(kube, namespace, name)["AGENTRUN_STATE_STORE_URL"]
+        assert url == local_cluster.namespace_store_url(namespace)
+        assert parse_store_url(url).bucket == namespace_bucket("agentrun", namespace)
 
     # again, by a restarted operator (nothing remembered): the Secrets and their credentials are kept
     again = store_credentials(operator_kubeconfig, local_cluster)
@@ -116,6 +131,8 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     asyncio.run(rerun())
     assert secret_credentials(kube, namespace, security.STATE_STORE_SECRET) == (writer, version)
     assert put(local_cluster, f"{namespace}/run/sha256/c", writer) == 200
+    for made in (namespace, other):  # as an operator would once the namespaces are gone
+        local_cluster.forget_namespace_store(made)
 
 
 # ---- ... when the namespace opts in, and back from the server when it is gone ---------------------------
@@ -160,7 +177,7 @@ def server_principals(cluster: LocalCluster) -> BundledStore:
 
 
 def named_on_server(cluster: LocalCluster, namespace: str) -> set[str]:
-    """The namespace's principals the server holds, as users or in its bucket policy."""
+    """The namespace's principals the server holds, as users or in its bucket's policy."""
     held = server_principals(cluster).principals()
     return {access_key(namespace, a) for a in Access} & (held.users | held.granted)
 
@@ -193,7 +210,9 @@ def test_an_opted_in_namespace_gets_its_secrets_before_any_run_and_its_principal
         assert kube.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "runs")["items"] == []
         writer, _ = made[security.STATE_STORE_SECRET]
         assert put(local_cluster, f"{ns}/run/sha256/a", writer) == 200
+        local_cluster.namespace_store_env(f"{ns}-other")  # another namespace's bucket on the server
         assert put(local_cluster, f"{ns}-other/run/sha256/a", writer) == 403
+        local_cluster.forget_namespace_store(f"{ns}-other")
         assert named_on_server(local_cluster, ns) == {access_key(ns, a) for a in Access}
 
         kube.core.delete_namespace(ns)

@@ -27,7 +27,8 @@ def test_the_bundled_server_is_administered_only_when_asked(unreachable_api: Kub
     bundled = configured(unreachable_api, ROOT, state_store_url=S3, state_store_provision=True).bundled
     assert bundled is not None
     assert (bundled.endpoint, bundled.admin.access_key) == ("http://127.0.0.1:7070", "ROOT")
-    assert bundled.namespace_resource("team-a") == "arn:aws:s3:::agentrun/runs/team-a/*"
+    assert bundled.namespace_resource("team-a") == "arn:aws:s3:::agentrun-team-a/runs/team-a/*"
+    assert bundled.location.per_namespace  # the bundled server keeps a bucket per namespace
 
 
 def test_administering_the_bundled_server_needs_its_root_credentials(unreachable_api: KubeApi) -> None:

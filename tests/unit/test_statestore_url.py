@@ -104,7 +104,7 @@ def test_each_scheme_opens_its_client_without_a_request(url: str) -> None:
         ("ftp://host/dir", "unknown scheme 'ftp'"),
         (
             "s3://agent-state?regoin=us-east-1",
-            "unknown option 'regoin' for s3:// \\(it takes: endpoint, region\\)",
+            "unknown option 'regoin' for s3:// \\(it takes: buckets, endpoint, region\\)",
         ),
         ("gs://state?endpoint=http://127.0.0.1:1", "unknown option 'endpoint' for gs://"),
         ("file:///tmp/state?region=x", "unknown option 'region' for file://"),

@@ -18,6 +18,7 @@ from agentrun.api import (
     Run,
 )
 from agentrun.core.failures import ContainerExit
+from agentrun.core.store_buckets import namespace_url
 from agentrun.core.traces import TRACEPARENT_ENV, run_trace
 
 AGENT_CONTAINER = "agent"
@@ -80,11 +81,16 @@ class StateStorePodEnv:
         scheme = self.url.split("://", 1)[0]
         return tuple(key for key, optional in STATE_STORE_CREDENTIALS.get(scheme, ()) if not optional)
 
-    def env(self) -> list[dict[str, Any]]:
-        """The container's env: the URL, and each credential from the namespace's Secret (the kubelet
-        resolves secretKeyRef; the values never appear in the Pod)."""
+    def url_of(self, namespace: str) -> str:
+        """The URL the namespace's own clients are given: with `buckets=namespace`, its own bucket's
+        (a plain URL, which any SDK reads); else the store's."""
+        return namespace_url(self.url, namespace)
+
+    def env(self, namespace: str) -> list[dict[str, Any]]:
+        """The container's env: the namespace's URL, and each credential from the namespace's Secret (the
+        kubelet resolves secretKeyRef; the values never appear in the Pod)."""
         scheme = self.url.split("://", 1)[0]
-        env: list[dict[str, Any]] = [{"name": STATE_STORE_URL_ENV, "value": self.url}]
+        env: list[dict[str, Any]] = [{"name": STATE_STORE_URL_ENV, "value": self.url_of(namespace)}]
         for key, optional in STATE_STORE_CREDENTIALS.get(scheme, ()):
             ref: dict[str, Any] = {"name": self.secret, "key": key}
             if optional:
@@ -147,7 +153,7 @@ def attempt_pod(run: Run, attempt: Attempt, state_store: StateStorePodEnv | None
     ours: list[dict[str, Any]] = [
         *({"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}} for env, path in downward),
         {"name": TRACEPARENT_ENV, "value": trace.attempt(name).traceparent()},
-        *(state_store.env() if state_store is not None else ()),
+        *(state_store.env(str(run.metadata.namespace)) if state_store is not None else ()),
     ]
     # AGENTRUN_NAMESPACE is never the agent's to set: withheld, it must stay absent
     reserved = {e["name"] for e in ours} | {NAMESPACE_ENV}

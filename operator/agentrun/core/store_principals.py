@@ -10,9 +10,9 @@ principals then still serve the Pods already running and the people reading the 
 relabelling must not make new credentials; the namespace is what the principal is limited to, and its
 Secrets go with it.
 
-Level-based: each sweep compares what the server holds (its users, and the principals its bucket policy
-names) with the namespaces that exist and the ServiceAccounts opted in, so an operator that was down
-while a namespace was deleted takes its principals back at its next sweep.
+Level-based: each sweep compares what the server holds (its users, and the principals the namespace
+buckets' policies name) with the namespaces that exist and the ServiceAccounts opted in, so an operator
+that was down while a namespace was deleted takes its principals back at its next sweep.
 """
 
 from __future__ import annotations
@@ -48,14 +48,17 @@ def principal_namespace(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class ServerPrincipals:
-    """What the server holds: its users, and the principals named by statements of the bucket's policy
-    (a statement outlives its user when a take-back was interrupted, and the reverse)."""
+    """What the server holds: its users, the principals granted by statements of their own namespace
+    bucket's policy (a statement outlives its user when a take-back was interrupted, and the reverse),
+    and `stale` ones a statement still names elsewhere (the one-bucket layout's shared policy): a
+    namespace they name is judged (taken back once gone), but they never count as granted."""
 
     users: frozenset[str]
     granted: frozenset[str]
+    stale: frozenset[str] = frozenset()
 
     def namespaces(self) -> frozenset[str]:
-        found = (principal_namespace(name) for name in self.users | self.granted)
+        found = (principal_namespace(name) for name in self.users | self.granted | self.stale)
         return frozenset(n for n in found if n is not None)
 
     def complete(self, namespace: str) -> bool:

@@ -17,6 +17,7 @@ import kopf
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.pods import StateStorePodEnv
+from agentrun.core.store_buckets import per_namespace, with_namespace_buckets
 from agentrun.rbac import STATE_STORE_SECRET
 
 
@@ -63,8 +64,9 @@ class OperatorSettings:
     state_store_url: str | None = None
     state_store_secret: str = STATE_STORE_SECRET
     # The store is the bundled server (versitygw, as the local control plane and the chart run it) and
-    # the operator holds its root credentials: each opted-in namespace gets its principals and Secrets
-    # from the operator (operator.store_credentials). Elsewhere an administrator provides the Secrets.
+    # the operator holds its root credentials: each opted-in namespace gets its principals, its bucket
+    # and its Secrets from the operator (operator.store_credentials; the URL gains `buckets=namespace`).
+    # Elsewhere an administrator provides the Secrets (and the buckets, with `buckets=namespace`).
     state_store_provision: bool = False
     # ... and takes them back once their namespace is gone: a sweep of the server's principals against
     # the namespaces every interval (and whenever an opted-in ServiceAccount appears or goes).
@@ -88,6 +90,9 @@ class OperatorSettings:
         return StateStorePodEnv(self.state_store_url, self.state_store_secret)
 
     def __post_init__(self) -> None:
+        if self.state_store_provision and self.state_store_url and not per_namespace(self.state_store_url):
+            # The bundled server keeps a bucket per namespace (agentrun.core.store_buckets): its URL says so.
+            object.__setattr__(self, "state_store_url", with_namespace_buckets(self.state_store_url))
         if self.event_worker_idle_seconds <= 0:
             raise ValueError("event_worker_idle_seconds must be above 0 (see its comment)")
         if self.state_store_principal_sweep_seconds <= 0:

@@ -8,11 +8,13 @@ found to hold it is not asked again for a while; one found without it is asked a
 so a Secret created since is seen at once.
 
 With the bundled server (AGENTRUN_STATE_STORE_PROVISION=versitygw, the operator holding the server's
-root credentials), a namespace that opts its agents' ServiceAccount in gets its principals: one that gets
-and puts under the namespace's prefix (the Secret attempt Pods read) and one that only gets (the `-read`
-Secret people read with), made idempotently (agentrun.statestore.principals) when the namespace opts in
-(operator.store_principals, which also takes them back once the namespace is gone), and again at a Run
-whose namespace lacks its Secret (one deleted since, or a Run quicker than that sweep).
+root credentials), a namespace that opts its agents' ServiceAccount in gets its bucket and principals: one
+that gets and puts under the namespace's prefix (the Secret attempt Pods read) and one that only reads
+(the `-read` Secret people read with); both Secrets also hold the namespace's URL
+(AGENTRUN_STATE_STORE_URL, naming its bucket). They are made idempotently (agentrun.statestore.principals)
+when the namespace opts in (operator.store_principals, which also takes them back once the namespace is
+gone), and again at a Run whose namespace lacks its Secret (one deleted since, or a Run quicker than
+that sweep).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 from collections.abc import Mapping
 
 from agentrun.clock import Clock
-from agentrun.core.pods import StateStorePodEnv
+from agentrun.core.pods import STATE_STORE_URL_ENV, StateStorePodEnv
 from agentrun.core.store_credentials import needs_secret
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.settings import OperatorSettings
@@ -113,7 +115,7 @@ class StoreCredentials:
         return True
 
     async def take_back(self, namespace: str) -> None:
-        """The principals of a namespace that is gone: out of the bucket's policy, then deleted (its
+        """The principals of a namespace that is gone: out of their bucket's policy, then deleted (its
         Secrets went with the namespace). A server that refuses or does not answer raises: the next
         sweep tries again."""
         assert self.bundled is not None
@@ -124,18 +126,20 @@ class StoreCredentials:
         log.info("took back namespace %s's principals on the state store (the namespace is gone)", namespace)
 
     async def _principal(self, namespace: str, access: Access, name: str) -> None:
-        assert self.bundled is not None
+        assert self.bundled is not None and self.store is not None
         secret = await self.api.get(self.api.core_path("secrets", namespace, name))
         held = _credentials(secret) if secret is not None else None
         credentials = await asyncio.to_thread(self.bundled.ensure, namespace, access, held)
-        if secret is not None:
+        # The namespace's own URL (its bucket) beside the keys: what people set to read with the Secret.
+        url = self.store.url_of(namespace)
+        if secret is not None:  # kept as it is (its RBAC has no `patch secrets`: it was made whole)
             return
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: "agentrun"}},
             "type": "Opaque",
-            "stringData": credentials.env(),
+            "stringData": {**credentials.env(), STATE_STORE_URL_ENV: url},
         }
         try:
             await self.api.create(self.api.core_path("secrets", namespace), body)

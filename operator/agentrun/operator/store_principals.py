@@ -2,10 +2,11 @@
 when it is gone (agentrun.core.store_principals decides; this carries it out).
 
 It runs only while the replica acts (an activity of the runtime). Its sweep lists the server's principals
-first (its users, and those its bucket policy names), then the namespaces (a namespace made after the
-first listing is not on it, so it is never taken for one that is gone), takes the opted-in ones from the
-informers' cache of labelled ServiceAccounts, and carries out the plan: each namespace to provision gets
-its principals and Secrets (operator.store_credentials, idempotent), each one gone loses its principals.
+first (its users, and those the namespace buckets' policies name), then the namespaces (a namespace made
+after the first listing is not on it, so it is never taken for one that is gone), takes the opted-in ones
+from the informers' cache of labelled ServiceAccounts, and carries out the plan: each namespace to
+provision gets its bucket, principals and Secrets (operator.store_credentials, idempotent), each one gone
+loses its principals.
 A sweep runs once the caches are listed, whenever a labelled ServiceAccount appears, changes or goes (a
 namespace opting in, or being deleted), and every interval besides: an operator that was down while a
 namespace was deleted takes its principals back at its first sweep.

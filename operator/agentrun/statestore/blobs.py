@@ -5,18 +5,24 @@ A blob's key is `<prefix>/<namespace>/<run uid>/sha256/<hex>`; the object that r
 the writer reads what is there and checks it is exactly its content before handing out the reference,
 so a blob planted at a predictable key is never referenced. A get checks size and sha256 of the bytes
 it received against the reference, every time.
+
+With `buckets=namespace` in its URL (agentrun.core.store_buckets) the store spans a bucket per namespace:
+each key is read and written in the bucket its namespace names, and a listing that names no namespace
+reads the URL's bucket and every namespace's. The worker and the CLI are given their namespace's own
+bucket instead (a plain URL), so only the operator's client spans them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -32,8 +38,11 @@ from obstore.exceptions import (
     UnauthenticatedError,
 )
 
+from agentrun.core.store_buckets import key_namespace, may_be_namespace_bucket, namespace_bucket
+
 from .errors import StateStoreError, StateUnverifiable, StoreConfigError, StoreRefused, StoreUnavailable
 from .location import StoreLocation, parse_store_url
+from .namespacebuckets import list_buckets
 from .observe import Observer, Operation, Outcome, StoreRequest
 
 if TYPE_CHECKING:
@@ -60,6 +69,7 @@ _SECRET_ENV: Final = (
     "GOOGLE_SERVICE_ACCOUNT_KEY",
 )
 _DETAIL_LIMIT: Final = 600
+_NO_SUCH_BUCKET: Final = "NoSuchBucket"
 
 
 @dataclass(frozen=True)
@@ -114,10 +124,24 @@ class StoreTimeouts:
 class BlobStore:
     """The agent-state store: content-addressed blobs under one location, through obstore's async API."""
 
-    def __init__(self, store: ObjectStore, location: StoreLocation, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        location: StoreLocation,
+        observer: Observer | None = None,
+        *,
+        open_bucket: Callable[[str], ObjectStore] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """store: the client of the location's bucket; open_bucket: a client of another bucket of the
+        same store (a namespace's, with `buckets=namespace`); env: the credentials, when not the process
+        environment's (listing the buckets signs with them)."""
         self._store = store
         self.location = location
         self._observer = observer
+        self._stores: dict[str, ObjectStore] = {location.bucket: store}
+        self._open_bucket = open_bucket
+        self._env = env
 
     @classmethod
     def from_url(
@@ -132,9 +156,55 @@ class BlobStore:
         location.py), or from `env` when given: a host running attempts in-process passes each
         container's own environment, so one Attempt never uses another namespace's credentials."""
         location = parse_store_url(url)
-        store = open_object_store(location, timeouts or StoreTimeouts(), env)
+        limits = timeouts or StoreTimeouts()
+        store = open_object_store(location, limits, env)
         log.info("state store at %s", location)
-        return cls(store, location, observer)
+
+        def open_bucket(bucket: str) -> ObjectStore:
+            return open_object_store(replace(location, bucket=bucket), limits, env)
+
+        return cls(store, location, observer, open_bucket=open_bucket, env=env)
+
+    # ---- which bucket a key is in (one, unless the URL says `buckets=namespace`) -------------------------
+
+    def bucket_for(self, key: str) -> str:
+        """The bucket holding `key` (a full key, or a listing's prefix naming a namespace)."""
+        if not self.location.per_namespace:
+            return self.location.bucket
+        namespace = key_namespace(self.location.prefix, key)
+        return namespace_bucket(self.location.bucket, namespace) if namespace else self.location.bucket
+
+    def _store_for(self, key: str) -> ObjectStore:
+        return self._bucket_store(self.bucket_for(key))
+
+    def _bucket_store(self, bucket: str) -> ObjectStore:
+        found = self._stores.get(bucket)
+        if found is None:
+            if self._open_bucket is None:
+                raise StoreConfigError(f"this client of {self.location} opens no other bucket ({bucket})")
+            found = self._stores[bucket] = self._open_bucket(bucket)
+        return found
+
+    async def _stores_under(self, prefix: str) -> list[tuple[str, ObjectStore]]:
+        """The buckets (name and client) a listing under `prefix` reads: the one its namespace names; for
+        a listing of every namespace, the URL's bucket and every namespace bucket the server lists."""
+        if not self.location.per_namespace or key_namespace(self.location.prefix, prefix) is not None:
+            bucket = self.bucket_for(prefix)
+            return [(bucket, self._bucket_store(bucket))]
+        base = self.location.bucket
+        listed = await asyncio.to_thread(list_buckets, self.location, self._env)
+        found = sorted(b for b in listed if b != base and may_be_namespace_bucket(base, b))
+        return [(bucket, self._bucket_store(bucket)) for bucket in (base, *found)]
+
+    def _not_made(self, bucket: str, error: BaseException) -> bool:
+        """Whether a listing failed only because a namespace's bucket is not made yet (a namespace that
+        opted in after the listing started, or never): it holds nothing then."""
+        return bucket != self.location.bucket and _NO_SUCH_BUCKET in str(error)
+
+    def _listed_here(self, bucket: str, key: str) -> bool:
+        """Whether a key a listing of `bucket` found belongs there (a bucket only named like a namespace's,
+        or an object at another bucket's key, is not this store's)."""
+        return self.bucket_for(key) == bucket
 
     def key_for(self, namespace: str, run_uid: str, sha256: str) -> str:
         """`<prefix>/<namespace>/<run uid>/sha256/<hex>`: the content address of a Run's blob."""
@@ -159,7 +229,9 @@ class BlobStore:
         ref = BlobRef(self.key_for(namespace, run_uid, digest), digest, len(payload))
         with self._request("put", ref.key) as request:
             try:
-                await obstore.put_async(self._store, ref.key, payload, mode="create", use_multipart=False)
+                await obstore.put_async(
+                    self._store_for(ref.key), ref.key, payload, mode="create", use_multipart=False
+                )
             except (AlreadyExistsError, PreconditionError):
                 request.outcome = "exists"
             else:
@@ -172,7 +244,9 @@ class BlobStore:
             if not error.missing:
                 raise
         with self._request("put", ref.key) as request:
-            await obstore.put_async(self._store, ref.key, payload, mode="overwrite", use_multipart=False)
+            await obstore.put_async(
+                self._store_for(ref.key), ref.key, payload, mode="overwrite", use_multipart=False
+            )
             request.outcome, request.size = "created", ref.size
         return ref
 
@@ -185,7 +259,7 @@ class BlobStore:
         self._check_address(ref)
         with self._request(operation, ref.key) as request:
             try:
-                result = await obstore.get_async(self._store, ref.key)
+                result = await obstore.get_async(self._store_for(ref.key), ref.key)
             except FileNotFoundError:
                 request.outcome = "missing"
                 raise StateUnverifiable(
@@ -219,7 +293,9 @@ class BlobStore:
         created = False
         with self._request("put", key) as request:
             try:
-                await obstore.put_async(self._store, key, bytes(data), mode="create", use_multipart=False)
+                await obstore.put_async(
+                    self._store_for(key), key, bytes(data), mode="create", use_multipart=False
+                )
             except (AlreadyExistsError, PreconditionError):
                 request.outcome = "exists"
             else:
@@ -231,7 +307,7 @@ class BlobStore:
         self._check_inside(key)
         with self._request("get", key) as request:
             try:
-                result = await obstore.get_async(self._store, key)
+                result = await obstore.get_async(self._store_for(key), key)
             except FileNotFoundError:
                 request.outcome = "missing"
                 return None
@@ -244,8 +320,15 @@ class BlobStore:
         self._check_inside(prefix)
         keys: list[str] = []
         try:
-            async for page in obstore.list(self._store, prefix, chunk_size=1000):
-                keys.extend(str(meta["path"]) for meta in page)
+            for bucket, store in await self._stores_under(prefix):
+                try:
+                    async for page in obstore.list(store, prefix, chunk_size=1000):
+                        keys.extend(k for k in (str(m["path"]) for m in page) if self._listed_here(bucket, k))
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
+        except StateStoreError:
+            raise
         except Exception as exc:
             raise _store_error("list", prefix, exc) from None
         return sorted(keys)
@@ -253,17 +336,28 @@ class BlobStore:
     async def list_folders(self, prefix: str) -> list[str]:
         """The folders right under `prefix` (ends with '/'), as keys ending with '/'."""
         self._check_inside(prefix)
+        folders: set[str] = set()
         try:
-            found = await obstore.list_with_delimiter_async(self._store, prefix)
+            for bucket, store in await self._stores_under(prefix):
+                try:
+                    found = await obstore.list_with_delimiter_async(store, prefix)
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
+                    continue
+                named = (str(folder).rstrip("/") + "/" for folder in found["common_prefixes"])
+                folders.update(f for f in named if self._listed_here(bucket, f))
+        except StateStoreError:
+            raise
         except Exception as exc:
             raise _store_error("list", prefix, exc) from None
-        return sorted(str(folder).rstrip("/") + "/" for folder in found["common_prefixes"])
+        return sorted(folders)
 
     async def delete_key(self, key: str) -> None:
         """Deletes the object at `key`; nothing there is no error (a delete repeated after a crash)."""
         self._check_inside(key)
         try:
-            await obstore.delete_async(self._store, key)
+            await obstore.delete_async(self._store_for(key), key)
         except FileNotFoundError:
             return
         except Exception as exc:
@@ -314,6 +408,9 @@ def classify(operation: str, key: str, exc: BaseException) -> StoreUnavailable |
     request) or unavailable (anything else the client or the network raised). None: not a store error."""
     detail = scrub(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError | NotSupportedError | InvalidPathError):
+        return StoreRefused(operation, key, detail)
+    if isinstance(exc, FileNotFoundError) and operation == "put":
+        # a put's 404 is the bucket's (NoSuchBucket: e.g. a namespace's bucket nobody made), never the key's
         return StoreRefused(operation, key, detail)
     if isinstance(exc, GenericError) and _CLIENT_ERROR.search(_status_part(str(exc))):
         return StoreRefused(operation, key, detail)

@@ -1,6 +1,6 @@
 """The state store's one URL, parsed and checked: where the blobs live, never who may write them.
 
-    s3://<bucket>[/<prefix>][?endpoint=<http(s) URL>&region=<region>]
+    s3://<bucket>[/<prefix>][?endpoint=<http(s) URL>&region=<region>&buckets=namespace]
     gs://<bucket>[/<prefix>]
     az://<container>[/<prefix>][?account=<storage account>&endpoint=<http(s) URL>]
     file:///<absolute directory>          one machine
@@ -10,7 +10,8 @@ Credentials never come from the URL: they are read from the environment (AWS_ACC
 AWS_SECRET_ACCESS_KEY, GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_KEY, ..., put there from a Secret).
 A URL that carries any (user info before '@', a credential-like option, a query string in the endpoint)
 is refused, and the refusal does not repeat it. An unknown option is refused too: a typo must not
-silently configure nothing.
+silently configure nothing. `buckets=namespace` keeps each namespace's objects in a bucket of its own
+(agentrun.core.store_buckets), named after the URL's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from types import MappingProxyType
 from typing import Final, Literal, cast
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urlsplit
 
+from agentrun.core.store_buckets import BASE_MAX, BUCKETS_OPTION, PER_NAMESPACE, valid_base
+
 from .errors import StoreConfigError
 
 Scheme = Literal["s3", "gs", "az", "file", "memory"]
@@ -29,7 +32,7 @@ Scheme = Literal["s3", "gs", "az", "file", "memory"]
 # The options each scheme takes in the query string; anything else is refused.
 OPTIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {
-        "s3": frozenset({"endpoint", "region"}),
+        "s3": frozenset({"endpoint", "region", BUCKETS_OPTION}),
         "gs": frozenset(),
         "az": frozenset({"account", "endpoint"}),
         "file": frozenset(),
@@ -71,6 +74,11 @@ class StoreLocation:
             base += ("" if base.endswith("/") else "/") + quote(self.prefix)
         query = urlencode(sorted(self.options.items()), safe=":/")
         return f"{base}?{query}" if query else base
+
+    @property
+    def per_namespace(self) -> bool:
+        """Whether each namespace's objects are in a bucket of their own (`buckets=namespace`)."""
+        return self.options.get(BUCKETS_OPTION) == PER_NAMESPACE
 
     def key(self, *segments: str) -> str:
         """The object key of segments under the prefix."""
@@ -173,6 +181,15 @@ def _check_options(location: StoreLocation) -> None:
     region = location.options.get("region")
     if region is not None and not _REGION.match(region):
         raise StoreConfigError(f"the state store region {region!r} is not a region name")
+    buckets = location.options.get(BUCKETS_OPTION)
+    if buckets is not None:
+        if buckets != PER_NAMESPACE:
+            raise StoreConfigError(f"the state store option buckets takes {PER_NAMESPACE!r}, not {buckets!r}")
+        if not valid_base(location.bucket):
+            raise StoreConfigError(
+                f"with buckets={PER_NAMESPACE} the bucket {location.bucket!r} names the namespaces' buckets: "
+                f"3 to {BASE_MAX} lowercase letters, digits and single hyphens"
+            )
     account = location.options.get("account")
     if account is not None and not _ACCOUNT.match(account):
         raise StoreConfigError(f"the state store account {account!r} is not a storage account name")

@@ -4,7 +4,9 @@ module (an import-linter contract): an agent's store client has no delete, and i
 none either (docs/state-store.md, "Collection").
 
 Keys given to and returned by these operations are relative to the store's prefix, as the collector's
-decisions (agentrun.core.collector) name them.
+decisions (agentrun.core.collector) name them. With `buckets=namespace` each key is in its namespace's
+bucket (a blob and its quarantine copy alike, so a copy never leaves its bucket), and a listing of the
+whole store lists the URL's bucket and every namespace's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from agentrun.core.collector import BlobAddress, StoredBlob, relative_key
 
 from .blobs import BlobRef, BlobStore, scrub
 from .errors import StateUnverifiable, StoreRefused, StoreUnavailable
-from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
+from .namespacebuckets import signing_endpoint, signing_region
+from .sigv4 import S3Credentials, signed_request
 
 # More versions of one key than this is no store the operator trusts to page: said, not looped on.
 _VERSIONS_LIMIT: Final = 100_000
@@ -41,21 +44,30 @@ class OperatorStore(BlobStore):
         prefix = self.location.key(under) or None
         found: list[StoredBlob] = []
         with self._request("list", prefix or "/") as request:
-            async for batch in obstore.list(self._store, prefix, chunk_size=1000):
-                for meta in batch:
-                    key = relative_key(self.location.prefix, meta["path"])
-                    if key is not None:
-                        found.append(StoredBlob(key, meta["last_modified"], int(meta["size"])))
+            for bucket, store in await self._stores_under(prefix or ""):
+                try:
+                    async for batch in obstore.list(store, prefix, chunk_size=1000):
+                        for meta in batch:
+                            key = relative_key(self.location.prefix, meta["path"])
+                            if key is not None and self._listed_here(bucket, meta["path"]):
+                                found.append(StoredBlob(key, meta["last_modified"], int(meta["size"])))
+                except Exception as exc:
+                    if not self._not_made(bucket, exc):
+                        raise
             request.outcome = "ok"
         return found
 
     async def copy(self, source: str, target: str) -> bool:
         """Copies the object at `source` to `target` (overwriting it) inside the store, without moving
-        the bytes through the operator. False when nothing is at `source`."""
-        with self._request("copy", self.location.key(source)) as request:
+        the bytes through the operator. False when nothing is at `source`. Both keys are in one bucket
+        (a namespace's blob and its quarantine copy are)."""
+        full_source, full_target = self.location.key(source), self.location.key(target)
+        if self.bucket_for(full_source) != self.bucket_for(full_target):
+            raise ValueError(f"{source} and {target} are in different buckets: no copy between them")
+        with self._request("copy", full_source) as request:
             try:
                 await obstore.copy_async(
-                    self._store, self.location.key(source), self.location.key(target), overwrite=True
+                    self._store_for(full_source), full_source, full_target, overwrite=True
                 )
             except FileNotFoundError:
                 request.outcome = "missing"
@@ -67,7 +79,7 @@ class OperatorStore(BlobStore):
         """Deletes the object at `key` (nothing there is fine: deleting is idempotent)."""
         with self._request("delete", self.location.key(key)) as request:
             try:
-                await obstore.delete_async(self._store, self.location.key(key))
+                await obstore.delete_async(self._store_for(self.location.key(key)), self.location.key(key))
             except FileNotFoundError:
                 request.outcome = "missing"
                 return
@@ -104,7 +116,8 @@ class OperatorStore(BlobStore):
         while True:
             query = {"versions": "", "prefix": key, "max-keys": str(page_size), **markers}
             with self._request("list", key) as request:
-                status, body = await asyncio.to_thread(self._signed, "GET", f"/{self.location.bucket}", query)
+                bucket = f"/{self.bucket_for(key)}"
+                status, body = await asyncio.to_thread(self._signed, "GET", bucket, query)
                 if status != 200:
                     request.outcome = "unavailable" if _TRANSIENT_STATUS.match(str(status)) else "refused"
                     detail = scrub(f"HTTP {status}: {body[:300]!r}")
@@ -130,7 +143,7 @@ class OperatorStore(BlobStore):
         self._check_inside(key)
         with self._request("get", key) as request:
             try:
-                result = await obstore.get_async(self._store, key, options={"version": version_id})
+                result = await obstore.get_async(self._store_for(key), key, options={"version": version_id})
             except FileNotFoundError:
                 request.outcome = "missing"
                 return b""
@@ -144,16 +157,16 @@ class OperatorStore(BlobStore):
         against `ref`: StateUnverifiable when it is not that content, so nothing unverified is claimed."""
         self._check_address(ref)
         with self._request("put", ref.key) as request:
-            await obstore.put_async(self._store, ref.key, bytes(data), mode="overwrite", use_multipart=False)
+            await obstore.put_async(
+                self._store_for(ref.key), ref.key, bytes(data), mode="overwrite", use_multipart=False
+            )
             request.outcome, request.size = "created", len(data)
         await self.get(ref)
 
     def _signed(self, method: str, path: str, query: dict[str, str]) -> tuple[int, bytes]:
-        options = self.location.options
-        region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        region = region or DEFAULT_REGION
-        endpoint = options.get("endpoint") or f"https://s3.{region}.amazonaws.com"
-        access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        env = os.environ if self._env is None else self._env
+        region, endpoint = signing_region(self.location, env), signing_endpoint(self.location, env)
+        access, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         if not access or not secret:
             return 403, b"no S3 access key in the operator's environment to sign ListObjectVersions with"
         return signed_request(
@@ -163,7 +176,7 @@ class OperatorStore(BlobStore):
             credentials=S3Credentials(access, secret),
             query=query,
             region=region,
-            session_token=os.environ.get("AWS_SESSION_TOKEN") or None,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
         )
 
     async def quarantine(self, address: BlobAddress) -> bool:

@@ -1,19 +1,22 @@
-"""A principal per agent namespace on the bundled object store (versitygw with its internal IAM).
+"""A principal per agent namespace on the bundled object store (versitygw with its internal IAM), each
+granted in a bucket of the namespace's own.
 
 Each namespace gets two users of role `user`: one that may get and put objects under the namespace's
-prefix (`<prefix>/<namespace>/`), for its attempt Pods, and one that may only get them, for people who
-read the namespace's state. Neither may delete, list, or reach another namespace's prefix. The grant is a
-statement of the bucket's policy naming the user's access key; versitygw consults only the policy once a
-bucket has one (its ACL no longer), and lets its root (the operator) do anything. The policy grows by two
-statements per namespace (about 300 bytes with names of 12 characters), and versitygw v1.8.0's posix
-backend keeps it in one extended attribute of the bucket directory: on ext4, 12 namespaces fit; a policy
-the server cannot store is refused (HTTP 500) and the refusal names its size (docs/state-store.md).
+prefix (`<prefix>/<namespace>/`), for its attempt Pods, and one that may only read, for people who read
+the namespace's state and archives. Neither may delete, nor reach another namespace's objects. Each
+namespace's objects are in a bucket of its own (`<base>-<namespace>`, agentrun.core.store_buckets), made
+with versioning Enabled when the namespace is, and the grant is that bucket's policy: two principals,
+three statements, whatever the number of namespaces. (versitygw v1.8.0's posix backend keeps a bucket's
+policy in one extended attribute of its directory, about 4 KiB on ext4: one policy for every namespace
+held 12 of them.) versitygw consults only the policy once a bucket has one (its ACL no longer), and lets
+its root (the operator) do anything.
 
 Crash-safe and idempotent: `ensure` may run again at any point. It takes the credentials a Secret of the
 namespace already holds (so a rerun never orphans them), creates the user or resets its secret to them,
-and puts the policy statement when it is not there as it should be. `take_back` (a namespace that is
-gone) takes the statements out, then deletes the users; `principals` reads back what the server holds,
-for the operator's sweep (agentrun.core.store_principals decides).
+creates the bucket (or finds it) and puts the policy when it is not as it should be. `take_back` (a
+namespace that is gone) removes the bucket's policy, then deletes the users, and leaves the bucket and
+its objects to the collector; `principals` reads back what the server holds, for the operator's sweep
+(agentrun.core.store_principals decides).
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from agentrun.core.collector import ARCHIVES_SEGMENT
+from agentrun.core.store_buckets import may_be_namespace_bucket, namespace_bucket
 from agentrun.core.store_principals import ServerPrincipals, principal_name, principal_namespace
 
 from .errors import StoreRefused
 from .location import StoreLocation
+from .namespacebuckets import list_buckets
 from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
 
 POLICY_VERSION: Final = "2012-10-17"
@@ -42,7 +48,7 @@ _VERSIONING_ON: Final = (
 _BUCKET_OWNED: Final = b"BucketAlreadyOwnedByYou"
 # What versitygw's admin API answers to creating a user whose access key is taken.
 _USER_EXISTS: Final = b"XAdminUserExists"
-_NO_POLICY: Final = b"NoSuchBucketPolicy"
+_NO_POLICY: Final = (b"NoSuchBucketPolicy", b"NoSuchBucket")
 # ... and to deleting a user that does not exist (already deleted: a take-back run again).
 _NO_USER: Final = (b"XAdminUserNotFound", b"user not found")
 
@@ -50,8 +56,8 @@ _NO_USER: Final = (b"XAdminUserNotFound", b"user not found")
 class Access(Enum):
     """What a namespace's principal may do with the objects under the namespace's prefix."""
 
-    WRITE = ("s3:GetObject", "s3:PutObject")  # attempt Pods: never s3:DeleteObject
-    READ = ("s3:GetObject",)  # people reading the namespace's state
+    WRITE = ("s3:GetObject", "s3:PutObject")  # attempt Pods: never s3:DeleteObject, never a listing
+    READ = ("s3:GetObject",)  # people reading the namespace's state and archives (and listing them)
 
     @property
     def actions(self) -> list[str]:
@@ -83,17 +89,39 @@ class BundledStore:
     def region(self) -> str:
         return self.location.options.get("region", DEFAULT_REGION)
 
-    def namespace_resource(self, namespace: str) -> str:
-        """The policy Resource of every object under the namespace's prefix."""
-        return f"arn:aws:s3:::{self.location.bucket}/{self.location.key(namespace)}/*"
+    def bucket(self, namespace: str) -> str:
+        """The bucket of the namespace's objects."""
+        return namespace_bucket(self.location.bucket, namespace)
 
-    def statement(self, namespace: str, access: Access) -> dict[str, Any]:
-        return {
-            "Effect": "Allow",
-            "Principal": {"AWS": [access_key(namespace, access)]},
-            "Action": access.actions,
-            "Resource": [self.namespace_resource(namespace)],
-        }
+    def namespace_resource(self, namespace: str) -> str:
+        """The policy Resource of every object under the namespace's prefix, in its bucket."""
+        return f"arn:aws:s3:::{self.bucket(namespace)}/{self.location.key(namespace)}/*"
+
+    def statements(self, namespace: str, access: Access) -> list[dict[str, Any]]:
+        """The principal's statements: get (and put) under the namespace's prefix; the read principal
+        also reads the namespace's archives (written by the operator alone) and lists the bucket (what
+        `kubectl agentrun history` does: it holds this namespace's objects only)."""
+        principal = {"AWS": [access_key(namespace, access)]}
+        objects = [self.namespace_resource(namespace)]
+        if access is Access.WRITE:
+            return [
+                {"Effect": "Allow", "Principal": principal, "Action": access.actions, "Resource": objects}
+            ]
+        archives = f"arn:aws:s3:::{self.bucket(namespace)}/{self.location.key(ARCHIVES_SEGMENT, namespace)}/*"
+        return [
+            {
+                "Effect": "Allow",
+                "Principal": principal,
+                "Action": access.actions,
+                "Resource": [*objects, archives],
+            },
+            {
+                "Effect": "Allow",
+                "Principal": principal,
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{self.bucket(namespace)}"],
+            },
+        ]
 
     def ensure(self, namespace: str, access: Access, held: S3Credentials | None) -> S3Credentials:
         """The namespace's principal for `access` exists with `held` (the credentials its Secret holds;
@@ -102,16 +130,19 @@ class BundledStore:
         if credentials.access_key != access_key(namespace, access):
             raise ValueError(f"{namespace}'s Secret names access key {credentials.access_key!r}, not ours")
         self.put_user(credentials)
+        self.prepare_bucket(self.bucket(namespace))
         self.grant(namespace, access)
+        self.revoke_in(self.location.bucket, namespace)  # a statement of the one-bucket layout, if any
         return credentials
 
     # ---- the bucket ------------------------------------------------------------------------------------
 
-    def prepare_bucket(self) -> None:
-        """The bucket exists and its versioning is Enabled (idempotent: a bucket already there is fine, a
-        versioning already on is put again). Read back: a server that does not report it Enabled raises
-        StoreRefused, as does one that refuses a request; one that does not answer, StoreUnavailable."""
-        bucket = self.location.bucket
+    def prepare_bucket(self, bucket: str | None = None) -> None:
+        """The bucket (the URL's, or a namespace's) exists and its versioning is Enabled (idempotent: a
+        bucket already there is fine, a versioning already on is put again). Read back: a server that does
+        not report it Enabled raises StoreRefused, as does one that refuses a request; one that does not
+        answer, StoreUnavailable."""
+        bucket = bucket or self.location.bucket
         status, body = self._request("PUT", f"/{bucket}")
         if status != 200 and _BUCKET_OWNED not in body:
             raise StoreRefused("create-bucket", bucket, f"HTTP {status}: {_short(body)}")
@@ -162,78 +193,98 @@ class BundledStore:
             return
         raise StoreRefused("delete-user", access, f"HTTP {status}: {_short(body)}")
 
+    def namespace_buckets(self) -> list[str]:
+        """The server's buckets named like a namespace's (ListBuckets, as its root)."""
+        base = self.location.bucket
+        listed = list_buckets(self.location, self.admin.env())
+        return [b for b in listed if b != base and may_be_namespace_bucket(base, b)]
+
     def principals(self) -> ServerPrincipals:
-        """The users, and the principals the bucket's policy names: what a sweep compares with the
-        namespaces (the users first, as a sweep lists the server before the namespaces)."""
+        """The users, and the principals each namespace bucket's policy names: what a sweep compares with
+        the namespaces (the users first, as a sweep lists the server before the namespaces). A principal
+        counts as granted only in its own namespace's bucket; one the base bucket's policy still names
+        (the one-bucket layout) is stale: taken back with its namespace, never taken as granted."""
         users = self.users()
-        statements = self.policy().get("Statement") or []
-        return ServerPrincipals(users=users, granted=frozenset(_principals(statements)))
+        granted: set[str] = set()
+        for bucket in self.namespace_buckets():
+            for name in _principals(self.policy(bucket).get("Statement") or []):
+                namespace = principal_namespace(name)
+                if namespace is not None and self.bucket(namespace) == bucket:
+                    granted.add(name)
+        stale = _principals(self.policy().get("Statement") or [])
+        return ServerPrincipals(users=users, granted=frozenset(granted), stale=frozenset(stale))
 
     def take_back(self, namespace: str) -> None:
         """The namespace's principals lose their statements, then their users (a namespace that is gone).
-        Idempotent: a take-back interrupted half-way is found by the next sweep (a statement or a user
-        left names the namespace) and run again."""
+        The bucket and its objects stay: the collector takes what nothing references any more (an
+        archive of the namespace keeps what it names until its retention). Idempotent: a take-back
+        interrupted half-way is found by the next sweep (a statement or a user left names the namespace)
+        and run again."""
         self.revoke(namespace)
+        self.revoke_in(self.location.bucket, namespace)
         for access in Access:
             self.delete_user(access_key(namespace, access))
 
     # ---- the bucket's policy ----------------------------------------------------------------------------
 
     def grant(self, namespace: str, access: Access) -> None:
-        """The bucket policy holds the principal's statement (and no other for it); put only on change.
-        One read-modify-write at a time in this process (the operator is the policy's one writer)."""
-        wanted = self.statement(namespace, access)
+        """The namespace bucket's policy holds the principal's statements (and no other for it); put only
+        on change. One read-modify-write at a time in this process (the operator is the policy's one
+        writer)."""
+        wanted = self.statements(namespace, access)
         principal = access_key(namespace, access)
+        bucket = self.bucket(namespace)
         with _POLICY_LOCK:
-            policy = self.policy()
-            statements = policy.get("Statement") or []
-            if [s for s in statements if _names(s, principal)] == [wanted]:
+            statements = self.policy(bucket).get("Statement") or []
+            if [s for s in statements if _names(s, principal)] == wanted:
                 return
             others = [s for s in statements if not _names(s, principal)]
-            self.put_policy({"Version": POLICY_VERSION, "Statement": [*others, wanted]})
+            self.put_policy({"Version": POLICY_VERSION, "Statement": [*others, *wanted]}, bucket)
 
     def revoke(self, namespace: str) -> None:
-        """The bucket policy no longer grants the namespace's principals anything (a namespace that is
-        gone). The policy holds a statement per principal and the server reads it on every request of a
-        principal (versitygw evaluates the whole policy each time), so what is no longer needed is taken
-        out."""
+        """The namespace bucket's policy no longer grants the namespace's principals anything (a namespace
+        that is gone)."""
+        self.revoke_in(self.bucket(namespace), namespace)
+
+    def revoke_in(self, bucket: str, namespace: str) -> None:
+        """`bucket`'s policy names the namespace's principals no more (a bucket without a policy, or no
+        bucket at all, is fine)."""
         principals = {access_key(namespace, access) for access in Access}
         with _POLICY_LOCK:
-            policy = self.policy()
-            statements = policy.get("Statement") or []
+            statements = self.policy(bucket).get("Statement") or []
             kept = [s for s in statements if not any(_names(s, p) for p in principals)]
             if not kept and statements:
-                self.delete_policy()  # a policy needs a statement; without one, the bucket's ACL rules
+                self.delete_policy(bucket)  # a policy needs a statement; without one, the bucket's ACL rules
             elif len(kept) != len(statements):
-                self.put_policy({"Version": POLICY_VERSION, "Statement": kept})
+                self.put_policy({"Version": POLICY_VERSION, "Statement": kept}, bucket)
 
-    def policy(self) -> dict[str, Any]:
-        bucket = f"/{self.location.bucket}"
-        status, body = self._request("GET", bucket, query={"policy": ""})
-        if status == 404 and _NO_POLICY in body:
+    def policy(self, bucket: str | None = None) -> dict[str, Any]:
+        """The policy of `bucket` (the URL's by default); an empty one when it has none, or no bucket."""
+        bucket = bucket or self.location.bucket
+        status, body = self._request("GET", f"/{bucket}", query={"policy": ""})
+        if status == 404 and any(marker in body for marker in _NO_POLICY):
             return {"Version": POLICY_VERSION, "Statement": []}
         if status != 200:
-            raise StoreRefused("get-bucket-policy", self.location.bucket, f"HTTP {status}: {_short(body)}")
+            raise StoreRefused("get-bucket-policy", bucket, f"HTTP {status}: {_short(body)}")
         policy: dict[str, Any] = json.loads(body)
         return policy
 
-    def put_policy(self, policy: Mapping[str, Any]) -> None:
+    def put_policy(self, policy: Mapping[str, Any], bucket: str | None = None) -> None:
+        bucket = bucket or self.location.bucket
         body = json.dumps(policy, separators=(",", ":")).encode()
-        status, answer = self._request("PUT", f"/{self.location.bucket}", query={"policy": ""}, body=body)
+        status, answer = self._request("PUT", f"/{bucket}", query={"policy": ""}, body=body)
         if status not in (200, 204):
             # Named with its size: a server that keeps the policy where its size is bounded (versitygw's
             # posix backend without --sidecar: one extended attribute, 4 KiB on ext4) refuses it with 500.
             statements = len(policy.get("Statement") or [])
             size = f"a policy of {len(body)} bytes, {statements} statements"
-            raise StoreRefused(
-                "put-bucket-policy", self.location.bucket, f"HTTP {status} ({size}): {_short(answer)}"
-            )
+            raise StoreRefused("put-bucket-policy", bucket, f"HTTP {status} ({size}): {_short(answer)}")
 
-    def delete_policy(self) -> None:
-        status, answer = self._request("DELETE", f"/{self.location.bucket}", query={"policy": ""})
+    def delete_policy(self, bucket: str | None = None) -> None:
+        bucket = bucket or self.location.bucket
+        status, answer = self._request("DELETE", f"/{bucket}", query={"policy": ""})
         if status not in (200, 204):
-            detail = f"HTTP {status}: {_short(answer)}"
-            raise StoreRefused("delete-bucket-policy", self.location.bucket, detail)
+            raise StoreRefused("delete-bucket-policy", bucket, f"HTTP {status}: {_short(answer)}")
 
     def _request(
         self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes = b""
