@@ -1143,7 +1143,7 @@ class Chaos:
         return True
 
     def _store_back(self) -> None:
-        self.cluster.restart_component("object-store", timeout_seconds=60)
+        self.cluster.restart_component("object-store", timeout_seconds=120)
 
     def fault_store_slow(self, _: object) -> bool:
         assert self.proxy is not None

@@ -71,7 +71,7 @@ class OperatorProcess:
         except FileNotFoundError:
             return "(no operator log)"
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
         """Until this start (not an earlier one, whose lines the log keeps) says it has started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

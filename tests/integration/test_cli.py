@@ -203,7 +203,7 @@ def test_cancel_is_a_compare_and_swap_so_a_double_click_cancels_once(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
-    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=60)
+    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=120)
 
     first, second = cli_many(kube, ns, ["cancel", "stop"], ["cancel", "stop"])
     outputs = sorted([ok(first), ok(second)])
@@ -502,7 +502,7 @@ def test_a_failed_side_effect_can_be_resolved_absent_and_the_run_retried(
     retry_words[retry_words.index("TEXT")] = "fixed the DNS name"
     retried = ok(cli(kube, None, *retry_words))
     assert ": Accepted (manual retry from" in retried
-    assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=90)["status"]["phase"] == "Succeeded"
+    assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=120)["status"]["phase"] == "Succeeded"
 
 
 def test_the_plugin_names_the_user_the_api_server_knows(

@@ -77,7 +77,7 @@ def assert_closed_once(kube: Kube, ns: str, name: str, tickets: TicketServicePro
     assert closes[0]["closeKey"] == f"{key}:close"
     run = wait_for(
         lambda: (r := get_run(kube, ns, name))["status"].get("report", {}).get("compensated") and r,
-        timeout=30,
+        timeout=120,
         what="the report listing the compensated ticket",
     )
     report = run["status"]["report"]
@@ -138,7 +138,7 @@ def test_a_compensation_attempt_killed_midway_is_retried_and_still_closes_once(
     # The close reached the service and was applied; its answer is held: the worker cannot tell yet.
     wait_for(
         lambda: any(entry["op"] == "close" for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what="the ticket service holding its answer to the close",
     )
     during = get_run(kube, ns, "killed")["status"]
@@ -214,7 +214,7 @@ def test_a_compensate_request_on_a_succeeded_run_closes_once_and_it_stays_succee
             ),
             None,
         ),
-        timeout=30,
+        timeout=120,
         what="undo-nothing judged",
     )
     assert (refused["outcome"], refused["reason"]) == ("Rejected", "UnknownEffect")
@@ -232,13 +232,13 @@ def test_a_record_that_cannot_be_settled_needs_reconciliation_then_a_request_com
     key = ticket_key(ns, "open")
     wait_for(
         lambda: any(entry["idempotencyKey"] == key for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what="the ticket service holding its answer to the create",
     )
     cancel(kube, ns, "open")
     wait_for(
         lambda: records(kube, ns, "open")[key].get("status", {}).get("state") == "Unknown",
-        timeout=60,
+        timeout=120,
         what="the cancelled send recorded Unknown",
     )
     tickets.set_faults(holdCreates=False)  # the cancelled worker's call returns; lookups still fail

@@ -29,7 +29,7 @@ def test_pause_stops_at_the_next_step_boundary_and_resume_continues(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("pausable", {"steps": 6, "stepSeconds": 0.4}))
-    wait_for(lambda: get_run(kube, ns, "pausable").get("status", {}).get("latestCheckpoint"), timeout=30)
+    wait_for(lambda: get_run(kube, ns, "pausable").get("status", {}).get("latestCheckpoint"), timeout=120)
     patch_spec(kube, ns, "pausable", {"pause": {"requestId": "maintenance-1", "reason": "database upgrade"}})
     paused = wait_phase(kube, ns, "pausable", {"Paused", "Succeeded", "Failed"})
     assert paused["status"]["phase"] == "Paused", operator.log_tail()

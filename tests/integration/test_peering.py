@@ -92,14 +92,14 @@ class Replica:
             last = self.standing()
             return last if last and last.startswith(prefix) and mentioning in last else None
 
-        return wait_for(said, 60, what=f"{self.name}: {prefix!r} {mentioning!r}\n{self.process.log_tail()}")
+        return wait_for(said, 120, what=f"{self.name}: {prefix!r} {mentioning!r}\n{self.process.log_tail()}")
 
     def lines_about(self, run: str) -> list[dict[str, Any]]:
         return [e for e in self.entries() if e.get("run") == run]
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples on this replica's endpoint."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as response:
             text = response.read().decode()
         return sum(
             sample.value
@@ -130,7 +130,7 @@ def replicas(
 
 def echo(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     create_run(kube, namespace, agent_run(name, "echo", {"hello": name}))
-    run = wait_phase(kube, namespace, name, {"Succeeded", "Failed"}, timeout=90)
+    run = wait_phase(kube, namespace, name, {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     return run
 

@@ -214,7 +214,7 @@ def test_a_server_that_does_not_answer_in_time_is_transient(
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)  # the process is there, the port open, no answer comes
     try:
-        wait_for(lambda: stopped(pid), timeout=30, what="every thread of the server stopped")
+        wait_for(lambda: stopped(pid), timeout=120, what="every thread of the server stopped")
         with pytest.raises(StoreUnavailable, match=r"unavailable during get.*(timed out|timeout)"):
             asyncio.run(store.get(ref))
     finally:

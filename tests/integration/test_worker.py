@@ -123,12 +123,12 @@ def test_cancel_stops_the_agent_inside_a_step_and_fences_late_commits(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
-    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=30)
+    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=120)
     patch_spec(kube, ns, "stop", {"cancelEpoch": 1})
-    run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=30)
+    run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=120)
     assert run["status"]["observedCancelEpoch"] == 1
     attempt = wait_attempt_phase(kube, ns, "stop", 1, {"Aborted"})
-    wait_for(lambda: kube.pod("stop-a1", ns) is None, timeout=30, what="the attempt pod gone")
+    wait_for(lambda: kube.pod("stop-a1", ns) is None, timeout=120, what="the attempt pod gone")
 
     assert zombie_commit(kube, ns, "stop", attempt) == "stale_after_cancel"
     after = get_run(kube, ns, "stop")
