@@ -6,6 +6,7 @@ import os
 import signal
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -140,21 +141,22 @@ def _worker_pid(kube: Kube, namespace: str, pod: str) -> int:
 
 
 def test_frozen_worker_loses_its_lease_and_the_next_attempt_takes_over(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
+    ns, gate = run_namespace, tmp_path / "gate"
     # 10 s, not 5: the next Attempt's worker must renew within it too, and at a 1-min load of 13-15 a
     # real worker process was seen to miss a 5 s lease (a third Attempt, the machine's doing).
     lease = {"durationSeconds": 10, "renewSeconds": 1}
-    create_run(
-        kube, ns, scenario_run("frozen", {"steps": 4, "stepSeconds": 0.5}, lease=lease, retry=FAST_RETRY)
-    )
+    # The first Attempt waits at its first checkpoint until the gate opens, so it is frozen there (not
+    # wherever it got to by the time the test saw that checkpoint); the gate opens for the next Attempt.
+    scenario = {"steps": 4, "stepSeconds": 0.5, "gate": {"file": str(gate), "atStep": 2}}
+    create_run(kube, ns, scenario_run("frozen", scenario, lease=lease, retry=FAST_RETRY))
     wait_for(
         lambda: get_run(kube, ns, "frozen").get("status", {}).get("latestCheckpoint") == "frozen-a1-s1",
-        timeout=120,
         what="first checkpoint",
     )
     os.killpg(_worker_pid(kube, ns, "frozen-a1"), signal.SIGSTOP)
+    gate.touch()
     run = wait_phase(kube, ns, "frozen", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     first, second = attempts(kube, ns, "frozen")
