@@ -109,8 +109,8 @@ class Release:
         ]
         return pods if len(pods) == count else None
 
-    def live_peers(self) -> dict[str, dict[str, Any]]:
-        """The operator replicas with a fresh heartbeat in the peering object, by Pod name."""
+    def peers(self) -> dict[str, dict[str, Any]]:
+        """Every entry of the peering object, fresh or not, by Pod name."""
         try:
             peering = self.kube.custom.get_namespaced_custom_object(
                 "kopf.dev", "v1", self.namespace, "kopfpeerings", PEERING
@@ -119,10 +119,14 @@ class Release:
             if error.status == 404:
                 return {}
             raise
+        return dict(peering.get("status") or {})
+
+    def live_peers(self) -> dict[str, dict[str, Any]]:
+        """The operator replicas with a fresh heartbeat in the peering object, by Pod name."""
         now = time.time()
         return {
             name: peer
-            for name, peer in (peering.get("status") or {}).items()
+            for name, peer in self.peers().items()
             if _timestamp(peer["lastseen"]) + int(peer["lifetime"]) > now
         }
 
@@ -575,8 +579,12 @@ def test_one_replica_is_active_and_a_standby_takes_over(release: Release) -> Non
     took = time.monotonic() - started
     release.timings["takeover to a succeeded Run"] = took
     assert run["status"]["phase"] == "Succeeded", run["status"]
-    # a replica that stops gracefully leaves the peering at once: no waiting for its heartbeat to expire
-    assert took < LIFETIME_SECONDS, f"takeover took {took:.1f}s"
+    # A replica that stops gracefully leaves the peering at once: its entry is gone when its Pod is (not
+    # left to run out, which is what a standby would otherwise wait for). How long the takeover took is
+    # the machine's pace: recorded above, not bounded.
+    active_name = active["metadata"]["name"]
+    wait_for(lambda: release.kube.pod(active_name, release.namespace) is None, what="the active Pod gone")
+    assert active_name not in release.peers(), release.peers()
     if release.target.local:
         log = release.operator_log(standby)
         assert not _paused(log)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cluster
 HOSTILE = 'Which priority? <script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
 
 
-def asking(name: str, prompt: str = "Which priority?", hold: int | None = 120) -> dict[str, Any]:
+def asking(name: str, prompt: str = "Which priority?", hold: int | None = 600) -> dict[str, Any]:
     question: dict[str, Any] = {"atStep": 2, "prompt": prompt, "schema": PRIORITY}
     if hold:
         question["holdSeconds"] = hold

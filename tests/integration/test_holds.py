@@ -57,10 +57,10 @@ def test_an_answer_within_the_hold_continues_the_same_attempt(
     kube: Kube, run_namespace: str, operator: OperatorProcess
 ) -> None:
     ns = run_namespace
-    create_run(kube, ns, asking("hold", 60))
+    create_run(kube, ns, asking("hold", 600))
     waiting = wait_for(lambda: held(kube, ns, "hold"), timeout=120, what="the request held")
     assert waiting["status"]["pendingRequest"]["heldBy"] == "hold-a1"
-    assert waiting["status"]["pendingRequest"]["holdSeconds"] == 60
+    assert waiting["status"]["pendingRequest"]["holdSeconds"] == 600
     assert (attempts(kube, ns, "hold")[0].get("status") or {}).get("phase") == "Running", "its Pod lives on"
 
     resume(kube, ns, "hold", waiting["status"]["pendingRequest"], {"priority": "high"}, key="quick")

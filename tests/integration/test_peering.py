@@ -128,6 +128,12 @@ def replicas(
             replica.process.stop()
 
 
+def peers(kube: Kube, namespace: str) -> set[str]:
+    """The replicas named in the peering object's status (kopf's entries, whether fresh or not)."""
+    peering = kube.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", PEERING)
+    return set(peering.get("status") or {})
+
+
 def echo(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     create_run(kube, namespace, agent_run(name, "echo", {"hello": name}))
     run = wait_phase(kube, namespace, name, {"Succeeded", "Failed"}, timeout=120)
@@ -154,8 +160,10 @@ def test_a_replica_standing_by_does_nothing_and_takes_over_when_the_active_one_l
     assert a.metric("agentrun_operator_active") == 1 and a.reconciles() > 0
     assert a.lines_about("first")
 
-    # the active replica leaves (kopf says goodbye in the peering): the standby takes over at once
+    # the active replica leaves (kopf says goodbye in the peering): the standby takes over at once, not
+    # once a's heartbeat has run out (its entry is gone by the time it has exited)
     a.process.stop()
+    assert "replica-a" not in peers(kube, namespace), a.process.log_tail()
     b.wait_standing("active: ")
     echo(kube, namespace, "second")
     assert b.lines_about("second") and b.metric("agentrun_operator_active") == 1
@@ -171,6 +179,7 @@ def test_a_replica_standing_by_does_nothing_and_takes_over_when_the_active_one_l
 
     # ... and takes over again when it leaves: informers, workers and timers start anew
     c.process.stop()
+    assert "replica-c" not in peers(kube, namespace), c.process.log_tail()
     b.wait_standing("active: ")
     echo(kube, namespace, "fourth")
     assert b.lines_about("fourth") and b.reconciles() > before
