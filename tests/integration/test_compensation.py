@@ -16,7 +16,7 @@ from agentrun.core.ledger import compensation_key, side_effect_name
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
-from integration.test_cli import cli
+from integration.test_cli import VERDICT, cli
 from integration.test_side_effects import PATIENT, side_effects, ticket_run
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
@@ -119,7 +119,7 @@ def test_a_cancel_with_on_cancel_compensate_closes_the_ticket_exactly_once(
     assert reasons_and_phases(kube, ns, "undo") == [("initial", "Interrupted"), ("compensate", "Succeeded")]
     assert run["status"]["observedCancelEpoch"] == 1
     # A cancelled Run stays so: its cancelEpoch is frozen, and nothing compensates twice.
-    assert cli(kube, ns, "compensate", "undo").returncode == 0
+    assert cli(kube, ns, "compensate", "undo", "--timeout", VERDICT).returncode == 0
     assert len(attempts(kube, ns, "undo")) == 2
     assert len(tickets.closes()) == 1
 
@@ -188,7 +188,8 @@ def test_a_compensate_request_on_a_succeeded_run_closes_once_and_it_stays_succee
     ns = run_namespace
     create_run(kube, ns, compensating_run("done", tickets))
     before = ended(kube, ns, "done", operator, "Succeeded")
-    out = cli(kube, ns, "compensate", "done", "--effect", ticket_key(ns, "done"), "--wait")
+    compensate = ["compensate", "done", "--effect", ticket_key(ns, "done"), "--wait", "--timeout", VERDICT]
+    out = cli(kube, ns, *compensate)
     assert out.returncode == 0, (out.stdout, out.stderr, operator.log_tail())
     run = ended(kube, ns, "done", operator, "Succeeded")
     assert_closed_once(kube, ns, "done", tickets)
@@ -250,12 +251,12 @@ def test_a_record_that_cannot_be_settled_needs_reconciliation_then_a_request_com
     assert records(kube, ns, "open")[key]["status"]["state"] == "Unknown"
     assert tickets.closes() == []
     assert len(tickets.creations()) == 1
-    retry = cli(kube, ns, "retry", "open")
+    retry = cli(kube, ns, "retry", "open", "--timeout", VERDICT)
     assert retry.returncode != 0 and "CompensationIncomplete" in retry.stdout, retry.stdout
 
     # The lookups work again: a person asks once more; the create is found, its ticket closed.
     tickets.clear_faults()
-    out = cli(kube, ns, "compensate", "open", "--wait")
+    out = cli(kube, ns, "compensate", "open", "--wait", "--timeout", VERDICT)
     assert out.returncode == 0, (out.stdout, out.stderr, operator.log_tail())
     ended(kube, ns, "open", operator, "Cancelled")
     assert_closed_once(kube, ns, "open", tickets)

@@ -11,7 +11,7 @@ import pytest
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
-from integration.test_cli import cli
+from integration.test_cli import VERDICT, cli
 from integration.test_side_effects import PATIENT, kill_worker_during_create, side_effects, ticket_run
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, resume, wait_phase
@@ -41,9 +41,10 @@ def test_a_create_that_times_out_is_found_by_lookup_and_never_sent_again(
     kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
 ) -> None:
     ns = run_namespace
-    # The service stores the ticket and holds its answer past the client's timeout (1 s).
+    # The service stores the ticket and holds its answer past the client's timeout (5 s: time enough for
+    # a loaded machine's service to store the create before the lookup that follows the timeout).
     tickets.set_faults(holdCreates=True)
-    create_run(kube, ns, ticket_run("late", tickets, env={"TICKET_SERVICE_TIMEOUT": "1"}))
+    create_run(kube, ns, ticket_run("late", tickets, env={"TICKET_SERVICE_TIMEOUT": "5"}))
     run = stopped(kube, ns, "late", operator, "Succeeded")
     tickets.clear_faults()
     [created] = tickets.creations()
@@ -89,7 +90,16 @@ def test_an_irreversible_create_is_never_sent_again_after_an_unknown_outcome(
     # sends again with the same key, with a fresh maxSends.
     name = effect["metadata"]["name"]
     resolved = cli(
-        kube, ns, "resolve-effect", name, "--absent", "--reason", "no ticket in the tool", "--retry"
+        kube,
+        ns,
+        "resolve-effect",
+        name,
+        "--absent",
+        "--reason",
+        "no ticket in the tool",
+        "--retry",
+        "--timeout",
+        VERDICT,
     )
     assert resolved.returncode == 0, resolved.stderr
     assert "Absent: it did not happen" in resolved.stdout
