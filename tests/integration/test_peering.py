@@ -141,7 +141,6 @@ def echo(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return run
 
 
-@pytest.mark.timeout(300)
 def test_a_replica_standing_by_does_nothing_and_takes_over_when_the_active_one_leaves(
     kube: Kube, namespace: str, replicas: dict[str, Replica]
 ) -> None:
