@@ -169,7 +169,9 @@ def test_a_request_expires_on_the_operators_clock_whatever_the_workers_clock_say
     assert pending["expiresInSeconds"] == 600
     expires_at = datetime.datetime.fromisoformat(pending["expiresAt"].replace("Z", "+00:00"))
     left = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
-    assert 500 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
+    # The operator's now + 600 s, read a while later (how long is the machine's pace, not bounded here): a
+    # worker's clock an hour off would put it an hour out of this range.
+    assert 0 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
     patch_spec(kube, ns, name, resume_patch(pending, {"priority": "low"}, "k1"))
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", done["status"]
