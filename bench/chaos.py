@@ -642,7 +642,7 @@ class Chaos:
         assert self.api is not None
         return self.api
 
-    def _start_operator(self, timeout: float = 90) -> None:
+    def _start_operator(self, timeout: float = 180) -> None:
         assert self.operator is not None
         log = self.operator.log_path
         offset = log.stat().st_size if log.exists() else 0
@@ -662,7 +662,7 @@ class Chaos:
         raise HarnessError(f"the operator did not start in {timeout}s:\n{self.operator.log_tail()}")
 
     @staticmethod
-    def _wait(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
+    def _wait(what: str, probe: Callable[[], Any], timeout: float = 120) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if value := probe():
