@@ -62,6 +62,10 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
                                    index entry, kill -9 the operator right after the store stored it and
                                    before the answer reaches it (between archive and delete), start it
                                    again after up to 3 s
+The window ends after --faults faults or --seconds, but never before the profile's minimum (so many
+faults of so many kinds, both restarts among them): until then the last Run is held back (a Run still to
+come keeps the ticket service's create faults available) and untried kinds come first, so a slow machine
+gets a longer window, never fewer faults.
 Runs left waiting for a few seconds are answered as a person would (not counted as faults). Half of the
 Runs compensate on cancel (spec.compensation.onCancel: Compensate): their cancel closes their ticket.
 A fifth of the Runs are big-state Runs (tests/support/big_state_agent.py: three checkpoints of ~18 KB,
@@ -205,7 +209,13 @@ NODE_AGENT = "(node agent)"  # Frozen.run of the frozen node agent
 class Profile:
     runs: int
     faults: int
-    seconds: float  # the fault window, at most
+    seconds: float  # the fault window, at most (once its minimum below is met)
+    # The window never ends on its seconds, nor runs out of Runs, before this many faults of this many
+    # kinds were injected: the last Run is launched only after them (until then a Run is still to come,
+    # so the ticket service's create faults always have a target), and untried kinds come first until
+    # this many were tried. On a loaded machine the window is longer; it never has fewer faults.
+    min_faults: int
+    min_kinds: int
     gap: float  # mean seconds between two faults (when something offers a target)
     concurrency: int  # Runs in flight at once
     settle_seconds: float  # after the faults: until every Run is terminal or waiting
@@ -226,10 +236,13 @@ PROFILES = {
         runs=20,
         faults=30,
         seconds=60,
+        min_faults=15,  # tests/integration/test_chaos.py checks these two
+        min_kinds=6,
         gap=1.2,
         concurrency=7,
-        settle_seconds=120,
-        resolve_seconds=120,
+        # upper bounds: each wait ends as soon as every Run got there (generous for a loaded machine)
+        settle_seconds=240,
+        resolve_seconds=240,
         apiserver_gap=45,
         operator_uptime=6,
         answer_after=4,
@@ -238,6 +251,8 @@ PROFILES = {
         runs=1400,
         faults=2000,
         seconds=5400,
+        min_faults=1000,
+        min_kinds=6,
         gap=0.8,
         concurrency=10,
         settle_seconds=300,
@@ -627,7 +642,7 @@ class Chaos:
         assert self.api is not None
         return self.api
 
-    def _start_operator(self, timeout: float = 90) -> None:
+    def _start_operator(self, timeout: float = 180) -> None:
         assert self.operator is not None
         log = self.operator.log_path
         offset = log.stat().st_size if log.exists() else 0
@@ -647,7 +662,7 @@ class Chaos:
         raise HarnessError(f"the operator did not start in {timeout}s:\n{self.operator.log_tail()}")
 
     @staticmethod
-    def _wait(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
+    def _wait(what: str, probe: Callable[[], Any], timeout: float = 120) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if value := probe():
@@ -729,9 +744,11 @@ class Chaos:
         """Runs launched, forks left out (the profile's --runs counts these)."""
         return sum(1 for name in self.launched if self.kind.get(name) != "fork")
 
-    def launch_some(self) -> None:
+    def launch_some(self, *, hold_last: bool = False) -> None:
+        """Launches the next Run when there is room; with hold_last, never the last one."""
         active = sum(1 for name in self.launched if phase_of(self.runs.get(name, {})) not in TERMINAL)
-        room = active < self.profile.concurrency and self.launched_main() < self.profile.runs
+        to_launch = self.profile.runs - (1 if hold_last else 0)
+        room = active < self.profile.concurrency and self.launched_main() < to_launch
         if room and time.monotonic() >= self.next_launch:  # one at a time: the Runs' steps spread out
             self.launch(f"t{self.launched_main() + 1:03d}")
             self.next_launch = time.monotonic() + self.rng.uniform(0.5, 2.0)
@@ -805,9 +822,9 @@ class Chaos:
         next_progress = time.monotonic()
         mean_gap = profile.gap
         window_end = time.monotonic() + profile.seconds
-        while (
-            sum(self.records.faults.values()) < profile.faults or not self.required_faults_done()
-        ) and time.monotonic() < window_end:
+        while (sum(self.records.faults.values()) < profile.faults or not self.required_faults_done()) and (
+            time.monotonic() < window_end or not self.minimum_done()
+        ):
             self.observe()
             self.after_traps()
             self.settle_tamperings()
@@ -815,7 +832,9 @@ class Chaos:
                 phase_of(self.runs.get(n, {})) in TERMINAL for n in self.launched
             ):
                 break  # nothing left to disturb
-            self.launch_some()
+            # The last Run waits for the window's minimum (Profile.min_faults): until then a Run is still
+            # to come, a target for the ticket service's create faults whatever the machine's pace.
+            self.launch_some(hold_last=not self.minimum_done())
             self.run_timers()
             self.tend(after=profile.answer_after, again=6)
             now = time.monotonic()
@@ -950,6 +969,19 @@ class Chaos:
     def required_faults_done(self) -> bool:
         return all(self.records.faults[kind] for kind in REQUIRED_FAULTS)
 
+    def kinds_tried(self) -> int:
+        return sum(1 for count in self.records.faults.values() if count)
+
+    def minimum_done(self) -> bool:
+        """The window's promised minimum happened: Profile.min_faults faults of min_kinds kinds, the
+        required ones among them."""
+        faults, profile = sum(self.records.faults.values()), self.profile
+        return (
+            faults >= profile.min_faults
+            and self.kinds_tried() >= profile.min_kinds
+            and (self.required_faults_done())
+        )
+
     def inject(self) -> str | None:
         targets = {k: v for k, v in self.available().items() if v}
         if not targets:
@@ -959,7 +991,10 @@ class Chaos:
         required = [k for k in REQUIRED_FAULTS if k in untried]
         if required:
             kind = required[0]
-        elif untried and self.rng.random() < 0.5:  # every kind early on, then by weight
+        elif untried and (
+            # untried kinds first up to the profile's minimum of kinds, then every kind early on, by chance
+            self.kinds_tried() < self.profile.min_kinds or self.rng.random() < 0.5
+        ):
             kind = self.rng.choice(untried)
         else:
             kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -1108,7 +1143,7 @@ class Chaos:
         return True
 
     def _store_back(self) -> None:
-        self.cluster.restart_component("object-store", timeout_seconds=60)
+        self.cluster.restart_component("object-store", timeout_seconds=120)
 
     def fault_store_slow(self, _: object) -> bool:
         assert self.proxy is not None
@@ -1490,8 +1525,10 @@ class Chaos:
 
     def snapshot(self) -> World:
         api = self.api_()
-        deadline = time.monotonic() + 20
-        while True:  # the report of a stopped Run follows its SideEffects (level-based): give it a moment
+        # The report of a stopped Run follows its SideEffects (level-based): wait for it, bounded
+        # generously (a loaded machine's operator may take a while; a real violation stays one).
+        deadline = time.monotonic() + 120
+        while True:
             runs = {r["metadata"]["name"]: r for r in api.items(custom("runs"))}
             hostile = {n: r for n, r in runs.items() if HOSTILE_LABEL in (r["metadata"].get("labels") or {})}
             ours = {n: r for n, r in runs.items() if n not in hostile}
@@ -2239,6 +2276,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     profile = replace(profile, **overrides)
     profile = replace(profile, concurrency=min(profile.concurrency, profile.runs))
+    profile = replace(profile, min_faults=min(profile.min_faults, profile.faults))
     temporary = args.state_dir is None
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="agentrun-chaos-"))
     state_dir.mkdir(parents=True, exist_ok=True)

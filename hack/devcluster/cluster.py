@@ -153,7 +153,7 @@ class LocalCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
-    def start(self, *, detached: bool = False, timeout_seconds: float = 60.0) -> None:
+    def start(self, *, detached: bool = False, timeout_seconds: float = 180.0) -> None:
         """Starts every component and waits for health. Raises ClusterError with the log tail on failure.
 
         Ports are chosen free, then bound by the component a moment later: another process on the machine
@@ -343,7 +343,7 @@ class LocalCluster:
         self.components.clear()
         self.state_file.unlink(missing_ok=True)
 
-    def restart_component(self, name: str, timeout_seconds: float = 60.0) -> Component:
+    def restart_component(self, name: str, timeout_seconds: float = 120.0) -> Component:
         """Stops one component (its whole process group) and starts it again with the same command line,
         hence the same port, flags and data directory, then waits until it is healthy again. For fault
         injection (bench/chaos.py), e.g. ``restart_component("kube-apiserver")``. Call it from the main

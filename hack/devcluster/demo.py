@@ -88,7 +88,7 @@ class Demo:
         items: list[dict[str, Any]] = json.loads(listed)["items"]
         return items
 
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 90) -> Any:
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 180) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if value := probe():
@@ -320,9 +320,11 @@ def act_four(demo: Demo, tickets: TicketServiceProcess, state_dir: Path) -> None
 def act_five(demo: Demo, tickets: TicketServiceProcess) -> None:
     say("5. A create that times out is found by lookup; a cancel undoes the ticket by its compensation")
     # The service stores the ticket, then answers after the client gave up waiting: the outcome is unknown.
-    tickets.set_faults(delayCreateSeconds=3)
+    # (The client waits 5 s, time enough for a busy machine's service to store the ticket and to answer
+    # the lookup that follows; the answer comes 10 s after the create.)
+    tickets.set_faults(delayCreateSeconds=10)
     scenario = {"title": "Coffee machine leaks", "body": "Second floor", "askPriority": False}
-    env = {**tickets.env(), "TICKET_SERVICE_TIMEOUT": "1"}
+    env = {**tickets.env(), "TICKET_SERVICE_TIMEOUT": "5"}
     demo.apply(agent_run("slow", "ticket_agent", scenario, env=env))
     demo.wait_phase("slow", "Succeeded", "Failed", "NeedsReconciliation")
     tickets.clear_faults()

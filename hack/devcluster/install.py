@@ -46,7 +46,7 @@ def install(state_dir: Path) -> None:
     operator.start()
     assert operator.process is not None
     (state_dir / OPERATOR_RECORD).write_text(json.dumps({"pid": operator.process.pid}))
-    operator.wait_ready(timeout=60)
+    operator.wait_ready(timeout=120)
     print(f"operator running, pid {operator.process.pid}, in {time.monotonic() - began:.1f}s")
     print(f"  log: {operator.log_path}    restart: make operator    stop: make cluster-down")
 

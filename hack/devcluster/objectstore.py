@@ -145,7 +145,7 @@ class ObjectStoreProcess:
         path.write_text("".join(f"export {name}='{value}'\n" for name, value in values.items()))
         return path
 
-    def start(self, timeout_seconds: float = 30.0) -> None:
+    def start(self, timeout_seconds: float = 60.0) -> None:
         self.make_dirs()
         proc = spawn(self.argv(), self.log_path, env=self.process_env(), tie_to_parent=self.tie_to_parent)
         self.pid = proc.pid

@@ -54,8 +54,10 @@ class OperatorProcess:
             self.process.wait()
 
     def stop(self) -> None:
+        """SIGTERM, and the time a loaded machine may need to shut down cleanly (e.g. to leave the
+        peering) before SIGKILL; a clean stop is over long before."""
         if self.process:
-            stop_group(self.process.pid, grace_seconds=5)
+            stop_group(self.process.pid, grace_seconds=30)
             self.process = None
 
     def restart(self) -> None:
@@ -71,7 +73,7 @@ class OperatorProcess:
         except FileNotFoundError:
             return "(no operator log)"
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
         """Until this start (not an earlier one, whose lines the log keeps) says it has started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

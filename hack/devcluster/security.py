@@ -134,7 +134,7 @@ def _policies_enforced(kubectl: Kubectl) -> bool:
 
 
 def install(
-    kubectl_binary: str, admin_kubeconfig: Path, operator_kubeconfig: Path, timeout_seconds: float = 60.0
+    kubectl_binary: str, admin_kubeconfig: Path, operator_kubeconfig: Path, timeout_seconds: float = 120.0
 ) -> Path:
     """Creates the operator's identity, applies the admission policies and waits until the API server
     enforces them; returns a kubeconfig that authenticates as the operator's ServiceAccount."""

@@ -31,7 +31,7 @@ class TicketServiceProcess:
         """What an agent needs to reach the service (agentrun.examples.tickets reads it)."""
         return {"TICKET_SERVICE_URL": self.url}
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         argv = [sys.executable, "-m", "devcluster.ticket_faults"]
         argv += ["--port", str(self.port), "--state", str(self.state_path)]
         paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]  # devcluster's

@@ -117,7 +117,7 @@ def test_an_expired_run_is_archived_verified_and_deleted_and_history_shows_it(
     first = created(kube, ns, scenario_run(name, {"steps": 2}, ttlSecondsAfterFinished=3600))
     run = wait_for(
         lambda: (r := get_run(kube, ns, name)).get("status", {}).get("expiresTime") and r,
-        timeout=60,
+        timeout=120,
         what="status.expiresTime",
     )
     [ended] = [c for c in run["status"]["conditions"] if c["type"] == "Succeeded"]
@@ -135,7 +135,7 @@ def test_an_expired_run_is_archived_verified_and_deleted_and_history_shows_it(
     assert [a["status"]["phase"] for a in document["attempts"]] == ["Succeeded"]
     assert any(told["reason"] == "Succeeded" for told in document["story"])
     # the garbage collector takes what the Run owned
-    wait_for(lambda: attempts(kube, ns, name) == [], timeout=60, what="the Run's Attempts collected")
+    wait_for(lambda: attempts(kube, ns, name) == [], timeout=120, what="the Run's Attempts collected")
 
     listed = cli_with_store(kube, local_cluster, ns, "history")
     assert listed.returncode == 0, listed.stderr
@@ -205,7 +205,7 @@ def test_without_a_store_the_run_is_kept_and_says_why(
             conditions = get_run(kube, ns, name)["status"].get("conditions", [])
             return next((c for c in conditions if c["type"] == "Archived"), None)
 
-        condition = wait_for(archived_condition, timeout=60, what="condition Archived")
+        condition = wait_for(archived_condition, timeout=120, what="condition Archived")
     finally:
         process.stop()
     assert (condition["status"], condition["reason"]) == ("False", "NoStateStore")

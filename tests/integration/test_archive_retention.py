@@ -140,7 +140,7 @@ def test_the_retention_pass_deletes_archives_past_the_retention_and_keeps_the_yo
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{operator.log_tail()}") from None
         said = f"archive retention: deleted 1 archives of {ns} archived on {old.day}"
-        wait_for(lambda: said in log.read_text(), timeout=30, what="the pass's log line")
+        wait_for(lambda: said in log.read_text(), timeout=120, what="the pass's log line")
         assert value(scrape(port), "agentrun_run_archives_expired_total") == 1
     finally:
         operator.stop()

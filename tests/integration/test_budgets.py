@@ -78,7 +78,7 @@ def test_an_oversize_write_fails_the_run_for_good_with_advice(
     ns = run_namespace
     create_run(kube, ns, scenario_run("big", scenario))
 
-    failed = wait_phase(kube, ns, "big", {"Failed", "Succeeded"}, timeout=90)
+    failed = wait_phase(kube, ns, "big", {"Failed", "Succeeded"}, timeout=120)
 
     assert failed["status"]["phase"] == "Failed", operator.log_tail()
     failure = failed["status"]["failure"]

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(900)
+# Upper bounds for a loaded machine (the harness's own waits end as soon as the Runs got there).
+@pytest.mark.timeout(1560)
 def test_small_chaos_profile_breaks_no_promise(tmp_path: Path) -> None:
     report_path, log_path = tmp_path / "report.json", tmp_path / "chaos.log"
     paths = [
@@ -32,7 +33,7 @@ def test_small_chaos_profile_breaks_no_promise(tmp_path: Path) -> None:
     # Its own process group, tied to this one: an interrupted test session leaves no control plane behind.
     process = spawn(argv, log_path, env=env, tie_to_parent=True)
     try:
-        code = process.wait(timeout=840)
+        code = process.wait(timeout=1500)
     except subprocess.TimeoutExpired:
         process.terminate()  # the harness stops what it started on SIGTERM
         process.wait(timeout=60)
@@ -43,7 +44,8 @@ def test_small_chaos_profile_breaks_no_promise(tmp_path: Path) -> None:
     report = json.loads(report_path.read_text())
     assert report["invariants"] == dict.fromkeys(report["invariants"], 0), out
     assert code == 0, out
-    # The faults really happened (on a loaded machine fewer find a target in the window; never none).
+    # The faults really happened: the small profile's minimum (Profile.min_faults, min_kinds), which the
+    # harness keeps its window open and a Run to come for, however slow the machine.
     assert report["faultsTotal"] >= 15, out
     assert len(report["faults"]) >= 6, out
     assert {"restart-apiserver", "restart-operator"} <= set(report["faults"]), out

@@ -38,6 +38,11 @@ def argv(namespace: str | None, *args: str) -> list[str]:
     return [sys.executable, "-m", "agentrun.cli", *(["-n", namespace] if namespace else []), *args]
 
 
+# How long a command that waits for the operator's verdict (resume, retry, compensate) may wait, in the
+# tests: the CLI's default (30 s) is a person's patience on a quiet cluster, not a loaded test machine's.
+VERDICT = "120"
+
+
 def cli(
     kube: Kube, namespace: str | None, *args: str, kubeconfig: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -47,7 +52,7 @@ def cli(
         env=env_for(kubeconfig or kube.kubeconfig),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # an upper bound: a command that follows a Run (--wait) waits for a whole Attempt
         check=False,
     )
 
@@ -146,7 +151,7 @@ def test_watch_until_it_waits_then_resume_checked_locally_and_idempotent(
     scenario = {"steps": 2, "ask": {"atStep": 2, "prompt": "Which priority?", "schema": PRIORITY}}
     create_run(kube, ns, scenario_run("ask", scenario))
 
-    watched = cli(kube, ns, "watch", "ask", "--timeout", "90")
+    watched = cli(kube, ns, "watch", "ask", "--timeout", "180")
     assert watched.returncode == 0, watched.stderr + operator.log_tail()
     assert "InputRequired" in watched.stdout.splitlines()[-3]
     assert "waiting for request ask-r1: Which priority?" in watched.stdout
@@ -174,7 +179,7 @@ def test_watch_until_it_waits_then_resume_checked_locally_and_idempotent(
     )
 
     # the next answer replaces that one whole (merged, its value would carry "note" and miss the schema)
-    accepted = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}'))
+    accepted = ok(cli(kube, ns, "resume", "ask", "--value", '{"priority": "high"}', "--timeout", VERDICT))
     assert (
         accepted.startswith("run ask: Resume cli-resume-")
         and f" by {ADMIN}: Accepted (answer to ask-r1 accepted)" in accepted
@@ -203,7 +208,7 @@ def test_cancel_is_a_compare_and_swap_so_a_double_click_cancels_once(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
-    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=60)
+    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=120)
 
     first, second = cli_many(kube, ns, ["cancel", "stop"], ["cancel", "stop"])
     outputs = sorted([ok(first), ok(second)])
@@ -242,12 +247,13 @@ def test_pause_then_resume_and_a_manual_retry(
     assert status["phase"] == "Paused", operator.log_tail()
     again = ok(cli(kube, ns, "pause", "nap", "--reason", "lunch"))
     assert f"already paused (request {status['pendingRequest']['requestId']})" in again
-    assert "Accepted" in ok(cli(kube, ns, "resume", "nap"))
+    assert "Accepted" in ok(cli(kube, ns, "resume", "nap", "--timeout", VERDICT))
     assert wait_phase(kube, ns, "nap", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
 
     create_run(kube, ns, scenario_run("redo", {"steps": 1, "fail": {"attempts": [1], "how": "permanent"}}))
     assert wait_phase(kube, ns, "redo", {"Failed", "Succeeded"})["status"]["phase"] == "Failed"
-    retried = ok(cli(kube, ns, "retry", "redo", "--reason", "fixed the input", "--wait"))
+    retry = ["retry", "redo", "--reason", "fixed the input", "--wait", "--timeout", VERDICT]
+    retried = ok(cli(kube, ns, *retry))
     assert ": Accepted (manual retry from" in retried and "Succeeded" in retried.splitlines()[-2]
     assert "already recorded: Retry cli-retry-" in ok(
         cli(kube, ns, "retry", "redo", "--reason", "fixed the input")
@@ -500,9 +506,9 @@ def test_a_failed_side_effect_can_be_resolved_absent_and_the_run_retried(
 
     retry_words = retry_hint.split()[2:]
     retry_words[retry_words.index("TEXT")] = "fixed the DNS name"
-    retried = ok(cli(kube, None, *retry_words))
+    retried = ok(cli(kube, None, *retry_words, "--timeout", VERDICT))
     assert ": Accepted (manual retry from" in retried
-    assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=90)["status"]["phase"] == "Succeeded"
+    assert wait_phase(kube, ns, "dns", {"Succeeded"}, timeout=120)["status"]["phase"] == "Succeeded"
 
 
 def test_the_plugin_names_the_user_the_api_server_knows(
@@ -547,7 +553,17 @@ def test_the_plugin_names_the_user_the_api_server_knows(
     wait_for(readable, what="carol's role seen by the API server")
 
     answered = ok(
-        cli(kube, ns, "resume", "named", "--value", '{"priority": "low"}', kubeconfig=carol.kubeconfig)
+        cli(
+            kube,
+            ns,
+            "resume",
+            "named",
+            "--value",
+            '{"priority": "low"}',
+            "--timeout",
+            VERDICT,
+            kubeconfig=carol.kubeconfig,
+        )
     )
     assert f"by {user}: Accepted" in answered
     done = wait_phase(kube, ns, "named", {"Succeeded", "Failed"})

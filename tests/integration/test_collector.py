@@ -174,7 +174,7 @@ def test_a_runs_blobs_stay_while_it_lives_and_garbage_goes_after_mark_and_quaran
 
         wait_for(
             run_gone,
-            timeout=60,
+            timeout=120,
             what=f"Run {name} and its Checkpoints and Attempts deleted",
         )
         assert set(sweeps.after(GRACE).marks.unreferenced_since) == {a.key for a in kept}
@@ -232,7 +232,7 @@ def test_the_operators_loop_collects_an_unreferenced_blob(
     planted = asyncio.run(store.put(namespace, run_uid, b"nobody names this blob"))
     wait_for(
         lambda: value(scrape(port), "agentrun_state_store_blobs_collected_total") >= 1,
-        timeout=60,
+        timeout=120,
         what=f"the operator's collector to delete {planted.key}",
     )
     samples = scrape(port)

@@ -73,7 +73,7 @@ def compacted(kube: Kube, ns: str, name: str, keep: int = 1) -> dict[str, Any]:
         done = "checkpointIndex" in run.get("status", {}) and lease(kube, ns, name) is None
         return run if done and len(owned(kube, ns, "checkpoints", name)) == keep else None
 
-    return wait_for(probe, 60, interval=0.2, what=f"Run {name} compacted")
+    return wait_for(probe, 120, interval=0.2, what=f"Run {name} compacted")
 
 
 def test_a_finished_run_shrinks_and_stays_readable(
@@ -98,7 +98,7 @@ def test_a_finished_run_shrinks_and_stays_readable(
 
     # the Pod went once its log tail was kept, and the tail is what `logs` shows
     assert len(attempts(kube, ns, name)) == 1
-    wait_for(lambda: kube.pod(f"{name}-a1", ns) is None, 60, interval=0.2, what="the Pod collected")
+    wait_for(lambda: kube.pod(f"{name}-a1", ns) is None, 120, interval=0.2, what="the Pod collected")
     assert "ref" in get_attempt(kube, ns, f"{name}-a1")["status"]["logTail"]
     shown = cli_with_store(kube, local_cluster, ns, "logs", name)
     assert shown.returncode == 0, shown.stderr
@@ -134,7 +134,7 @@ def test_a_failed_attempts_pod_is_gone_and_its_log_tail_stays(
     assert run["status"]["phase"] == "Failed", (run["status"], operator.log_tail())
 
     wait_for(
-        lambda: kube.pod(f"{name}-a1", ns) is None, 60, interval=0.2, what="the failed Attempt's Pod gone"
+        lambda: kube.pod(f"{name}-a1", ns) is None, 120, interval=0.2, what="the failed Attempt's Pod gone"
     )
     tail = get_attempt(kube, ns, f"{name}-a1")["status"]["logTail"]
     assert "ref" in tail
@@ -199,7 +199,7 @@ def test_an_operator_restarted_mid_compaction_finishes_it(
         found = get_run(kube, ns, name)
         return found if "checkpointIndex" in found["status"] and lease(kube, ns, name) is None else None
 
-    index = wait_for(half_done, 60, interval=0.2, what="the index written, the Lease deleted")["status"]
+    index = wait_for(half_done, 120, interval=0.2, what="the index written, the Lease deleted")["status"]
     assert len(owned(kube, ns, "checkpoints", name)) == 4  # the deletions were refused
     operator.kill()  # dies half-way; it comes back allowed to finish
     may_delete_checkpoints(kube, allowed=True)
@@ -225,10 +225,10 @@ def test_a_compacted_run_keeps_no_managed_fields_even_after_a_later_write(
     run = wait_phase(kube, ns, name, ENDED, timeout=120)
     assert run["status"]["phase"] == "Succeeded", (run["status"], operator.log_tail())
     compacted(kube, ns, name)
-    wait_for(lambda: kube.pod(f"{name}-a1", ns) is None, 60, interval=0.2, what="the Pod collected")
+    wait_for(lambda: kube.pod(f"{name}-a1", ns) is None, 120, interval=0.2, what="the Pod collected")
     before = {kind: owned(kube, ns, kind, name) for kind in KINDS[1:]}
 
-    wait_for(lambda: not managed(kube, ns, name), 60, interval=0.2, what="every managedFields cleared")
+    wait_for(lambda: not managed(kube, ns, name), 120, interval=0.2, what="every managedFields cleared")
     run = get_run(kube, ns, name)
     # what a person reads is all there: nothing but the managedFields went
     assert run["status"]["phase"] == "Succeeded" and "checkpointIndex" in run["status"]
@@ -252,6 +252,6 @@ def test_a_compacted_run_keeps_no_managed_fields_even_after_a_later_write(
     assert managed(kube, ns, name) == [f"Run/{name}"]
     operator.start()
     operator.wait_ready()
-    wait_for(lambda: not managed(kube, ns, name), 60, interval=0.2, what="the new entries cleared")
+    wait_for(lambda: not managed(kube, ns, name), 120, interval=0.2, what="the new entries cleared")
     annotations = get_run(kube, ns, name)["metadata"]["annotations"]
     assert (annotations["team"], annotations["owner"]) == ("blue", "alice")

@@ -16,7 +16,7 @@ from agentrun.core.ledger import compensation_key, side_effect_name
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
-from integration.test_cli import cli
+from integration.test_cli import VERDICT, cli
 from integration.test_side_effects import PATIENT, side_effects, ticket_run
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, wait_phase
@@ -77,7 +77,7 @@ def assert_closed_once(kube: Kube, ns: str, name: str, tickets: TicketServicePro
     assert closes[0]["closeKey"] == f"{key}:close"
     run = wait_for(
         lambda: (r := get_run(kube, ns, name))["status"].get("report", {}).get("compensated") and r,
-        timeout=30,
+        timeout=120,
         what="the report listing the compensated ticket",
     )
     report = run["status"]["report"]
@@ -119,7 +119,7 @@ def test_a_cancel_with_on_cancel_compensate_closes_the_ticket_exactly_once(
     assert reasons_and_phases(kube, ns, "undo") == [("initial", "Interrupted"), ("compensate", "Succeeded")]
     assert run["status"]["observedCancelEpoch"] == 1
     # A cancelled Run stays so: its cancelEpoch is frozen, and nothing compensates twice.
-    assert cli(kube, ns, "compensate", "undo").returncode == 0
+    assert cli(kube, ns, "compensate", "undo", "--timeout", VERDICT).returncode == 0
     assert len(attempts(kube, ns, "undo")) == 2
     assert len(tickets.closes()) == 1
 
@@ -138,7 +138,7 @@ def test_a_compensation_attempt_killed_midway_is_retried_and_still_closes_once(
     # The close reached the service and was applied; its answer is held: the worker cannot tell yet.
     wait_for(
         lambda: any(entry["op"] == "close" for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what="the ticket service holding its answer to the close",
     )
     during = get_run(kube, ns, "killed")["status"]
@@ -188,7 +188,8 @@ def test_a_compensate_request_on_a_succeeded_run_closes_once_and_it_stays_succee
     ns = run_namespace
     create_run(kube, ns, compensating_run("done", tickets))
     before = ended(kube, ns, "done", operator, "Succeeded")
-    out = cli(kube, ns, "compensate", "done", "--effect", ticket_key(ns, "done"), "--wait")
+    compensate = ["compensate", "done", "--effect", ticket_key(ns, "done"), "--wait", "--timeout", VERDICT]
+    out = cli(kube, ns, *compensate)
     assert out.returncode == 0, (out.stdout, out.stderr, operator.log_tail())
     run = ended(kube, ns, "done", operator, "Succeeded")
     assert_closed_once(kube, ns, "done", tickets)
@@ -214,7 +215,7 @@ def test_a_compensate_request_on_a_succeeded_run_closes_once_and_it_stays_succee
             ),
             None,
         ),
-        timeout=30,
+        timeout=120,
         what="undo-nothing judged",
     )
     assert (refused["outcome"], refused["reason"]) == ("Rejected", "UnknownEffect")
@@ -232,13 +233,13 @@ def test_a_record_that_cannot_be_settled_needs_reconciliation_then_a_request_com
     key = ticket_key(ns, "open")
     wait_for(
         lambda: any(entry["idempotencyKey"] == key for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what="the ticket service holding its answer to the create",
     )
     cancel(kube, ns, "open")
     wait_for(
         lambda: records(kube, ns, "open")[key].get("status", {}).get("state") == "Unknown",
-        timeout=60,
+        timeout=120,
         what="the cancelled send recorded Unknown",
     )
     tickets.set_faults(holdCreates=False)  # the cancelled worker's call returns; lookups still fail
@@ -250,12 +251,12 @@ def test_a_record_that_cannot_be_settled_needs_reconciliation_then_a_request_com
     assert records(kube, ns, "open")[key]["status"]["state"] == "Unknown"
     assert tickets.closes() == []
     assert len(tickets.creations()) == 1
-    retry = cli(kube, ns, "retry", "open")
+    retry = cli(kube, ns, "retry", "open", "--timeout", VERDICT)
     assert retry.returncode != 0 and "CompensationIncomplete" in retry.stdout, retry.stdout
 
     # The lookups work again: a person asks once more; the create is found, its ticket closed.
     tickets.clear_faults()
-    out = cli(kube, ns, "compensate", "open", "--wait")
+    out = cli(kube, ns, "compensate", "open", "--wait", "--timeout", VERDICT)
     assert out.returncode == 0, (out.stdout, out.stderr, operator.log_tail())
     ended(kube, ns, "open", operator, "Cancelled")
     assert_closed_once(kube, ns, "open", tickets)

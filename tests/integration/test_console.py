@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cluster
 HOSTILE = 'Which priority? <script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2">'
 
 
-def asking(name: str, prompt: str = "Which priority?", hold: int | None = 120) -> dict[str, Any]:
+def asking(name: str, prompt: str = "Which priority?", hold: int | None = 600) -> dict[str, Any]:
     question: dict[str, Any] = {"atStep": 2, "prompt": prompt, "schema": PRIORITY}
     if hold:
         question["holdSeconds"] = hold
@@ -54,7 +54,7 @@ def test_a_question_answered_through_its_form_continues_the_run_from_the_same_ch
         create_run(kube, ns, asking("ask", HOSTILE))
         card = question_card(page, ns, "ask")
         assert page.evaluate("window.__loaded") == "once", "no reload"
-        pending = wait_for(lambda: held(kube, ns, "ask"), timeout=60, what="the question held")
+        pending = wait_for(lambda: held(kube, ns, "ask"), timeout=120, what="the question held")
 
         # What the agent wrote is text: no element made of it, no script run.
         expect(card.locator(".prompt")).to_have_text(HOSTILE)
@@ -99,7 +99,7 @@ def test_a_question_answered_through_its_form_continues_the_run_from_the_same_ch
         card.get_by_label("high").check()
         sent = time.monotonic()
         card.get_by_role("button", name="Send answer").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=30_000)
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
         took = (time.monotonic() - sent) * 1000
         print(f"\nanswer sent in the browser -> accepted, the held Attempt continuing: {took:.0f} ms (n=1)")
         expect(page.locator("#toast")).to_contain_text("Accepted")
@@ -133,7 +133,7 @@ def test_a_reader_sees_no_action_and_the_api_server_refuses_what_they_forge(
     reader = person(kube, ns, "reader", READ)
     create_run(kube, ns, asking("quiet", hold=None))
     pending = wait_for(
-        lambda: get_run(kube, ns, "quiet").get("status", {}).get("pendingRequest"), timeout=90, what="asking"
+        lambda: get_run(kube, ns, "quiet").get("status", {}).get("pendingRequest"), timeout=120, what="asking"
     )
     with console(reader.kubeconfig, [ns], tmp_path / "console.log") as started:
         context, page = signed_in(browser, started, viewport={"width": 390, "height": 720}, is_mobile=True)
@@ -166,7 +166,7 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
     ns = run_namespace
     alice, bob = person(kube, ns, "alice", ANSWER), person(kube, ns, "bob", ANSWER)
     create_run(kube, ns, asking("both"))
-    wait_for(lambda: held(kube, ns, "both"), timeout=90, what="the question held")
+    wait_for(lambda: held(kube, ns, "both"), timeout=120, what="the question held")
     with (
         console(alice.kubeconfig, [ns], tmp_path / "alice.log") as alice_console,
         console(bob.kubeconfig, [ns], tmp_path / "bob.log") as bob_console,
@@ -192,7 +192,7 @@ def test_two_people_answering_at_once_one_is_accepted_and_the_other_sees_why(
         outcomes = []
         for _, card in pages:
             settled = card.locator(".outcome.ok, .outcome.bad")
-            expect(settled).to_be_visible(timeout=40_000)
+            expect(settled).to_be_visible(timeout=60_000)
             outcomes.append((settled.get_attribute("class"), settled.inner_text()))
         accepted = [i for i, (kind, _) in enumerate(outcomes) if "ok" in str(kind)]
         assert len(accepted) == 1, outcomes
@@ -226,7 +226,7 @@ def test_pause_from_the_run_page_then_release_from_the_inbox(
         page.goto(f"{started.base}/runs/{ns}/nap")
         page.get_by_label("Reason").fill("lunch")
         page.get_by_role("button", name="Pause").click()
-        expect(page.locator("#toast")).to_contain_text("run nap:", timeout=30_000)
+        expect(page.locator("#toast")).to_contain_text("run nap:", timeout=60_000)
         gate.touch()
         assert wait_phase(kube, ns, "nap", {"Paused", "Succeeded", "Failed"})["status"]["phase"] == "Paused"
 
@@ -234,7 +234,7 @@ def test_pause_from_the_run_page_then_release_from_the_inbox(
         card = page.locator(f'article.card[data-kind="pause"][data-id^="{ns}/nap/"]')
         expect(card).to_be_visible()
         card.get_by_role("button", name="Release").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=30_000)
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
         assert wait_phase(kube, ns, "nap", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
         context.close()
 

@@ -75,8 +75,8 @@ def test_an_irreversible_action_approved_in_the_console_runs_once_and_names_its_
         screenshot(page, "approval", f'article[data-id^="{ns}/gated/"]')
 
         card.get_by_role("button", name="Approve").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=40_000)
-        done = wait_phase(kube, ns, "gated", {"Succeeded", "Failed"}, timeout=90)
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
+        done = wait_phase(kube, ns, "gated", {"Succeeded", "Failed"}, timeout=120)
         assert done["status"]["phase"] == "Succeeded", operator.log_tail() + started.log_tail()
         assert len(tickets.creations()) == 1, tickets.audit()
 
@@ -122,8 +122,8 @@ def test_an_action_denied_in_the_console_never_runs(
         card = approval_card(page, ns, "denied")
         pending = get_run(kube, ns, "denied")["status"]["pendingRequest"]
         card.get_by_role("button", name="Deny").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=40_000)
-        done = wait_phase(kube, ns, "denied", {"Succeeded", "Failed"}, timeout=90)
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
+        done = wait_phase(kube, ns, "denied", {"Succeeded", "Failed"}, timeout=120)
         assert done["status"]["phase"] == "Failed", operator.log_tail()
         assert "not approved" in done["status"]["failure"]["message"]
         assert tickets.creations() == [], "a denied action is never sent"
@@ -179,7 +179,7 @@ def test_an_unknown_outcome_settled_failed_or_absent_by_a_named_person(
         card.get_by_label("Why (recorded)").fill("the customer's ledger has no invoice")
         card.get_by_label("Then retry the Run").uncheck()
         card.get_by_role("button", name="Record verdict").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Unknown -> Failed", timeout=30_000)
+        expect(card.locator(".outcome.ok")).to_contain_text("Unknown -> Failed", timeout=60_000)
         status = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "sideeffects", "invoice-send")[
             "status"
         ]
@@ -219,10 +219,10 @@ def test_answers_sent_in_the_browser_reach_the_held_attempts_measured(
             card.get_by_label("high").check()
             began = time.monotonic()
             card.get_by_role("button", name="Send answer").click()
-            expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=40_000)
+            expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
             verdicts.append((time.monotonic() - began) * 1000)
             checkpoint = str(asked.get("latestCheckpoint"))
-            wait_for(partial(went_on, name, checkpoint), 60, 0.02, f"{name}'s held Attempt going on")
+            wait_for(partial(went_on, name, checkpoint), 120, 0.02, f"{name}'s held Attempt going on")
             continuing.append((time.monotonic() - began) * 1000)
         context.close()
     for name in names:

@@ -113,7 +113,7 @@ def test_cold_loads_and_changes_with_a_thousand_pending_requests(kube: Kube, tmp
             kube.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ns, "runs", name, waiting(f"{name}-r{n + 2}", prompt)
             )
-            page.locator("article.card .prompt", has_text=prompt).wait_for(timeout=30_000)
+            page.locator("article.card .prompt", has_text=prompt).wait_for(timeout=60_000)
             seen.append((time.monotonic() - began) * 1000)
         browser.close()
 

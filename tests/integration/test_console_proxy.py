@@ -44,7 +44,7 @@ def test_behind_a_proxy_each_request_acts_with_its_persons_token(
     create_run(kube, ns, scenario_run("proxied", {"steps": 2, "ask": ask}))
     pending = wait_for(
         lambda: get_run(kube, ns, "proxied").get("status", {}).get("pendingRequest"),
-        timeout=90,
+        timeout=120,
         what="asking",
     )
     with proxied_console(kube.kubeconfig, [ns], HEADER, tmp_path / "console.log") as started:
@@ -100,7 +100,7 @@ def test_behind_a_proxy_each_request_acts_with_its_persons_token(
         expect(page.locator("#who")).to_have_text(f"as system:serviceaccount:{ns}:answerer")
         card.get_by_label("high").check()
         card.get_by_role("button", name="Send answer").click()
-        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=40_000)
+        expect(card.locator(".outcome.ok")).to_contain_text("Accepted", timeout=60_000)
         done = wait_phase(kube, ns, "proxied", {"Succeeded", "Failed"})
         assert done["status"]["phase"] == "Succeeded", operator.log_tail() + started.log_tail()
         [answer] = done["status"]["inputs"]

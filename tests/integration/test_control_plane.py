@@ -115,7 +115,7 @@ def test_garbage_collector_deletes_an_owned_child(kube: Kube, namespace: str) ->
         namespace, {"metadata": {"name": "child", "ownerReferences": [ref]}}
     )
     kube.core.delete_namespaced_config_map("owner", namespace)
-    wait_for(lambda: kube.get("configmap", "child", namespace) is None, timeout=30, what="child collected")
+    wait_for(lambda: kube.get("configmap", "child", namespace) is None, timeout=120, what="child collected")
 
 
 def test_failed_pod_reports_exit_code_and_termination_message(kube: Kube, namespace: str) -> None:
@@ -253,13 +253,13 @@ def test_deployment_pod_runs_and_is_restarted_when_its_process_exits(kube: Kube,
         statuses = [s for p in pods for s in (p.status.container_statuses or [])]
         return next((p for p in pods for s in statuses if s.restart_count >= 1), None)
 
-    pod = wait_for(restarted, timeout=40, what="deployment pod restarted")
+    pod = wait_for(restarted, timeout=120, what="deployment pod restarted")
     assert pod.status.phase == "Running"
     wait_for(
         lambda: (
             (kube.apps.read_namespaced_deployment("worker", namespace).status.available_replicas or 0) >= 1
         ),
-        timeout=30,
+        timeout=120,
         what="deployment available",
     )
 
@@ -315,6 +315,6 @@ def test_a_burst_of_short_pods_all_report_their_final_phase(kube: Kube, namespac
         pods = kube.core.list_namespaced_pod(namespace).items
         return len(pods) == len(names) and all(p.status.phase == "Succeeded" for p in pods)
 
-    wait_for(all_succeeded, timeout=60, what="every burst pod Succeeded")
+    wait_for(all_succeeded, timeout=120, what="every burst pod Succeeded")
     time.sleep(1.0)  # and they stay that way: no late update regresses them
     assert {p.status.phase for p in kube.core.list_namespaced_pod(namespace).items} == {"Succeeded"}

@@ -3,6 +3,8 @@ resume and cancel."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -25,12 +27,19 @@ pytestmark = pytest.mark.cluster
 
 
 def test_pause_stops_at_the_next_step_boundary_and_resume_continues(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
-    create_run(kube, ns, scenario_run("pausable", {"steps": 6, "stepSeconds": 0.4}))
-    wait_for(lambda: get_run(kube, ns, "pausable").get("status", {}).get("latestCheckpoint"), timeout=30)
+    ns, gate = run_namespace, tmp_path / "gate"
+    # The agent waits before its third step until the gate opens, so the pause is asked for while the
+    # Run is mid-way however slow the machine (not after it has run all six steps).
+    scenario = {"steps": 6, "stepSeconds": 0.4, "gate": {"file": str(gate), "atStep": 3}}
+    create_run(kube, ns, scenario_run("pausable", scenario))
+    wait_for(
+        lambda: get_run(kube, ns, "pausable").get("status", {}).get("latestCheckpoint") == "pausable-a1-s2",
+        what="the agent at its gate, after its second step",
+    )
     patch_spec(kube, ns, "pausable", {"pause": {"requestId": "maintenance-1", "reason": "database upgrade"}})
+    gate.touch()
     paused = wait_phase(kube, ns, "pausable", {"Paused", "Succeeded", "Failed"})
     assert paused["status"]["phase"] == "Paused", operator.log_tail()
     pending = paused["status"]["pendingRequest"]
@@ -92,15 +101,17 @@ def test_cancel_and_resume_together_cancel_wins_and_the_resume_is_refused(
 
 
 def test_a_retry_of_a_running_run_is_refused_with_a_reason(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
-    create_run(kube, ns, scenario_run("busy", {"steps": 4, "stepSeconds": 0.5}))
+    ns, gate = run_namespace, tmp_path / "gate"
+    # The agent waits before its second step until the gate opens: the retry is judged on a Running Run.
+    create_run(kube, ns, scenario_run("busy", {"steps": 4, "gate": {"file": str(gate), "atStep": 2}}))
     wait_phase(kube, ns, "busy", {"Running"})
     patch_spec(kube, ns, "busy", {"retryRequest": {"idempotencyKey": "too-soon", "reason": "impatient"}})
     wait_for(lambda: "too-soon" in controls(kube, ns, "busy"), what="the retry judged")
     refusal = controls(kube, ns, "busy")["too-soon"]
     assert (refusal["op"], refusal["outcome"], refusal["reason"]) == ("Retry", "Rejected", "NotRetryable")
+    gate.touch()
     assert wait_phase(kube, ns, "busy", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
     assert len(attempts(kube, ns, "busy")) == 1
     reasons = {
@@ -147,7 +158,8 @@ def test_every_control_request_records_who_sent_it(
     kube: Kube, run_namespace: str, operator: OperatorProcess
 ) -> None:
     ns = run_namespace
-    create_run(kube, ns, scenario_run("named", {"steps": 30, "stepSeconds": 0.2}))
+    # An agent that runs until it is stopped: the cancel finds it Running however slow the machine.
+    create_run(kube, ns, scenario_run("named", {"steps": 1, "fail": {"how": "hang"}}))
     wait_phase(kube, ns, "named", {"Running"})
     carol = kube.impersonating("carol")
     patch_spec(

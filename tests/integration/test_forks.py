@@ -143,7 +143,7 @@ def test_a_fork_resumes_at_the_middle_checkpoint_and_never_sends_again_what_its_
     # The report says whose the inherited effect is.
     report = wait_for(
         lambda: get_run(kube, ns, "branch")["status"].get("report", {}).get("effects"),
-        timeout=10,
+        timeout=120,
         what="the fork's report",
     )
     inherited_name = side_effect_name("branch", "first-key")
@@ -262,7 +262,7 @@ def test_a_fork_that_inherits_an_open_effect_stops_for_a_person_then_reuses_what
 
     in_flight = wait_for(
         saved_in_flight,
-        timeout=60,
+        timeout=120,
         what="the checkpoint saved while the first send is in flight",
     )
     assert in_flight["spec"]["ledgerMark"] == 1  # the record in flight was opened before it

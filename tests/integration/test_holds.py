@@ -57,10 +57,10 @@ def test_an_answer_within_the_hold_continues_the_same_attempt(
     kube: Kube, run_namespace: str, operator: OperatorProcess
 ) -> None:
     ns = run_namespace
-    create_run(kube, ns, asking("hold", 60))
-    waiting = wait_for(lambda: held(kube, ns, "hold"), timeout=60, what="the request held")
+    create_run(kube, ns, asking("hold", 600))
+    waiting = wait_for(lambda: held(kube, ns, "hold"), timeout=120, what="the request held")
     assert waiting["status"]["pendingRequest"]["heldBy"] == "hold-a1"
-    assert waiting["status"]["pendingRequest"]["holdSeconds"] == 60
+    assert waiting["status"]["pendingRequest"]["holdSeconds"] == 600
     assert (attempts(kube, ns, "hold")[0].get("status") or {}).get("phase") == "Running", "its Pod lives on"
 
     resume(kube, ns, "hold", waiting["status"]["pendingRequest"], {"priority": "high"}, key="quick")
@@ -87,7 +87,7 @@ def test_after_the_hold_is_released_an_answer_starts_a_new_attempt(
         pending = run.get("status", {}).get("pendingRequest") or {}
         return run if first.get("phase") == "Interrupted" and pending and "heldBy" not in pending else None
 
-    waiting = wait_for(released, timeout=60, what="the hold released and its Attempt ended")
+    waiting = wait_for(released, timeout=120, what="the hold released and its Attempt ended")
     resume(kube, ns, "late", waiting["status"]["pendingRequest"], {"priority": "low"}, key="slow")
     done = wait_phase(kube, ns, "late", {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", operator.log_tail()
@@ -229,7 +229,7 @@ def test_a_pause_answered_with_nothing_never_answers_the_next_question(
     ns = run_namespace
     gate = tmp_path / "go"
     create_run(kube, ns, support_agent_run("pa", "controls_agent", {"mode": "ask", "gate": str(gate)}))
-    wait_for(lambda: get_run(kube, ns, "pa").get("status", {}).get("latestCheckpoint"), timeout=60)
+    wait_for(lambda: get_run(kube, ns, "pa").get("status", {}).get("latestCheckpoint"), timeout=120)
     patch_spec(kube, ns, "pa", {"pause": {"requestId": "pause-1", "reason": "maintenance"}})
     wait_for(lambda: (get_run(kube, ns, "pa").get("spec") or {}).get("pause"), what="the pause stored")
     gate.touch()  # the agent goes on to its question: the pause comes first, at that boundary
@@ -252,7 +252,7 @@ def test_a_pause_during_a_side_effect_loop_stops_before_a_send(
     sent.mkdir()
     spec = {"mode": "loop", "count": 10, "dir": str(sent), "gate": str(gate), "gateAfter": 2}
     create_run(kube, ns, support_agent_run("loop", "controls_agent", spec))
-    wait_for(lambda: len(list(sent.iterdir())) == 2, timeout=60, what="the loop at its gate, 2 sent")
+    wait_for(lambda: len(list(sent.iterdir())) == 2, timeout=120, what="the loop at its gate, 2 sent")
     patch_spec(kube, ns, "loop", {"pause": {"requestId": "pause-loop", "reason": "stop sending"}})
     gate.write_text("go")  # the next side effect's boundary reads the Run: it finds the pause
     paused = wait_phase(kube, ns, "loop", {"Paused", "Succeeded", "Failed"})
@@ -274,7 +274,7 @@ def test_a_pause_then_the_approval_gate_keep_their_requests_apart(
     sent.mkdir()
     spec = {"mode": "approve", "gate": str(gate), "dir": str(sent)}
     create_run(kube, ns, support_agent_run("gate", "controls_agent", spec))
-    wait_for(lambda: get_run(kube, ns, "gate").get("status", {}).get("latestCheckpoint"), timeout=60)
+    wait_for(lambda: get_run(kube, ns, "gate").get("status", {}).get("latestCheckpoint"), timeout=120)
     patch_spec(kube, ns, "gate", {"pause": {"requestId": "pause-gate"}})
     wait_for(lambda: (get_run(kube, ns, "gate").get("spec") or {}).get("pause"), what="the pause stored")
     gate.touch()
@@ -303,7 +303,7 @@ def test_after_a_pause_the_agent_acts_on_what_it_observes_now(
     gate = tmp_path / "go"
     spec = {"mode": "observe", "world": str(world), "gate": str(gate)}
     create_run(kube, ns, support_agent_run("look", "controls_agent", spec))
-    wait_for(lambda: get_run(kube, ns, "look").get("status", {}).get("latestCheckpoint"), timeout=60)
+    wait_for(lambda: get_run(kube, ns, "look").get("status", {}).get("latestCheckpoint"), timeout=120)
     patch_spec(kube, ns, "look", {"pause": {"requestId": "pause-look"}})
     gate.touch()
     paused = wait_phase(kube, ns, "look", {"Paused", "Succeeded", "Failed"})
@@ -322,7 +322,7 @@ def test_a_crash_retry_continues_resumed_with_its_reason(
     ns = run_namespace
     spec = {"steps": 3, "fail": {"attempts": [1], "atStep": 2, "how": "transient"}}
     create_run(kube, ns, scenario_run("again", spec, retry=FAST_RETRY))
-    done = wait_phase(kube, ns, "again", {"Succeeded", "Failed"}, timeout=90)
+    done = wait_phase(kube, ns, "again", {"Succeeded", "Failed"}, timeout=120)
     result = done["status"]["result"]
     assert (result["attempt"], result["resumed"]) == ("again-a2", True)
     assert result["resumeReason"] == "retry:transient"

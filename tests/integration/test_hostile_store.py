@@ -139,7 +139,7 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
     # the operator answers the failure on its own, without a retry: an overwritten blob is put back from
     # the version the store kept; a planted one is referenced by nothing, so there is nothing to put back
     said = wait_for(
-        lambda: condition(get_run(kube, ns, name), "StateRestored"), 60, what=f"{name}'s StateRestored"
+        lambda: condition(get_run(kube, ns, name), "StateRestored"), 120, what=f"{name}'s StateRestored"
     )
     expected = ("False", "NotReferenced") if mode == "plant" else ("True", "BlobsRestored")
     assert (said["status"], said["reason"]) == expected, said
@@ -156,7 +156,7 @@ def test_a_hostile_pods_blob_write_stops_the_victim_and_a_retry_from_the_earlier
 def restored_blobs(operator: OperatorProcess) -> float:
     """The operator's count of blobs it restored from a version the store kept."""
     port = operator.env["AGENTRUN_METRICS_PORT"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         text = response.read().decode()
     return sum(
         sample.value
@@ -193,7 +193,7 @@ def expect_restored(
         run = get_run(kube, ns, name)
         return run if condition(run, "StateRestored") is not None else None
 
-    run = wait_for(restored, 60, what=f"{name}'s blob restored")
+    run = wait_for(restored, 120, what=f"{name}'s blob restored")
     said = condition(run, "StateRestored")
     assert said is not None
     assert (said["status"], said["reason"]) == ("True", "BlobsRestored"), (said, operator.log_tail())

@@ -273,7 +273,7 @@ def test_a_squatted_pod_is_not_adopted(kube: Kube, run_namespace: str, operator:
     assert (kept.metadata.uid, kept.metadata.owner_references) == (squatter.metadata.uid, None)
     [attempt] = wait_for(
         lambda: [a for a in attempts(kube, ns, "podded") if a["status"].get("phase") == "Aborted"],
-        timeout=30,
+        timeout=120,
         what="the Attempt whose Pod name was taken, aborted",
     )
     assert attempt["metadata"]["name"] == "podded-a1"

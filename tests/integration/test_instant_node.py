@@ -59,7 +59,6 @@ def namespaced_operator(
         process.stop()
 
 
-@pytest.mark.timeout(60)
 def test_echo_run_succeeds_in_the_node_agents_process(
     kube: Kube, run_namespace: str, namespaced_operator: OperatorProcess
 ) -> None:
@@ -73,7 +72,7 @@ def test_echo_run_succeeds_in_the_node_agents_process(
             kube.coordination.list_namespaced_lease,
             ns,
             field_selector="metadata.name=echo.run.agentrun.dev",
-            timeout_seconds=50,
+            timeout_seconds=600,  # bounds only a stuck test: the test stops the watch once it has seen enough
         )
         try:
             leases.extend(event["object"].spec for event in stream)
@@ -85,7 +84,7 @@ def test_echo_run_succeeds_in_the_node_agents_process(
     body = agent_run("echo", "echo", {"hello": "instant"})
     body["spec"]["podGC"] = "Never"  # its Pod is read below
     create_run(kube, ns, body)
-    run = wait_phase(kube, ns, "echo", {"Succeeded", "Failed"}, timeout=40)
+    run = wait_phase(kube, ns, "echo", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["phase"] == "Succeeded", namespaced_operator.log_tail()
     assert run["status"]["result"] == {"echo": {"hello": "instant"}}
     assert run["status"]["committedBy"] == {"attempt": "echo-a1", "leaseEpoch": 1, "cancelEpoch": 0}
@@ -106,11 +105,10 @@ def test_echo_run_succeeds_in_the_node_agents_process(
             for s in list(leases)
         )
 
-    wait_for(renewed, 30, what="a renewal of echo-a1's Lease among its watched versions")
+    wait_for(renewed, 120, what="a renewal of echo-a1's Lease among its watched versions")
     watching.stop()
 
 
-@pytest.mark.timeout(60)
 def test_other_containers_complete_at_once(kube: Kube, namespace: str) -> None:
     body = {
         "metadata": {"name": "not-run"},

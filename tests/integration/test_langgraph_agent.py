@@ -45,7 +45,7 @@ def control(kube: Kube, ns: str, name: str, key: str) -> dict[str, Any]:
         ]
         return found[0] if found else None
 
-    return wait_for(probe, timeout=60, interval=0.2, what=f"the outcome of {key}")
+    return wait_for(probe, timeout=120, interval=0.2, what=f"the outcome of {key}")
 
 
 def test_two_interrupts_pending_at_once_are_answered_with_one_resume(
@@ -84,7 +84,7 @@ def test_a_graph_interrupt_held_by_its_attempt_is_answered_without_a_new_attempt
             and r["status"].get("pendingRequest", {}).get("heldBy")
             and r
         ),
-        timeout=60,
+        timeout=120,
         what="the graph's request held by its Attempt, the Run InputRequired",
     )
     pending = waiting["status"]["pendingRequest"]
@@ -135,7 +135,7 @@ def test_langgraph_agent_interrupted_answered_killed_after_its_ticket_and_resume
         )["items"]
         return any((e.get("status") or {}).get("state") == "Confirmed" for e in effects)
 
-    wait_for(confirmed, timeout=90, interval=0.2, what="the ticket confirmed in the ledger")
+    wait_for(confirmed, timeout=120, interval=0.2, what="the ticket confirmed in the ledger")
     status = kube.core.read_namespaced_pod(f"{name}-a2", ns).status
     os.killpg(int(status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
 
@@ -211,9 +211,9 @@ def test_a_pause_is_honoured_between_supersteps_and_resume_continues(
         {"name": "AGENTRUN_GO", "value": str(go)},
     ]
     create_run(kube, ns, body)
-    wait_for(lambda: log.exists() and "s2" in log.read_text(), timeout=60, what="step s2 running")
+    wait_for(lambda: log.exists() and "s2" in log.read_text(), timeout=120, what="step s2 running")
     patch_spec(kube, ns, "pausing", {"pause": {"requestId": "upgrade-1", "reason": "database upgrade"}})
-    wait_for(lambda: get_run(kube, ns, "pausing")["spec"].get("pause"), timeout=10, what="the pause stored")
+    wait_for(lambda: get_run(kube, ns, "pausing")["spec"].get("pause"), timeout=120, what="the pause stored")
     go.touch()  # s2 ends now: its checkpoint is the boundary where the Run pauses
     paused = wait_phase(kube, ns, "pausing", {"Paused", "Succeeded", "Failed"})
     assert paused["status"]["phase"] == "Paused", operator.log_tail()

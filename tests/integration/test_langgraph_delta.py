@@ -84,7 +84,7 @@ def test_a_growing_delta_channel_killed_and_resumed_keeps_every_message(
     if snapshots:
         # The newest 20 are rebuilt from the snapshots after the 40th update: older checkpoints go
         # (waited for: the operator prunes after the Run's last change), and the state stays whole.
-        wait_for(lambda: states(kube, ns, name)[0]["spec"]["sequence"] > 20, timeout=60, what="pruning")
+        wait_for(lambda: states(kube, ns, name)[0]["spec"]["sequence"] > 20, timeout=120, what="pruning")
     else:
         # No snapshot yet: every checkpoint replays all writes since the first, so none was pruned.
         kept = states(kube, ns, name)

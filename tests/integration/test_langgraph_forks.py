@@ -68,7 +68,7 @@ def succeeded_and_indexed(
             else None
         )
 
-    found: dict[str, Any] = wait_for(compacted, timeout=60, what=f"{name} compacted")
+    found: dict[str, Any] = wait_for(compacted, timeout=120, what=f"{name} compacted")
     return found
 
 
@@ -155,7 +155,7 @@ def test_run_graph_on_a_fork_continues_from_the_checkpoint_and_never_resends_a_c
     # The same from the source's archive, once the source expired and was deleted: the copy comes from
     # the archived checkpoint index, the fork reads the source's manifest and blobs where they are.
     patch_spec(kube, ns, "source", {"ttlSecondsAfterFinished": 0})
-    wait_for(lambda: gone(kube, ns, "source"), timeout=60, what="the source archived and deleted")
+    wait_for(lambda: gone(kube, ns, "source"), timeout=120, what="the source archived and deleted")
     create_run(kube, ns, react_run("later", log, local_cluster, forkFrom=fork_from))
     later = wait_phase(kube, ns, "later", {"Succeeded", "Failed", "NeedsReconciliation"})
     assert later["status"]["phase"] == "Succeeded", (later["status"], operator.log_tail())

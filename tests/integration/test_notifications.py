@@ -117,7 +117,7 @@ def test_a_question_is_notified_once_per_id_across_a_restart_and_the_run_goes_on
 
     operator.restart()  # at least once: the restarted operator tells the receiver again, same id
     operator.wait_ready()
-    wait_for(lambda: len(receiver.sent(event_id)) >= 2, timeout=60, what="the notification sent again")
+    wait_for(lambda: len(receiver.sent(event_id)) >= 2, timeout=120, what="the notification sent again")
     [(headers, data)] = [e for i, e in receiver.events().items() if i.startswith(waiting["metadata"]["uid"])]
     assert (headers["ce-specversion"], headers["ce-type"]) == ("1.0", "dev.agentrun.run.input_required")
     assert headers["ce-source"] == f"/apis/agentrun.dev/v1alpha1/namespaces/{ns}/runs/asks"
@@ -195,7 +195,7 @@ def test_each_kind_is_notified_once_per_id_across_a_restart(
     create_run(kube, ns, _ticket_run("unsure", receiver.url, tickets, reversible=False))
 
     runs = {
-        name: wait_phase(kube, ns, name, {phase, "Succeeded", "Failed"}, timeout=90)
+        name: wait_phase(kube, ns, name, {phase, "Succeeded", "Failed"}, timeout=120)
         for name, phase in (
             ("signin", "AuthRequired"),
             ("approval", "AuthRequired"),
@@ -222,10 +222,10 @@ def test_each_kind_is_notified_once_per_id_across_a_restart(
     def sent_all(times: int) -> bool:
         return all(len(receiver.sent(event_id)) >= times for event_id in ids.values())
 
-    wait_for(lambda: sent_all(1), timeout=60, what=f"the events {sorted(ids.values())}")
+    wait_for(lambda: sent_all(1), timeout=120, what=f"the events {sorted(ids.values())}")
     operator.restart()  # at least once: the restarted operator sends what it sees waiting again
     operator.wait_ready()
-    wait_for(lambda: sent_all(2), timeout=60, what="every event sent again after the restart")
+    wait_for(lambda: sent_all(2), timeout=120, what="every event sent again after the restart")
 
     events = receiver.events()  # deduplicated by id, as a receiver keeps them
     for name, event_id in ids.items():

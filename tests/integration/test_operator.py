@@ -6,6 +6,7 @@ import os
 import signal
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_the_operator_starts_without_an_error(operator: OperatorProcess) -> None
 def test_run_succeeds_on_its_first_attempt(kube: Kube, run_namespace: str, operator: OperatorProcess) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("ok", {"steps": 2}))
-    run = wait_phase(kube, ns, "ok", {"Succeeded", "Failed"}, timeout=60)
+    run = wait_phase(kube, ns, "ok", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert run["status"]["result"] == {"steps": 2, "resumedAt": 0, "attempt": "ok-a1", "resumed": False}
     assert run["status"]["committedBy"] == {"attempt": "ok-a1", "leaseEpoch": 1, "cancelEpoch": 0}
@@ -140,21 +141,22 @@ def _worker_pid(kube: Kube, namespace: str, pod: str) -> int:
 
 
 def test_frozen_worker_loses_its_lease_and_the_next_attempt_takes_over(
-    kube: Kube, run_namespace: str, operator: OperatorProcess
+    kube: Kube, run_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    ns = run_namespace
+    ns, gate = run_namespace, tmp_path / "gate"
     # 10 s, not 5: the next Attempt's worker must renew within it too, and at a 1-min load of 13-15 a
     # real worker process was seen to miss a 5 s lease (a third Attempt, the machine's doing).
     lease = {"durationSeconds": 10, "renewSeconds": 1}
-    create_run(
-        kube, ns, scenario_run("frozen", {"steps": 4, "stepSeconds": 0.5}, lease=lease, retry=FAST_RETRY)
-    )
+    # The first Attempt waits at its first checkpoint until the gate opens, so it is frozen there (not
+    # wherever it got to by the time the test saw that checkpoint); the gate opens for the next Attempt.
+    scenario = {"steps": 4, "stepSeconds": 0.5, "gate": {"file": str(gate), "atStep": 2}}
+    create_run(kube, ns, scenario_run("frozen", scenario, lease=lease, retry=FAST_RETRY))
     wait_for(
         lambda: get_run(kube, ns, "frozen").get("status", {}).get("latestCheckpoint") == "frozen-a1-s1",
-        timeout=30,
         what="first checkpoint",
     )
     os.killpg(_worker_pid(kube, ns, "frozen-a1"), signal.SIGSTOP)
+    gate.touch()
     run = wait_phase(kube, ns, "frozen", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     first, second = attempts(kube, ns, "frozen")
@@ -177,11 +179,11 @@ def test_deadline_stops_the_attempt_and_fails_the_run(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("slow", {"fail": {"how": "hang"}}, deadlineSeconds=3))
-    run = wait_phase(kube, ns, "slow", {"Succeeded", "Failed"}, timeout=30)
+    run = wait_phase(kube, ns, "slow", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["failure"]["reason"] == "DeadlineExceeded"
     assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
     wait_attempt_phase(kube, ns, "slow", 1, {"Aborted"})
-    wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=30, what="the attempt pod deleted")
+    wait_for(lambda: kube.pod("slow-a1", ns) is None, timeout=120, what="the attempt pod deleted")
 
 
 HANG = {"fail": {"how": "hang"}}  # the agent awaits forever, without progress
@@ -193,13 +195,13 @@ def test_attempt_timeout_stops_a_hung_agent(
     ns = run_namespace
     body = scenario_run("hung", HANG, attemptTimeoutSeconds=5, retry={"maxAttempts": 1})
     create_run(kube, ns, body)
-    run = wait_phase(kube, ns, "hung", {"Succeeded", "Failed"}, timeout=60)
+    run = wait_phase(kube, ns, "hung", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["failure"]["reason"] == "AttemptTimeout", operator.log_tail()
     assert run["status"]["leaseEpoch"] == 2, "the lease was revoked: a late commit would be fenced"
     attempt = wait_attempt_phase(kube, ns, "hung", 1, {"Failed"})
     failure = attempt["status"]["failure"]
     assert (failure["class"], failure["reason"]) == ("infrastructure", "AttemptTimeout")
-    wait_for(lambda: kube.pod("hung-a1", ns) is None, timeout=30, what="the attempt pod deleted")
+    wait_for(lambda: kube.pod("hung-a1", ns) is None, timeout=120, what="the attempt pod deleted")
 
 
 def test_progress_timeout_stops_an_agent_that_shows_no_progress(
@@ -208,7 +210,7 @@ def test_progress_timeout_stops_an_agent_that_shows_no_progress(
     ns = run_namespace
     body = scenario_run("stuck", HANG, progressTimeoutSeconds=3, retry={"maxAttempts": 1})
     create_run(kube, ns, body)
-    run = wait_phase(kube, ns, "stuck", {"Succeeded", "Failed"}, timeout=60)
+    run = wait_phase(kube, ns, "stuck", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["failure"]["reason"] == "ProgressTimeout", operator.log_tail()
     attempt = wait_attempt_phase(kube, ns, "stuck", 1, {"Failed"})
     failure = attempt["status"]["failure"]
@@ -244,11 +246,11 @@ def test_operator_killed_repeatedly_leaves_no_duplicate_attempt_nor_skipped_epoc
         # Each start gets to work before the next kill: it is ready and some Run was written since.
         operator.wait_ready()
         progressed = moved_on(kube, ns, names)
-        wait_for(progressed, timeout=60, what="a Run to progress under this operator")
+        wait_for(progressed, timeout=120, what="a Run to progress under this operator")
         operator.restart()
     operator.wait_ready()
     for name in names:
-        run = wait_phase(kube, ns, name, {"Succeeded", "Failed"}, timeout=90)
+        run = wait_phase(kube, ns, name, {"Succeeded", "Failed"}, timeout=120)
         assert run["status"]["phase"] == "Succeeded", (name, run["status"], operator.log_tail())
         history = attempts(kube, ns, name)
         assert [a["spec"]["number"] for a in history] == [1, 2]

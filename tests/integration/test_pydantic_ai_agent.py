@@ -57,7 +57,7 @@ def test_killed_after_a_journaled_model_response_the_model_is_not_called_again(
     create_run(kube, ns, agent_run(name, "pydantic_ai_agent", spec, env=env, retry=FAST_RETRY))
 
     # Attempt 1: the model asks for the tool; its response is journaled; the tool holds: kill it there.
-    wait_for(lambda: checkpoints(kube, ns, name, "Journal"), timeout=90, interval=0.2, what="a journal entry")
+    wait_for(lambda: checkpoints(kube, ns, name, "Journal"), interval=0.2, what="a journal entry")
     status = kube.core.read_namespaced_pod(f"{name}-a1", ns).status
     os.killpg(int(status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
 

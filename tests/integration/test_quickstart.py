@@ -155,6 +155,8 @@ def outcome(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outcome]
         )
 
 
+# The quickstart's own bound (900 s, its control plane's start included), and the commands after it.
+@pytest.mark.timeout(1500)
 def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     approved = outcome.run("pydantic-ai-ticket")
     assert approved["status"]["phase"] == "Succeeded"

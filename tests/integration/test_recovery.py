@@ -11,7 +11,7 @@ import pytest
 from agentrun.examples.ticket_agent import ticket_key
 from devcluster.operator import OperatorProcess
 from devcluster.tickets import TicketServiceProcess
-from integration.test_cli import cli
+from integration.test_cli import VERDICT, cli
 from integration.test_side_effects import PATIENT, kill_worker_during_create, side_effects, ticket_run
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, resume, wait_phase
@@ -32,7 +32,7 @@ def outcomes(effect: dict[str, Any]) -> list[str | None]:
 
 
 def stopped(kube: Kube, ns: str, run: str, operator: OperatorProcess, phase: str) -> dict[str, Any]:
-    final = wait_phase(kube, ns, run, STOPPED, timeout=90)
+    final = wait_phase(kube, ns, run, STOPPED, timeout=120)
     assert final["status"]["phase"] == phase, (final["status"], operator.log_tail())
     return final
 
@@ -41,9 +41,10 @@ def test_a_create_that_times_out_is_found_by_lookup_and_never_sent_again(
     kube: Kube, run_namespace: str, operator: OperatorProcess, tickets: TicketServiceProcess
 ) -> None:
     ns = run_namespace
-    # The service stores the ticket and holds its answer past the client's timeout (1 s).
+    # The service stores the ticket and holds its answer past the client's timeout (5 s: time enough for
+    # a loaded machine's service to store the create before the lookup that follows the timeout).
     tickets.set_faults(holdCreates=True)
-    create_run(kube, ns, ticket_run("late", tickets, env={"TICKET_SERVICE_TIMEOUT": "1"}))
+    create_run(kube, ns, ticket_run("late", tickets, env={"TICKET_SERVICE_TIMEOUT": "5"}))
     run = stopped(kube, ns, "late", operator, "Succeeded")
     tickets.clear_faults()
     [created] = tickets.creations()
@@ -89,7 +90,16 @@ def test_an_irreversible_create_is_never_sent_again_after_an_unknown_outcome(
     # sends again with the same key, with a fresh maxSends.
     name = effect["metadata"]["name"]
     resolved = cli(
-        kube, ns, "resolve-effect", name, "--absent", "--reason", "no ticket in the tool", "--retry"
+        kube,
+        ns,
+        "resolve-effect",
+        name,
+        "--absent",
+        "--reason",
+        "no ticket in the tool",
+        "--retry",
+        "--timeout",
+        VERDICT,
     )
     assert resolved.returncode == 0, resolved.stderr
     assert "Absent: it did not happen" in resolved.stdout
@@ -156,7 +166,7 @@ def test_a_cancel_during_the_send_leaves_the_record_unknown_not_pending(
     key = ticket_key(ns, "stop")
     wait_for(
         lambda: any(entry["idempotencyKey"] == key for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what="the ticket service holding its answer to the create",
     )
     kube.custom.patch_namespaced_custom_object(
@@ -165,7 +175,7 @@ def test_a_cancel_during_the_send_leaves_the_record_unknown_not_pending(
     stopped(kube, ns, "stop", operator, "Cancelled")
     effect = wait_for(
         lambda: (e := the_effect(kube, ns, "stop"))["status"]["state"] != "Pending" and e,
-        timeout=30,
+        timeout=120,
         what="the in-flight record settled",
     )
     tickets.clear_faults()
@@ -202,7 +212,7 @@ def test_an_approval_of_one_request_does_not_approve_another_under_the_same_key(
             and s.get("pendingRequest", {}).get("requestId") != first["pendingRequest"]["requestId"]
             and s
         ),
-        timeout=60,
+        timeout=120,
         what="a second approval request",
     )
     assert second["phase"] == "AuthRequired", operator.log_tail()
@@ -230,7 +240,7 @@ def test_the_same_key_with_another_request_is_refused_and_never_sent(
     create_run(kube, ns, body)
     key = ticket_key(ns, "reuse")
     wait_for(
-        lambda: any(e["idempotencyKey"] == key for e in tickets.in_flight()), timeout=60, what="the create"
+        lambda: any(e["idempotencyKey"] == key for e in tickets.in_flight()), timeout=120, what="the create"
     )
     # While the first request is in flight, the input changes: the next Attempt asks another request.
     scenario = {**body["spec"]["input"], "title": "second"}
@@ -261,7 +271,7 @@ def test_a_cancelled_run_whose_worker_died_mid_send_has_its_record_marked_unknow
     stopped(kube, ns, "gone", operator, "Cancelled")
     effect = wait_for(
         lambda: (e := the_effect(kube, ns, "gone"))["status"]["state"] == "Unknown" and e,
-        timeout=30,
+        timeout=120,
         what="the operator marking the in-flight record Unknown",
     )
     tickets.clear_faults()

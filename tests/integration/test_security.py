@@ -42,7 +42,7 @@ def start_gated(kube: Kube, ns: str, name: str, release: Path, **spec: Any) -> d
     create_run(kube, ns, body)
     running: dict[str, Any] = wait_for(
         lambda: (run := get_run(kube, ns, name)).get("status", {}).get("latestCheckpoint") and run,
-        timeout=60,
+        timeout=120,
         what=f"{name} Running past its first checkpoint",
     )
     return running
@@ -61,7 +61,7 @@ def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
         ns,
         support_agent_run("attacker", "hostile_agent", {"victim": "victim", "victimAttempt": "victim-a1"}),
     )
-    attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=90)
+    attacker = wait_phase(kube, ns, "attacker", {"Succeeded", "Failed"}, timeout=120)
     assert attacker["status"]["phase"] == "Succeeded", (attacker["status"], operator.log_tail())
     outcomes = attacker["status"]["result"]["outcomes"]
     assert set(outcomes) == set(EXPECTED_CAUSES)
@@ -71,7 +71,7 @@ def test_a_hostile_agent_in_the_same_namespace_is_refused_every_forged_write(
     lease = kube.coordination.read_namespaced_lease("victim.run.agentrun.dev", ns)
     assert lease.spec.lease_duration_seconds == running["spec"]["lease"]["durationSeconds"]
     release.write_text("go")
-    done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=60)
+    done = wait_phase(kube, ns, "victim", {"Succeeded", "Failed"}, timeout=120)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert done["status"]["result"] == {"by": "victim-a1"}
     assert done["status"]["committedBy"]["attempt"] == "victim-a1"
@@ -149,7 +149,7 @@ def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next
     os.killpg(pid, signal.SIGSTOP)  # frozen past its lease: the operator takes over
     wait_for(
         lambda: [a for a in attempts(kube, ns, "zombie") if a["spec"]["number"] == 2],
-        timeout=60,
+        timeout=120,
         what="Attempt 2 granted",
     )
     assert kube.pod("zombie-a1", ns) is None, "the superseded Pod outlived the grant of its successor"
@@ -163,10 +163,11 @@ def test_a_superseded_attempts_pod_is_gone_and_its_token_refused_before_the_next
 
     # The API server keeps a token it has accepted in its authentication cache for 10 s
     # (TokenSuccessCacheTTL, not configurable); a token whose Pod is gone is refused once that expires.
-    assert wait_for(refused, timeout=TOKEN_CACHE_SECONDS + 10, what="the superseded token refused") == 401
+    # (bounded generously above that: a loaded API server's answer may take a while)
+    assert wait_for(refused, timeout=TOKEN_CACHE_SECONDS + 110, what="the superseded token refused") == 401
 
     release.write_text("go")
-    done = wait_phase(kube, ns, "zombie", {"Succeeded", "Failed"}, timeout=60)
+    done = wait_phase(kube, ns, "zombie", {"Succeeded", "Failed"}, timeout=120)
     assert done["status"]["result"] == {"by": "zombie-a2"}
 
 

@@ -52,7 +52,7 @@ def kill_worker_during_create(kube: Kube, tickets: TicketServiceProcess, namespa
     key = ticket_key(namespace, run)
     wait_for(
         lambda: any(entry["idempotencyKey"] == key for entry in tickets.in_flight()),
-        timeout=60,
+        timeout=120,
         what=f"the ticket service holding its answer to the create {key}",
     )
     status = kube.core.read_namespaced_pod(f"{run}-a1", namespace).status
@@ -86,7 +86,7 @@ def test_ticket_agent_asks_then_opens_one_ticket(
 
     # The report follows the ledger (level-based), so read it once it lists the effect.
     report = wait_for(
-        lambda: get_run(kube, ns, "ask")["status"]["report"]["effects"], timeout=10, what="the report"
+        lambda: get_run(kube, ns, "ask")["status"]["report"]["effects"], timeout=120, what="the report"
     )
     assert [(e["tool"], e["state"], e["reversible"]) for e in report] == [
         ("create_ticket", "Confirmed", True)
@@ -172,7 +172,7 @@ def test_a_confirmed_effect_is_never_executed_again_across_retries(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, ticket_run("retries", tickets, failAfterTicket=[1, 2, 3]))
-    run = wait_phase(kube, ns, "retries", {"Succeeded", "Failed"}, timeout=90)
+    run = wait_phase(kube, ns, "retries", {"Succeeded", "Failed"}, timeout=120)
     assert run["status"]["phase"] == "Succeeded", operator.log_tail()
     assert len(attempts(kube, ns, "retries")) == 4
     assert [e["event"] for e in tickets.audit()] == ["created"], (

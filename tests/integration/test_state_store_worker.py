@@ -119,7 +119,7 @@ def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_i
         found: dict[str, Any] | None = get_run(kube, ns, name)["status"].get("checkpointIndex")
         return found
 
-    index = wait_for(indexed, 60, what=f"{name}'s Checkpoint index")
+    index = wait_for(indexed, 120, what=f"{name}'s Checkpoint index")
     saved = [{"spec": entry} for entry in read_blob(local_cluster, index)["checkpoints"]]
     states = [c for c in saved if c["spec"].get("kind", "State") == "State"]
     journal = [c for c in saved if c["spec"].get("kind") == "Journal"]
@@ -200,7 +200,7 @@ def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_un
     assert failure["class"] == "deterministic"
     assert ref["key"] in failure["message"]
     # the Run stops for a person: never retried on its own, never continued from other state
-    final = wait_phase(kube, ns, name, ENDED, timeout=60)
+    final = wait_phase(kube, ns, name, ENDED, timeout=120)
     assert final["status"]["phase"] == "NeedsReconciliation", final["status"]
     assert final["status"]["failure"]["reason"] == "StateUnverifiable"
     assert len(attempts(kube, ns, name)) == 2

@@ -123,12 +123,12 @@ def test_cancel_stops_the_agent_inside_a_step_and_fences_late_commits(
 ) -> None:
     ns = run_namespace
     create_run(kube, ns, scenario_run("stop", {"steps": 1, "fail": {"how": "hang"}}))
-    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=30)
+    wait_for(lambda: (kube.pod("stop-a1", ns) or {}).get("status", {}).get("phase") == "Running", timeout=120)
     patch_spec(kube, ns, "stop", {"cancelEpoch": 1})
-    run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=30)
+    run = wait_phase(kube, ns, "stop", {"Cancelled"}, timeout=120)
     assert run["status"]["observedCancelEpoch"] == 1
     attempt = wait_attempt_phase(kube, ns, "stop", 1, {"Aborted"})
-    wait_for(lambda: kube.pod("stop-a1", ns) is None, timeout=30, what="the attempt pod gone")
+    wait_for(lambda: kube.pod("stop-a1", ns) is None, timeout=120, what="the attempt pod gone")
 
     assert zombie_commit(kube, ns, "stop", attempt) == "stale_after_cancel"
     after = get_run(kube, ns, "stop")
@@ -169,7 +169,9 @@ def test_a_request_expires_on_the_operators_clock_whatever_the_workers_clock_say
     assert pending["expiresInSeconds"] == 600
     expires_at = datetime.datetime.fromisoformat(pending["expiresAt"].replace("Z", "+00:00"))
     left = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
-    assert 500 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
+    # The operator's now + 600 s, read a while later (how long is the machine's pace, not bounded here): a
+    # worker's clock an hour off would put it an hour out of this range.
+    assert 0 < left <= 600, f"expiresAt {pending['expiresAt']} is not the operator's now + 600 s"
     patch_spec(kube, ns, name, resume_patch(pending, {"priority": "low"}, "k1"))
     done = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
     assert done["status"]["phase"] == "Succeeded", done["status"]

@@ -84,7 +84,7 @@ def rule(kind: str, path: str, fragment: str = "") -> Rule:
 # --- installing ---------------------------------------------------------------------------------------
 
 
-def install_crds(kube: Kube, timeout: float = 60) -> None:
+def install_crds(kube: Kube, timeout: float = 120) -> None:
     """Applies crds/ (idempotent: server-side apply with a field manager of its own) and waits until every
     CRD is Established and actually serves: a valid object of each kind is accepted, and a CEL rule is
     enforced (a dry-run create, so nothing is stored)."""

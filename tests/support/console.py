@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect
 
 from support.kube import Kube
 from support.runs import GROUP
@@ -36,6 +36,10 @@ def chromium_path() -> str:
 
 # How long an agent Pod may take to start and ask (ms): a cold Python on a busy machine.
 AGENT_MS = 90_000
+# Upper bounds (ms) of an expectation and of a page action: Playwright's defaults (5 s, 30 s) are a quiet
+# machine's pace, and a loaded one shares its CPUs between the browser, the console and the cluster.
+EXPECT_MS = 30_000
+ACTION_MS = 60_000
 # Posts an answer straight to the console with the page's session and CSRF token: what a person could
 # send by hand, past the page's own checks.
 BY_HAND = """async (body) => {
@@ -50,6 +54,7 @@ BY_HAND = """async (body) => {
 
 
 def launch(playwright: Playwright) -> Browser:
+    expect.set_options(timeout=EXPECT_MS)
     # --no-sandbox: the build machines run the tests as root, where Chromium's sandbox cannot start.
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])
 
@@ -112,6 +117,7 @@ def _login_url(stdout: IO[str] | None) -> str | None:
 def signed_in(browser: Browser, started: ConsoleProcess, **options: Any) -> tuple[BrowserContext, Page]:
     """A fresh browser context signed in through the login URL, on the inbox."""
     context = browser.new_context(**options)
+    context.set_default_timeout(ACTION_MS)
     page = context.new_page()
     page.goto(started.login_url)
     page.wait_for_selector("#live.on")  # the page is up and its event stream connected

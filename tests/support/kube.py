@@ -21,9 +21,13 @@ class Timeout(AssertionError):
 
 
 def wait_for(
-    probe: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1, what: str = ""
+    probe: Callable[[], T | None], timeout: float = 120.0, interval: float = 0.1, what: str = ""
 ) -> T:
-    """Polls probe until it returns something truthy; fails the test with `what` after timeout seconds."""
+    """Polls probe until it returns something truthy; fails the test with `what` after timeout seconds.
+
+    The timeout is an upper bound for a heavily loaded machine (Pods started as processes, an operator
+    and a control plane sharing two CPUs), never the thing a test measures: callers pass at least the
+    default when they wait on the cluster or the operator."""
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
@@ -100,7 +104,7 @@ class Kube:
         return self.get("pod", name, namespace)
 
     def wait_pod_phase(
-        self, name: str, namespace: str, phases: tuple[str, ...], timeout: float = 30
+        self, name: str, namespace: str, phases: tuple[str, ...], timeout: float = 120
     ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             pod = self.pod(name, namespace)

@@ -67,7 +67,7 @@ def attempts(kube: Kube, namespace: str, run: str) -> list[dict[str, Any]]:
 
 
 def wait_attempt_phase(
-    kube: Kube, namespace: str, run: str, number: int, phases: set[str], *, timeout: float = 30
+    kube: Kube, namespace: str, run: str, number: int, phases: set[str], *, timeout: float = 120
 ) -> dict[str, Any]:
     """The Run's Attempt `number` once it is in one of `phases`. A Run's decision is written before the
     Attempt's end (the fence comes first), so a test that saw the Run decide waits for the Attempt too."""
@@ -83,7 +83,7 @@ def wait_attempt_phase(
 
 
 def wait_phase(
-    kube: Kube, namespace: str, name: str, phases: set[str], timeout: float = 60
+    kube: Kube, namespace: str, name: str, phases: set[str], timeout: float = 180
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         run = get_run(kube, namespace, name)

@@ -26,6 +26,9 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TicketS
     process = TicketServiceProcess(tmp_path / "tickets.json")
     process.start()
     monkeypatch.setenv("TICKET_SERVICE_URL", process.url)
+    # The client's wait for an answer: an upper bound for a loaded machine (a held answer is waited for
+    # while the test looks at the service); the timeout test sets its own, short one.
+    monkeypatch.setenv("TICKET_SERVICE_TIMEOUT", "120")
     try:
         yield process
     finally:
@@ -150,6 +153,7 @@ def test_a_create_timeout_is_an_unknown_outcome(
     monkeypatch.setenv("TICKET_SERVICE_TIMEOUT", "0.3")
     with pytest.raises(tickets.OutcomeUnknown):
         tickets.create(k, "t", "b")
+    wait_until(service.in_flight)  # the service got to the create (stored, answer held) after it timed out
     assert tickets.find_by_key(k) is not None
     service.clear_faults()
 
@@ -251,13 +255,15 @@ def test_a_held_answer_to_a_caller_that_is_gone_harms_nothing(service: TicketSer
     assert tickets.create(key(), "next", "b")["id"] == "T-2"
 
 
-def wait_until(probe: Callable[[], T]) -> T:
-    """Polls the service until probe is truthy (bounded, so a broken service fails instead of hanging)."""
-    for _ in range(1000):
+def wait_until(probe: Callable[[], T], timeout: float = 60.0) -> T:
+    """Polls the service until probe is truthy (bounded generously, so a broken service fails instead of
+    hanging and a loaded machine does not)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if value := probe():
             return value
         time.sleep(0.01)
-    raise AssertionError(f"{probe!r} never became true")
+    raise AssertionError(f"{probe!r} never became true in {timeout}s")
 
 
 def test_an_error_answer_to_create_is_a_plain_error(service: TicketServiceProcess) -> None:
