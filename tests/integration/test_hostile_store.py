@@ -202,8 +202,14 @@ def expect_restored(
     assert run["status"]["phase"] == "NeedsReconciliation"
     assert run["status"]["attempts"] == 2
     assert len(attempts(kube, ns, name)) == 2
-    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "StateRestored" and key in (e.message or "") for e in events)
+
+    # The operator writes the condition, then the Event, then counts the restore: each is waited for.
+    def told() -> bool:
+        events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+        return any(e.reason == "StateRestored" and key in (e.message or "") for e in events)
+
+    wait_for(told, 120, what=f"the StateRestored Event of {name}")
+    wait_for(lambda: restored_blobs(operator) > before, 120, what="the restore counted")
     assert restored_blobs(operator) == before + 1
 
 
