@@ -5,16 +5,12 @@ listing of every namespace (the collector's sweep, the archives of every namespa
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
-from typing import Final
 from xml.etree import ElementTree
 
 from .errors import StoreRefused, StoreUnavailable
 from .location import StoreLocation
-from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
-
-_TRANSIENT_STATUS: Final = re.compile(r"^(408|429|5\d\d)$")
+from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request, transient_status, xml_local_name
 
 
 def signing_region(location: StoreLocation, env: Mapping[str, str]) -> str:
@@ -49,7 +45,7 @@ def list_buckets(location: StoreLocation, env: Mapping[str, str] | None = None) 
         )
         if status != 200:
             detail = f"HTTP {status}: {body[:300]!r}"
-            if _TRANSIENT_STATUS.match(str(status)):
+            if transient_status(status):
                 raise StoreUnavailable("list buckets", endpoint, detail)
             raise StoreRefused("list buckets", endpoint, detail)
         try:
@@ -59,15 +55,12 @@ def list_buckets(location: StoreLocation, env: Mapping[str, str] | None = None) 
         names += [
             (element.text or "").strip()
             for bucket in root.iter()
-            if _local(bucket.tag) == "Bucket"
+            if xml_local_name(bucket.tag) == "Bucket"
             for element in bucket
-            if _local(element.tag) == "Name"
+            if xml_local_name(element.tag) == "Name"
         ]
-        token = next(((e.text or "").strip() for e in root if _local(e.tag) == "ContinuationToken"), "")
+        tokens = (e for e in root if xml_local_name(e.tag) == "ContinuationToken")
+        token = next(((e.text or "").strip() for e in tokens), "")
         if not token or token == query.get("continuation-token"):
             return sorted(names)
         query = {"continuation-token": token}
-
-
-def _local(tag: str) -> str:
-    return tag.rsplit("}", 1)[-1]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from datetime import UTC, datetime
 from typing import Final
 from xml.etree import ElementTree
@@ -26,13 +25,11 @@ from agentrun.core.collector import BlobAddress, StoredBlob, relative_key
 from .blobs import BlobRef, BlobStore, scrub
 from .errors import StateUnverifiable, StoreRefused, StoreUnavailable
 from .namespacebuckets import signing_endpoint, signing_region
-from .sigv4 import S3Credentials, signed_request
+from .sigv4 import S3Credentials, signed_request, transient_status
 
 # More versions of one key than this is no store the operator trusts to page: said, not looped on.
 _VERSIONS_LIMIT: Final = 100_000
 _S3_NS: Final = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-# A status the store answers that is worth another try: 408, 429 and 5xx (as classify() has it).
-_TRANSIENT_STATUS: Final = re.compile(r"^(408|429|5\d\d)$")
 
 
 class OperatorStore(BlobStore):
@@ -119,7 +116,7 @@ class OperatorStore(BlobStore):
                 bucket = f"/{self.bucket_for(key)}"
                 status, body = await asyncio.to_thread(self._signed, "GET", bucket, query)
                 if status != 200:
-                    request.outcome = "unavailable" if _TRANSIENT_STATUS.match(str(status)) else "refused"
+                    request.outcome = "unavailable" if transient_status(status) else "refused"
                     detail = scrub(f"HTTP {status}: {body[:300]!r}")
                     if request.outcome == "unavailable":
                         raise StoreUnavailable("list versions", key, detail)

@@ -37,7 +37,7 @@ from agentrun.core.store_principals import ServerPrincipals, principal_name, pri
 from .errors import StoreRefused
 from .location import StoreLocation
 from .namespacebuckets import list_buckets
-from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request
+from .sigv4 import DEFAULT_REGION, S3Credentials, signed_request, xml_local_name
 
 POLICY_VERSION: Final = "2012-10-17"
 _VERSIONING_ON: Final = (
@@ -184,7 +184,7 @@ class BundledStore:
             raise StoreRefused(
                 "list-users", self.endpoint, f"unreadable answer ({exc}): {_short(body)}"
             ) from None
-        return frozenset((e.text or "").strip() for e in root.iter() if _local(e.tag) == "Access")
+        return frozenset((e.text or "").strip() for e in root.iter() if xml_local_name(e.tag) == "Access")
 
     def delete_user(self, access: str) -> None:
         """Deletes the user; one that does not exist is fine (a take-back run again)."""
@@ -318,11 +318,6 @@ def _principals(statements: list[Mapping[str, Any]]) -> list[str]:
             named = [named]
         found += [str(n) for n in named or [] if principal_namespace(str(n)) is not None]
     return found
-
-
-def _local(tag: str) -> str:
-    """An XML element's name without its namespace."""
-    return tag.rsplit("}", 1)[-1]
 
 
 def _xml(text: str) -> str:

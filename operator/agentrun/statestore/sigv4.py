@@ -108,3 +108,13 @@ def signed_request(
         return int(error.code), error.read()
     except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
         raise StoreUnavailable(method, endpoint + path, str(error)) from None
+
+
+def transient_status(status: int) -> bool:
+    """Whether an S3 answer's status is worth another try: 408, 429 and 5xx (as classify() has it)."""
+    return status in (408, 429) or 500 <= status <= 599
+
+
+def xml_local_name(tag: str) -> str:
+    """An XML element's name without its namespace (S3 answers name one, or none)."""
+    return tag.rsplit("}", 1)[-1]
