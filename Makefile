@@ -89,9 +89,12 @@ fmt: venv ## apply ruff fixes and formatting
 unit: venv helm lint ## lint and the unit tests; builds no control plane (of the binaries, helm only)
 	$(PY) -m pytest tests/unit
 
+# Test files run in parallel, one control plane per worker (tests/support/schedule.py orders them); the
+# durations of the slowest tests are printed at the end.
+TEST_WORKERS ?= 2
 .PHONY: test
 test: venv binaries chromium lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=40 --durations-min=5 tests
 
 .PHONY: screenshots
 screenshots: venv binaries chromium ## the console's browser tests, writing their screenshots into docs/console/

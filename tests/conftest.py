@@ -22,6 +22,16 @@ from support.kube import Kube, wait_for
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
+    from xdist.remote import Producer
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> object | None:
+    """`--dist loadfile` (as `make test` runs the suite): the longest files first (support.schedule)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from support.schedule import LongestFileFirst  # noqa: PLC0415 (xdist is imported only when it runs)
+
+    return LongestFileFirst(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ from devcluster import security
 from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
-from integration.test_metrics import scrape, value
+from integration.namespaced.test_metrics import scrape, value
 from integration.test_state_store_worker import ENDED, big_state_run, checkpoints
 from support.clock import FakeClock
 from support.kube import Kube, wait_for

@@ -90,7 +90,7 @@ def valid_object(kind: str, name: str | None = None, changes: dict[str, Any] | N
 
 # --- bad input ----------------------------------------------------------------------------------------
 # Each entry: a path of the valid object of the kind and a value that makes the object invalid for the
-# OpenAPI part of the schema (CEL rules need an API server: see tests/integration/test_api_corpus.py).
+# OpenAPI part of the schema (CEL rules need an API server: see tests/integration/namespaced/test_api_corpus.py).
 
 BAD_RUNS: list[tuple[str, Any]] = [
     (".spec.agent", DELETE),
@@ -173,7 +173,7 @@ def bad_input_id(kind: str, path: str, value: Any) -> str:
 
 
 # What a podTemplate may not ask for (CEL rules of the Run: no borrowed identity, no node access), each
-# with the spec it sends; tests/integration/test_api_corpus.py proves the API server refuses them.
+# with the spec it sends; tests/integration/namespaced/test_api_corpus.py proves the API server refuses them.
 AGENT_CONTAINER: Final = {"name": "agent", "image": "agentrun/agent:dev"}
 PRIVILEGED: Final = {"securityContext": {"privileged": True}}
 BAD_POD_TEMPLATES: dict[str, dict[str, Any]] = {

@@ -2,7 +2,7 @@
 and the operator is killed between any two writes of any decision, to show that a restart continues
 without skipping or reusing an epoch, creating an Attempt twice or rewriting history. The crash points
 that matter most (between the writes of a grant, a takeover, a cancel and a resume) are also played on
-the real API server with the real Executor: tests/integration/test_restart_safety.py.
+the real API server with the real Executor: tests/integration/namespaced/test_restart_safety.py.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from unit.run_worlds import (
 
 
 class Violation(AssertionError):
-    """A write the API server would refuse, or one that breaks a promise of DESIGN.md."""
+    """A write the API server would refuse, or one that breaks a promise of docs/design.md."""
 
 
 # What a person (or another system) does to a resting Run: in the phase given, a spec merge patch (or a

@@ -6,7 +6,6 @@ wrong types, missing fields, unknown enum values, negative numbers and oversized
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,7 +13,6 @@ import pytest
 
 from agentrun.api.run import MONOTONIC_STATUS_FIELDS
 from support.agentrun import Api, Rule, crd_rules, rule
-from support.clusters import own_cluster
 from support.corpus import (
     BAD_OBJECTS,
     BAD_POD_TEMPLATES,
@@ -29,13 +27,6 @@ from support.corpus import (
 from support.kube import Kube
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs and no
-    operator, so that nothing but the case itself writes to the objects it compares before and after."""
-    yield from own_cluster(tmp_path_factory, "api-corpus-cluster")
 
 
 Expect = str | Rule

@@ -1,6 +1,6 @@
 """The operator's Prometheus metrics and JSON logs, from a real operator process carrying a real Run.
 
-This module starts a control plane of its own (as tests/e2e does) and its own operator, namespace-scoped,
+This module starts its own operator, namespace-scoped (on the namespaced control plane: conftest.py),
 with metrics on a free port (the process node shares one network namespace among all Pods and processes,
 so the default port 8000 may be taken) and --log-format json. The session's cluster-wide `operator`
 fixture, if another module started it, watches the session's cluster and never sees these Runs.
@@ -23,25 +23,11 @@ from agentrun.core.runs import RECHECK_SECONDS
 from devcluster import security
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
-from support.clusters import operator_identity, own_cluster
 from support.kube import Kube, wait_for
 from support.runs import FAST_RETRY, GROUP, VERSION, create_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs."""
-    yield from own_cluster(tmp_path_factory, "metrics-cluster")
-
-
-@pytest.fixture(scope="module")
-def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Overrides the session's: the operator's identity and the admission policies on this module's
-    control plane."""
-    return operator_identity(kube, tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""Steps, usage and traces on real parts: a control plane of this module's own, a namespace-scoped operator
-exporting spans, attempt Pods running the scenario agent, and a real OpenTelemetry Collector.
+"""Steps, usage and traces on real parts: the namespaced control plane (conftest.py), a namespace-scoped
+operator exporting spans, attempt Pods running the scenario agent, and a real OpenTelemetry Collector.
 
 The collector is built from its Go modules by hack/build-otelcol.sh (`make binaries`): the OTLP receiver
 and the contrib file exporter, which writes every batch it received as one OTLP/JSON line; the tests
-read that file. Like tests/integration/test_metrics.py, the module has its own control plane, so the
+read that file. Like test_metrics.py, the module's operator watches only its namespace, and the
 session's cluster-wide `operator` (started by other modules) never reconciles these Runs.
 """
 
@@ -26,7 +26,8 @@ from agentrun.core.traces import TRACEPARENT_ANNOTATION, run_trace
 from devcluster import security
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port, spawn, stop_group
-from support.clusters import opt_in_for_attempts, own_cluster
+from support.clusters import opt_in_for_attempts
+from support.corpus import REPO
 from support.kube import Kube, wait_for
 from support.runs import (
     FAST_RETRY,
@@ -42,7 +43,6 @@ from support.runs import (
 )
 
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parents[2]
 JsonDict = dict[str, Any]
 
 
@@ -122,11 +122,6 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
 
 
 # ---- a control plane and an operator of this module's own ----------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    yield from own_cluster(tmp_path_factory, "observability-cluster")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Finished Runs leave the cluster, archive first (DESIGN.md, "Lifecycle of a finished Run"), on a control
+"""Finished Runs leave the cluster, archive first (docs/state-store.md, "Archives of finished Runs"), on a control
 plane of this module's own with its real S3 server (versitygw) and kube-controller-manager (the garbage
 collector that takes a deleted Run's owned objects): a Run with ttlSecondsAfterFinished 0 is archived,
 verified and deleted, and `history` / `describe --archived` show it; the same name recreated keeps both
@@ -6,7 +6,8 @@ archives; a store that is down delays the deletion, and the operator restarted w
 archives and deletes; without a store the Run is kept with Archived=False (NoStateStore); a
 NeedsReconciliation Run never expires.
 
-The module runs its own control plane: the session's operator (cluster-wide) would act on these Runs too."""
+Each test's operator watches only its namespace (the session's cluster-wide operator is not on this control
+plane: conftest.py)."""
 
 from __future__ import annotations
 
@@ -27,27 +28,10 @@ from devcluster.processes import free_port
 from devcluster.tickets import TicketServiceProcess
 from integration.test_side_effects import side_effects, ticket_run
 from integration.test_state_store_worker import cli_with_store
-from support.clusters import cluster_kube, operator_identity, started_cluster
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, attempts, create_run, get_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Overrides the session's: a control plane (and object store) of this module's own."""
-    yield from started_cluster(tmp_path_factory, "archive-cluster")
-
-
-@pytest.fixture(scope="module")
-def kube(local_cluster: LocalCluster) -> Kube:
-    return cluster_kube(local_cluster)
-
-
-@pytest.fixture(scope="module")
-def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return operator_identity(kube, tmp_path_factory)
 
 
 def start_operator(kubeconfig: Path, log: Path, namespace: str, **env: str) -> OperatorProcess:

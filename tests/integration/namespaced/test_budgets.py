@@ -4,7 +4,8 @@ budget ends its Run Failed, class deterministic, with the budget and what to do 
 one Attempt (never retried as an infrastructure failure); and the API server's own answer to an oversize
 write is recognised as one.
 
-The module runs a control plane of its own, with no object store, and an operator told of none."""
+The operator is told of no object store, and the namespace holds no store credentials: no Pod can reach
+the control plane's store."""
 
 from __future__ import annotations
 
@@ -17,26 +18,14 @@ import pytest
 
 from agentrun.api import budgets
 from agentrun.kubeapi import ApiError, KubeApi, load_configuration
-from devcluster.cluster import LocalCluster
 from devcluster.operator import OperatorProcess
-from integration.test_archive import start_operator
-from support.clusters import cluster_kube, operator_identity, opt_in_for_attempts, started_cluster
+from integration.namespaced.test_archive import start_operator
+from support.clusters import operator_identity, opt_in_for_attempts
 from support.corpus import valid_object
 from support.kube import Kube
 from support.runs import attempts, create_run, scenario_run, wait_phase
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Overrides the session's: a control plane of this module's own, with no object store."""
-    yield from started_cluster(tmp_path_factory, "budgets-cluster", with_object_store=False)
-
-
-@pytest.fixture(scope="module")
-def kube(local_cluster: LocalCluster) -> Kube:
-    return cluster_kube(local_cluster)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ no history rewritten.
 
 The attempt Pods are never scheduled (a nodeSelector no node matches): the test writes their status as
 their kubelet would, and plays the worker (its request) and the user (cancel, resume) through the API.
-The module has a control plane of its own: an operator that another module started on the shared one
+It runs on the namespaced control plane (conftest.py), where no operator watches the whole cluster: one
 would decide these Runs too, and every crash point would become a race with it.
 The in-memory simulation that kills the operator between any two writes of whole Runs is
 tests/unit/test_core_runs_simulation.py.
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,19 +33,11 @@ from agentrun.core.runs import World, decide
 from agentrun.kubeapi import KubeApi, load_configuration
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executor, Superseded
-from support.clusters import own_cluster
 from support.kube import Kube
 
 pytestmark = pytest.mark.cluster
 JsonDict = dict[str, Any]
 RUN = "crashy"
-
-
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """Overrides the session's `kube` in this module: a control plane of its own, with the CRDs, and no
-    operator but the one this test plays."""
-    yield from own_cluster(tmp_path_factory, "restart-safety-cluster")
 
 
 HEALTHY, EXPIRED = 30.0, -1.0  # the operator's judgement of the holder's Lease (its own clock)
@@ -57,11 +50,12 @@ def _now() -> str:
 
 
 class Cluster:
-    """The real API server, as an operator and the world around it see it."""
+    """The real API server, as an operator (its own identity, under the admission policies) and the world
+    around it (the admin) see it."""
 
-    def __init__(self, kube: Kube, namespace: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, operator_kubeconfig: Path) -> None:
         self.kube, self.ns = kube, namespace
-        self.api = KubeApi(load_configuration(str(kube.kubeconfig)), threads=2)
+        self.api = KubeApi(load_configuration(str(operator_kubeconfig)), threads=2)
         self.expires_in = HEALTHY
 
     # ---- the operator ------------------------------------------------------------------------------
@@ -308,9 +302,9 @@ CRASHES = {
 
 @pytest.mark.parametrize(("story", "crash_after"), CRASHES.values(), ids=CRASHES.keys())
 def test_an_operator_restarted_mid_decision_ends_the_story_the_same(
-    kube: Kube, namespace: str, story: Story, crash_after: int
+    kube: Kube, namespace: str, operator_kubeconfig: Path, story: Story, crash_after: int
 ) -> None:
-    cluster = Cluster(kube, namespace)
+    cluster = Cluster(kube, namespace, operator_kubeconfig)
 
     async def play() -> None:
         await story.prepare(cluster)

@@ -1,0 +1,56 @@
+"""How `make test` shares the test files among its pytest-xdist workers (`--dist loadfile`).
+
+A file is one unit of work: its module-scoped fixtures (a control plane, an operator) start once, on one
+worker. xdist's own order is by the number of tests in a file, which puts the unit-test tables first and
+can leave the one long file (the chaos run) to start last, on a worker that then works alone for minutes.
+Here the longest file known goes first to a worker that is free, and a worker that is busy with a long
+file is given the shortest one left as the one file it must hold in reserve (a worker runs its last test
+only once it knows what comes next). The estimates only order the work: no test depends on them, and a
+file missing from the table gets its directory's default.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from xdist.scheduler import LoadFileScheduling
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
+
+# Seconds each file took on a 2-core machine running two workers (`make test`'s --durations, summed per
+# file, December 2026), rounded. The integration files start the processes they test.
+ESTIMATED_SECONDS: dict[str, float] = {}
+DEFAULT_SECONDS = {"tests/unit/": 2.0, "tests/integration/": 60.0, "tests/e2e/": 300.0}
+# A worker whose tests still to run are estimated at least this long is busy: it gets the shortest file.
+BUSY_SECONDS = 60.0
+
+
+def estimate(path: str) -> float:
+    """The estimated seconds of a test file (a path as xdist's node ids start, relative to the root)."""
+    if path in ESTIMATED_SECONDS:
+        return ESTIMATED_SECONDS[path]
+    for directory, seconds in DEFAULT_SECONDS.items():
+        if path.startswith(directory):
+            return seconds
+    return DEFAULT_SECONDS["tests/unit/"]
+
+
+class LongestFileFirst(LoadFileScheduling):  # type: ignore[misc]  # xdist ships no type information
+    """`--dist loadfile`, handing out the longest file to a free worker and the shortest to a busy one."""
+
+    def _remaining_seconds(self, node: WorkerController) -> float:
+        remaining = 0.0
+        for scope, tests in self.assigned_work.get(node, {}).items():
+            left = sum(1 for done in tests.values() if not done)
+            remaining += estimate(scope) * left / max(len(tests), 1)
+        return remaining
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        assert self.workqueue
+        pick = min if self._remaining_seconds(node) >= BUSY_SECONDS else max
+        scope = pick(self.workqueue, key=estimate)
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
