@@ -27,6 +27,7 @@ from agentrun.core.plan import (
     WriteLease,
 )
 from agentrun.core.runs import World, decide
+from agentrun.core.runs.transition import Transition
 from unit.factories import (
     EARLIER,
     GENERATION,
@@ -558,14 +559,14 @@ def test_conditions_without_previous_ones_start_now() -> None:
     [([], None), ([5.0], 5.0), ([5.0, 2.0, 9.0], 2.0), ([-3.0], 0.0), ([0.0, 4.0], 0.0)],
     ids=["none", "one", "earliest-wins", "past-is-now", "zero"],
 )
-def test_plan_wakes_at_the_earliest(wakes: list[float], expected: float | None) -> None:
-    plan = Plan()
+def test_a_transition_wakes_at_the_earliest(wakes: list[float], expected: float | None) -> None:
+    transition = Transition()
     for seconds in wakes:
-        plan.wake_in(seconds)
-    assert plan.requeue_after == expected
+        transition = transition.wake_in(seconds)
+    assert transition.requeue_after == expected
 
 
 def test_plan_keeps_order_and_filters_by_kind() -> None:
-    plan = Plan().add(DeletePod("a"), RecordEvent("Normal", "X", "x"), DeletePod("b"))
+    plan = Plan([DeletePod("a"), RecordEvent("Normal", "X", "x"), DeletePod("b")])
     assert plan.of(DeletePod) == [DeletePod("a"), DeletePod("b")]
     assert [type(a) for a in plan.actions] == [DeletePod, RecordEvent, DeletePod]

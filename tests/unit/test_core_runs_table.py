@@ -23,12 +23,14 @@ from agentrun.core.plan import (
     DeletePod,
     PatchRunStatus,
     Plan,
+    RecordEvent,
+    RefuseMove,
     WriteLease,
 )
 from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, attempts, decide
-from agentrun.core.runs.chain import Chain, Rule
-from agentrun.core.runs.transition import SetPhase
+from agentrun.core.runs.chain import Chain, Rewrite, Rule
+from agentrun.core.runs.transition import SetPhase, set_phase
 from agentrun.core.runs.transition import Transition as RuleTransition
 from unit.factories import (
     GENERATION,
@@ -1329,3 +1331,78 @@ def test_every_move_is_one_its_rule_declares(case: Transition) -> None:
         declared = change.phase == before or (before, change.phase) in rule.moves
         rewritten = any(to == change.phase and (before, source) in rule.moves for source, to in turns)
         assert declared or rewritten, (rule.name, before, change.phase)
+
+
+def _unused_upkeep(world: World) -> tuple[Action, ...]:
+    return ()
+
+
+def test_a_rule_is_not_evaluated_outside_the_phases_it_applies_in() -> None:
+    """The chain, not the rule's body, keeps a rule to its phases: a rule for Queued Runs is never asked
+    about a Running one."""
+
+    def only_queued(world: World) -> RuleTransition | None:
+        raise AssertionError(f"asked about a Run in {world.run.status.phase}")
+
+    chain = Chain(
+        (
+            Rule("OnlyQueued", only_queued, applies_in=frozenset({RunPhase.QUEUED})),
+            Rule("Rest", lambda world: RuleTransition()),
+        ),
+        _unused_upkeep,
+    )
+    rule, _ = chain.transition(make_world(make_run({"phase": "Running"})))
+    assert rule.name == "Rest"
+
+
+def test_an_undeclared_move_is_refused_and_named() -> None:
+    """A rule that declares Queued -> Running but moves the Run to Failed: nothing of its transition is
+    written (no status patch), the Run keeps its phase, and an Event and a RefuseMove name the rule."""
+
+    def fails(world: World) -> RuleTransition | None:
+        return set_phase(RunPhase.FAILED, "Oops", "a bug").then(RuleTransition(steps=(DeletePod("p"),)))
+
+    planted = Rule(
+        "Planted", fails, applies_in=frozenset({RunPhase.QUEUED}), moves_to=frozenset({RunPhase.RUNNING})
+    )
+    plan = Chain((planted,), _unused_upkeep).evaluate(make_world(make_run({"phase": "Queued"})))
+
+    assert not plan.of(PatchRunStatus) and not plan.of(DeletePod)
+    assert plan.of(RefuseMove) == [RefuseMove("Planted", "Queued", "Failed")]
+    (warning,) = plan.of(RecordEvent)
+    assert isinstance(warning, RecordEvent) and warning.reason == "UndeclaredMove"
+    assert "Planted" in warning.message and "from Queued to Failed" in warning.message
+
+
+def test_a_declared_move_and_a_phase_written_again_pass() -> None:
+    def runs(world: World) -> RuleTransition | None:
+        return set_phase(RunPhase.RUNNING, "Granted", "attempt 1")
+
+    declared = Rule(
+        "Declared", runs, applies_in=frozenset({RunPhase.QUEUED}), moves_to=frozenset({RunPhase.RUNNING})
+    )
+    again = Rule("Again", runs, applies_in=frozenset({RunPhase.RUNNING}))
+    chain = Chain((declared, again), _unused_upkeep)
+
+    assert chain.evaluate(make_world(make_run({"phase": "Queued"}))).of(PatchRunStatus)
+    assert chain.evaluate(make_world(make_run({"phase": "Running"}))).of(PatchRunStatus)
+
+
+def test_a_rewrite_may_only_make_the_turns_it_declares() -> None:
+    """A rewrite that turns Failed into Succeeded, declaring only Failed -> Compensating, is refused."""
+
+    def fails(world: World) -> RuleTransition | None:
+        return set_phase(RunPhase.FAILED, "Failed", "it failed")
+
+    def succeeds(world: World, t: RuleTransition) -> RuleTransition | None:
+        return set_phase(RunPhase.SUCCEEDED, "Fine", "not really")
+
+    rule = Rule(
+        "Fails", fails, applies_in=frozenset({RunPhase.RUNNING}), moves_to=frozenset({RunPhase.FAILED})
+    )
+    turns = ((RunPhase.FAILED, RunPhase.COMPENSATING),)
+    chain = Chain((rule,), _unused_upkeep, rewrites=(Rewrite("Sneaky", succeeds, turns=turns),))
+    plan = chain.evaluate(make_world(make_run({"phase": "Running"})))
+
+    assert plan.of(RefuseMove) == [RefuseMove("Fails+Sneaky", "Failed", "Succeeded")]
+    assert not plan.of(PatchRunStatus)

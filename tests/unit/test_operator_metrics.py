@@ -125,15 +125,17 @@ def test_lease_takeovers(previous: JsonDict | None, action: WriteLease, kind: st
 
 
 def test_planned_phase_is_the_last_phase_the_plan_writes() -> None:
-    plan = Plan().add(
-        PatchRunStatus({"phase": "Running"}),
-        RecordEvent("Normal", "AttemptStarted", "m"),
-        PatchRunStatus({"controls": []}),
-        PatchRunStatus({"phase": "Succeeded"}),
-        PatchRunStatus({"message": "x"}),
+    plan = Plan(
+        [
+            PatchRunStatus({"phase": "Running"}),
+            RecordEvent("Normal", "AttemptStarted", "m"),
+            PatchRunStatus({"controls": []}),
+            PatchRunStatus({"phase": "Succeeded"}),
+            PatchRunStatus({"message": "x"}),
+        ]
     )
     assert metrics.planned_run_phase(plan) == "Succeeded"
-    assert metrics.planned_run_phase(Plan().add(PatchRunStatus({"controls": []}))) is None
+    assert metrics.planned_run_phase(Plan([PatchRunStatus({"controls": []})])) is None
 
 
 # --- hooks and scrape-time gauges ---------------------------------------------------------------------------
@@ -244,6 +246,7 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_reconciles",
         "agentrun_lease_takeovers",
         "agentrun_rejected_commits",
+        "agentrun_undeclared_moves",
         "agentrun_attempt_pods_collected",
         "agentrun_work_queue_depth",
         "agentrun_operator_active",
@@ -337,17 +340,17 @@ def test_executor_counts_attempts_once_and_lease_takeovers(
     lease_collection = KubeApi.lease_path(NAMESPACE)
 
     async def scenario() -> None:
-        await executor.execute(Plan().add(WriteLease(f"{RUN}-a1", 1, 60, None)), run)
+        await executor.execute(Plan([WriteLease(f"{RUN}-a1", 1, 60, None)]), run)
         held = cache.of("leases", (NAMESPACE, RUN))[0]["metadata"]["resourceVersion"]
-        await executor.execute(Plan().add(WriteLease(f"{RUN}-a2", 2, 60, held)), run)
-        await executor.execute(Plan().add(CreateAttempt(body)), run)
-        await executor.execute(Plan().add(CreateAttempt(body)), run)  # a repeat finds it: not counted
+        await executor.execute(Plan([WriteLease(f"{RUN}-a2", 2, 60, held)]), run)
+        await executor.execute(Plan([CreateAttempt(body)]), run)
+        await executor.execute(Plan([CreateAttempt(body)]), run)  # a repeat finds it: not counted
         finish = {"phase": "Failed", "failure": {"class": "transient", "message": "503"}}
-        await executor.execute(Plan().add(PatchAttemptStatus(f"{RUN}-a2", {"phase": "Running"})), run)
-        await executor.execute(Plan().add(PatchAttemptStatus(f"{RUN}-a2", finish)), run)
-        await executor.execute(Plan().add(PatchAttemptStatus(f"{RUN}-a9", finish)), run)  # gone: no count
+        await executor.execute(Plan([PatchAttemptStatus(f"{RUN}-a2", {"phase": "Running"})]), run)
+        await executor.execute(Plan([PatchAttemptStatus(f"{RUN}-a2", finish)]), run)
+        await executor.execute(Plan([PatchAttemptStatus(f"{RUN}-a9", finish)]), run)  # gone: no count
         held = cache.of("leases", (NAMESPACE, RUN))[0]["metadata"]["resourceVersion"]
-        await executor.execute(Plan().add(WriteLease(None, 3, 60, held)), run)
+        await executor.execute(Plan([WriteLease(None, 3, 60, held)]), run)
 
     asyncio.run(scenario())
     assert attempt_path in api.objects

@@ -153,6 +153,16 @@ class RecordEvent:
 
 
 @dataclass(frozen=True)
+class RefuseMove:
+    """No write: the rule `rule` asked to move the Run from `source` to `target`, a move its row of the
+    table does not declare (core.runs.chain); counted and logged by the operator, the Run left as it is."""
+
+    rule: str
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
 class ArchiveRun:
     """Write the Run's archive to the state store (statestore.archives), read it back, verify it and
     index it; the Plan stops here when the store cannot (the Run is kept, its deletion delayed).
@@ -173,6 +183,7 @@ class DeleteRun:
 
 Action = (
     PatchRunStatus
+    | RefuseMove
     | WriteLease
     | CreateAttempt
     | PatchAttemptStatus
@@ -252,11 +263,12 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
     return Consistency.CACHED_RUN
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """Writes to make in order (stop at the first that fails), and when to look at the Run again."""
+    """Writes to make in order (stop at the first that fails), and when to look at the Run again. A value:
+    the table's rules build Transitions (core.runs.transition), and `render` makes the Plan of one."""
 
-    actions: list[Action] = field(default_factory=list)
+    actions: Sequence[Action] = field(default_factory=list)
     requeue_after: float | None = None
     # When the current holder's Lease runs out unless renewed first. Unlike requeue_after, the I/O layer
     # looks at the Run again then only if the Lease was not renewed meanwhile (else it waits for the new
@@ -269,19 +281,6 @@ class Plan:
     @property
     def needs_fresh_run(self) -> bool:
         return bool(self.actions) and self.consistency == Consistency.FRESH_RUN
-
-    def add(self, *actions: Action) -> Plan:
-        self.actions.extend(actions)
-        return self
-
-    def wake_in(self, seconds: float) -> Plan:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-        return self
-
-    def wake_at_lease_expiry(self, seconds: float) -> Plan:
-        self.lease_expires_in = max(seconds, 0.0)
-        return self
 
     def of(self, kind: type[Action]) -> list[Action]:
         return [a for a in self.actions if isinstance(a, kind)]

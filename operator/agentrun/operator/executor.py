@@ -124,6 +124,7 @@ class Executor:
             p.SaveLogTail: self._save_log_tail,
             p.ClearManagedFields: self._clear_managed_fields,
             p.RecordEvent: self._event,
+            p.RefuseMove: self._refuse_move,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
         }
@@ -226,6 +227,19 @@ class Executor:
         if self.archiver is None:
             raise RuntimeError("an archive was planned but the operator has no state store")
         await self.archiver.archive(progress.run, action)
+        return Written(action)
+
+    async def _refuse_move(self, action: p.RefuseMove, progress: _Progress) -> Written:
+        """Writes nothing: says that a rule's undeclared move was refused (its Event is the plan's)."""
+        ns, name = self._ns(progress.run)
+        log.error(
+            "run %s/%s: the rule %s moved the Run from %s to %s, a move it does not declare: not written",
+            ns,
+            name,
+            action.rule,
+            action.source,
+            action.target,
+        )
         return Written(action)
 
     async def _delete_run(self, action: p.DeleteRun, progress: _Progress) -> Written:

@@ -41,7 +41,15 @@ from agentrun.api import (
     Usage,
 )
 from agentrun.api.usage import MICRO
-from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, PatchRunStatus, Plan, WriteLease
+from agentrun.core.plan import (
+    CreateAttempt,
+    DeletePod,
+    PatchAttemptStatus,
+    PatchRunStatus,
+    Plan,
+    RefuseMove,
+    WriteLease,
+)
 
 if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
     from agentrun.api import Run
@@ -222,6 +230,13 @@ class OperatorMetrics:
             "Pods of ended Attempts deleted by the Run's spec.podGC, after their log tail was kept.",
             registry=registry,
         )
+        self.undeclared_moves = Counter(
+            "agentrun_undeclared_moves",
+            "Moves of a Run's phase that the rule making them does not declare in the Run's table: refused, "
+            "not written (the Run keeps its phase), by rule. Anything but 0 is a bug of the operator.",
+            ["rule"],
+            registry=registry,
+        )
         self.rejected_commits = Counter(
             "agentrun_rejected_commits",
             "Attempts seen with a commit refused by a fence, by reason (stale_after_cancel, "
@@ -328,6 +343,8 @@ class OperatorMetrics:
                 self.attempt_status_written(patch)
             case DeletePod(collected=True):
                 self.pods_collected.inc()
+            case RefuseMove(rule=rule):
+                self.undeclared_moves.labels(rule).inc()
 
     def cached(self, kind: str, previous: JsonDict | None, obj: JsonDict) -> None:
         """The cache took in obj (replacing previous): an Attempt first seen with a rejected commit."""

@@ -119,7 +119,7 @@ def holding(w: World) -> Transition | None:
         return None
     name = str(live[0].metadata.name)
     message = f"waiting for request {pending.request_id} ({pending.reason.value}); {name} holds it"
-    return _seen_running(w, *live).then(
+    return seen_running(w, *live).then(
         set_phase(waiting_phase(pending), waiting_phase(pending).value, message, **expiry(w, pending)),
         event("Normal", "Holding", message, name),
     )
@@ -130,15 +130,15 @@ def revoked_unfinished(w: World) -> Transition | None:
     live, lease = _live_pod(w), w.lease
     if live is None or lease is None or lease.holder is not None or lease.epoch <= live[0].spec.lease_epoch:
         return None
-    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
+    return seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
 
 def lease_expired(w: World) -> Transition | None:
     """Its agent runs and its Lease ran out -> taken over: a new epoch, the Attempt LeaseLost, a retry."""
     live = _live_pod(w)
-    if live is None or not _judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
+    if live is None or not lease_judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
         return None
-    return _seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
+    return seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
 
 def timed_out(w: World) -> Transition | None:
@@ -165,10 +165,10 @@ def live(w: World) -> Transition | None:
     live = _live_pod(w)
     if live is None:
         return None
-    seen = _seen_running(w, *live)
+    seen = seen_running(w, *live)
     if (due := timeout_due(w, live[0], live[1])) is not None:
         seen = seen.wake_in((due - w.now).total_seconds())
-    if not _judged(w, *live) or w.lease_expires_in is None:
+    if not lease_judged(w, *live) or w.lease_expires_in is None:
         return seen.then(wake_in(RECHECK_SECONDS))
     return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
@@ -188,8 +188,9 @@ def attempt_ended(w: World) -> Transition:
     return after_attempt(w, attempt, attempt.status.failure)
 
 
-def _seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
-    """The agent's start recorded, if its Pod shows it and the Attempt does not yet."""
+def seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
+    """The agent's start recorded, if its Pod shows it and the Attempt does not yet (a row of the Running
+    and of the Compensating sub-table)."""
     if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
         return NOTHING
     started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
@@ -223,8 +224,9 @@ def stop_timed_out(w: World, attempt: Attempt, pod: PodView, failure: AttemptFai
     )
 
 
-def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
-    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
+def lease_judged(w: World, attempt: Attempt, pod: PodView) -> bool:
+    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs (in
+    both sub-tables)."""
     lease, name = w.lease, attempt.metadata.name
     holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
     return holds and bool(pod.running_since)

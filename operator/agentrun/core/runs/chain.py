@@ -4,16 +4,21 @@ In the style of cert-manager's certificate trigger policies: every rule is a pur
 (the World), so the chain reads as the table of the state machine, one line per rule. After the rule,
 the chain's rewrites (each a named row too) may change the transition it chose, in the open: the
 compensation a Run's policy asks for before it ends is one.
+
+The chain holds each rule to what it declares: a rule is evaluated only in the phases it applies in (its
+body never tests the phase), and a move of the Run's phase that neither the rule nor the rewrite that made
+it declares is refused: nothing of that transition is written, the Run keeps its phase, and an Event and
+a count (core.plan.RefuseMove) name the rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from agentrun.api import RunPhase
-from agentrun.core.plan import Action, Plan
-from agentrun.core.runs.transition import Transition, render
+from agentrun.core.plan import Action, Plan, RefuseMove
+from agentrun.core.runs.transition import Transition, event, render
 from agentrun.core.runs.world import World
 
 Policy = Callable[[World], Transition | None]
@@ -51,6 +56,27 @@ class Rule:
         return [(a, b) for a, b in pairs if a != b and (self.only is None or (a, b) in self.only)]
 
 
+def _undeclared(
+    name: str,
+    source: RunPhase | None,
+    chosen: Transition,
+    declared: Sequence[tuple[RunPhase | None, RunPhase]],
+) -> Transition | None:
+    """The refusal of `chosen` when it moves the Run from `source` to a phase that is not among the
+    `declared` moves (a phase written again is no move); None when the move is declared."""
+    target = chosen.phase
+    if target is None or target == source or (source, target) in declared:
+        return None
+    was = source.value if source is not None else "(none)"
+    message = (
+        f"the rule {name} moved the Run from {was} to {target.value}, a move it does not declare: "
+        "not written; the Run keeps its phase"
+    )
+    return Transition(rule=name).then(
+        event("Warning", "UndeclaredMove", message), RefuseMove(name, was, target.value)
+    )
+
+
 def pairs(sources: Phases, targets: frozenset[RunPhase]) -> frozenset[tuple[RunPhase | None, RunPhase]]:
     """Every move from one of `sources` to one of `targets`."""
     return frozenset((a, b) for a in sources for b in targets)
@@ -73,16 +99,27 @@ class Chain:
     rewrites: tuple[Rewrite, ...] = ()
 
     def transition(self, world: World) -> tuple[Rule, Transition]:
-        """The first rule that applies, and its Transition (the upkeep's writes first, when it has them),
-        named by the rule and the rewrites that changed it."""
+        """The first rule that applies in the Run's phase and returns a Transition, and that Transition
+        (the upkeep's writes first, when it has them), named by the rule and the rewrites that changed it;
+        a Transition that makes a move nobody declared is replaced by its refusal."""
+        phase = world.run.status.phase
         for rule in self.rules:
+            if phase not in rule.applies_in:
+                continue
             chosen = rule.when(world)
             if chosen is None:
                 continue
             chosen = replace(chosen, rule=f"{rule.name}/{chosen.rule}" if chosen.rule else rule.name)
+            if (refusal := _undeclared(rule.name, phase, chosen, rule.moves)) is not None:
+                return rule, refusal
             for rewrite in self.rewrites:
-                if (changed := rewrite.when(world, chosen)) is not None:
-                    chosen = replace(changed, rule=f"{chosen.rule}+{rewrite.name}")
+                if (changed := rewrite.when(world, chosen)) is None:
+                    continue
+                named = replace(changed, rule=f"{chosen.rule}+{rewrite.name}")
+                turns = [(chosen.phase, b) for a, b in rewrite.turns if a == chosen.phase]
+                if (refusal := _undeclared(named.rule, chosen.phase or phase, named, turns)) is not None:
+                    return rule, refusal
+                chosen = named
             if rule.upkeep:
                 chosen = chosen.after(self.upkeep(world))
             return rule, chosen

@@ -1,4 +1,4 @@
-"""A finished Run leaves the API server lighter (DESIGN.md, "Lifecycle of a finished Run"): its
+"""A finished Run leaves the API server lighter (docs/state-store.md, "Archives of finished Runs"): its
 Checkpoint index goes to the state store, its superseded Checkpoints and its Lease are deleted; and the
 Pods of ended Attempts are collected (Run spec.podGC), each after the tail of its log was kept.
 

@@ -21,10 +21,10 @@ from agentrun.api import (
 )
 from agentrun.core import compensation, failures
 from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
-from agentrun.core.plan import CreateAttempt, DeletePod, PatchAttemptStatus, WriteLease
+from agentrun.core.plan import CreateAttempt, DeletePod, WriteLease
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
-from agentrun.core.runs.attempts import pod_refusal
+from agentrun.core.runs.attempts import container_end, lease_judged, pod_refusal, seen_running
 from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.grants import attempt_object, failure_fields, grant, pod_created
 from agentrun.core.runs.transition import (
@@ -35,7 +35,6 @@ from agentrun.core.runs.transition import (
     event,
     finish_attempt,
     set_phase,
-    trace_of,
     wake_in,
 )
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
@@ -45,8 +44,6 @@ def compensating(w: World) -> Transition | None:
     """Compensating -> the compensation Attempts followed: the first granted once no earlier Attempt's Pod
     is left, each one's end concluded (back to the Run's phase, another after a backoff, or
     NeedsReconciliation CompensationIncomplete). Neither a cancel nor the deadline stops it."""
-    if w.run.status.phase != RunPhase.COMPENSATING:
-        return None
     return COMPENSATING.decide(w)
 
 
@@ -163,8 +160,7 @@ def pod_ended(w: World) -> Transition | None:
     assert attempt is not None and pod is not None
     if not pod.finished:
         return None
-    end = pod.exit or failures.ContainerExit(exit_code=0 if pod.phase == "Succeeded" else 1)
-    failure = failures.classify_exit(end)
+    failure = failures.classify_exit(container_end(pod))
     phase = AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED
     return _earlier_aborted(w, progress).then(_end(w, attempt, phase, failure, progress))
 
@@ -174,7 +170,7 @@ def lease_expired(w: World) -> Transition | None:
     Pod stopped, the Attempt LeaseLost, concluded."""
     progress, attempt, pod, lease = _progress(w), w.current, w.current_pod, w.lease
     assert attempt is not None and pod is not None
-    if not _judged(w, attempt, pod) or w.lease_expires_in is None or w.lease_expires_in > 0:
+    if not lease_judged(w, attempt, pod) or w.lease_expires_in is None or w.lease_expires_in > 0:
         return None
     assert lease is not None
     epoch = lease.epoch + 1
@@ -192,7 +188,7 @@ def live(w: World) -> Transition:
     progress, attempt, pod = _progress(w), w.current, w.current_pod
     assert attempt is not None and pod is not None
     seen = _seen_running(w, attempt, pod, progress)
-    if not _judged(w, attempt, pod) or w.lease_expires_in is None:
+    if not lease_judged(w, attempt, pod) or w.lease_expires_in is None:
         return seen.then(wake_in(RECHECK_SECONDS))
     return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
 
@@ -238,18 +234,7 @@ def _earlier_aborted(w: World, progress: CompensationProgress, *, stop_pods: boo
 
 def _seen_running(w: World, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> Transition:
     """_earlier_aborted, then the agent's start recorded if its Pod shows it and the Attempt not."""
-    t = _earlier_aborted(w, progress)
-    if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
-        return t
-    patch = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name, "traceId": trace_of(w)}
-    return t.then(PatchAttemptStatus(str(attempt.metadata.name), patch, attempt.metadata.resource_version))
-
-
-def _judged(w: World, attempt: Attempt, pod: PodView) -> bool:
-    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs."""
-    lease, name = w.lease, attempt.metadata.name
-    holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    return holds and bool(pod.running_since)
+    return _earlier_aborted(w, progress).then(seen_running(w, attempt, pod))
 
 
 def _grant(w: World, number: int, progress: CompensationProgress) -> Transition:

@@ -1,4 +1,4 @@
-"""A finished Run's time to live (spec.ttlSecondsAfterFinished, DESIGN.md "Lifecycle of a finished Run"):
+"""A finished Run's time to live (spec.ttlSecondsAfterFinished, docs/state-store.md, "Archives of finished Runs"):
 when it expires, what keeps it, and the archive-then-delete it ends with.
 
 The clock starts at the lastTransitionTime of the Succeeded condition the operator wrote when the Run
@@ -68,7 +68,7 @@ def expiry(world: World) -> Transition | None:
     time, once nothing else is left to write, the archive written and verified, then the Run deleted.
     Without a state store: kept, Archived=False (NoStateStore)."""
     status = world.run.status
-    if status.phase not in TERMINAL_PHASES or world.run.metadata.deletion_timestamp is not None:
+    if world.run.metadata.deletion_timestamp is not None:
         return None
     at_rest = abort_leftovers(world).then(settle_after_cancel(world), refresh_report(world))
     if at_rest.steps or upkeep(world):

@@ -20,7 +20,7 @@ def fork_start(w: World) -> Transition | None:
     Attempt 1 granted, resuming from the copy (or NeedsReconciliation, InheritedUnknown, when an inherited
     record's outcome is open)."""
     run = w.run
-    if run.spec.fork_from is None or run.status.phase not in (None, RunPhase.QUEUED):
+    if run.spec.fork_from is None:
         return None
     if spec_over_budget(run.spec):
         return None  # FirstAttempt fails it, as any Run

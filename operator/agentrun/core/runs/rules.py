@@ -7,10 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentrun.api import (
-    ATTEMPT_RUNS_IN,
-    CANCEL_FROZEN_PHASES,
     FINISHED_ATTEMPT_PHASES,
-    STOPPED_PHASES,
     TERMINAL_PHASES,
     WAITING_PHASES,
     Attempt,
@@ -49,8 +46,6 @@ def committed(w: World) -> Transition | None:
     attempt, by = w.current, w.run.status.committed_by
     if attempt is None or by is None or by.attempt != attempt.metadata.name:
         return None
-    if w.run.status.phase not in ATTEMPT_RUNS_IN:
-        return None
     t = finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
         attempts.after_attempt(w, attempt, None, phase=AttemptPhase.SUCCEEDED)
     )
@@ -62,10 +57,7 @@ def committed(w: World) -> Transition | None:
 def cancel_asked(w: World) -> Transition | None:
     """spec.cancelEpoch grew -> CancelRequested (its Pod stopped) or, with no Pod running, Cancelled.
     The cancelEpoch a Run is first seen with is no cancel."""
-    status = w.run.status
-    if status.phase is None or status.phase in (*CANCEL_FROZEN_PHASES, RunPhase.CANCEL_REQUESTED):
-        return None
-    if w.run.spec.cancel_epoch <= (status.observed_cancel_epoch or 0):
+    if w.run.spec.cancel_epoch <= (w.run.status.observed_cancel_epoch or 0):
         return None
     attempt, promised = or_promised(w, w.current)
     return promised.then(stopping.request_cancel(w, attempt, w.current_pod))
@@ -73,7 +65,7 @@ def cancel_asked(w: World) -> Transition | None:
 
 def deadline_passed(w: World) -> Transition | None:
     """Not stopped, past spec.deadlineSeconds -> Failed (DeadlineExceeded), the Lease revoked."""
-    if w.run.status.phase in STOPPED_PHASES or not stopping.deadline_passed(w):
+    if not stopping.deadline_passed(w):
         return None
     attempt, promised = or_promised(w, w.current)
     return promised.then(stopping.stop_for_deadline(w, attempt, w.current_pod))
@@ -101,17 +93,13 @@ def control_request(w: World) -> Transition | None:
 def stopped(w: World) -> Transition | None:
     """Succeeded, Failed, Cancelled or NeedsReconciliation -> leftover Attempts aborted, a cancelled Run's
     Pending SideEffects settled, the report kept current; only a manual retry moves it on."""
-    if w.run.status.phase not in STOPPED_PHASES:
-        return None
     return stopping.abort_leftovers(w).then(stopping.settle_after_cancel(w), stopping.refresh_report(w))
 
 
 def request_expired(w: World) -> Transition | None:
     """Waiting past the pending request's expiresAt -> Failed (RequestExpired)."""
     request = w.run.status.pending_request
-    if w.run.status.phase not in WAITING_PHASES or request is None or request.expires_at is None:
-        return None
-    if w.now < request.expires_at:
+    if request is None or request.expires_at is None or w.now < request.expires_at:
         return None
     return _hold_wake(w, controls.fail_expired_request(w))
 
@@ -123,8 +111,6 @@ def first_attempt(w: World) -> Transition | None:
     """First seen (no phase yet), or Queued -> Attempt 1 granted in this reconcile; Failed at once when
     the spec is over a byte budget or its Pods may not run as its ServiceAccount (not opted in:
     ServiceAccountNotAllowed; the attempt role not bound: AttemptRoleNotBound)."""
-    if w.run.status.phase not in (None, RunPhase.QUEUED):
-        return None
     if over := spec_over_budget(w.run.spec):
         reason, message = over
         failure = failure_fields(FailureClass.DETERMINISTIC, reason, message)
@@ -137,9 +123,7 @@ def takeover_unfinished(w: World) -> Transition | None:
     """RetryBackoff while the current Attempt has not ended -> a takeover was interrupted after its Run
     write: the Attempt is marked LeaseLost and its Pod stopped."""
     attempt = w.current
-    if w.run.status.phase != RunPhase.RETRY_BACKOFF or attempt is None:
-        return None
-    if attempt.status.phase in FINISHED_ATTEMPT_PHASES:
+    if attempt is None or attempt.status.phase in FINISHED_ATTEMPT_PHASES:
         return None
     due = w.run.status.next_attempt_time
     lost = stopping.finish_lost(w, attempt, w.current_pod, stopping.lease_lost(w))
@@ -149,7 +133,7 @@ def takeover_unfinished(w: World) -> Transition | None:
 def retry_due(w: World) -> Transition | None:
     """RetryBackoff at status.nextAttemptTime -> the next Attempt granted (an automatic retry)."""
     due = w.run.status.next_attempt_time
-    if w.run.status.phase != RunPhase.RETRY_BACKOFF or (due is not None and w.now < due):
+    if due is not None and w.now < due:
         return None
     number = (w.run.status.current_attempt or 0) + 1
     return _deadline_wake(w, grant(w, number, *automatic_retry(w, number)))
@@ -158,7 +142,7 @@ def retry_due(w: World) -> Transition | None:
 def backing_off(w: World) -> Transition | None:
     """RetryBackoff before status.nextAttemptTime -> no write; look again then."""
     due = w.run.status.next_attempt_time
-    if w.run.status.phase != RunPhase.RETRY_BACKOFF or due is None:
+    if due is None:
         return None
     return _deadline_wake(w, Transition().wake_in((due - w.now).total_seconds()))
 
@@ -167,15 +151,13 @@ def running(w: World) -> Transition | None:
     """Running -> the current Attempt followed: created as promised, its Pod created or its start
     recorded, a hold, its end (Succeeded, waiting, a retry or Failed), or a lease takeover."""
     number = w.run.status.current_attempt
-    if w.run.status.phase != RunPhase.RUNNING or not number:
+    if not number:
         return None
     return _deadline_wake(w, attempts.RUNNING.decide(w))
 
 
 def cancelling(w: World) -> Transition | None:
     """CancelRequested -> Cancelled once the Attempt's Pod is gone (its stop repeated if it was lost)."""
-    if w.run.status.phase != RunPhase.CANCEL_REQUESTED:
-        return None
     return _deadline_wake(w, stopping.finish_cancel(w, w.current, w.current_pod))
 
 

@@ -17,8 +17,6 @@ def credentials_missing(w: World) -> Transition | None:
     has no Secret of its credentials (its ServiceAccount being allowed: else FirstAttempt says so first)
     -> Failed (StateStoreCredentialsMissing), before any Lease, Attempt or Pod; the message names the
     Secret and the command that creates it."""
-    if w.run.status.phase not in (None, RunPhase.QUEUED):
-        return None
     if w.account_refusal is not None or w.attempt_role_denied:
         return None  # who the Pods run as is said first (FirstAttempt): that fix comes before the Secret
     return refused(w)
