@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds versitygw (Apache-2.0), an S3-compatible gateway in one process, from its Go module at a pinned
 # version into the cache outside the checkout: the local control plane's object store (the agent-state
-# store of DESIGN.md, "State store"), with a posix backend on a directory and conditional writes
+# store of docs/state-store.md), with a posix backend on a directory and conditional writes
 # (If-None-Match: *). Its go.mod has no replace directives, so `go install module@version` builds it
 # as published. Re-running reuses the binary.
 set -euo pipefail

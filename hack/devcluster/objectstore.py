@@ -1,5 +1,5 @@
 """The local control plane's object store: versitygw (an S3-compatible gateway, one process) on a posix
-directory, with bucket versioning on, bound to loopback. The agent-state store of DESIGN.md.
+directory, with bucket versioning on, bound to loopback. The agent-state store of docs/state-store.md.
 
 hack/build-versitygw.sh builds it from its Go module at a pinned version into the binary cache. The root
 credentials are made per start and handed to the process through its environment (never its command

@@ -90,7 +90,8 @@ def valid_object(kind: str, name: str | None = None, changes: dict[str, Any] | N
 
 # --- bad input ----------------------------------------------------------------------------------------
 # Each entry: a path of the valid object of the kind and a value that makes the object invalid for the
-# OpenAPI part of the schema (CEL rules need an API server: see tests/integration/namespaced/test_api_corpus.py).
+# OpenAPI part of the schema (CEL rules need an API server: see
+# tests/integration/namespaced/test_api_corpus.py).
 
 BAD_RUNS: list[tuple[str, Any]] = [
     (".spec.agent", DELETE),

@@ -1,4 +1,4 @@
-"""A finished Run's archive (DESIGN.md, "Lifecycle of a finished Run"): what it holds, built from the
+"""A finished Run's archive (docs/state-store.md, "Archives of finished Runs"): what it holds, built from the
 objects as observed, and when archives are past retention. The operator writes and deletes them
 (statestore.archives); people read them (`kubectl agentrun history`, `describe --archived`).
 

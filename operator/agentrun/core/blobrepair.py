@@ -1,7 +1,7 @@
-"""Restoring an overwritten blob from the version the store kept (DESIGN.md, "State store", Integrity):
-which blobs to restore for a Run, which stored versions to try, and what to tell the person. Plain
-functions: the operator (agentrun.operator.blobrepair) lists the versions, reads them, writes the one that
-verifies back and reads it back.
+"""Restoring an overwritten blob from the version the store kept (docs/state-store.md, "Restoring an
+overwritten blob"): which blobs to restore for a Run, which stored versions to try, and what to tell the
+person. Plain functions: the operator (agentrun.operator.blobrepair) lists the versions, reads them, writes
+the one that verifies back and reads it back.
 
 A blob is never changed by its writers (put-if-absent), but a Pod of the namespace may overwrite one (its
 principal may put). The fenced object that references the blob records its sha256 and size, so the next

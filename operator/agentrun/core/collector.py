@@ -1,4 +1,4 @@
-"""The one collector's decisions (DESIGN.md, "State store"): which blobs of the state store to mark,
+"""The one collector's decisions (docs/state-store.md): which blobs of the state store to mark,
 quarantine, restore and delete, given what one sweep saw. Plain functions: the operator's loop
 (agentrun.operator.collector) does the listing, the reading and the moving.
 

@@ -1,4 +1,4 @@
-"""Archives of finished Runs (DESIGN.md, "Lifecycle of a finished Run"): the executor's handler of
+"""Archives of finished Runs (docs/state-store.md, "Archives of finished Runs"): the executor's handler of
 core's ArchiveRun (write, read back, verify, index: statestore.archives), the retention pass that deletes
 archives past `archiveRetention`, and their metrics in the runtime's registry.
 

@@ -1,4 +1,4 @@
-"""The one collector of the state store (DESIGN.md, "State store"; docs/state-store.md, "Collection"):
+"""The one collector of the state store (docs/state-store.md, "Collection"):
 every interval, one sweep lists the store's blobs, then gathers the roots (fresh lists of every Run,
 Attempt, Checkpoint and SideEffect, the documents their `links` references reach, and every archive),
 lets agentrun.core.collector decide, and carries out its decisions: quarantine, restore, delete for

@@ -72,7 +72,8 @@ class OperatorSettings:
     # the namespaces every interval (and whenever an opted-in ServiceAccount appears or goes).
     state_store_principal_sweep_seconds: float = 300.0
     # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (None: kept), and how
-    # long its archive stays in the store after it (None: kept; DESIGN.md "Lifecycle of a finished Run").
+    # long its archive stays in the store after it (None: kept; docs/state-store.md, "Archives of
+    # finished Runs").
     ttl_seconds_after_finished: int | None = None
     archive_retention_seconds: int | None = None
     # The one collector (docs/state-store.md, "Collection"): a sweep of the store every interval (0: no

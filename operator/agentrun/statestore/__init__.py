@@ -1,4 +1,4 @@
-"""The agent-state store (DESIGN.md, "State store"): immutable, content-addressed blobs in an object store,
+"""The agent-state store (docs/state-store.md): immutable, content-addressed blobs in an object store,
 configured by one URL, verified on every read. Used by the worker SDK and the operator alike.
 
     store = BlobStore.from_url("s3://bucket/prefix?endpoint=http://127.0.0.1:7070&region=us-east-1")

@@ -1,7 +1,7 @@
-"""Archives of finished Runs in the state store, and the index that lists them (DESIGN.md, "Lifecycle of a
-finished Run"). Only the operator writes under the archive prefix; people read with their namespace's
-credentials (`kubectl agentrun history`, `describe --archived`), and a fork reads an archived source
-through `read_archive`.
+"""Archives of finished Runs in the state store, and the index that lists them (docs/state-store.md, "Archives
+of finished Runs"). Only the operator writes under the archive prefix; people read with their namespace's
+credentials (`kubectl agentrun history`, `describe --archived`), and a fork reads an archived source through
+`read_archive`.
 
     <prefix>/_archives/<namespace>/<run name>/<run uid>.json            one archive per Run (by uid)
     <prefix>/_archives/<namespace>/_index/<day>/<chain>-<seq>.json     the namespace's index segments

@@ -1,6 +1,6 @@
 """A finished Run's Checkpoint index: one document in the state store naming every Checkpoint the Run
-saved, so the Checkpoint objects themselves can leave the API server (DESIGN.md, "Lifecycle of a finished
-Run"; Run status.checkpointIndex).
+saved, so the Checkpoint objects themselves can leave the API server (docs/state-store.md, "A finished Run's
+Checkpoint index"; Run status.checkpointIndex).
 
 Each entry keeps what describes a Checkpoint (name, id, parent, kind, step, attempt, leaseEpoch,
 sequence, thread, deltaBase, creationTimestamp) and its state as references only: `stateRef` as the

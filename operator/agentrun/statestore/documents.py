@@ -1,6 +1,6 @@
 """Documents that name blobs: how a blob can hold references to other blobs, so that the one collector
-finds everything that is still needed (DESIGN.md, "State store": its roots are every reference in live
-objects, manifests, checkpoint indexes and archives).
+finds everything that is still needed (docs/state-store.md, "Collection": its roots are every reference
+in live objects, manifests, checkpoint indexes and archives).
 
 A LangGraph manifest, a Run's checkpoint index and a Run's archive are JSON documents stored as blobs.
 Each lists every blob it names in its top-level `refs`, and whoever references such a document marks the

@@ -1,10 +1,10 @@
-"""Finished Runs leave the cluster, archive first (docs/state-store.md, "Archives of finished Runs"), on a control
-plane of this module's own with its real S3 server (versitygw) and kube-controller-manager (the garbage
-collector that takes a deleted Run's owned objects): a Run with ttlSecondsAfterFinished 0 is archived,
+"""Finished Runs leave the cluster, archive first (docs/state-store.md, "Archives of finished Runs"), on the
+namespaced control plane (conftest.py) with its real S3 server (versitygw) and kube-controller-manager (the
+garbage collector that takes a deleted Run's owned objects): a Run with ttlSecondsAfterFinished 0 is archived,
 verified and deleted, and `history` / `describe --archived` show it; the same name recreated keeps both
-archives; a store that is down delays the deletion, and the operator restarted with the store back
-archives and deletes; without a store the Run is kept with Archived=False (NoStateStore); a
-NeedsReconciliation Run never expires.
+archives; a store that is down delays the deletion, and the operator restarted with the store back archives
+and deletes; without a store the Run is kept with Archived=False (NoStateStore); a NeedsReconciliation Run
+never expires.
 
 Each test's operator watches only its namespace (the session's cluster-wide operator is not on this control
 plane: conftest.py)."""

@@ -1,5 +1,5 @@
-"""A finished Run's time to live (spec.ttlSecondsAfterFinished, docs/state-store.md, "Archives of finished Runs"):
-when it expires, what keeps it, and the archive-then-delete it ends with.
+"""A finished Run's time to live (spec.ttlSecondsAfterFinished; docs/state-store.md, "Archives of
+finished Runs"): when it expires, what keeps it, and the archive-then-delete it ends with.
 
 The clock starts at the lastTransitionTime of the Succeeded condition the operator wrote when the Run
 ended, so an operator restart never resets it. A NeedsReconciliation Run, or one with an open effect (a
