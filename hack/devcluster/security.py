@@ -15,6 +15,7 @@ from typing import Any, Final
 import yaml
 
 from agentrun.admission import admission_policies, policy_reader_rules, service_account_user
+from agentrun.priorities import api_priorities
 from agentrun.rbac import OPERATOR_RULES, STATE_STORE_PROVISION_RULES
 
 from .kubeconfig import write_kubeconfig
@@ -136,11 +137,13 @@ def _policies_enforced(kubectl: Kubectl) -> bool:
 def install(
     kubectl_binary: str, admin_kubeconfig: Path, operator_kubeconfig: Path, timeout_seconds: float = 120.0
 ) -> Path:
-    """Creates the operator's identity, applies the admission policies and waits until the API server
-    enforces them; returns a kubeconfig that authenticates as the operator's ServiceAccount."""
+    """Creates the operator's identity, applies the admission policies and the API priorities (as the
+    chart does in cluster-wide mode) and waits until the API server enforces the policies; returns a
+    kubeconfig that authenticates as the operator's ServiceAccount."""
     kubectl = Kubectl(kubectl_binary, admin_kubeconfig)
     kubectl.apply(operator_identity_docs())
     kubectl.apply(admission_policies(OPERATOR_USER))
+    kubectl.apply(api_priorities(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT))
     token = kubectl(
         "create",
         "token",

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from agentrun import priorities
 from agentrun.admission import admission_policies, policy_names, policy_reader_rules
 from agentrun.deploy import render
 from agentrun.deploy.values import Values
@@ -209,6 +210,7 @@ def test_values_schema_refuses_unknown_keys_everywhere_but_kubernetes_objects() 
         "image",
         "crds",
         "admission",
+        "apiPriority",
         "peering",
         "health",
         "metrics",
@@ -397,7 +399,11 @@ def test_namespace_scoped_mode_creates_nothing_cluster_scoped_unless_asked() -> 
     docs = template("watchNamespaces={team-a,team-b}")
     assert cluster_scoped(docs) == set(), "a namespace administrator can install it"
     asked = template(
-        "watchNamespaces={team-a}", "crds.install=true", "peering.installCrds=true", "admission.install=true"
+        "watchNamespaces={team-a}",
+        "crds.install=true",
+        "peering.installCrds=true",
+        "admission.install=true",
+        "apiPriority.install=true",
     )
     assert {kind for kind, _ in cluster_scoped(asked)} == {
         "CustomResourceDefinition",
@@ -405,6 +411,8 @@ def test_namespace_scoped_mode_creates_nothing_cluster_scoped_unless_asked() -> 
         "ValidatingAdmissionPolicyBinding",
         "ClusterRole",
         "ClusterRoleBinding",
+        "PriorityLevelConfiguration",
+        "FlowSchema",
     }
     assert {name for kind, name in cluster_scoped(asked) if kind.startswith("ClusterRole")} == {
         "rel-agentrun-admission-reader"
@@ -444,6 +452,31 @@ def test_cluster_mode_installs_the_policies_and_lets_the_operator_read_them() ->
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-agentrun", "namespace": "ops"}]
     assert binding["roleRef"]["name"] == "rel-agentrun-admission-reader"
     assert not by_kind(template("admission.install=false"), "ValidatingAdmissionPolicy")
+
+
+def test_cluster_mode_sends_the_operator_and_lease_renewals_before_agents_steps() -> None:
+    """API Priority and Fairness: the release's operator ServiceAccount and every ServiceAccount's Lease
+    renewals go to agentrun-control, what Pods write to agentrun.dev to agentrun-steps, both matched
+    before the API server's own service-accounts schema (9000) would put them into workload-low."""
+    docs = template("serviceAccount.name=bot")
+    levels = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "PriorityLevelConfiguration")}
+    assert set(levels) == {priorities.CONTROL_LEVEL, priorities.STEPS_LEVEL}
+    assert all(level["limited"]["limitResponse"]["type"] == "Queue" for level in levels.values())
+    schemas = {d["metadata"]["name"]: d["spec"] for d in by_kind(docs, "FlowSchema")}
+    assert {name: s["priorityLevelConfiguration"]["name"] for name, s in schemas.items()} == {
+        "agentrun-operator": priorities.CONTROL_LEVEL,
+        "agentrun-lease-renewals": priorities.CONTROL_LEVEL,
+        "agentrun-steps": priorities.STEPS_LEVEL,
+    }
+    assert all(100 < s["matchingPrecedence"] < 9000 for s in schemas.values())
+    (operator_rule,) = schemas["agentrun-operator"]["rules"]
+    assert operator_rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "bot", "namespace": "ops"}}
+    ]
+    (renewals,) = schemas["agentrun-lease-renewals"]["rules"]
+    assert renewals["resourceRules"][0]["resources"] == ["leases"]
+    assert not by_kind(template("watchNamespaces={team-a}"), "FlowSchema")
+    assert not by_kind(template("apiPriority.install=false"), "FlowSchema")
 
 
 def test_a_cluster_admin_installs_the_policies_of_a_namespaced_release_alone() -> None:

@@ -52,6 +52,15 @@ class Admission(_Values):
     refuses to start while they are missing."""
 
 
+class ApiPriority(_Values):
+    install: bool | None = None
+    """Install API Priority and Fairness objects (docs/performance.md, "API priorities"): a priority
+    level for the operator and Lease renewals, another for what attempt Pods write, and the FlowSchemas
+    that send them there, apart from other tenants' workload-low; null (default): in cluster-wide mode
+    only. They are cluster-scoped: for a namespace-scoped release a cluster administrator installs them,
+    rendering this chart with the release's values and apiPriority.install=true."""
+
+
 class Peering(_Values):
     enabled: bool = True
     """Run the replicas as kopf peers: one active, the others paused until it goes. Required when
@@ -301,6 +310,8 @@ class Values(_Values):
     """The agentrun.dev CustomResourceDefinitions."""
     admission: Admission = Field(default_factory=Admission)
     """The admission policies the operator's fences rely on."""
+    api_priority: ApiPriority = Field(default_factory=ApiPriority)
+    """API Priority and Fairness for the operator, Lease renewals and agents' steps."""
     peering: Peering = Field(default_factory=Peering)
     """Several replicas, one active (kopf peering)."""
     health: Health = Field(default_factory=Health)
