@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,11 @@ def test_get_describe_effects_report_and_watch_of_a_finished_run(
     assert "Phase:         Succeeded: done-a1 committed the result" in text
     assert '"steps": 2' in text.split("Result:")[1].splitlines()[0]
     story = text.split("Timeline (UTC):\n")[1].split("\n\n")[0]
-    events = [line.strip()[10:].split("  ")[0] for line in story.splitlines()]
+    # each line: the time (with the date when the timeline spans midnight), two spaces, the event
+    events = [
+        re.sub(r"^(\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}  ", "", line.strip()) for line in story.splitlines()
+    ]
+    events = [event.split("  ")[0] for event in events]
     assert events[0] == "run created" and events[-2:] == ["attempt 1 Succeeded", "run Succeeded"]
     assert {"attempt 1 started", "checkpoint 1", "checkpoint 2"} <= set(events)
     assert "initial, lease epoch 1" in story and "done-a1-s2 at step-2 by done-a1" in story

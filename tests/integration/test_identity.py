@@ -272,7 +272,9 @@ def test_a_squatted_pod_is_not_adopted(kube: Kube, run_namespace: str, operator:
     kept = kube.core.read_namespaced_pod("podded-a1", ns)
     assert (kept.metadata.uid, kept.metadata.owner_references) == (squatter.metadata.uid, None)
     [attempt] = wait_for(
-        lambda: [a for a in attempts(kube, ns, "podded") if a["status"].get("phase") == "Aborted"],
+        lambda: [
+            a for a in attempts(kube, ns, "podded") if (a.get("status") or {}).get("phase") == "Aborted"
+        ],
         timeout=120,
         what="the Attempt whose Pod name was taken, aborted",
     )

@@ -278,8 +278,15 @@ def test_a_cancelled_run_whose_worker_died_mid_send_has_its_record_marked_unknow
     assert outcomes(effect) == [None], "the send stays in flight: nobody heard its answer"
     last = effect["status"]["history"][-1]
     assert "in flight when the Run was cancelled" in last["message"] and "attempt" not in last
-    report = wait_for(
-        lambda: get_run(kube, ns, "gone")["status"].get("report", {}).get("effects"), what="the report"
-    )
+
+    def reported_unknown() -> list[dict[str, Any]] | None:
+        """The report's effects once they name the record Unknown: the report written with the Cancelled
+        phase may precede the record's change, which brings it up to date."""
+        effects: list[dict[str, Any]] = (
+            get_run(kube, ns, "gone")["status"].get("report", {}).get("effects") or []
+        )
+        return effects if [e["state"] for e in effects] == ["Unknown"] else None
+
+    report = wait_for(reported_unknown, timeout=120, what="the report naming the record Unknown")
     assert [e["state"] for e in report] == ["Unknown"] and "cancelled" in report[0]["note"]
     assert get_run(kube, ns, "gone")["status"]["sideEffects"]["unknown"] == 1
