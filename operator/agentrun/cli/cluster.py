@@ -14,6 +14,14 @@ from agentrun.kubewatch import Listed, reflect
 
 JsonDict = dict[str, Any]
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+# POSTed to SELF_SUBJECT_REVIEWS, it asks the API server who is asking (what `kubectl auth whoami` shows).
+SELF_SUBJECT_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+
+
+def reviewed_user(answer: JsonDict) -> str | None:
+    """The user name in the API server's answer to a SelfSubjectReview, None when it names nobody."""
+    name = ((answer.get("status") or {}).get("userInfo") or {}).get("username")
+    return str(name) if name else None
 
 
 class Cluster:
@@ -56,13 +64,11 @@ class Cluster:
 
     async def whoami(self) -> str | None:
         """The user name the API server knows us by (SelfSubjectReview), None when it will not say."""
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         try:
-            answer = await self.api.create(SELF_SUBJECT_REVIEWS, review)
+            answer = await self.api.create(SELF_SUBJECT_REVIEWS, SELF_SUBJECT_REVIEW)
         except ApiError:
             return None
-        name = answer.get("status", {}).get("userInfo", {}).get("username")
-        return str(name) if name else None
+        return reviewed_user(answer)
 
     # ---- writes --------------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
-from agentrun.cli.cluster import SELF_SUBJECT_REVIEWS
+from agentrun.cli.cluster import SELF_SUBJECT_REVIEW, SELF_SUBJECT_REVIEWS, reviewed_user
 from agentrun.cli.console import access
 from agentrun.cli.console.store import Store
 from agentrun.kubeapi import ApiError, Configuration, KubeApi
@@ -25,7 +25,6 @@ from agentrun.kubeapi import ApiError, Configuration, KubeApi
 IDLE_SECONDS = 15 * 60.0  # a proxied person's watches stop this long after their last request
 MAX_SEATS = 200  # people served at once; the longest idle one makes room for a new one
 BEARER = "bearer "
-SELF_SUBJECT_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
 
 
 @dataclass
@@ -112,8 +111,7 @@ class ProxySeats:
         except ApiError:
             await api.aclose()
             raise
-        name = ((review.get("status") or {}).get("userInfo") or {}).get("username")
-        user = str(name) if name else None
+        user = reviewed_user(review)
         scopes = await access.scopes(api, self.namespaces, self.default_namespace)
         store = Store(api, scopes)
         store.start()
