@@ -79,10 +79,11 @@ have spec.ttlSecondsAfterFinished (0, 3 or 8 s): they are archived and deleted d
 After the fault window every frozen worker is continued, the ticket service is healed, and the harness
 waits (bounded) until every Run is terminal (Succeeded, Failed, Cancelled) or waiting for someone
 (InputRequired, NeedsReconciliation). It then resolves what needs resolving as a person would: answers
-waiting Runs; for a Run in NeedsReconciliation it looks each Unknown ticket up in the service, records
-the outcome on the SideEffect (resolvedBy: the harness's own user name, which it asks the API server for
-at start, as `kubectl auth whoami` does; admission refuses any other) and asks for a retry; and waits
-(bounded) for every Run to end. The report counts the resolutions the API server accepted.
+waiting Runs; for a Run in NeedsReconciliation it looks each open ticket (Unknown, or Pending: a send
+stopped at its deadline) up in the service, records the outcome on the SideEffect (resolvedBy: the
+harness's own user name, which it asks the API server for at start, as `kubectl auth whoami` does;
+admission refuses any other) and asks for a retry; and waits (bounded) for every Run to end. The report
+counts the resolutions the API server accepted.
 
 Invariants (each figure must be 0; any violation makes the exit status 1, with the evidence printed):
   tickets created twice: from the ticket service's own audit log, `created` events beyond the first per
@@ -878,7 +879,10 @@ class Chaos:
                 self.tickets.set_faults(delayCreateSeconds=delay)
                 self.records.conditions[f"slow-creates-{delay}s"] += 1
                 next_condition = now + self.rng.uniform(10, 20)
-            if now >= next_fault:
+            # Past --faults, only what is required and still untried is injected: once all of it was,
+            # the window waits (for the lookups-down kill's Run to stop) without more faults.
+            more = sum(self.records.faults.values()) < profile.faults or not self.required_injected()
+            if now >= next_fault and more:
                 kind = self.inject()
                 if kind is not None:
                     self.records.faults[kind] += 1
@@ -1000,9 +1004,12 @@ class Chaos:
         }
         return targets
 
+    def required_injected(self) -> bool:
+        return all(self.records.faults[kind] for kind in REQUIRED_FAULTS)
+
     def required_faults_done(self) -> bool:
         """Each required kind injected, and the lookups-down kill's Run stopped (its lookups came back)."""
-        return all(self.records.faults[kind] for kind in REQUIRED_FAULTS) and self.lookups_down_for is None
+        return self.required_injected() and self.lookups_down_for is None
 
     def lookups_back_when_stopped(self) -> None:
         """The service's lookups come back once the lookups-down kill's Run has stopped (settled, most
@@ -1480,12 +1487,14 @@ class Chaos:
             time.sleep(0.5)
 
     def reconcile(self, name: str) -> bool:
-        """What a person does: look each unknown ticket up in the service and record the outcome on its
-        SideEffect (True); once none is unknown any more, ask for a retry with a new key (False)."""
+        """What a person does: look each ticket whose outcome is open up in the service and record the
+        outcome on its SideEffect (True); once none is open any more, ask for a retry with a new key
+        (False). Open: Unknown, or Pending (a send that stopped at its deadline, MaxSendsReached: the Run
+        waits for a person all the same, and a retry alone would stop there again)."""
         unknown = [
             e
             for e in self.effects
-            if e["spec"]["runName"] == name and (e.get("status") or {}).get("state") == "Unknown"
+            if e["spec"]["runName"] == name and _effect_state(e) in ("Unknown", "Pending")
         ]
         if unknown:
             tickets = {t["idempotencyKey"]: t for t in self.tickets.tickets()}
