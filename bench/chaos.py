@@ -17,8 +17,9 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
   kill-worker                      SIGKILL a running worker process
   kill-during-create               SIGKILL a worker whose ticket create is in flight: the service has
                                    stored the ticket and not answered yet (its /inflight lists the key)
-  kill-during-create-lookups-down  the same, and the service's lookups fail for a while (the next Attempt
-                                   cannot tell whether the ticket exists: NeedsReconciliation)
+  kill-during-create-lookups-down  the same, and the service's lookups fail until that Run stops (its next
+                                   Attempt cannot tell whether the ticket exists until the create's send
+                                   deadline: NeedsReconciliation, which the harness resolves as a person)
   freeze-worker                    SIGSTOP a worker for 0.4 to 2.5 lease durations, then SIGCONT it
   zombie-worker                    SIGSTOP the node agent (a hung kubelet) and a worker; SIGCONT the worker
                                    after its lease was taken over (it can write late: the fences must
@@ -63,9 +64,11 @@ A seeded fault injector then picks, at random times, among (counted by kind in t
                                    before the answer reaches it (between archive and delete), start it
                                    again after up to 3 s
 The window ends after --faults faults or --seconds, but never before the profile's minimum (so many
-faults of so many kinds, both restarts among them): until then the last Run is held back (a Run still to
-come keeps the ticket service's create faults available) and untried kinds come first, so a slow machine
-gets a longer window, never fewer faults.
+faults of so many kinds, both restarts and a lookups-down kill among them, the latter's Run stopped):
+until then the last Run is held back (a Run still to come keeps the ticket service's create faults
+available) and untried kinds come first, so a slow machine gets a longer window, never fewer faults.
+The service holds the answers to creates from the window's start until the lookups-down kill has found
+its target (a create in flight), so that it always finds one.
 Runs left waiting for a few seconds are answered as a person would (not counted as faults). Half of the
 Runs compensate on cancel (spec.compensation.onCancel: Compensate): their cancel closes their ticket.
 A fifth of the Runs are big-state Runs (tests/support/big_state_agent.py: three checkpoints of ~18 KB,
@@ -76,8 +79,11 @@ have spec.ttlSecondsAfterFinished (0, 3 or 8 s): they are archived and deleted d
 After the fault window every frozen worker is continued, the ticket service is healed, and the harness
 waits (bounded) until every Run is terminal (Succeeded, Failed, Cancelled) or waiting for someone
 (InputRequired, NeedsReconciliation). It then resolves what needs resolving as a person would: answers
-waiting Runs; for a Run in NeedsReconciliation it looks each Unknown ticket up in the service, records
-the outcome on the SideEffect (resolvedBy) and asks for a retry; and waits (bounded) for every Run to end.
+waiting Runs; for a Run in NeedsReconciliation it looks each open ticket (Unknown, or Pending: a send
+stopped at its deadline) up in the service, records the outcome on the SideEffect (resolvedBy: the
+harness's own user name, which it asks the API server for at start, as `kubectl auth whoami` does;
+admission refuses any other) and asks for a retry; and waits (bounded) for every Run to end. The report
+counts the resolutions the API server accepted.
 
 Invariants (each figure must be 0; any violation makes the exit status 1, with the evidence printed):
   tickets created twice: from the ticket service's own audit log, `created` events beyond the first per
@@ -161,6 +167,7 @@ from kubernetes import config
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.api.run import MAX_RECORDED_CONTROLS
+from agentrun.cli.cluster import SELF_SUBJECT_REVIEW, SELF_SUBJECT_REVIEWS, reviewed_user
 from agentrun.core.ledger import COMPENSATE_SUFFIX
 from agentrun.examples.manifests import agent_run
 from agentrun.examples.ticket_agent import ticket_key
@@ -201,7 +208,6 @@ FINISHED_ATTEMPT = frozenset({"Succeeded", "Failed", "Interrupted", "Aborted", "
 # A Run may keep an effect whose outcome is unknown only in these phases.
 MAY_HOLD_UNKNOWN = frozenset({"NeedsReconciliation", "Failed", "Cancelled"})
 PRIORITIES = ("low", "normal", "high")
-RESOLVER = "chaos-resolver"
 NODE_AGENT = "(node agent)"  # Frozen.run of the frozen node agent
 
 
@@ -264,9 +270,15 @@ PROFILES = {
 }
 
 # Every run restarts both halves of the control loop at least once (the promise is that reconciliation
-# survives a restart at any line): each is injected as soon as it first finds a target, never left to
-# the draw, and the fault window does not end on its count before both happened.
-REQUIRED_FAULTS = ("restart-operator", "restart-apiserver")
+# survives a restart at any line), and has a person resolve an outcome nobody could tell (a create killed
+# in flight while the lookups fail: the resolve path, whose writes admission checks against the sender):
+# each is injected as soon as it first finds a target, never left to the draw, and the fault window does
+# not end on its count before all happened (and the lookups-down kill's Run stopped).
+LOOKUPS_DOWN = "kill-during-create-lookups-down"
+REQUIRED_FAULTS = ("restart-operator", "restart-apiserver", LOOKUPS_DOWN)
+# The ticket Runs' create gives up looking up (and sending) this long after its first send: a lookups-down
+# kill's Run then stops in NeedsReconciliation soon after (the lookups stay down until it does).
+SEND_DEADLINE_SECONDS = 30
 
 WEIGHTS = {
     "kill-worker": 3.0,
@@ -485,7 +497,7 @@ class Records:
     key_reuse_accepted: list[str] = field(default_factory=list)
     accepted_seen: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))
     answers: int = 0  # answers given as a person would (not faults)
-    resolutions: int = 0  # SideEffects resolved by the harness
+    resolutions: int = 0  # SideEffects resolved by the harness: the API server accepted the write
     retries_requested: int = 0
     operator_starts: int = 0
     apiserver_restarts: list[float] = field(default_factory=list)  # seconds each took
@@ -540,6 +552,7 @@ class Chaos:
         self.tickets = TicketServiceProcess(state_dir / "tickets.json", state_dir / "logs" / "tickets.log")
         self.operator: OperatorProcess | None = None
         self.api: Api | None = None
+        self.user = ""  # the harness's user name, as the API server knows it (it resolves as this person)
         self.records = Records()
         self.launched: list[str] = []
         self.spec_of: dict[str, Json] = {}  # run -> its input
@@ -567,6 +580,10 @@ class Chaos:
         self.fork_of: dict[str, str] = {}  # fork -> its source
         self.store_faulted_until = 0.0
         self.trap_fired: list[str] = []  # filled by the proxy's thread
+        # The Run a lookups-down kill hit, while the service's lookups stay down (until it stops).
+        self.lookups_down_for: str | None = None
+        self.lookups_down_runs: set[str] = set()  # every Run a lookups-down kill hit
+        self.lookups_down_until = 0.0  # the upper bound of that (a loaded machine), then lookups come back
 
     # ---- set-up and tear-down ----------------------------------------------------------------------
 
@@ -576,6 +593,7 @@ class Chaos:
         kube = Kube(self.cluster.kubeconfig, Path(self.cluster.binary("kubectl")))
         install_crds(kube, timeout=120)
         self.api = Api(self.cluster.kubeconfig)
+        self.user = self.whoami()
         self.api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
         self._wait(
             "the default service account",
@@ -641,6 +659,17 @@ class Chaos:
     def api_(self) -> Api:
         assert self.api is not None
         return self.api
+
+    def whoami(self) -> str:
+        """The harness's user name as the API server knows it (a SelfSubjectReview, as `kubectl auth
+        whoami` and the plugin ask): what admission requires in every name of the sender it writes."""
+        for _ in range(3):  # a review is only a question: asked again when its answer was lost
+            with contextlib.suppress(AnswerLost):
+                user = reviewed_user(self.api_().call("POST", SELF_SUBJECT_REVIEWS, SELF_SUBJECT_REVIEW))
+                if user is None:
+                    raise HarnessError("the API server did not say who the harness is (SelfSubjectReview)")
+                return user
+        raise HarnessError("the API server did not answer the harness's SelfSubjectReview")
 
     def _start_operator(self, timeout: float = 180) -> None:
         assert self.operator is not None
@@ -765,6 +794,7 @@ class Chaos:
                 "title": f"chaos ticket {name}",
                 "body": f"opened by the chaos run (seed {self.seed})",
                 "askPriority": self.rng.random() < 0.6,
+                "sendDeadlineSeconds": SEND_DEADLINE_SECONDS,
             }
             if self.rng.random() < 0.2:
                 scenario["failAfterTicket"] = [1]
@@ -815,7 +845,9 @@ class Chaos:
 
     def fault_window(self) -> None:
         profile = self.profile
-        self.tickets.set_faults(delayCreateSeconds=2.5)
+        # Until the lookups-down kill has its target, creates are stored and their answers held: the first
+        # create in flight stays in flight (its Attempt's client waits) until the harness has seen it.
+        self.tickets.set_faults(delayCreateSeconds=2.5, holdCreates=True)
         self.records.conditions["slow-creates"] += 1
         next_fault = time.monotonic() + 2.0
         next_condition = time.monotonic() + 15.0
@@ -836,6 +868,7 @@ class Chaos:
             # to come, a target for the ticket service's create faults whatever the machine's pace.
             self.launch_some(hold_last=not self.minimum_done())
             self.run_timers()
+            self.lookups_back_when_stopped()
             self.tend(after=profile.answer_after, again=6)
             now = time.monotonic()
             if now >= next_progress:
@@ -846,7 +879,10 @@ class Chaos:
                 self.tickets.set_faults(delayCreateSeconds=delay)
                 self.records.conditions[f"slow-creates-{delay}s"] += 1
                 next_condition = now + self.rng.uniform(10, 20)
-            if now >= next_fault:
+            # Past --faults, only what is required and still untried is injected: once all of it was,
+            # the window waits (for the lookups-down kill's Run to stop) without more faults.
+            more = sum(self.records.faults.values()) < profile.faults or not self.required_injected()
+            if now >= next_fault and more:
                 kind = self.inject()
                 if kind is not None:
                     self.records.faults[kind] += 1
@@ -876,6 +912,7 @@ class Chaos:
         self.run_timers(all_now=True)
         self.proxy_().set_mode("pass")
         self.tickets.clear_faults()
+        self.lookups_down_for = None
         if self.operator is not None and not self.operator.alive():
             self._start_operator()
 
@@ -911,7 +948,8 @@ class Chaos:
         cancellable = [n for n in self.launched if phase_of(self.runs.get(n, {})) not in TERMINAL]
         held = self.held()
         # a Run whose blob a hostile agent overwrites is never cancelled: it must read its blob and stop
-        untouchable = cancelled | set(self.records.tamperings)
+        # nor the Run of a lookups-down kill: it must stop unable to tell, and be resolved by a person
+        untouchable = cancelled | set(self.records.tamperings) | self.lookups_down_runs
         fresh = [n for n in cancellable if n not in untouchable] if may_cancel else []
         waiting = [
             n for n in self.launched if phase_of(self.runs.get(n, {})) == "InputRequired" and n not in held
@@ -927,7 +965,7 @@ class Chaos:
         targets: dict[str, list[Any]] = {
             "kill-worker": workers,
             "kill-during-create": creating,
-            "kill-during-create-lookups-down": creating,
+            LOOKUPS_DOWN: creating if self.lookups_down_for is None else [],
             "freeze-worker": workers,
             "zombie-worker": workers if not any(f.run == NODE_AGENT for f in self.frozen) else [],
             "drop-create-answer": [True] if creating and since_drop > 10 else [],
@@ -966,8 +1004,23 @@ class Chaos:
         }
         return targets
 
-    def required_faults_done(self) -> bool:
+    def required_injected(self) -> bool:
         return all(self.records.faults[kind] for kind in REQUIRED_FAULTS)
+
+    def required_faults_done(self) -> bool:
+        """Each required kind injected, and the lookups-down kill's Run stopped (its lookups came back)."""
+        return self.required_injected() and self.lookups_down_for is None
+
+    def lookups_back_when_stopped(self) -> None:
+        """The service's lookups come back once the lookups-down kill's Run has stopped (settled, most
+        likely in NeedsReconciliation: it could not tell) or gone, or at the upper bound."""
+        name = self.lookups_down_for
+        if name is None:
+            return
+        stopped = name in self.deleted or phase_of(self.runs.get(name, {})) in SETTLED
+        if stopped or time.monotonic() >= self.lookups_down_until:
+            self.tickets.set_faults(failLookups=False)
+            self.lookups_down_for = None
 
     def kinds_tried(self) -> int:
         return sum(1 for count in self.records.faults.values() if count)
@@ -1047,12 +1100,14 @@ class Chaos:
         return self.fault_kill_worker(target)
 
     def fault_kill_during_create_lookups_down(self, target: tuple[str, int]) -> bool:
+        self.tickets.set_faults(failLookups=True)  # before the kill: the next Attempt must not find it
         if not self.fault_kill_during_create(target):
+            self.tickets.set_faults(failLookups=False)
             return False
-        self.tickets.set_faults(failLookups=True)
-        self.later(
-            self.rng.uniform(6, 12), "lookups back", lambda: self.tickets.set_faults(failLookups=False)
-        )
+        self.tickets.set_faults(holdCreates=False)  # the first target was found: creates answer again
+        self.lookups_down_for = target[0]
+        self.lookups_down_runs.add(target[0])
+        self.lookups_down_until = time.monotonic() + self.profile.settle_seconds
         return True
 
     def fault_freeze_worker(self, target: tuple[str, int]) -> bool:
@@ -1432,12 +1487,14 @@ class Chaos:
             time.sleep(0.5)
 
     def reconcile(self, name: str) -> bool:
-        """What a person does: look each unknown ticket up in the service and record the outcome on its
-        SideEffect (True); once none is unknown any more, ask for a retry with a new key (False)."""
+        """What a person does: look each ticket whose outcome is open up in the service and record the
+        outcome on its SideEffect (True); once none is open any more, ask for a retry with a new key
+        (False). Open: Unknown, or Pending (a send that stopped at its deadline, MaxSendsReached: the Run
+        waits for a person all the same, and a retry alone would stop there again)."""
         unknown = [
             e
             for e in self.effects
-            if e["spec"]["runName"] == name and (e.get("status") or {}).get("state") == "Unknown"
+            if e["spec"]["runName"] == name and _effect_state(e) in ("Unknown", "Pending")
         ]
         if unknown:
             tickets = {t["idempotencyKey"]: t for t in self.tickets.tickets()}
@@ -1449,9 +1506,13 @@ class Chaos:
                     outcome = {"state": "Confirmed", "externalReference": ticket["id"], "result": ticket}
                 else:
                     outcome = {"state": "Failed"}
-                patch = {"status": {**outcome, "resolvedBy": RESOLVER}}
-                self.api_().merge_patch(custom("sideeffects", effect["metadata"]["name"], "status"), patch)
-                self.records.resolutions += 1
+                patch = {"status": {**outcome, "resolvedBy": self.user}}
+                with contextlib.suppress(AnswerLost):  # still Unknown if it was lost: resolved again
+                    written = self.api_().merge_patch(
+                        custom("sideeffects", effect["metadata"]["name"], "status"), patch
+                    )
+                    if (written.get("status") or {}).get("resolvedBy") == self.user:
+                        self.records.resolutions += 1
             return True
         self.retry_requests[name] += 1
         key = f"retry-{name}-{self.retry_requests[name]}"
@@ -1462,7 +1523,7 @@ class Chaos:
                     custom("runs", name), {"spec": {"compensateRequest": {"idempotencyKey": key}}}
                 )
             return False
-        request: Json = {"idempotencyKey": key, "reason": f"{RESOLVER}: outcome recorded"}
+        request: Json = {"idempotencyKey": key, "reason": f"{self.user}: outcome recorded"}
         failure = (self.runs.get(name, {}).get("status") or {}).get("failure") or {}
         if failure.get("reason") == "StateUnverifiable":
             # The operator puts the overwritten blob back (StateRestored); the harness still goes on from
@@ -2027,6 +2088,7 @@ class Report:
     unverifiable: list[str]
     figures: dict[str, Any]
     seconds: dict[str, float]
+    resolutions: dict[str, Any]  # by (the harness's user name), accepted (by the API server)
 
     @property
     def ok(self) -> bool:
@@ -2045,6 +2107,7 @@ class Report:
             "unverifiable": self.unverifiable,
             "figures": self.figures,
             "seconds": self.seconds,
+            "resolutions": self.resolutions,
             "ok": self.ok,
         }
 
@@ -2216,6 +2279,7 @@ def build_report(
         unverifiable=unverifiable,
         figures=figures,
         seconds={"window": window_seconds, "total": chaos.elapsed()},
+        resolutions={"by": chaos.user, "accepted": records.resolutions},
     )
 
 

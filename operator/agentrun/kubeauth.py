@@ -266,7 +266,8 @@ def _in_cluster(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT_DIR) -> 
 # request, and a stat per request was 1 % of the operator's CPU; a rotated token stays valid long past
 # its successor.
 TOKEN_FILE_CHECK_SECONDS: Final = 1.0
-_clock = time.monotonic  # a module attribute, for tests
+# A module attribute, for tests.
+_clock = time.monotonic  # clock-exempt: kubeauth is below agentrun.clock in the layers
 
 
 class _TokenFile:

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("agentrun.kubewatch")
@@ -119,6 +120,7 @@ async def reflect(
     raise_refusals: bool = False,
     list_first: bool = True,
     keep: Keep | None = None,
+    clock: Clock | None = None,
 ) -> AsyncGenerator[Listed | Event, None]:
     """A Listed, then every change after it, for good (see the module docstring). The caller ends it by
     leaving the loop (or cancelling its task). raise_refusals: a permanent ApiError (ApiError.permanent:
@@ -167,5 +169,5 @@ async def reflect(
             if raise_refusals and isinstance(exc, ApiError) and exc.permanent:
                 raise
             log.warning("watching %s: %s; again in %.0fs", collection, exc, pause)
-            await asyncio.sleep(pause)
+            await (clock or SystemClock()).sleep(pause)
             pause = min(pause * 2, MAX_RETRY_SECONDS)

@@ -15,7 +15,6 @@ import importlib.util
 import logging
 import os
 import random
-import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +156,3 @@ def _context_of(ref: SpanRef) -> Any:
 def attempt_parent(env: Mapping[str, str] | None = None) -> SpanRef | None:
     """The Attempt's span, from TRACEPARENT (set on every attempt Pod by the operator)."""
     return parse_traceparent((os.environ if env is None else env).get(TRACEPARENT_ENV))
-
-
-def now() -> float:
-    return time.time()

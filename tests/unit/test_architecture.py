@@ -4,6 +4,8 @@ itself keeps every contract, see the first test)."""
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -158,3 +160,83 @@ def test_importing_the_worker_sdk_builds_no_model_and_reads_no_ca_bundle() -> No
     built, models, verified, unverified = map(int, run_after_import("agentrun.worker", check).split())
     assert (built, verified, unverified) == (0, 0, 0) and models > 40
     assert "pydantic.plugin._loader" not in loaded_after_import("agentrun.worker")  # no validator made
+
+
+# ---- the clock: one injected object (agentrun.clock), read nowhere else --------------------------------
+
+# What reads the machine's clock or waits on it: every such read and sleep in the package goes through the
+# Clock the program was given (agentrun.clock), so that a test's fake clock reaches it; a line that cannot
+# (a request signature, a duration measured for a metric) says why in a `# clock-exempt: <why>` comment.
+CLOCK_READS = frozenset(
+    {
+        *(f"time.{name}" for name in ("time", "time_ns", "monotonic", "monotonic_ns", "sleep")),
+        *(f"time.{name}" for name in ("perf_counter", "perf_counter_ns", "gmtime", "localtime", "ctime")),
+        "asyncio.sleep",
+        *(
+            f"{cls}.{name}"
+            for cls in ("datetime", "datetime.datetime")
+            for name in ("now", "utcnow", "today")
+        ),
+        "date.today",
+        "datetime.date.today",
+    }
+)
+EXEMPT = re.compile(r"#.*\bclock-exempt: *\S")
+CLOCK_MODULE = Path("agentrun") / "clock.py"
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and (base := _dotted(node.value)) is not None:
+        return f"{base}.{node.attr}"
+    return None
+
+
+def direct_clock_reads(source: str, where: str) -> list[str]:
+    """Each direct read of the clock or sleep in `source` (a reference, called or not, or an import of
+    one by name) whose lines carry no clock-exempt comment, as 'where:line: what'."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Attribute) and (dotted := _dotted(node)) in CLOCK_READS:
+            names = [dotted]
+        elif isinstance(node, ast.ImportFrom) and node.module in ("time", "asyncio", "datetime"):
+            names = [
+                f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in CLOCK_READS
+            ]
+        first, last = getattr(node, "lineno", 1), getattr(node, "end_lineno", 0)
+        if names and not any(EXEMPT.search(lines[n - 1]) for n in range(first, last + 1)):
+            found += [f"{where}:{first}: {name}" for name in names]
+    return found
+
+
+def test_every_clock_read_and_sleep_in_the_package_goes_through_the_injected_clock() -> None:
+    package = REPO / "operator" / "agentrun"
+    found = [
+        read
+        for path in sorted(package.rglob("*.py"))
+        if path.relative_to(package.parent) != CLOCK_MODULE
+        for read in direct_clock_reads(path.read_text(), str(path.relative_to(REPO)))
+    ]
+    assert found == [], "read the time and sleep through agentrun.clock (or say why not: clock-exempt)"
+
+
+def test_the_clock_scan_finds_each_kind_of_direct_read() -> None:
+    breaches = {
+        "import time\nstarted = time.monotonic()\n": "time.monotonic",
+        "import time\nclock = time.time\n": "time.time",
+        "import asyncio\nasync def f() -> None:\n    await asyncio.sleep(1)\n": "asyncio.sleep",
+        "import datetime\nnow = datetime.datetime.now(datetime.UTC)\n": "datetime.datetime.now",
+        "from datetime import UTC, datetime\nnow = datetime.now(UTC)\n": "datetime.now",
+        "from time import monotonic\n": "time.monotonic",
+        "import time\nstarted = time.perf_counter()  # clock-exempt:\n": "time.perf_counter",  # no reason
+    }
+    for source, name in breaches.items():
+        assert [r.split(": ", 1)[1] for r in direct_clock_reads(source, "m.py")] == [name], source
+    justified = "import time\nstarted = time.perf_counter()  # clock-exempt: a duration for a metric\n"
+    assert direct_clock_reads(justified, "m.py") == []
+    assert (
+        direct_clock_reads("from datetime import UTC, datetime\nwhen = datetime(2026, 1, 1)\n", "m.py") == []
+    )

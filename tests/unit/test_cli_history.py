@@ -22,6 +22,7 @@ from agentrun.core import archive
 from agentrun.core.runs import World
 from agentrun.statestore import BlobStore
 from agentrun.statestore import archives as stored
+from support.clock import FakeClock
 from unit.factories import NAMESPACE, NOW, RUN, RUN_UID, make_attempt, make_run, make_side_effect, run_status
 
 ARCHIVED = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
@@ -63,7 +64,7 @@ def archive_it(url: str, world: World, uid: str = RUN_UID) -> stored.ArchiveEntr
 def run_command(command: str, fmt: str = "table", **options: object) -> str:
     out = io.StringIO()
     output = Output(fmt, out=out, err=io.StringIO())
-    ctx = Context(Cluster(None, NAMESPACE), output, now=lambda: NOW)  # type: ignore[arg-type]
+    ctx = Context(Cluster(None, NAMESPACE, FakeClock(NOW)), output)  # type: ignore[arg-type]
     given = {"run": RUN, "archived": True, "uid": None, "all_namespaces": False, **options}
     args = argparse.Namespace(**given)
     call = history.history if command == "history" else inspect.describe

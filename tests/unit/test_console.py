@@ -23,6 +23,7 @@ from agentrun.cli.console.sessions import Sessions, csrf_matches
 from agentrun.cli.console.store import Store
 from agentrun.core.ledger import approval_request_id, request_digest
 from agentrun.kubeapi import KubeApi, load_configuration
+from support.clock import FakeClock
 
 STATIC = Path(actions.__file__).parent / "static"
 HOST = "127.0.0.1:8765"
@@ -38,8 +39,8 @@ def jar(value: str) -> str:
 
 
 def test_the_login_token_opens_one_session_once_and_sessions_expire() -> None:
-    now = [100.0]
-    sessions = Sessions(60, clock=lambda: now[0])
+    clock = FakeClock(monotonic=100.0)
+    sessions = Sessions(60, clock=clock)
     token = sessions.login_token
     assert token and len(token) >= 40
     assert sessions.exchange("wrong") is None
@@ -49,7 +50,7 @@ def test_the_login_token_opens_one_session_once_and_sessions_expire() -> None:
     assert sessions.find(session.id) is session and sessions.seconds_left(session) == 60
     assert csrf_matches(session, session.csrf) and not csrf_matches(session, None)
     assert not csrf_matches(session, session.csrf + "x")
-    now[0] += 60
+    clock.advance(60)
     assert sessions.find(session.id) is None, "expired"
     assert sessions.find(session.id) is None, "and forgotten"
 
@@ -72,9 +73,10 @@ def _api(tmp_path: Path) -> KubeApi:
     return KubeApi(load_configuration(str(path)))
 
 
-def _console(tmp_path: Path, clock: Callable[[], float]) -> Console:
+def _console(tmp_path: Path, clock: FakeClock) -> Console:
     api = _api(tmp_path)
-    return Console(api, Store(api, ["team-a"]), Sessions(3600, clock=clock), {HOST}, "alice", parse)
+    sessions = Sessions(3600, clock=clock)
+    return Console(api, Store(api, ["team-a"]), sessions, {HOST}, "alice", parse, clock=clock)
 
 
 def local(console: Console) -> Seat:
@@ -84,10 +86,10 @@ def local(console: Console) -> Seat:
 
 
 def _serve(
-    tmp_path: Path, test: Callable[[TestClient[Any, Any], Console, list[float]], Awaitable[None]]
+    tmp_path: Path, test: Callable[[TestClient[Any, Any], Console, FakeClock], Awaitable[None]]
 ) -> None:
-    now = [0.0]
-    console = _console(tmp_path, lambda: now[0])
+    now = FakeClock(monotonic=0.0)
+    console = _console(tmp_path, now)
 
     async def main() -> None:
         # no cookie jar: each request carries exactly the cookies the test gives it
@@ -116,13 +118,13 @@ async def _signed_in(client: TestClient[Any, Any], console: Console) -> tuple[st
 
 
 def test_sign_in_exchanges_the_one_time_token_for_an_httponly_strict_cookie(tmp_path: Path) -> None:
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         assert (await client.get("/api/session", headers={"Host": HOST})).status == 401
         token = console.sessions.login_token
         cookie, _ = await _signed_in(client, console)
         again = await client.get(f"/login?token={token}", headers={"Host": HOST}, allow_redirects=False)
         assert again.status == 403 and "used already" in await again.text()
-        now[0] += 3600
+        now.advance(3600)
         expired = await client.get("/api/session", headers={"Host": HOST, "Cookie": jar(cookie)})
         assert expired.status == 401
         assert "open the login URL" in (await expired.json())["error"]
@@ -133,7 +135,7 @@ def test_sign_in_exchanges_the_one_time_token_for_an_httponly_strict_cookie(tmp_
 def test_a_foreign_host_header_is_refused_even_with_a_valid_login(tmp_path: Path) -> None:
     """DNS rebinding: a page of evil.example resolved to 127.0.0.1 sends Host: evil.example:8765."""
 
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         token = console.sessions.login_token
         for path in ("/", f"/login?token={token}", "/api/session", "/static/console.js"):
             answer = await client.get(path, headers={"Host": "evil.example:8765"}, allow_redirects=False)
@@ -144,7 +146,7 @@ def test_a_foreign_host_header_is_refused_even_with_a_valid_login(tmp_path: Path
 
 
 def test_writes_need_the_session_the_page_origin_and_the_csrf_token(tmp_path: Path) -> None:
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         cookie, csrf = await _signed_in(client, console)
         body = {"namespace": "team-a", "run": "r"}
         page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
@@ -174,7 +176,7 @@ def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_pat
     tampered = {**action, "request": {"title": "something else"}}
     pending = {"requestId": request_id, "reason": "auth_required", "checkpointId": "c1", "action": tampered}
 
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         local(console).store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
         cookie, csrf = await _signed_in(client, console)
         page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
@@ -197,7 +199,7 @@ def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
 ) -> None:
     monkeypatch.setattr(server, "READY_SECONDS", 0.05)  # the lists never come: no need to wait long
 
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         local(console).store.start()  # its watches try the API server that is not there, again and again
         try:
             cookie, _ = await _signed_in(client, console)
@@ -211,7 +213,7 @@ def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
 
 
 def test_every_answer_carries_a_strict_content_security_policy(tmp_path: Path) -> None:
-    async def test(client: TestClient[Any, Any], console: Console, now: list[float]) -> None:
+    async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
         for path in ("/", "/runs/team-a/r", "/static/console.js", "/static/console.css", "/api/session"):
             answer = await client.get(path, headers={"Host": HOST})
             policy = answer.headers["Content-Security-Policy"]
@@ -234,8 +236,7 @@ def test_every_answer_carries_a_strict_content_security_policy(tmp_path: Path) -
 
 def test_the_access_log_never_holds_the_login_token(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="aiohttp.access")
-    now = [0.0]
-    console = _console(tmp_path, lambda: now[0])
+    console = _console(tmp_path, FakeClock(monotonic=0.0))
     token = str(console.sessions.login_token)
 
     async def main() -> None:

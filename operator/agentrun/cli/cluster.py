@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agentrun.api import GROUP, RUN_LABEL, VERSION
 from agentrun.cli.errors import CliError, not_found
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.kubewatch import Listed, reflect
 
 JsonDict = dict[str, Any]
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+# POSTed to SELF_SUBJECT_REVIEWS, it asks the API server who is asking (what `kubectl auth whoami` shows).
+SELF_SUBJECT_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+
+
+def reviewed_user(answer: JsonDict) -> str | None:
+    """The user name in the API server's answer to a SelfSubjectReview, None when it names nobody."""
+    name = ((answer.get("status") or {}).get("userInfo") or {}).get("username")
+    return str(name) if name else None
 
 
 class Cluster:
     """One namespace of one cluster, as the plugin sees it."""
 
-    def __init__(self, api: KubeApi, namespace: str) -> None:
+    def __init__(self, api: KubeApi, namespace: str, clock: Clock | None = None) -> None:
         self.api = api
         self.namespace = namespace
+        self.clock = clock or SystemClock()
 
     def path(self, plural: str, name: str | None = None, subresource: str | None = None) -> str:
         return self.api.custom_path(plural, self.namespace, name, subresource)
@@ -56,13 +65,11 @@ class Cluster:
 
     async def whoami(self) -> str | None:
         """The user name the API server knows us by (SelfSubjectReview), None when it will not say."""
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         try:
-            answer = await self.api.create(SELF_SUBJECT_REVIEWS, review)
+            answer = await self.api.create(SELF_SUBJECT_REVIEWS, SELF_SUBJECT_REVIEW)
         except ApiError:
             return None
-        name = answer.get("status", {}).get("userInfo", {}).get("username")
-        return str(name) if name else None
+        return reviewed_user(answer)
 
     # ---- writes --------------------------------------------------------------------------------------
 
@@ -83,12 +90,12 @@ class Cluster:
         kubewatch's list-then-watch (resumed whenever the server ends it or the connection drops); the
         list also tells a missing Run apart; a refusal (e.g. forbidden) ends it with that error.
         """
-        deadline = None if within is None else time.monotonic() + within
-        stream = reflect(self.api, self.path("runs"), name=name, raise_refusals=True)
+        deadline = None if within is None else self.clock.monotonic() + within
+        stream = reflect(self.api, self.path("runs"), name=name, raise_refusals=True, clock=self.clock)
         seen: object = None
         try:
             while True:
-                left = None if deadline is None else deadline - time.monotonic()
+                left = None if deadline is None else deadline - self.clock.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(left):

@@ -3,17 +3,13 @@ the clock."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.hints import Target
 from agentrun.cli.output import Output
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
+from agentrun.clock import Clock
 
 
 @dataclass
@@ -23,7 +19,14 @@ class Context:
     kubeconfig: str | None = None
     context: str | None = None
     target: Target | None = None  # None: the cluster's namespace, the current context
-    now: Callable[[], datetime] = field(default=utc_now)
+
+    @property
+    def clock(self) -> Clock:
+        """The command's one clock: the cluster's (its waits are measured on it too)."""
+        return self.cluster.clock
+
+    def now(self) -> datetime:
+        return self.clock.now()
 
     @property
     def namespace(self) -> str:

@@ -14,12 +14,12 @@ import argparse
 import asyncio
 import datetime
 import sys
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import quote
 
 from agentrun.api import GROUP, VERSION
 from agentrun.api.peering import AGENTRUN_PLURALS, PEERING_GROUP, PEERING_VERSION
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, KubeApi, served_resources
 
 Check = Callable[[], Awaitable[str | None]]  # None when it holds, else what is wrong
@@ -46,7 +46,7 @@ def runs_listable(api: KubeApi, namespace: str) -> Check:
     return check
 
 
-def live_peer(api: KubeApi, name: str, namespace: str | None) -> Check:
+def live_peer(api: KubeApi, name: str, namespace: str | None, clock: Clock) -> Check:
     base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
     path = (
         f"{base}/namespaces/{quote(namespace)}/kopfpeerings/{quote(name)}"
@@ -61,7 +61,7 @@ def live_peer(api: KubeApi, name: str, namespace: str | None) -> Check:
             return f"cannot read the peering object {path}: {exc}"
         if peering is None:
             return f"no peering object {path}: has the operator started?"
-        now = datetime.datetime.now(datetime.UTC)
+        now = clock.now()
         for peer in (peering.get("status") or {}).values():
             if not isinstance(peer, dict) or "lastseen" not in peer:
                 continue
@@ -73,14 +73,16 @@ def live_peer(api: KubeApi, name: str, namespace: str | None) -> Check:
     return check
 
 
-async def run_checks(checks: Sequence[tuple[str, Check]], seconds: float, interval: float = 1.0) -> int:
+async def run_checks(
+    checks: Sequence[tuple[str, Check]], seconds: float, clock: Clock, interval: float = 1.0
+) -> int:
     """Runs each check until it holds or the seconds (for all checks together) are over."""
     failed = 0
-    deadline = time.monotonic() + seconds
+    deadline = clock.monotonic() + seconds
     for title, check in checks:
         problem = await check()
-        while problem and time.monotonic() < deadline:
-            await asyncio.sleep(interval)
+        while problem and clock.monotonic() < deadline:
+            await clock.sleep(interval)
             problem = await check()
         print(f"{'FAIL' if problem else 'ok'}: {title}" + (f": {problem}" if problem else ""), flush=True)
         failed += bool(problem)
@@ -98,16 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     async def run() -> int:
-        api = KubeApi(threads=2)
+        api, clock = KubeApi(threads=2), SystemClock()
         checks: list[tuple[str, Check]] = [(f"the {GROUP} CRDs are served", crds_served(api))]
         checks += [(f"Runs can be listed in {ns}", runs_listable(api, ns)) for ns in args.namespace]
         if args.peering:
             where: list[str | None] = [None] if args.cluster_peering else list(args.namespace)
             checks += [
-                (f"an operator replica is alive ({ns or 'cluster-wide'})", live_peer(api, args.peering, ns))
+                (
+                    f"an operator replica is alive ({ns or 'cluster-wide'})",
+                    live_peer(api, args.peering, ns, clock),
+                )
                 for ns in where
             ]
-        return await run_checks(checks, args.timeout)
+        return await run_checks(checks, args.timeout, clock)
 
     return asyncio.run(run())
 

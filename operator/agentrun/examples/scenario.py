@@ -79,7 +79,7 @@ def _add_usage(ctx: worker.Context, usage: dict[str, Any]) -> None:
 
 def _wait_for_file(path: Path) -> None:
     while not path.exists():
-        time.sleep(0.05)
+        time.sleep(0.05)  # clock-exempt: an agent's own code (a thread polling a file), not the SDK's
 
 
 def _fail(how: str, message: str) -> None:
@@ -131,7 +131,7 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
             if how == "hang":
                 await asyncio.Event().wait()  # forever: only a stop from outside ends it
             _fail(how, str(fail.get("message", f"scenario failure at step {step}")))
-        await asyncio.sleep(step_seconds)
+        await asyncio.sleep(step_seconds)  # clock-exempt: an agent's own work, not the SDK's
         state["step"] = step
         await ctx.checkpoint(dict(state), step=f"step-{step}")
     result: dict[str, Any] = {

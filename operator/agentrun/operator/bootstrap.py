@@ -10,7 +10,6 @@ the single source for the Helm chart and the plain manifests.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
@@ -42,7 +41,7 @@ async def wait_until_served(
                 ", ".join(sorted(missing)),
             )
             last_log = clock.monotonic()
-        await asyncio.sleep(interval)
+        await clock.sleep(interval)
 
 
 def peering_object(name: str, namespace: str | None) -> dict[str, Any]:

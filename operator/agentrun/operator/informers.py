@@ -18,6 +18,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from agentrun.api import AGENT_LABEL, GROUP, RUN_LABEL, VERSION
+from agentrun.clock import Clock
 from agentrun.core.lease import lease_view
 from agentrun.core.pods import pod_view
 from agentrun.kubeapi import KubeApi
@@ -81,8 +82,10 @@ class Informers:
         *,
         wake: Callable[[Key], None],
         timeout_seconds: int = 300,
+        clock: Clock | None = None,
     ) -> None:
         self.api, self.cache, self.accounts, self.wake = api, cache, accounts, wake
+        self.clock = clock
         self.timeout_seconds = timeout_seconds
         self._collections: list[tuple[str | None, str, str, str | None]] = [
             (kind, path, RUN_LABEL, ns)
@@ -118,7 +121,12 @@ class Informers:
         # attempt Pod: whole, 1,600 of them were ~60 MiB at once, and the allocator keeps such a peak).
         keep = functools.partial(essentials, kind) if kind is not None else None
         async for item in reflect(
-            self.api, path, label_selector=selector, timeout_seconds=self.timeout_seconds, keep=keep
+            self.api,
+            path,
+            label_selector=selector,
+            timeout_seconds=self.timeout_seconds,
+            keep=keep,
+            clock=self.clock,
         ):
             if isinstance(item, Listed):
                 self._listed(kind, item, namespace, first)

@@ -113,7 +113,9 @@ class PeeringStanding:
         return combined(self._standings)
 
     async def _follow(self, where: str, collection: str) -> None:
-        async for item in reflect(self.api, collection, name=self.name, timeout_seconds=self.timeout_seconds):
+        async for item in reflect(
+            self.api, collection, name=self.name, timeout_seconds=self.timeout_seconds, clock=self.clock
+        ):
             if isinstance(item, Listed):
                 if item.items:  # none: not created yet (kopf keeps its standing too)
                     self.seen(where, item.items[0])

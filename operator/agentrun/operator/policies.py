@@ -9,7 +9,6 @@ its binding by name and refuses to start, saying what is missing and how to inst
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ async def require(
     while (problem := await verdict(api, account)) is not None:
         if clock.monotonic() >= deadline:
             raise PoliciesMissing(problem)
-        await asyncio.sleep(interval)
+        await clock.sleep(interval)
     log.info("the %d admission policies are installed and bound", len(policy_names()))
 
 

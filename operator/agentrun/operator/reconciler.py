@@ -33,7 +33,6 @@ from agentrun.operator.spans import RunSpans
 from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.operator.workqueue import MAX_DELAY, WorkQueue
 from agentrun.statestore import StateStoreError
-from agentrun.tracing import now
 
 log = logging.getLogger("agentrun.operator")
 JsonDict = dict[str, Any]
@@ -241,7 +240,7 @@ class Reconciler:
         """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
         Returns whether it changed an object the operator watches, or observed what core decides on
         (a refused Pod): either way the Run is decided again."""
-        started, error = now(), None
+        started, error = self.clock.now().timestamp(), None
         try:
             executed = await self.executor.execute(plan, run)
         except Exception as exc:

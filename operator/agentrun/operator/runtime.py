@@ -84,7 +84,7 @@ class Runtime:
         self.accounts = AgentAccounts()
         self.leases = LeaseExpiry(self.cache, clock)
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
-        self.spans = RunSpans(tracing)
+        self.spans = RunSpans(tracing, clock)
         self.store_credentials = StoreCredentials.for_settings(api, clock, config)
         self.executor = Executor(
             api,
@@ -131,6 +131,7 @@ class Runtime:
             namespaces,
             wake=self.reconciler.wake,
             timeout_seconds=config.watch_timeout_seconds,
+            clock=clock,
         )
         self.notifier = Notifier(
             config,

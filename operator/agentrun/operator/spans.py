@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agentrun.api import RunPhase
 from agentrun.api.common import KubernetesObject
+from agentrun.clock import Clock
 from agentrun.core.plan import PatchAttemptStatus, PatchRunStatus, Plan
 from agentrun.core.traces import RunTrace, run_trace
 from agentrun.operator.metrics import finished_attempt_labels
-from agentrun.tracing import Tracing, now
+from agentrun.tracing import Tracing
 
 if TYPE_CHECKING:  # the executor reports to these observers: its type only, no cycle
     from agentrun.api import Run
@@ -42,20 +43,24 @@ def trace_of(run: KubernetesObject) -> RunTrace:
 
 
 class RunSpans:
-    def __init__(self, tracing: Tracing) -> None:
-        self.tracing = tracing
+    def __init__(self, tracing: Tracing, clock: Clock) -> None:
+        self.tracing, self.clock = tracing, clock
+
+    def now(self) -> float:
+        """The clock's wall time in seconds (a span's start and end)."""
+        return self.clock.now().timestamp()
 
     def run_ended(self, run: KubernetesObject, phase: str) -> None:
         if not self.tracing.enabled:
             return
         trace = trace_of(run)
-        start = _seconds(run.metadata.creation_timestamp) or now()
+        start = _seconds(run.metadata.creation_timestamp) or self.now()
         self.tracing.record(
             f"run {run.metadata.name}",
             span=trace.run,
             parent=trace.parent,
             start=start,
-            end=now(),
+            end=self.now(),
             attributes={
                 "agentrun.run": str(run.metadata.name),
                 "agentrun.namespace": str(run.metadata.namespace),
@@ -80,8 +85,8 @@ class RunSpans:
             f"attempt {name}",
             span=trace.attempt(name),
             parent=trace.run,
-            start=start or now(),
-            end=now(),
+            start=start or self.now(),
+            end=self.now(),
             attributes={
                 "agentrun.attempt": name,
                 "agentrun.attempt_number": int(spec.get("number", 0)),
@@ -116,7 +121,7 @@ class RunSpans:
             span=self.tracing.random_child(trace.run),
             parent=trace.run,
             start=start,
-            end=now(),
+            end=self.now(),
             attributes={
                 "agentrun.run": str(run.metadata.name),
                 "agentrun.phase": str(getattr(status, "phase", None) or ""),

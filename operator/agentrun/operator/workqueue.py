@@ -125,7 +125,8 @@ class WorkQueue(Generic[K]):
                     await asyncio.wait_for(self._armed.wait(), wait)
                 continue
             self.fire_due()
-            await asyncio.sleep(0)  # a timer re-armed for now fires on the next round, as call_soon would
+            # a timer re-armed for now fires on the next round, as call_soon would
+            await asyncio.sleep(0)  # clock-exempt: a turn of the event loop, no time waited
         self._task = None
 
     def _lease_fire(self, key: K) -> None:

@@ -68,7 +68,7 @@ class Context:
         self.resume_value: Any = attempt.spec.input if self._answering else None
         self._answered = {i.request_id for i in run.status.inputs or []}
         self._approve_irreversible = bool(run.spec.approvals and run.spec.approvals.irreversible)
-        self._usage = UsageMeter(session.write_usage)
+        self._usage = UsageMeter(session.write_usage, session.clock)
         self._journal = Journal(
             session, journal_replays(attempt.spec.reason), resumed_from, answered_request(run, attempt)
         )

@@ -290,7 +290,7 @@ class Ledger:
                 sends=self._last_send(record, SendOutcome.ABSENT, None),
             )
         elif decision.step == Step.LOOK_UP:
-            await asyncio.sleep(self._wait(record, backoff(tries)))
+            await self.session.clock.sleep(self._wait(record, backoff(tries)))
         return record, decision, None
 
     async def _send(
@@ -383,7 +383,7 @@ class Ledger:
             )
             decision = after_send(Answer.RETRYABLE, record, self.session.clock.now(), delay)
             if decision.step == Step.EXECUTE:
-                await asyncio.sleep(delay)
+                await self.session.clock.sleep(delay)
             return record, decision, None
         await self._write(
             record,

@@ -497,7 +497,7 @@ class Session:
         harmless: every write that changes official state is refused."""
         last_renewal = self.clock.monotonic()
         while True:
-            await asyncio.sleep(renew_seconds)
+            await self.clock.sleep(renew_seconds)
             if self.progress.stalled:  # its agent is stuck: the lease runs out, the operator takes over
                 log.warning("the agent shows no progress: the lease is no longer renewed")
                 return
@@ -520,7 +520,9 @@ class Session:
         spec.cancelEpoch grows past this worker's. A reconnect continues from the last resourceVersion
         seen, so no change is skipped (unless the server expired it: 410, then from the current state)."""
         collection = self.api.custom_path("runs", self.me.namespace)
-        async for item in kubewatch.reflect(self.api, collection, name=self.me.run, list_first=False):
+        async for item in kubewatch.reflect(
+            self.api, collection, name=self.me.run, list_first=False, clock=self.clock
+        ):
             if isinstance(item, kubewatch.Event) and item.type != "DELETED":
                 self.observe(Run.model_validate(item.object))
             if self.cancelled.is_set():

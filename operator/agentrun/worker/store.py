@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.api import Attempt, Run
+from agentrun.clock import Clock
 from agentrun.core import interrupts
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.worker.blobs import RunBlobs
@@ -37,6 +38,12 @@ class RunStore:
     def resume_from(self) -> str | None:
         """The name of the Checkpoint this Attempt continues from (None on a fresh start)."""
         return self._session.me.resume_from
+
+    @property
+    def clock(self) -> Clock:
+        """The Attempt's clock (what its record times and waits are read from): an integration reads the
+        time from it, so that a test's fake clock reaches it too."""
+        return self._session.clock
 
     @property
     def run(self) -> Run | None:

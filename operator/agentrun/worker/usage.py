@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from agentrun.api import Usage
 from agentrun.api.usage import MICRO
+from agentrun.clock import Clock, SystemClock
 
 log = logging.getLogger("agentrun.worker")
 FLUSH_SECONDS = 5.0
@@ -20,8 +21,11 @@ Write = Callable[[Usage], Awaitable[None]]
 
 
 class UsageMeter:
-    def __init__(self, write: Write, flush_seconds: float = FLUSH_SECONDS) -> None:
+    def __init__(
+        self, write: Write, clock: Clock | None = None, flush_seconds: float = FLUSH_SECONDS
+    ) -> None:
         self._write = write
+        self.clock = clock or SystemClock()
         self.flush_seconds = flush_seconds
         self.total = Usage()
         self._written = Usage()
@@ -65,7 +69,7 @@ class UsageMeter:
         """Runs beside the agent: a write at most every flush_seconds, only when something changed."""
         while True:
             await self._changed.wait()
-            await asyncio.sleep(self.flush_seconds)
+            await self.clock.sleep(self.flush_seconds)
             self._changed.clear()
             try:
                 await self.flush()

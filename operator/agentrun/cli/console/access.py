@@ -7,10 +7,10 @@ shown by mistake would be refused, and a hidden one changes nothing about what t
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from agentrun.api import GROUP
+from agentrun.clock import Clock
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.kubewatch import list_all
 
@@ -50,12 +50,12 @@ async def may_act(api: KubeApi, namespace: str) -> dict[str, bool]:
 class Permissions:
     """may_act per namespace, asked again after CACHE_SECONDS (RBAC may change while the console runs)."""
 
-    def __init__(self, api: KubeApi) -> None:
-        self.api = api
+    def __init__(self, api: KubeApi, clock: Clock) -> None:
+        self.api, self.clock = api, clock
         self._known: dict[str, tuple[float, dict[str, bool]]] = {}
 
     async def of(self, namespaces: list[str]) -> dict[str, dict[str, bool]]:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         stale = [ns for ns in namespaces if ns not in self._known or now - self._known[ns][0] > CACHE_SECONDS]
         answers = await asyncio.gather(*(may_act(self.api, ns) for ns in stale))
         for ns, answer in zip(stale, answers, strict=True):

@@ -18,6 +18,7 @@ from agentrun.cli.cluster import Cluster
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError, api_error_from, describe_api_error
 from agentrun.cli.output import Output
+from agentrun.clock import Clock
 from agentrun.kubeapi import KubeApi
 
 VERDICT_SECONDS = 20  # how long an action waits for the operator's verdict before it answers
@@ -99,12 +100,18 @@ ACTIONS = ("answer", "approve", "release", "resolve", "cancel", "retry", "compen
 
 
 async def perform(
-    api: KubeApi, parse: Parse, namespace: str, kubeconfig: str | None, argv: list[str]
+    api: KubeApi,
+    parse: Parse,
+    namespace: str,
+    kubeconfig: str | None,
+    argv: list[str],
+    *,
+    clock: Clock | None = None,
 ) -> Outcome:
     """Runs the CLI command `argv` in `namespace` as the user; its printed lines are the message."""
     args = parse(argv)
     out, err = io.StringIO(), io.StringIO()
-    ctx = Context(Cluster(api, namespace), Output("table", out, err), kubeconfig=kubeconfig)
+    ctx = Context(Cluster(api, namespace, clock), Output("table", out, err), kubeconfig=kubeconfig)
     try:
         code = await args.command(ctx, args)
     except CliError as exc:

@@ -77,8 +77,8 @@ async def serve(ctx: Context, args: argparse.Namespace) -> int:
     scopes = await access.scopes(api, _namespaces(args.namespaces), ctx.namespace)
     user = await ctx.cluster.whoami()
     store = Store(api, scopes)
-    sessions = Sessions(args.session_hours * 3600)
-    console = Console(api, store, sessions, set(), user, parse, kubeconfig=ctx.kubeconfig, now=ctx.now)
+    sessions = Sessions(args.session_hours * 3600, ctx.clock)
+    console = Console(api, store, sessions, set(), user, parse, kubeconfig=ctx.kubeconfig, clock=ctx.clock)
     runner = web.AppRunner(
         application(console), access_log_class=AccessLogger, access_log=logging.getLogger("aiohttp.access")
     )
@@ -111,15 +111,15 @@ async def _serve_proxied(ctx: Context, args: argparse.Namespace, parse: Parse) -
         )
     # Where the API server is and its CA; its credentials never act (seats.as_bearer drops them).
     base = load_configuration(config.kubeconfig_path(args.kubeconfig), args.context)
-    proxy = ProxySeats(base, _namespaces(args.namespaces), ctx.namespace)
+    proxy = ProxySeats(base, _namespaces(args.namespaces), ctx.namespace, clock=ctx.clock)
     console = Console(
         None,
         None,
-        Sessions(args.session_hours * 3600),
+        Sessions(args.session_hours * 3600, ctx.clock),
         set(),
         None,
         parse,
-        now=ctx.now,
+        clock=ctx.clock,
         proxy=proxy,
         token_header=args.proxy_token_header,
     )
@@ -137,7 +137,7 @@ async def _serve_proxied(ctx: Context, args: argparse.Namespace, parse: Parse) -
             f"its {args.proxy_token_header} header; hosts: {', '.join(sorted(console.hosts))}"
         )
         while True:
-            await asyncio.sleep(SWEEP_SECONDS)
+            await ctx.clock.sleep(SWEEP_SECONDS)
             await proxy.sweep()
     finally:
         await proxy.close()

@@ -14,18 +14,17 @@ import contextlib
 import hashlib
 import hmac
 import secrets
-import time
 from dataclasses import dataclass, field, replace
 
-from agentrun.cli.cluster import SELF_SUBJECT_REVIEWS
+from agentrun.cli.cluster import SELF_SUBJECT_REVIEW, SELF_SUBJECT_REVIEWS, reviewed_user
 from agentrun.cli.console import access
 from agentrun.cli.console.store import Store
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, Configuration, KubeApi
 
 IDLE_SECONDS = 15 * 60.0  # a proxied person's watches stop this long after their last request
 MAX_SEATS = 200  # people served at once; the longest idle one makes room for a new one
 BEARER = "bearer "
-SELF_SUBJECT_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
 
 
 @dataclass
@@ -35,12 +34,14 @@ class Seat:
     api: KubeApi
     store: Store
     user: str | None
+    clock: Clock
     permissions: access.Permissions = field(init=False)
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = field(init=False)  # on the clock's monotonic clock
     streams: int = 0  # open event streams: a seat with one is never idle
 
     def __post_init__(self) -> None:
-        self.permissions = access.Permissions(self.api)
+        self.permissions = access.Permissions(self.api, self.clock)
+        self.last_used = self.clock.monotonic()
 
 
 def token_from(header_value: str | None, header: str) -> str | None:
@@ -77,8 +78,10 @@ class ProxySeats:
         *,
         idle_seconds: float = IDLE_SECONDS,
         limit: int = MAX_SEATS,
+        clock: Clock | None = None,
     ) -> None:
         self.base, self.namespaces, self.default_namespace = base, namespaces, default_namespace
+        self.clock = clock or SystemClock()
         self.idle_seconds, self.limit = idle_seconds, limit
         self._seats: dict[str, Seat] = {}
         self._opening: dict[str, asyncio.Task[Seat]] = {}
@@ -102,7 +105,7 @@ class ProxySeats:
                 self._opening.pop(key, None)
             self._seats[key] = seat
             await self._make_room()
-        seat.last_used = time.monotonic()
+        seat.last_used = self.clock.monotonic()
         return seat
 
     async def _open(self, token: str) -> Seat:
@@ -112,12 +115,11 @@ class ProxySeats:
         except ApiError:
             await api.aclose()
             raise
-        name = ((review.get("status") or {}).get("userInfo") or {}).get("username")
-        user = str(name) if name else None
+        user = reviewed_user(review)
         scopes = await access.scopes(api, self.namespaces, self.default_namespace)
         store = Store(api, scopes)
         store.start()
-        return Seat(api, store, user)
+        return Seat(api, store, user, self.clock)
 
     def csrf(self, seat: Seat, token: str) -> str:
         """The CSRF token of a person's page: bound to who they are (a refreshed access token of the
@@ -126,7 +128,7 @@ class ProxySeats:
         return hmac.new(self._csrf_key, subject.encode(), hashlib.sha256).hexdigest()
 
     async def _make_room(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         idle = [k for k, s in self._seats.items() if not s.streams and now - s.last_used > self.idle_seconds]
         by_age = sorted((s.last_used, k) for k, s in self._seats.items() if k not in idle)
         extra = [k for _, k in by_age[: max(0, len(self._seats) - len(idle) - self.limit)]]

@@ -26,7 +26,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from agentrun.cli.console.seats import ProxySeats, Seat, token_from
 from agentrun.cli.console.sessions import Session, Sessions, csrf_matches
 from agentrun.cli.console.store import Store
 from agentrun.cli.controls import schema_problem
+from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("agentrun.console")
@@ -65,10 +65,6 @@ STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css", "fav
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass
 class Console:
     """Everything a request handler needs. On a laptop: the kubeconfig user's api, store and user (one
@@ -81,7 +77,7 @@ class Console:
     user: str | None
     parse: actions.Parse
     kubeconfig: str | None = None
-    now: Callable[[], datetime] = utc_now
+    clock: Clock = field(default_factory=SystemClock)
     proxy: ProxySeats | None = None
     token_header: str = "Authorization"  # behind a proxy: where the person's bearer token comes
     local: Seat | None = field(init=False)
@@ -89,7 +85,11 @@ class Console:
     def __post_init__(self) -> None:
         if self.proxy is None and (self.api is None or self.store is None):
             raise ValueError("a console without a proxy acts with its kubeconfig: api and store needed")
-        self.local = None if self.api is None or self.store is None else Seat(self.api, self.store, self.user)
+        self.local = (
+            None
+            if self.api is None or self.store is None
+            else Seat(self.api, self.store, self.user, self.clock)
+        )
 
     def origins(self) -> set[str]:
         return {f"http://{host}" for host in self.hosts} | {f"https://{host}" for host in self.hosts}
@@ -294,7 +294,7 @@ async def inbox(request: web.Request) -> web.StreamResponse:
     permissions = await seat.permissions.of(sorted({str(i["namespace"]) for i in items}))
     return web.json_response(
         {
-            "now": console.now().isoformat().replace("+00:00", "Z"),
+            "now": console.clock.now().isoformat().replace("+00:00", "Z"),
             "version": seat.store.version,
             "items": items,
             "may": permissions,
@@ -313,7 +313,7 @@ async def run_page(request: web.Request) -> web.StreamResponse:
     console, seat = request.app[CONSOLE], _seat(request)
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     try:
-        page = await runpage.load(Cluster(seat.api, namespace), name, console.now())
+        page = await runpage.load(Cluster(seat.api, namespace, console.clock), name, console.clock.now())
     except ApiError as exc:
         return _problem(exc.status if exc.status in (401, 403) else 502, f"reading run {name}: {exc.message}")
     if page is None:
@@ -399,7 +399,9 @@ async def act(request: web.Request) -> web.StreamResponse:
     if action == "approve" and body.get("approved") is True and (why := _unverified(seat.store, body)):
         return web.json_response({"ok": False, "message": f"not approved: {why}; nothing sent"}, status=409)
     kubeconfig = console.kubeconfig if console.proxy is None else None
-    outcome = await actions.perform(seat.api, console.parse, body["namespace"], kubeconfig, argv)
+    outcome = await actions.perform(
+        seat.api, console.parse, body["namespace"], kubeconfig, argv, clock=console.clock
+    )
     log.info("%s in %s: %s", action, body["namespace"], "done" if outcome.ok else "refused")
     return web.json_response(
         {"ok": outcome.ok, "message": outcome.message}, status=200 if outcome.ok else 409

@@ -10,26 +10,24 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-Clock = Callable[[], float]
+from agentrun.clock import Clock, SystemClock
 
 
 @dataclass
 class Session:
     id: str
     csrf: str
-    expires: float  # on the clock the Sessions were given (monotonic by default)
+    expires: float  # on the monotonic clock of the clock the Sessions were given
 
 
 class Sessions:
     """The login token and the live sessions of one console process."""
 
-    def __init__(self, lifetime_seconds: float, clock: Clock = time.monotonic) -> None:
+    def __init__(self, lifetime_seconds: float, clock: Clock | None = None) -> None:
         self.lifetime = lifetime_seconds
-        self._clock = clock
+        self._clock = clock or SystemClock()
         self._login: str | None = secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
 
@@ -49,7 +47,9 @@ class Sessions:
         if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
             return None
         self._login = None
-        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), self._clock() + self.lifetime)
+        session = Session(
+            secrets.token_urlsafe(32), secrets.token_urlsafe(32), self._clock.monotonic() + self.lifetime
+        )
         self._sessions[session.id] = session
         return session
 
@@ -60,7 +60,7 @@ class Sessions:
         session = self._sessions.get(session_id)
         if session is None:
             return None
-        if self._clock() >= session.expires:
+        if self._clock.monotonic() >= session.expires:
             del self._sessions[session_id]
             return None
         return session
@@ -69,7 +69,7 @@ class Sessions:
         self._sessions.pop(session_id, None)
 
     def seconds_left(self, session: Session) -> float:
-        return max(session.expires - self._clock(), 0.0)
+        return max(session.expires - self._clock.monotonic(), 0.0)
 
 
 def csrf_matches(session: Session, sent: str | None) -> bool:

@@ -30,12 +30,12 @@ import contextlib
 import copy
 import hashlib
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
+from agentrun.clock import Clock, SystemClock
 from agentrun.statestore import BlobRef
 from agentrun.statestore.documents import decode_document, encode_document
 from agentrun.worker import RunBlobs, StateUnverifiable
@@ -255,8 +255,9 @@ class ThreadBlobs:
     digest (immutable, verified once), and the decoded values of recent pending writes (to find a new
     list item that a write already stored)."""
 
-    def __init__(self, blobs: RunBlobs) -> None:
+    def __init__(self, blobs: RunBlobs, clock: Clock | None = None) -> None:
         self.blobs = blobs
+        self.clock = clock or SystemClock()  # how recent a put is: on its monotonic clock
         self._documents: OrderedDict[str, Document] = OrderedDict()
         self._values: OrderedDict[str, Any] = OrderedDict()
         # puts under way (one request for the same bytes at once) and done lately: sha256 -> (put, when)
@@ -269,13 +270,17 @@ class ThreadBlobs:
 
     # ---- blobs ---------------------------------------------------------------------------------------
 
+    def _fresh(self, put_at: float) -> bool:
+        """A put this recent is trusted without a request (RECENT_SECONDS)."""
+        return self.clock.monotonic() - put_at < RECENT_SECONDS
+
     async def put(self, data: bytes, known: Mapping[str, BlobRef] | None = None) -> BlobRef:
         """The reference of `data`: one a live object already names, or that this saver put moments ago
         (no request); the put under way of the same bytes (waited for); else put."""
         digest = sha256(data)
         if known is not None and (ref := known.get(digest)) is not None and ref.size == len(data):
             return BlobRef(ref.key, ref.sha256, ref.size)
-        if (recent := self._recent.get(digest)) is not None and time.monotonic() - recent[1] < RECENT_SECONDS:
+        if (recent := self._recent.get(digest)) is not None and self._fresh(recent[1]):
             return recent[0]
         loop = asyncio.get_running_loop()
         key = (id(loop), digest)
@@ -297,7 +302,7 @@ class ThreadBlobs:
         future.set_result(ref)
         self._keep(digest, data)
         self.written += len(data)
-        self._recent[digest] = (ref, time.monotonic())
+        self._recent[digest] = (ref, self.clock.monotonic())
         while len(self._recent) > _VALUE_CACHE:
             self._recent.popitem(last=False)
         return ref
@@ -341,7 +346,7 @@ class ThreadBlobs:
         digest = sha256(data)
         if known is not None and (ref := known.get(digest)) is not None and ref.size == len(data):
             return BlobRef(ref.key, ref.sha256, ref.size), None
-        if (recent := self._recent.get(digest)) is not None and time.monotonic() - recent[1] < RECENT_SECONDS:
+        if (recent := self._recent.get(digest)) is not None and self._fresh(recent[1]):
             return recent[0], None
         store = self.blobs.store
         ref = BlobRef(store.key_for(self.blobs.namespace, self.blobs.run_uid, digest), digest, len(data))

@@ -287,7 +287,8 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
                 run_blobs = await self._session.blobs()
             elif self._state_store is not None:
                 run_blobs = RunBlobs(self._state_store, self.namespace, await self._run_uid())
-            self._shared.blobs = ThreadBlobs(run_blobs) if run_blobs is not None else None
+            clock = self._session.clock if self._session is not None else None
+            self._shared.blobs = ThreadBlobs(run_blobs, clock) if run_blobs is not None else None
             self._shared.blobs_opened = True
         return self._shared.blobs
 
