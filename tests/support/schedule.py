@@ -18,9 +18,51 @@ from xdist.scheduler import LoadFileScheduling
 if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
 
-# Seconds each file took on a 2-core machine running two workers (`make test`'s --durations, summed per
-# file, December 2026), rounded. The integration files start the processes they test.
-ESTIMATED_SECONDS: dict[str, float] = {}
+# Seconds each file took on a 2-core machine running two workers (the junit report of a `make test` run,
+# summed per file, December 2026, on a loaded machine), rounded; a file not here takes its directory's
+# default. The integration files start the processes they test.
+ESTIMATED_SECONDS: dict[str, float] = {
+    "tests/integration/test_cli.py": 330,
+    "tests/integration/test_quickstart.py": 240,
+    "tests/e2e/test_helm.py": 240,
+    "tests/integration/test_demo.py": 180,
+    "tests/integration/test_chaos.py": 160,
+    "tests/integration/namespaced/test_observability.py": 140,
+    "tests/integration/test_console.py": 140,
+    "tests/integration/test_holds.py": 130,
+    "tests/integration/test_operator.py": 120,
+    "tests/integration/test_langgraph_agent.py": 120,
+    "tests/integration/test_hostile_store.py": 110,
+    "tests/integration/namespaced/test_archive.py": 110,
+    "tests/integration/test_recovery.py": 110,
+    "tests/integration/test_console_load.py": 100,
+    "tests/integration/test_api.py": 90,
+    "tests/integration/test_console_decisions.py": 90,
+    "tests/integration/test_compaction.py": 90,
+    "tests/unit/test_deploy.py": 70,
+    "tests/integration/namespaced/test_api_corpus.py": 40,
+    "tests/integration/test_peering.py": 40,
+    "tests/integration/test_langgraph_delta.py": 40,
+    "tests/integration/test_control_plane.py": 30,
+    "tests/integration/test_identity.py": 30,
+    "tests/integration/namespaced/test_budgets.py": 30,
+    "tests/integration/test_langgraph_state_store.py": 30,
+    "tests/integration/test_langgraph_saver.py": 30,
+    "tests/integration/test_console_proxy.py": 20,
+    "tests/integration/namespaced/test_restart_safety.py": 20,
+    "tests/integration/test_version_skew.py": 20,
+    "tests/integration/test_state_store_worker.py": 20,
+    "tests/integration/namespaced/test_archive_retention.py": 20,
+    "tests/integration/test_langgraph_forks.py": 20,
+    "tests/integration/test_statestore_s3.py": 17,
+    "tests/integration/test_collector.py": 16,
+    "tests/unit/test_core_runs_simulation.py": 16,
+    "tests/unit/test_architecture.py": 16,
+    "tests/integration/test_store_principals.py": 14,
+    "tests/integration/test_operator_cache.py": 6,
+    "tests/integration/test_kubeapi.py": 2,
+    "tests/integration/test_bundled_store_start.py": 1,
+}
 DEFAULT_SECONDS = {"tests/unit/": 2.0, "tests/integration/": 60.0, "tests/e2e/": 300.0}
 # A worker whose tests still to run are estimated at least this long is busy: it gets the shortest file.
 BUSY_SECONDS = 60.0
