@@ -154,7 +154,7 @@ def test_the_watch_event_of_our_own_create_is_no_news(kube: Kube, api: KubeApi, 
         cache = OwnedObjects(SystemClock())
         before = (await list_all(api, collection)).resource_version
         await Executor(api, cache, clock=SystemClock()).execute(
-            Plan().add(CreateAttempt(attempt_body("echo", 1))), run
+            Plan([CreateAttempt(attempt_body("echo", 1))]), run
         )
         assert [o["metadata"]["name"] for o in cache.of("attempts", (namespace, "echo"))] == ["echo-a1"]
         await asyncio.to_thread(set_attempt_status, kube, namespace, "echo-a1", {"phase": "Running"})
@@ -235,7 +235,7 @@ def test_a_write_on_a_stale_attempt_changes_nothing_and_refreshes_the_cache(
     cache.put("attempts", copy.deepcopy(running))
     run = make_run({"phase": "Running"}, metadata={"namespace": namespace, "name": "stale"})
     stale_rv = running["metadata"]["resourceVersion"]
-    plan = Plan().add(PatchAttemptStatus("stale-a1", {"phase": "Failed"}, stale_rv))
+    plan = Plan([PatchAttemptStatus("stale-a1", {"phase": "Failed"}, stale_rv)])
 
     with pytest.raises(Superseded):
         asyncio.run(Executor(api, cache, clock=SystemClock()).execute(plan, run))
