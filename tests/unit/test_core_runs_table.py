@@ -13,6 +13,7 @@ from agentrun.api import (
     Attempt,
     FailureClass,
     RunPhase,
+    StateStoreMode,
 )
 from agentrun.core import report
 from agentrun.core.plan import (
@@ -1254,6 +1255,16 @@ def test_every_phase_change_carries_the_side_effects(case: Transition) -> None:
         assert patch["report"] == report.run_report(effects)
     else:
         assert "report" not in patch
+
+
+@pytest.mark.parametrize("mode", list(StateStoreMode), ids=[m.value for m in StateStoreMode])
+def test_every_phase_change_says_where_the_operator_keeps_agent_state(mode: StateStoreMode) -> None:
+    for name, case in CASES_WITH_STATUS_PATCHES.items():
+        plan = decide(replace(case.world, store_mode=mode))
+        changes = [p.patch for p in of_type(plan, PatchRunStatus) if "phase" in p.patch]
+        assert [c["stateStore"] for c in changes] == [mode.value] * len(changes), name
+        others = [p.patch for p in of_type(plan, PatchRunStatus) if "phase" not in p.patch]
+        assert all("stateStore" not in p for p in others), name
 
 
 ENDS_WAITING = {

@@ -232,6 +232,8 @@ def phase_patch(world: World, change: SetPhase) -> dict[str, Any]:
         patch.update(observedCancelEpoch=run.spec.cancel_epoch, attempts=0, leaseEpoch=0)
     if change.phase in TERMINAL_PHASES and status.pending_request is not None:
         patch["pendingRequest"] = None
+    if world.store_mode is not None:
+        patch["stateStore"] = world.store_mode.value
     patch.update(change.fields)
     if change.phase in STOPPED_PHASES:
         patch["report"] = report.run_report(world.side_effects)
