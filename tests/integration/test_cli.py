@@ -115,6 +115,8 @@ def test_get_describe_effects_report_and_watch_of_a_finished_run(
     )
     text = ok(described)
     assert "Phase:         Succeeded: done-a1 committed the result" in text
+    # the session's operator is given the cluster's store by URL (its namespaces' Secrets made by the tests)
+    assert "State store:   External (the object store the operator is configured with)" in text
     assert '"steps": 2' in text.split("Result:")[1].splitlines()[0]
     story = text.split("Timeline (UTC):\n")[1].split("\n\n")[0]
     events = [line.strip()[10:].split("  ")[0] for line in story.splitlines()]

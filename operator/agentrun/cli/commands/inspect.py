@@ -63,7 +63,7 @@ async def describe(ctx: Context, args: argparse.Namespace) -> int:
     run = Run.model_validate(body)
     live = sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence)
     # A finished Run compacted: its other Checkpoints are named by its index in the state store.
-    every, note = await finished.indexed_checkpoints(run, live)
+    every, note = await finished.indexed_checkpoints(ctx.cluster.api, run, live)
     if note:
         ctx.out.note(f"Run {args.run} was compacted: {note}")
     text = timeline.describe(
