@@ -4,6 +4,7 @@ fixture). The state directory is .devcluster in the checkout, or $AGENTRUN_DEVCL
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -36,13 +37,13 @@ def up(state_dir: Path) -> int:
     print(f"local control plane healthy in {time.monotonic() - began:.1f}s (node {cluster.node_name} Ready)")
     print(f"  source {env_file}    (KUBECONFIG, and kubectl, helm and kubectl-agentrun on PATH)")
     if cluster.object_store is not None:
-        for line in store_lines(cluster, write_operator_env(cluster)):
+        for line in store_lines(cluster, write_operator_env(cluster), write_chart_values(cluster)):
             print(line)
     print(f"  logs: {state_dir / 'logs'}    stop: make cluster-down")
     return 0
 
 
-def store_lines(cluster: LocalCluster, operator_env: Path) -> list[str]:
+def store_lines(cluster: LocalCluster, operator_env: Path, chart_values: Path) -> list[str]:
     """What `make cluster` says of its object store: how an operator uses it (`make operator` does)."""
     return [
         f"  state store: {cluster.state_store_url}",
@@ -51,6 +52,8 @@ def store_lines(cluster: LocalCluster, operator_env: Path) -> list[str]:
         "gets its bucket and its Secrets from the operator",
         f"    an operator started by hand takes the same: source {operator_env}   (the URL, "
         "AGENTRUN_STATE_STORE_PROVISION=versitygw and the store's root credentials)",
+        f"    the chart takes it with: helm install ... -f {chart_values}   (its root credentials: the "
+        f"Secret {CHART_ROOT_SECRET} in {security.OPERATOR_NAMESPACE})",
         "    people read a namespace's archives and state with kubectl agentrun history, describe --archived "
         "and state, which read the namespace's read-only Secret",
     ]
@@ -64,6 +67,36 @@ def write_operator_env(cluster: LocalCluster) -> Path:
     path.chmod(0o600)
     env = security.local_store_operator_env(cluster, provision=True)
     path.write_text("".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items()))
+    return path
+
+
+# The Secret, in the chart's namespace, holding the store's root credentials for the chart's operator.
+CHART_ROOT_SECRET = "agentrun-store-root"
+
+
+def write_chart_values(cluster: LocalCluster) -> Path:
+    """<state dir>/store-values.yaml: the chart's values for this cluster's object store (the bundled server
+    kind, run here rather than by the chart: stateStore.bundled.install=false), and the Secret of its root
+    credentials they name, made in the chart's namespace."""
+    kubectl = security.Kubectl(cluster.binary("kubectl"), cluster.kubeconfig)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": security.OPERATOR_NAMESPACE}}
+    root = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": CHART_ROOT_SECRET, "namespace": security.OPERATOR_NAMESPACE},
+        "type": "Opaque",
+        "stringData": cluster.state_store_env(),
+    }
+    kubectl.apply([namespace])
+    kubectl.apply([root])
+    values = {
+        "stateStore": {
+            "url": cluster.state_store_url,
+            "bundled": {"enabled": True, "install": False, "existingSecret": CHART_ROOT_SECRET},
+        }
+    }
+    path = cluster.state_dir / "store-values.yaml"
+    path.write_text(json.dumps(values, indent=2) + "\n")  # JSON is YAML
     return path
 
 
