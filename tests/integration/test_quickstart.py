@@ -178,6 +178,7 @@ def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     assert [(t["id"], t["title"], t["status"]) for t in opened] == [("T-1", "Printer on fire", "open")]
     cancelled = outcome.run("langgraph-ticket")
     assert cancelled["status"]["phase"] == "Cancelled"
+    assert "pendingRequest" not in cancelled["status"]  # it waits for nobody: no inbox, no WAITING FOR
     assert outcome.side_effects("langgraph-ticket") == []  # cancelled while it asked: nothing was done
 
     # The report offered `kubectl agentrun compensate`: the example registers the compensation it names,
