@@ -938,7 +938,12 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
         made = wait_for(made_secret, 120, what="the agents' store Secret the operator makes")
         assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentrun"
         assert base64.b64decode(made["data"]["AWS_ACCESS_KEY_ID"]).decode() != root.access_key
-        assert kube.get("secret", "agentrun-state-store-read", ns) is not None
+        # made after the first, in its own request: waited for as its own event
+        wait_for(
+            lambda: kube.get("secret", "agentrun-state-store-read", ns),
+            120,
+            what="the agents' read-only Secret",
+        )
         url = base64.b64decode(made["data"]["AGENTRUN_STATE_STORE_URL"]).decode()
         assert url.startswith(f"s3://{namespace_bucket(versitygw.BUCKET, ns)}?")  # the namespace's bucket
 
