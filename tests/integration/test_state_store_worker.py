@@ -151,6 +151,10 @@ def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_i
     assert without_store.returncode == 1
     assert "set AGENTRUN_STATE_STORE_URL" in without_store.stderr
     assert f"namespace {ns} has no Secret {READ_SECRET}" in without_store.stderr
+    no_history = cli(kube, ns, "history")
+    assert no_history.returncode == 1
+    assert "the history of archived Runs is in the state store" in no_history.stderr
+    assert "set AGENTRUN_STATE_STORE_URL" in no_history.stderr
 
     # With the namespace's read-only Secret (as the operator makes it on its bundled store: the namespace's
     # URL and a principal that only reads), the CLI reads the store with the user's own credentials alone.

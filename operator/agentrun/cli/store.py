@@ -23,7 +23,7 @@ STORE_SECRET_ENV: Final = "AGENTRUN_STATE_STORE_SECRET"
 READ_SUFFIX: Final = "-read"
 # What a client takes from the Secret besides the URL (the operator writes these; any other key is left).
 CREDENTIAL_KEYS: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-_OPENED: dict[str | None, BlobStore] = {}
+_OPENED: dict[str, BlobStore] = {}
 
 
 def store_url() -> str | None:
@@ -39,7 +39,8 @@ async def open_store(what: str, api: KubeApi, namespace: str) -> BlobStore:
     """The store `what` is in, for `namespace`: the one the environment configures, else the one the
     namespace's read-only Secret names with its credentials; a clear error naming what is missing."""
     url = store_url()
-    key: str | None = None if url is not None else namespace
+    # one client per store the environment names, or per namespace whose Secret names it
+    key = f"url {url}" if url is not None else f"namespace {namespace}"
     if key in _OPENED:
         return _OPENED[key]
     env = None
