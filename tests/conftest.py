@@ -120,10 +120,10 @@ def operator(
         "AGENTRUN_NOTIFY_SINKS": notify_sink,
         "AGENTRUN_CONSOLE_URL": CONSOLE_URL,
         **security.OPERATOR_ENV,
-        # the cluster's versitygw; each run_namespace gets the credentials Secret its Pods read
-        **security.state_store_operator_env(local_cluster.state_store_url),
-        # ... and the operator's own credentials (it writes checkpoint indexes and log tails there)
-        **local_cluster.state_store_env(),
+        # the cluster's versitygw, as `make operator` and the demo have it, and the operator's own
+        # credentials (it writes checkpoint indexes and log tails there); each run_namespace gets the
+        # credentials Secret its Pods read from the fixture, so the operator is not told to make it
+        **security.local_store_operator_env(local_cluster, provision=False),
     }
     process = OperatorProcess(
         operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env

@@ -4,14 +4,16 @@ fixture). The state directory is .devcluster in the checkout, or $AGENTRUN_DEVCL
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from . import security
 from .cluster import REPO_ROOT, ClusterError, LocalCluster
-from .install import install, stop_operator
+from .install import OPERATOR_STORE_ENV, install, stop_operator
 from .processes import pid_alive
 
 DEFAULT_STATE_DIR = Path(os.environ.get("AGENTRUN_DEVCLUSTER_DIR") or REPO_ROOT / ".devcluster")
@@ -35,19 +37,67 @@ def up(state_dir: Path) -> int:
     print(f"local control plane healthy in {time.monotonic() - began:.1f}s (node {cluster.node_name} Ready)")
     print(f"  source {env_file}    (KUBECONFIG, and kubectl, helm and kubectl-agentrun on PATH)")
     if cluster.object_store is not None:
-        print(f"  state store: {cluster.state_store_url}")
-        print(f"    its URL and credentials for a shell: source {cluster.state_store_env_file}")
-        print(
-            "    an operator takes AGENTRUN_STATE_STORE_URL; each agent namespace needs the Secret its Pods "
-            "read the credentials from:"
-        )
-        print(
-            "      kubectl create secret generic agentrun-state-store -n <namespace> "
-            f"--from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=... "
-            f"(the values: {cluster.state_store_env_file})"
-        )
+        for line in store_lines(cluster, write_operator_env(cluster), write_chart_values(cluster)):
+            print(line)
     print(f"  logs: {state_dir / 'logs'}    stop: make cluster-down")
     return 0
+
+
+def store_lines(cluster: LocalCluster, operator_env: Path, chart_values: Path) -> list[str]:
+    """What `make cluster` says of its object store: how an operator uses it (`make operator` does)."""
+    return [
+        f"  state store: {cluster.state_store_url}",
+        "    `make operator` runs the operator with it: a namespace that opts its agents' ServiceAccount in "
+        "(labelled agentrun.dev/agent=true and bound to the attempt role, as examples/agents.yaml does) "
+        "gets its bucket and its Secrets from the operator",
+        f"    an operator started by hand takes the same: source {operator_env}   (the URL, "
+        "AGENTRUN_STATE_STORE_PROVISION=versitygw and the store's root credentials)",
+        f"    the chart takes it with: helm install ... -f {chart_values}   (its root credentials: the "
+        f"Secret {CHART_ROOT_SECRET} in {security.OPERATOR_NAMESPACE})",
+        "    people read a namespace's archives and state with kubectl agentrun history, describe --archived "
+        "and state, which read the namespace's read-only Secret",
+    ]
+
+
+def write_operator_env(cluster: LocalCluster) -> Path:
+    """<state dir>/operator-store.env (mode 0600): the state-store configuration `make operator` gives the
+    operator (security.local_store_operator_env), for `source` before starting one by hand."""
+    path = cluster.state_dir / OPERATOR_STORE_ENV
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    env = security.local_store_operator_env(cluster, provision=True)
+    path.write_text("".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items()))
+    return path
+
+
+# The Secret, in the chart's namespace, holding the store's root credentials for the chart's operator.
+CHART_ROOT_SECRET = "agentrun-store-root"
+
+
+def write_chart_values(cluster: LocalCluster) -> Path:
+    """<state dir>/store-values.yaml: the chart's values for this cluster's object store (the bundled server
+    kind, run here rather than by the chart: stateStore.bundled.install=false), and the Secret of its root
+    credentials they name, made in the chart's namespace."""
+    kubectl = security.Kubectl(cluster.binary("kubectl"), cluster.kubeconfig)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": security.OPERATOR_NAMESPACE}}
+    root = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": CHART_ROOT_SECRET, "namespace": security.OPERATOR_NAMESPACE},
+        "type": "Opaque",
+        "stringData": cluster.state_store_env(),
+    }
+    kubectl.apply([namespace])
+    kubectl.apply([root])
+    values = {
+        "stateStore": {
+            "url": cluster.state_store_url,
+            "bundled": {"enabled": True, "install": False, "existingSecret": CHART_ROOT_SECRET},
+        }
+    }
+    path = cluster.state_dir / "store-values.yaml"
+    path.write_text(json.dumps(values, indent=2) + "\n")  # JSON is YAML
+    return path
 
 
 def write_env(cluster: LocalCluster) -> Path:

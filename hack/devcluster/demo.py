@@ -162,7 +162,9 @@ def environment(state_dir: Path) -> Iterator[tuple[Demo, TicketServiceProcess, O
         operator = OperatorProcess(
             operator_kubeconfig,
             state_dir / "logs" / "operator.log",
-            env={**security.OPERATOR_ENV, **security.state_store_operator_env(cluster.state_store_url)},
+            # the cluster's object store, as `make operator` and the tests have it (the namespace's Secret
+            # is made above, so the operator is not told to make it)
+            env={**security.OPERATOR_ENV, **security.local_store_operator_env(cluster, provision=False)},
         )
         operator.start()
         operator.wait_ready()

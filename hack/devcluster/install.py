@@ -1,7 +1,9 @@
 """`make operator`: agentrun installed on the local control plane the way a user installs it, with the
 operator run from this checkout: the CRDs (crds/), the operator's ServiceAccount, its RBAC and the
 admission policies (security.install, as the chart makes them), then `python -m agentrun.operator` as
-that ServiceAccount in the background. Its log is <state dir>/logs/operator.log; `make operator` again
+that ServiceAccount in the background, with the object store `make cluster` runs (each opted-in
+namespace's bucket and Secrets made by the operator, as the chart's operator does with its bundled
+server). Its log is <state dir>/logs/operator.log; `make operator` again
 restarts it (after a code change), `make cluster-down` stops it with the cluster."""
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from .operator import OperatorProcess
 from .processes import pid_alive, stop_group
 
 OPERATOR_RECORD = "operator.json"
+# What `make cluster` writes for an operator started by hand: the same state-store settings as here.
+OPERATOR_STORE_ENV = "operator-store.env"
 
 
 def install(state_dir: Path) -> None:
@@ -23,6 +27,11 @@ def install(state_dir: Path) -> None:
     ClusterError when no cluster runs there."""
     if not (state_dir / "state.json").exists() or not (cluster := LocalCluster.attach(state_dir)).running():
         raise ClusterError(f"no local control plane runs from {state_dir}: start one with `make cluster`")
+    if cluster.object_store is None:
+        raise ClusterError(
+            f"the local control plane from {state_dir} runs no object store: the operator would keep agent "
+            "state inline; start it again with `make cluster-down && make cluster`"
+        )
     stop_operator(state_dir)
     kubectl = security.Kubectl(cluster.binary("kubectl"), cluster.kubeconfig)
     began = time.monotonic()
@@ -39,7 +48,9 @@ def install(state_dir: Path) -> None:
     operator = OperatorProcess(
         operator_kubeconfig,
         state_dir / "logs" / "operator.log",
-        env=security.OPERATOR_ENV,
+        # the cluster's object store, as the demo's and the tests' operators have it; and it makes each
+        # opted-in namespace's bucket and Secrets, as nobody else sets up a namespace made by hand
+        env={**security.OPERATOR_ENV, **security.local_store_operator_env(cluster, provision=True)},
         verbose=False,
         tie_to_parent=False,
     )
@@ -48,6 +59,10 @@ def install(state_dir: Path) -> None:
     (state_dir / OPERATOR_RECORD).write_text(json.dumps({"pid": operator.process.pid}))
     operator.wait_ready(timeout=120)
     print(f"operator running, pid {operator.process.pid}, in {time.monotonic() - began:.1f}s")
+    print(
+        f"  state store: Bundled, the cluster's object store ({cluster.state_store_url}): a namespace "
+        "that opts its agents' ServiceAccount in gets its bucket and its Secrets from the operator"
+    )
     print(f"  log: {operator.log_path}    restart: make operator    stop: make cluster-down")
 
 

@@ -10,7 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
@@ -19,6 +19,9 @@ from agentrun.priorities import api_priorities
 from agentrun.rbac import OPERATOR_RULES, STATE_STORE_PROVISION_RULES
 
 from .kubeconfig import write_kubeconfig
+
+if TYPE_CHECKING:
+    from .cluster import LocalCluster
 
 OPERATOR_NAMESPACE: Final = "agentrun-system"
 OPERATOR_SERVICE_ACCOUNT: Final = "agentrun-operator"
@@ -38,6 +41,19 @@ STATE_STORE_SECRET: Final = "agentrun-state-store"
 def state_store_operator_env(store_url: str) -> dict[str, str]:
     """What the operator is told about the state store: its URL and the Secret name (no credential)."""
     return {"AGENTRUN_STATE_STORE_URL": store_url, "AGENTRUN_STATE_STORE_SECRET": STATE_STORE_SECRET}
+
+
+def local_store_operator_env(cluster: LocalCluster, *, provision: bool) -> dict[str, str]:
+    """The operator's configuration for the object store a local control plane runs, for every path that
+    starts an operator on one (`make operator`, `make demo`, the tests): its URL, the namespaces' Secret
+    name and the operator's own credentials (the store's root: it writes checkpoint indexes, log tails
+    and archives, and collects). `provision`: it also makes each opted-in namespace's bucket, principals
+    and Secrets (AGENTRUN_STATE_STORE_PROVISION, as the chart's operator does with its bundled server);
+    without it, whoever sets a namespace up makes them (LocalCluster.namespace_store_env)."""
+    env = {**state_store_operator_env(cluster.state_store_url), **cluster.state_store_env()}
+    if provision:
+        env["AGENTRUN_STATE_STORE_PROVISION"] = "versitygw"
+    return env
 
 
 def state_store_secret(namespace: str, credentials: dict[str, str]) -> dict[str, Any]:

@@ -192,6 +192,13 @@ def namespaces(kube: Kube) -> Iterator[tuple[str, str]]:
                 raise
 
 
+# The chart installs its bundled state store by default; a StatefulSet's Pod cannot run on the local control
+# plane (nothing provisions its claim; the process node agent runs no images, mounts no volumes), so the
+# installs that test other matters say explicitly that they keep agent state inline (the operator reports
+# it); test_the_bundled_state_store_is_installed_and_holds_a_large_state installs the store.
+NO_STORE = "--set=stateStore.bundled.enabled=false"
+
+
 @pytest.fixture(scope="module")
 def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release]:
     namespace, other = namespaces
@@ -212,6 +219,7 @@ def release(e2e_target: Target, namespaces: tuple[str, str]) -> Iterator[Release
         f"--set=health.port={installed.health_port}",
         f"--set=metrics.port={installed.metrics_port}",
         f"--set=peering.lifetimeSeconds={LIFETIME_SECONDS}",
+        NO_STORE,
         *installed.image_values(),
         "--wait",
         "--timeout=120s",
@@ -680,6 +688,7 @@ def test_cluster_wide_release_serves_every_namespace(release: Release) -> None:
         f"--set=agents.namespaces={{{release.namespace},{other}}}",
         f"--set=health.port={release.health_port}",
         f"--set=metrics.port={release.metrics_port}",
+        NO_STORE,
         *release.image_values(),
         "--wait",
         "--timeout=120s",
@@ -760,7 +769,8 @@ def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
         assert run["status"]["phase"] == phase, run["status"]
         pending[name] = run["status"]["pendingRequest"]
 
-    target.helm("upgrade", RELEASE, str(CHART), *values, *release.image_values())
+    # the previous chart had no state store: the upgrade keeps its Runs' state inline, said so explicitly
+    target.helm("upgrade", RELEASE, str(CHART), *values, NO_STORE, *release.image_values())
     release.timings["previous release: install, two Runs waiting, upgrade"] = time.monotonic() - started
     started = time.monotonic()
     # one keeps the image it started with, the other moves to today's (spec.agent may change)
@@ -928,7 +938,12 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
         made = wait_for(made_secret, 120, what="the agents' store Secret the operator makes")
         assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentrun"
         assert base64.b64decode(made["data"]["AWS_ACCESS_KEY_ID"]).decode() != root.access_key
-        assert kube.get("secret", "agentrun-state-store-read", ns) is not None
+        # made after the first, in its own request: waited for as its own event
+        wait_for(
+            lambda: kube.get("secret", "agentrun-state-store-read", ns),
+            120,
+            what="the agents' read-only Secret",
+        )
         url = base64.b64decode(made["data"]["AGENTRUN_STATE_STORE_URL"]).decode()
         assert url.startswith(f"s3://{namespace_bucket(versitygw.BUCKET, ns)}?")  # the namespace's bucket
 

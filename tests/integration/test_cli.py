@@ -116,6 +116,8 @@ def test_get_describe_effects_report_and_watch_of_a_finished_run(
     )
     text = ok(described)
     assert "Phase:         Succeeded: done-a1 committed the result" in text
+    # the session's operator is given the cluster's store by URL (its namespaces' Secrets made by the tests)
+    assert "State store:   External (the object store the operator is configured with)" in text
     assert '"steps": 2' in text.split("Result:")[1].splitlines()[0]
     story = text.split("Timeline (UTC):\n")[1].split("\n\n")[0]
     # each line: the time (with the date when the timeline spans midnight), two spaces, the event
@@ -354,9 +356,18 @@ def test_clear_errors_for_what_is_missing_or_forbidden(
         ["report", "nope"],
         ["watch", "nope"],
     ]
+    archived = (
+        f"; a Run that finished and was archived is read with `kubectl agentrun describe --archived nope "
+        f"-n {ns}` (its namespace's archives: `kubectl agentrun history -n {ns}`)"
+    )
     for args, result in zip(commands, cli_many(kube, ns, *commands), strict=True):
         assert result.returncode == 1, (args, result.stdout, result.stderr)
-        assert result.stderr == f'error: run "nope" not found in namespace "{ns}"\n', (args, result.stderr)
+        # describe points to the archive, where a Run past its time to live went
+        hint = archived if args[0] == "describe" else ""
+        assert result.stderr == f'error: run "nope" not found in namespace "{ns}"{hint}\n', (
+            args,
+            result.stderr,
+        )
         assert result.stdout == ""
     missing = cli(kube, ns, "resolve-effect", "nope", "--failed")
     assert (missing.returncode, missing.stderr) == (

@@ -1,8 +1,9 @@
 """The README's quickstart, run as written: each block marked `<!-- quickstart: NAME -->` is read from the
 README and its commands run one after another in one bash, from the checkout, on a local control plane
-of its own. The one liberty taken: the state directory (`.devcluster` in the README) is a temporary one
-(AGENTRUN_DEVCLUSTER_DIR), so a developer's own `make cluster` is never touched. Then the outcomes are
-checked: the approved Run Succeeded with its ticket confirmed once, the cancelled one is Cancelled.
+of its own. The one liberty taken: the state directory (`.devcluster` in the README, and so in the
+commands that name a file in it) is a temporary one (AGENTRUN_DEVCLUSTER_DIR), so a developer's own
+`make cluster` is never touched. Then the outcomes are checked: the approved Run Succeeded with its
+ticket confirmed once, the cancelled one is Cancelled, both through the cluster's object store.
 
 It starts its own clusters (not the session's), so it does not use the `local_cluster` fixture."""
 
@@ -93,7 +94,7 @@ def run_quickstart(name: str, state_dir: Path, helm_home: Path) -> Outcome:
     """Runs the README's block `name` in one bash from the checkout; fails with its output on an error."""
     script = ["set -euo pipefail"]
     for written in quickstarts()[name]:
-        command = written.replace("source .devcluster/env", f"source {shlex.quote(str(state_dir / 'env'))}")
+        command = written.replace(".devcluster/", f"{shlex.quote(str(state_dir))}/")
         script += [f"echo {shlex.quote('$ ' + written)}", command]
     env = {
         **os.environ,
@@ -160,6 +161,11 @@ def outcome(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Outcome]
 def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     approved = outcome.run("pydantic-ai-ticket")
     assert approved["status"]["phase"] == "Succeeded"
+    # on both paths the operator keeps agent state in the object store `make cluster` runs, and made the
+    # examples' namespace its Secrets when it opted in
+    assert approved["status"]["stateStore"] == "Bundled"
+    secrets = outcome.kubectl_json("get", "secrets", "-n", "agents")["items"]
+    assert {"agentrun-state-store", "agentrun-state-store-read"} <= {s["metadata"]["name"] for s in secrets}
     assert "Opened T-1." in json.dumps(approved["status"]["result"])
     tickets = [e for e in outcome.side_effects("pydantic-ai-ticket") if e["spec"]["tool"] == "create_ticket"]
     assert [(e["status"]["state"], e["status"].get("externalReference")) for e in tickets] == [
@@ -172,6 +178,7 @@ def test_quickstart_runs_as_written(outcome: Outcome) -> None:
     assert [(t["id"], t["title"], t["status"]) for t in opened] == [("T-1", "Printer on fire", "open")]
     cancelled = outcome.run("langgraph-ticket")
     assert cancelled["status"]["phase"] == "Cancelled"
+    assert "pendingRequest" not in cancelled["status"]  # it waits for nobody: no inbox, no WAITING FOR
     assert outcome.side_effects("langgraph-ticket") == []  # cancelled while it asked: nothing was done
 
     # The report offered `kubectl agentrun compensate`: the example registers the compensation it names,

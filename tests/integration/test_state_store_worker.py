@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
+import yaml
 from obstore.store import S3Store
 
 from agentrun.api.budgets import stored_size
@@ -148,6 +150,65 @@ def test_a_large_state_killed_mid_way_resumes_whole_from_the_store_and_commits_i
     without_store = cli(kube, ns, "state", name, "--result")
     assert without_store.returncode == 1
     assert "set AGENTRUN_STATE_STORE_URL" in without_store.stderr
+    assert f"namespace {ns} has no Secret {READ_SECRET}" in without_store.stderr
+    no_history = cli(kube, ns, "history")
+    assert no_history.returncode == 1
+    assert "the history of archived Runs is in the state store" in no_history.stderr
+    assert "set AGENTRUN_STATE_STORE_URL" in no_history.stderr
+
+    # With the namespace's read-only Secret (as the operator makes it on its bundled store: the namespace's
+    # URL and a principal that only reads), the CLI reads the store with the user's own credentials alone.
+    kube.core.create_namespaced_secret(ns, read_only_secret(local_cluster, ns))
+    alone = cli(kube, ns, "state", name, "--result", "-o", "json")
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout) == result
+    # Someone who may read the Run but not get that Secret is told which Secret and which RBAC verb.
+    refused = cli(kube, ns, "state", name, "--result", kubeconfig=run_reader(kube, ns))
+    assert refused.returncode == 1, refused.stdout
+    assert (
+        f"read with the Secret {READ_SECRET} of namespace {ns}, which you may not get: ask for RBAC verb "
+        f"`get` on secrets, resource name {READ_SECRET}, in namespace {ns}"
+    ) in refused.stderr
+
+
+READ_SECRET = f"{STATE_STORE_SECRET}-read"
+
+
+def read_only_secret(cluster: LocalCluster, ns: str) -> dict[str, Any]:
+    """The namespace's read-only Secret as the operator makes it (operator.store_credentials)."""
+    assert cluster.object_store is not None
+    values = cluster.object_store.namespace_credentials(ns, Access.READ).env()
+    values["AGENTRUN_STATE_STORE_URL"] = cluster.namespace_store_url(ns)
+    return {"metadata": {"name": READ_SECRET, "namespace": ns}, "type": "Opaque", "stringData": values}
+
+
+def run_reader(kube: Kube, ns: str) -> Path:
+    """A kubeconfig for a ServiceAccount of `ns` that may read Runs there and nothing else."""
+    kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "run-reader"}})
+    kube.rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": "run-reader"},
+            "rules": [{"apiGroups": ["agentrun.dev"], "resources": ["runs"], "verbs": ["get", "list"]}],
+        },
+    )
+    kube.rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "run-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "run-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "run-reader", "namespace": ns}],
+        },
+    )
+    token = kube.core.create_namespaced_service_account_token(
+        "run-reader", ns, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": "run-reader", "user": {"token": token}}]
+    config["contexts"][0]["context"].update(user="run-reader", namespace=ns)
+    path = kube.kubeconfig.parent / f"run-reader-{ns}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_unverifiable(

@@ -689,3 +689,21 @@ def test_kubeapi_turns_client_exceptions_into_api_errors() -> None:
     raw.body = '{"kind": "Status", "reason": "Forbidden", "message": "watch is forbidden"}'
     converted = to_api_error(raw)
     assert (converted.status, converted.reason, converted.message) == (403, "Forbidden", "watch is forbidden")
+
+
+@pytest.mark.parametrize(
+    ("mode", "line"),
+    [
+        ("Bundled", "State store:   Bundled (the operator's bundled object store)"),
+        ("External", "State store:   External (the object store the operator is configured with)"),
+        ("Inline", "State store:   Inline (the operator has no state store: state stays in the cluster)"),
+    ],
+)
+def test_describe_says_where_the_operator_keeps_the_runs_state(mode: str, line: str) -> None:
+    text = timeline.describe(make_run({**WAITING, "stateStore": mode}), [], [], [], T0)
+
+    assert line in text.splitlines()
+
+
+def test_describe_of_a_run_no_operator_spoke_of_says_nothing_of_a_store() -> None:
+    assert "State store:" not in timeline.describe(make_run(WAITING), [], [], [], T0)

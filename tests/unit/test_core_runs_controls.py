@@ -498,6 +498,38 @@ def test_conditions_follow_the_phase(phase: RunPhase, statuses: list[str]) -> No
         assert succeeded["reason"] == "SomeReason"
 
 
+# The condition each phase's message is written on (the others carry none): a failure's message once.
+MESSAGE_ON = {
+    RunPhase.QUEUED: "Succeeded",
+    RunPhase.RUNNING: "LeaseHeld",
+    RunPhase.RETRY_BACKOFF: "Succeeded",
+    RunPhase.INPUT_REQUIRED: "Waiting",
+    RunPhase.AUTH_REQUIRED: "Waiting",
+    RunPhase.PAUSED: "Waiting",
+    RunPhase.CANCEL_REQUESTED: "CancelRequested",
+    RunPhase.COMPENSATING: "Succeeded",
+    RunPhase.CANCELLED: "Succeeded",
+    RunPhase.SUCCEEDED: "Succeeded",
+    RunPhase.FAILED: "Succeeded",
+    RunPhase.NEEDS_RECONCILIATION: "Succeeded",
+}
+
+
+@pytest.mark.parametrize(("phase", "carrier"), MESSAGE_ON.items(), ids=[p.value for p in MESSAGE_ON])
+def test_the_message_is_on_the_one_condition_it_belongs_to(phase: RunPhase, carrier: str) -> None:
+    conditions = conditions_for(
+        phase, "SomeReason", "the step failed: boom", generation=4, previous=None, now=NOW
+    )
+
+    assert {c["type"]: c["message"] for c in conditions} == {
+        kind: "the step failed: boom" if kind == carrier else "" for kind in CONDITION_TYPES
+    }
+
+
+def test_every_phase_says_where_its_message_goes() -> None:
+    assert set(MESSAGE_ON) == set(RunPhase) == set(CONDITION_FACTS)
+
+
 def test_no_lease_is_held_between_two_compensation_attempts() -> None:
     running = conditions_for(RunPhase.COMPENSATING, "Compensating", "m", generation=1, previous=None, now=NOW)
     backoff = conditions_for(

@@ -13,6 +13,7 @@ from agentrun.api import (
     Attempt,
     FailureClass,
     RunPhase,
+    StateStoreMode,
 )
 from agentrun.core import report
 from agentrun.core.plan import (
@@ -550,6 +551,12 @@ TRANSITIONS: dict[str, Transition] = {
         cancelled(at_rest("InputRequired", pendingRequest=WAITING)), ["PatchRunStatus"], "Cancelled"
     ),
     "cancel-a-failed-run": Transition(cancelled(at_rest("Failed")), ["PatchRunStatus"], "Cancelled"),
+    # A Run that ended before its phase change cleared the request (an earlier operator) drops it.
+    "cancelled-with-a-leftover-request-drops-it": Transition(
+        stopped("Cancelled", pendingRequest=WAITING),
+        ["PatchRunStatus"],
+        status_fields=frozenset({"pendingRequest"}),
+    ),
     "cancel-requested-pod-not-stopped-yet": Transition(
         make_world(
             make_run(
@@ -1250,6 +1257,38 @@ def test_every_phase_change_carries_the_side_effects(case: Transition) -> None:
         assert patch["report"] == report.run_report(effects)
     else:
         assert "report" not in patch
+
+
+@pytest.mark.parametrize("mode", list(StateStoreMode), ids=[m.value for m in StateStoreMode])
+def test_every_phase_change_says_where_the_operator_keeps_agent_state(mode: StateStoreMode) -> None:
+    for name, case in CASES_WITH_STATUS_PATCHES.items():
+        plan = decide(replace(case.world, store_mode=mode))
+        changes = [p.patch for p in of_type(plan, PatchRunStatus) if "phase" in p.patch]
+        assert [c["stateStore"] for c in changes] == [mode.value] * len(changes), name
+        others = [p.patch for p in of_type(plan, PatchRunStatus) if "phase" not in p.patch]
+        assert all("stateStore" not in p for p in others), name
+
+
+ENDS_WAITING = {
+    k: c
+    for k, c in TRANSITIONS.items()
+    if c.phase in ("Succeeded", "Failed", "Cancelled") and c.world.run.status.pending_request is not None
+}
+
+
+@pytest.mark.parametrize("case", ENDS_WAITING.values(), ids=ENDS_WAITING.keys())
+def test_a_run_that_ends_waits_for_nobody(case: Transition) -> None:
+    """A Run that ends with a request pending (cancelled or expired while waiting) clears it in the same
+    write: no console inbox and no WAITING FOR column shows it any more."""
+    patch = next(p.patch for p in of_type(decide(case.world), PatchRunStatus) if "phase" in p.patch)
+
+    assert "pendingRequest" in patch
+    assert patch["pendingRequest"] is None
+
+
+def test_the_ends_with_a_request_pending_are_in_the_table() -> None:
+    assert {"cancel-while-waiting-for-input"} <= set(ENDS_WAITING)
+    assert any(c.phase == "Failed" for c in ENDS_WAITING.values())
 
 
 def test_a_timed_out_attempt_is_failed_as_infrastructure_and_its_pod_stopped_with_grace() -> None:

@@ -63,6 +63,10 @@ NAMESPACED_RESOURCES = {
 }
 
 
+# The bundled state store is on by default: tests of other matters that compare whole grants turn it off.
+NO_BUNDLED = "stateStore.bundled.enabled=false"
+
+
 def template(*set_values: str, check: bool = True) -> list[dict[str, Any]]:
     argv = [HELM, "template", "rel", str(CHART), "--namespace=ops", f"--kube-version={render.KUBE_VERSION}"]
     argv += [f"--set={value}" for value in set_values]
@@ -260,9 +264,17 @@ def test_bad_values_are_refused_by_the_schema(bad: str) -> None:
     assert "agentrun" in template_error(bad)
 
 
-def test_without_a_state_store_the_operator_is_told_none() -> None:
-    container = operator_container(template())
-    assert not {"AGENTRUN_STATE_STORE_URL", "AGENTRUN_STATE_STORE_SECRET"} & set(env_of(container))
+def test_without_a_state_store_the_operator_is_told_it_was_chosen() -> None:
+    """No URL and the bundled server turned off: no store, which the operator is told is meant (it says so
+    at its start, never falling back to inline state silently)."""
+    container = operator_container(template(NO_BUNDLED))
+    env = env_of(container)
+    assert not {
+        "AGENTRUN_STATE_STORE_URL",
+        "AGENTRUN_STATE_STORE_SECRET",
+        "AGENTRUN_STATE_STORE_PROVISION",
+    } & set(env)
+    assert env["AGENTRUN_STATE_STORE_INLINE"] == "true"
     assert "envFrom" not in container
 
 
@@ -273,9 +285,11 @@ def test_a_state_store_reaches_the_operator_with_its_own_credentials() -> None:
             f"stateStore.url={url}",
             "stateStore.credentialsSecret=operator-store",
             "stateStore.agentSecretName=team-store",
+            NO_BUNDLED,
         )
     )
     env = env_of(container)
+    assert not {"AGENTRUN_STATE_STORE_INLINE", "AGENTRUN_STATE_STORE_PROVISION"} & set(env)
     assert (env["AGENTRUN_STATE_STORE_URL"], env["AGENTRUN_STATE_STORE_SECRET"]) == (url, "team-store")
     assert container["envFrom"] == [{"secretRef": {"name": "operator-store"}}]
 
@@ -290,7 +304,7 @@ def test_several_replicas_need_peering() -> None:
 
 
 def test_default_install_is_cluster_wide_and_highly_available() -> None:
-    docs = template()
+    docs = template(NO_BUNDLED)  # the bundled store's grant: test_the_operator_may_create_the_namespaces_...
     role = one(docs, "ClusterRole", "rel-agentrun")
     assert grants(role["rules"]) == grants(OPERATOR_RULES) - grants(
         render.split_rules(OPERATOR_RULES, cluster=False, peering=True)
@@ -380,7 +394,7 @@ def test_service_monitor_is_opt_in() -> None:
 
 
 def test_metrics_can_be_turned_off() -> None:
-    docs = template("metrics.enabled=false", "logFormat=text")
+    docs = template("metrics.enabled=false", "logFormat=text", NO_BUNDLED)
     assert not by_kind(docs, "Service")
     env = env_of(operator_container(docs))
     assert env["AGENTRUN_METRICS_PORT"] == "0"
@@ -396,7 +410,7 @@ def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 
 def test_namespace_scoped_mode_creates_nothing_cluster_scoped_unless_asked() -> None:
-    docs = template("watchNamespaces={team-a,team-b}")
+    docs = template("watchNamespaces={team-a,team-b}", NO_BUNDLED)
     assert cluster_scoped(docs) == set(), "a namespace administrator can install it"
     asked = template(
         "watchNamespaces={team-a}",
@@ -595,7 +609,7 @@ def test_the_operator_reads_one_secret_by_name_only() -> None:
 def test_the_charts_operator_reads_the_agents_store_secrets_by_their_configured_name(
     values: tuple[str, ...], name: str
 ) -> None:
-    role = one(template(*values), "ClusterRole", "rel-agentrun")
+    role = one(template(*values, NO_BUNDLED), "ClusterRole", "rel-agentrun")
     rules = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
     names = [name, f"{name}-read"]
     assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": names}]
@@ -607,13 +621,41 @@ BUNDLED = "stateStore.bundled.enabled=true"
 STORE = "rel-agentrun-store"
 
 
-def test_the_bundled_store_is_off_by_default() -> None:
+def test_the_bundled_store_is_on_by_default_and_off_only_when_asked() -> None:
     docs = template()
+    assert [d["metadata"]["name"] for d in by_kind(docs, "StatefulSet")] == [STORE]
+    [claim] = one(docs, "StatefulSet", STORE, "ops")["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    env = env_of(operator_container(docs))
+    assert env["AGENTRUN_STATE_STORE_PROVISION"] == "versitygw"
+    assert env["AGENTRUN_STATE_STORE_URL"].startswith(
+        "s3://agentrun?endpoint=http://rel-agentrun-store.ops.svc:"
+    )
+    assert "AGENTRUN_STATE_STORE_INLINE" not in env
+
+    docs = template(NO_BUNDLED)
     assert not by_kind(docs, "StatefulSet")
     assert not [d for d in docs if d["metadata"]["name"].startswith(STORE)]
     assert "AGENTRUN_STATE_STORE_PROVISION" not in env_of(operator_container(docs))
     role = one(docs, "ClusterRole", "rel-agentrun")
     assert ("", "secrets", "create") not in grants(role["rules"])
+
+
+def test_a_bundled_server_that_runs_elsewhere_is_administered_but_not_installed() -> None:
+    """stateStore.bundled.install=false (the local control plane's object store, `make cluster`): the
+    operator administers the server stateStore.url names with the root credentials of existingSecret; the
+    chart renders no server."""
+    url = "s3://agentrun?endpoint=http://127.0.0.1:7070&region=us-east-1"
+    docs = template(
+        "stateStore.bundled.install=false", f"stateStore.url={url}", "stateStore.bundled.existingSecret=root"
+    )
+    assert not by_kind(docs, "StatefulSet")
+    assert not [d for d in docs if d["metadata"]["name"].startswith(STORE)]
+    container = operator_container(docs)
+    env = env_of(container)
+    assert (env["AGENTRUN_STATE_STORE_URL"], env["AGENTRUN_STATE_STORE_PROVISION"]) == (url, "versitygw")
+    assert container["envFrom"] == [{"secretRef": {"name": "root"}}]
+    assert "needs stateStore.url" in template_error("stateStore.bundled.install=false")
 
 
 def test_the_bundled_store_runs_the_server_the_local_control_plane_runs() -> None:
@@ -737,8 +779,9 @@ def test_the_operator_may_create_the_namespaces_store_secrets_only_with_the_bund
     kind, namespace = ("Role", "team-a") if scoped else ("ClusterRole", None)
     create = grants(STATE_STORE_PROVISION_RULES)
     assert create == {("", "secrets", "create")}
-    assert not create & grants(one(template(*scoped), kind, "rel-agentrun", namespace)["rules"])
+    assert not create & grants(one(template(NO_BUNDLED, *scoped), kind, "rel-agentrun", namespace)["rules"])
     assert create <= grants(one(template(BUNDLED, *scoped), kind, "rel-agentrun", namespace)["rules"])
+    assert create <= grants(one(template(*scoped), kind, "rel-agentrun", namespace)["rules"])  # the default
 
 
 def test_a_namespaced_operator_reads_its_namespaces_for_the_bundled_store_only_when_asked() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agentrun.api import Usage, lease_name
+from agentrun.api import StateStoreMode, Usage, lease_name
 from agentrun.core.plan import (
     CreateAttempt,
     DeletePod,
@@ -250,6 +250,7 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_attempt_pods_collected",
         "agentrun_work_queue_depth",
         "agentrun_operator_active",
+        "agentrun_state_store_mode",
         "agentrun_usage_input_tokens",
         "agentrun_usage_output_tokens",
         "agentrun_usage_cost_usd",
@@ -422,3 +423,15 @@ def test_text_stays_the_default_format_and_unknown_formats_are_refused() -> None
     assert isinstance(logs.handler("json").formatter, logs.JsonFormatter)
     with pytest.raises(ValueError, match="unknown log format"):
         logs.handler("xml")
+
+
+@pytest.mark.parametrize("mode", list(StateStoreMode), ids=[m.value for m in StateStoreMode])
+def test_the_state_store_mode_is_one_series_at_1(
+    registry: CollectorRegistry, m: OperatorMetrics, mode: StateStoreMode
+) -> None:
+    m.state_store(mode)
+
+    assert {
+        each.value.lower(): sample(registry, "agentrun_state_store_mode", mode=each.value.lower())
+        for each in StateStoreMode
+    } == {each.value.lower(): (1.0 if each == mode else 0.0) for each in StateStoreMode}

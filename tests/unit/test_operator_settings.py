@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 import kopf
@@ -108,4 +109,49 @@ def test_the_operator_provisions_namespaces_only_on_the_bundled_server(
 def test_an_unknown_provisioner_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTRUN_STATE_STORE_PROVISION", "minio")
     with pytest.raises(ValueError, match="versitygw"):
+        OperatorSettings.from_env(auto_priority=-1)
+
+
+STORE = "s3://agentrun?endpoint=http://127.0.0.1:7070"
+
+
+@pytest.mark.parametrize(
+    ("env", "mode", "level", "says"),
+    [
+        (
+            {"AGENTRUN_STATE_STORE_URL": STORE, "AGENTRUN_STATE_STORE_PROVISION": "versitygw"},
+            "Bundled",
+            logging.INFO,
+            "the bundled server at s3://agentrun?endpoint=http://127.0.0.1:7070&buckets=namespace",
+        ),
+        ({"AGENTRUN_STATE_STORE_URL": STORE}, "External", logging.INFO, "an administrator provides"),
+        ({"AGENTRUN_STATE_STORE_INLINE": "true"}, "Inline", logging.INFO, "as configured"),
+        ({}, "Inline", logging.WARNING, "set AGENTRUN_STATE_STORE_INLINE=true to say that this is meant"),
+    ],
+    ids=["bundled", "external", "inline-chosen", "inline-unsaid"],
+)
+def test_the_operator_says_where_it_keeps_agent_state(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], mode: str, level: int, says: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = OperatorSettings.from_env(auto_priority=-1)
+
+    assert config.state_store_mode.value == mode
+    said_level, said = config.state_store_said()
+    assert said.startswith(f"state store: {mode}")
+    assert says in said
+    assert said_level == level
+
+
+def test_no_store_chosen_with_a_store_url_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_URL", STORE)
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_INLINE", "true")
+    with pytest.raises(ValueError, match="set one of them"):
+        OperatorSettings.from_env(auto_priority=-1)
+
+
+def test_the_inline_choice_is_true_or_false(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRUN_STATE_STORE_INLINE", "yes")
+    with pytest.raises(ValueError, match="true or false"):
         OperatorSettings.from_env(auto_priority=-1)

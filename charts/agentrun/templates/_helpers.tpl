@@ -81,7 +81,10 @@ cluster-wide mode, so a namespace-scoped release renders nothing cluster-scoped 
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: there is nothing to scrape otherwise" }}
 {{- end }}
 {{- if and .Values.stateStore.bundled.enabled .Values.stateStore.credentialsSecret }}
-{{- fail "stateStore.credentialsSecret must be empty with stateStore.bundled.enabled: the operator's credentials are the bundled server's root (stateStore.bundled.existingSecret)" }}
+{{- fail "stateStore.credentialsSecret must be empty with stateStore.bundled.enabled (the default): the operator's credentials are the bundled server's root (stateStore.bundled.existingSecret); with a store of your own, set stateStore.bundled.enabled=false" }}
+{{- end }}
+{{- if and .Values.stateStore.bundled.enabled (not .Values.stateStore.bundled.install) (not (and .Values.stateStore.url .Values.stateStore.bundled.existingSecret)) }}
+{{- fail "stateStore.bundled.install=false needs stateStore.url (where the server runs) and stateStore.bundled.existingSecret (its root credentials)" }}
 {{- end }}
 {{- if and (not .Values.rbac.create) (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.name is required when the chart creates neither the ServiceAccount nor its RBAC" }}

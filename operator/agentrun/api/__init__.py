@@ -106,6 +106,7 @@ from agentrun.api.run import (
     RunStatus,
     SideEffectCounts,
     SpentKey,
+    StateStoreMode,
 )
 from agentrun.api.sideeffect import (
     SIDE_EFFECT_TRANSITIONS,
@@ -229,6 +230,7 @@ __all__ = [
     "SpentKey",
     "StartKind",
     "StartReason",
+    "StateStoreMode",
     "Thread",
     "Usage",
     "attempt_name",

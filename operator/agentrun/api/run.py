@@ -508,6 +508,15 @@ class PodGC(StrEnum):
     NEVER = "Never"  # kept until the Run is deleted
 
 
+class StateStoreMode(StrEnum):
+    """Where the operator keeps agent state (docs/state-store.md), as it says in its start-up log, its
+    metric agentrun_state_store_mode and each Run's status.stateStore."""
+
+    BUNDLED = "Bundled"  # the bundled object store: the operator makes each opted-in namespace's access
+    EXTERNAL = "External"  # the store its URL names: an administrator provides the namespaces' Secrets
+    INLINE = "Inline"  # no store: state stays in the cluster within the byte budgets (a deployer's choice)
+
+
 class RunSpec(ApiModel):
     """The desired state of a Run, owned by its user."""
 
@@ -973,6 +982,13 @@ class RunStatus(ApiModel):
     )
     attempts: int | None = Field(
         None, ge=0, le=MAX_EPOCH, description="How many Attempts the Run has started."
+    )
+    state_store: StateStoreMode | None = Field(
+        None,
+        description="Where the operator keeps agent state, written with each phase change: Bundled (the "
+        "bundled object store, the namespace's access made by the operator), External (the store the "
+        "operator's URL names) or Inline (no store: state stays in the cluster within its byte budgets, "
+        "finished Runs are never archived).",
     )
     current_attempt: int | None = Field(
         None,

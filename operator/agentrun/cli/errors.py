@@ -23,8 +23,12 @@ class CliError(Exception):
         self.code = code
 
 
+class NotFound(CliError):
+    """What the command names is not in the cluster."""
+
+
 def not_found(kind: str, name: str, namespace: str) -> CliError:
-    return CliError(f'{kind} "{name}" not found in namespace "{namespace}"')
+    return NotFound(f'{kind} "{name}" not found in namespace "{namespace}"')
 
 
 # What a person does about a refusal whose cause (agentrun.api.causes) a write of the plugin can meet:

@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from agentrun.api import (
     STOPPED_PHASES,
@@ -20,6 +21,7 @@ from agentrun.api import (
     SideEffect,
     StartKind,
     StartReason,
+    StateStoreMode,
 )
 from agentrun.cli import render
 from agentrun.cli.hints import Target
@@ -127,6 +129,14 @@ def _control_entries(run: Run, attempts: Sequence[Attempt]) -> list[Entry]:
     return out
 
 
+# What the operator said of where it keeps agent state (status.stateStore, written with each phase change).
+STORE_MODES: Final = {
+    StateStoreMode.BUNDLED: "Bundled (the operator's bundled object store)",
+    StateStoreMode.EXTERNAL: "External (the object store the operator is configured with)",
+    StateStoreMode.INLINE: "Inline (the operator has no state store: state stays in the cluster)",
+}
+
+
 def _run_entries(run: Run) -> list[Entry]:
     """The Run's own turning points, from its conditions: a cancel asked for, and how it ended."""
     s, out = run.status, []
@@ -202,6 +212,7 @@ def describe(
         + (f" (current {s.current_attempt})" if s.current_attempt else ""),
         f"Epochs:        lease {s.lease_epoch or 0}, cancel {cancel}",
         f"Checkpoint:    {s.latest_checkpoint or render.NONE}",
+        *([f"State store:   {STORE_MODES[s.state_store]}"] if s.state_store else []),
         f"Created:       {render.rfc3339(meta.creation_timestamp)} "
         f"({render.age(meta.creation_timestamp, now)} ago)",
     ]

@@ -28,6 +28,20 @@ def _lease_held(phase: RunPhase, between_attempts: bool) -> tuple[str, str]:
     return "False", "NoActiveAttempt"
 
 
+def message_carrier(phase: RunPhase) -> str:
+    """The one condition a phase change's message belongs to (the others say only their reason): the
+    request a Run waits on (Waiting), the cancel being carried out (CancelRequested), the Attempt that
+    runs (LeaseHeld); otherwise how the Run stands or ended (Succeeded: a failure's message is there).
+    """
+    if phase in WAITING_PHASES:
+        return "Waiting"
+    if phase == RunPhase.CANCEL_REQUESTED:
+        return "CancelRequested"
+    if phase == RunPhase.RUNNING:
+        return "LeaseHeld"
+    return "Succeeded"
+
+
 def conditions_for(
     phase: RunPhase,
     reason: str,
@@ -39,7 +53,8 @@ def conditions_for(
     between_attempts: bool = False,
 ) -> list[dict[str, Any]]:
     """Succeeded, Waiting, CancelRequested and LeaseHeld for `phase` (`between_attempts`: a next Attempt
-    is due at status.nextAttemptTime); lastTransitionTime moves only when a condition's status changes."""
+    is due at status.nextAttemptTime); lastTransitionTime moves only when a condition's status changes.
+    `message` is written on one condition only (message_carrier)."""
     facts = {
         "Succeeded": _succeeded(phase, reason),
         "Waiting": ("True", phase.value) if phase in WAITING_PHASES else ("False", "NotWaiting"),
@@ -49,6 +64,7 @@ def conditions_for(
         "LeaseHeld": _lease_held(phase, between_attempts),
     }
     before = {c.type: c for c in previous or []}
+    carrier = message_carrier(phase)
     out = []
     for kind, (status, why) in facts.items():
         old = before.get(kind)
@@ -58,7 +74,7 @@ def conditions_for(
                 "type": kind,
                 "status": status,
                 "reason": why,
-                "message": message[:1024],
+                "message": message[:1024] if kind == carrier else "",
                 "observedGeneration": generation,
                 "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
             }

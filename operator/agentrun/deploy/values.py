@@ -188,14 +188,20 @@ class BundledStorage(_Values):
 
 
 class BundledStore(_Values):
-    enabled: bool = False
-    """Install the state store with the release, for a cluster without an object store: versitygw (an
-    S3-compatible server, one replica) as a StatefulSet with its data on a PersistentVolumeClaim, a Service
-    <fullname>-store, and the operator pointed at it with the server's root credentials. The operator
-    creates the bucket with versioning on at its start, and each opted-in agent namespace's principals and
-    Secrets (stateStore.agentSecretName). One replica, one volume: back the volume up. stateStore.url may
-    name another address of the same server (default: the Service's); stateStore.credentialsSecret must be
-    empty (the operator's credentials are the server's root)."""
+    enabled: bool = True
+    """Install the state store with the release (the default): versitygw (an S3-compatible server, one
+    replica) as a StatefulSet with its data on a PersistentVolumeClaim, a Service <fullname>-store, and the
+    operator pointed at it with the server's root credentials. The operator creates the bucket with
+    versioning on at its start, and each opted-in agent namespace's principals and Secrets
+    (stateStore.agentSecretName). One replica, one volume: back the volume up. stateStore.url may name
+    another address of the same server (default: the Service's); stateStore.credentialsSecret must be
+    empty (the operator's credentials are the server's root). A store of your own: set stateStore.url,
+    stateStore.credentialsSecret and enabled=false. Without a URL and with enabled=false the operator keeps
+    agent state inline within the byte budgets and never archives a finished Run: a choice it reports."""
+    install: bool = True
+    """Render the server itself (StatefulSet, claim, Service, and the root Secret unless existingSecret).
+    false: the server runs elsewhere, stateStore.url names it and existingSecret holds its root
+    credentials (the local control plane's object store: `make cluster` writes these values)."""
     existing_secret: str = Field("", pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """A Secret in the release's namespace holding the server's root credentials as AWS_ACCESS_KEY_ID and
     AWS_SECRET_ACCESS_KEY. Empty (default): the chart makes <fullname>-store-root with random ones, kept
@@ -231,9 +237,9 @@ class BundledStore(_Values):
 class StateStore(_Values):
     url: str = Field("", max_length=2048, pattern=r"^$|^(s3|gs|az|file)://[^@\s]+$")
     """The agent-state store's URL (docs/state-store.md), e.g. s3://bucket/prefix?endpoint=https://...;
-    empty (default): no store, all state stays inline within the byte budgets (or, with bundled.enabled,
-    the bundled server's Service). A URL never holds credentials (the schema and the operator refuse one
-    with '@')."""
+    empty (default): the bundled server's Service (bundled.enabled, the default), else no store (all state
+    stays inline within the byte budgets, which the operator reports). A URL never holds credentials (the
+    schema and the operator refuse one with '@')."""
     credentials_secret: str = Field("", pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """A Secret in the release's namespace whose keys become the operator's environment (e.g.
     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY): the operator's own store principal, the one allowed to
@@ -244,7 +250,8 @@ class StateStore(_Values):
     under its prefix, no delete); attempt Pods take them by secretKeyRef. A Run whose namespace lacks it
     fails before its first Attempt (StateStoreCredentialsMissing)."""
     bundled: BundledStore = Field(default_factory=BundledStore)
-    """The state store installed with the release (off by default: point url at the one you have)."""
+    """The state store installed with the release (on by default; with a store of your own set url,
+    credentialsSecret and bundled.enabled=false)."""
 
 
 class ConsoleService(_Values):

@@ -83,6 +83,8 @@ async def run(namespaces: list[str], liveness: str | None) -> None:
         await require_bundled_bucket(config, clock)
     finally:
         await api.aclose()  # else its session is reported unclosed ("ERROR asyncio") at every start
+    level, said = config.state_store_said()
+    log.log(level, "%s", said)
     freeze_startup_objects()
     settings = kopf.OperatorSettings()
     # Namespace-scoped mode runs without cluster-wide permissions: kopf need not (and cannot) list

@@ -34,13 +34,15 @@ def registry(
     @kopf.on.startup(registry=handlers)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         apply_settings(settings, config)
+        operator_metrics = OperatorMetrics(new_registry())
+        operator_metrics.state_store(config.state_store_mode)
         runtime = Runtime(
             KubeApi(api_values_only=True),  # its bodies are made of what the API server sent
             config,
             namespaces,
             operator_account=own_account(),
             tracing=Tracing("agentrun-operator"),  # spans over OTLP with OTEL_EXPORTER_OTLP_ENDPOINT
-            operator_metrics=OperatorMetrics(new_registry()),
+            operator_metrics=operator_metrics,
             clock=clock,
             identity=identity,
         )

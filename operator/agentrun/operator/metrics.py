@@ -38,6 +38,7 @@ from agentrun.api import (
     RejectedCommitReason,
     RunPhase,
     SideEffectState,
+    StateStoreMode,
     Usage,
 )
 from agentrun.api.usage import MICRO
@@ -249,6 +250,13 @@ class OperatorMetrics:
             "1 while this replica acts, 0 while it stands by (peering: a live peer of higher priority acts).",
             registry=registry,
         )
+        self.store_mode = Gauge(
+            "agentrun_state_store_mode",
+            "1 for where this operator keeps agent state, 0 for the others: bundled (the bundled object "
+            "store), external (the store its URL names) or inline (no store).",
+            ["mode"],
+            registry=registry,
+        )
         self.work_queue_depth = Gauge(
             "agentrun_work_queue_depth",
             "Runs waiting in the work queue for a reconcile worker.",
@@ -279,6 +287,11 @@ class OperatorMetrics:
             self.rejected_commits.labels(rejected.value)
         if registry is not None:
             registry.register(_StateCollector(self))
+
+    def state_store(self, mode: StateStoreMode) -> None:
+        """Where this operator keeps agent state: its series 1, the other modes' 0."""
+        for each in StateStoreMode:
+            self.store_mode.labels(each.value.lower()).set(1.0 if each == mode else 0.0)
 
     # --- sources read at scrape time
 

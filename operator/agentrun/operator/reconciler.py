@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect
+from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, StateStoreMode
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import DeleteRun, Plan
@@ -65,6 +65,7 @@ class Reconciler:
         store_credentials: StoreCredentials,
         default_ttl_seconds: int | None = None,
         has_store: bool = False,
+        store_mode: StateStoreMode | None = None,
         archives: fork.ArchivedSources | None = None,
         repair: StateRepair | None = None,
     ) -> None:
@@ -78,6 +79,7 @@ class Reconciler:
         self.workers = workers
         self.default_ttl_seconds = default_ttl_seconds
         self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
+        self.store_mode = store_mode  # told to core: each phase change says it (status.stateStore)
         self.archives = archives or fork.NoArchives()  # where a deleted fork source is read from
         self.repair = repair  # restores a waiting Run's overwritten blobs (with a store)
         self.reconciles = 0
@@ -295,6 +297,7 @@ class Reconciler:
             store_credentials_missing=store_missing,
             default_ttl_seconds=self.default_ttl_seconds,
             has_store=self.has_store,
+            store_mode=self.store_mode,
             fork_source=fork_source,
             managed_fields=self._managed_fields(
                 key, attempts=owned_attempts, sideeffects=owned_effects, checkpoints=owned_checkpoints

@@ -112,6 +112,7 @@ class Runtime:
             store_credentials=self.store_credentials,
             default_ttl_seconds=config.ttl_seconds_after_finished,
             has_store=self.state_store is not None,
+            store_mode=config.state_store_mode,
             archives=fork.archives_in(self.state_store),
             repair=(
                 StateRepair(

@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from agentrun.api import StateStoreMode
 from agentrun.clock import Clock
 from agentrun.core.identity import Account
 from agentrun.core.pods import StateStorePodEnv
@@ -68,6 +69,10 @@ class OperatorSettings:
     # and its Secrets from the operator (operator.store_credentials; the URL gains `buckets=namespace`).
     # Elsewhere an administrator provides the Secrets (and the buckets, with `buckets=namespace`).
     state_store_provision: bool = False
+    # No store, on purpose (AGENTRUN_STATE_STORE_INLINE=true: the chart's stateStore.url empty and
+    # stateStore.bundled.enabled false): said at start-up as a choice; without it, an operator with no
+    # store warns that it has none.
+    state_store_inline: bool = False
     # ... and takes them back once their namespace is gone: a sweep of the server's principals against
     # the namespaces every interval (and whenever an opted-in ServiceAccount appears or goes).
     state_store_principal_sweep_seconds: float = 300.0
@@ -84,6 +89,40 @@ class OperatorSettings:
     state_store_gc_grace_seconds: float = 3600.0
     state_store_gc_quarantine_seconds: float = 86400.0
 
+    @property
+    def state_store_mode(self) -> StateStoreMode:
+        """Where agent state is kept: the bundled server, a store of the deployer's, or inline."""
+        if self.state_store_url is None:
+            return StateStoreMode.INLINE
+        return StateStoreMode.BUNDLED if self.state_store_provision else StateStoreMode.EXTERNAL
+
+    def state_store_said(self) -> tuple[int, str]:
+        """The start-up log line that says where agent state is kept, and its level: a warning when there
+        is no store and nobody said that is meant."""
+        mode = self.state_store_mode
+        if mode == StateStoreMode.BUNDLED:
+            return logging.INFO, (
+                f"state store: {mode.value}, the bundled server at {self.state_store_url}: each opted-in "
+                f"namespace gets its bucket and its Secrets {self.state_store_secret} and "
+                f"{self.state_store_secret}-read from this operator"
+            )
+        if mode == StateStoreMode.EXTERNAL:
+            return logging.INFO, (
+                f"state store: {mode.value}, {self.state_store_url}: each agent namespace needs the Secret "
+                f"{self.state_store_secret} (its own credentials), which an administrator provides"
+            )
+        if self.state_store_inline:
+            return logging.INFO, (
+                f"state store: {mode.value}, as configured (AGENTRUN_STATE_STORE_INLINE=true): agent state "
+                "stays in the cluster within its byte budgets, finished Runs are never archived"
+            )
+        return logging.WARNING, (
+            f"state store: {mode.value}: no AGENTRUN_STATE_STORE_URL, so agent state stays in the cluster "
+            "within its byte budgets and finished Runs are never archived; configure a store (the chart "
+            "installs its bundled one unless stateStore.bundled.enabled=false), or set "
+            "AGENTRUN_STATE_STORE_INLINE=true to say that this is meant"
+        )
+
     def state_store_pod_env(self) -> StateStorePodEnv | None:
         """What attempt Pods are told about the state store; None when none is configured."""
         if not self.state_store_url:
@@ -91,6 +130,11 @@ class OperatorSettings:
         return StateStorePodEnv(self.state_store_url, self.state_store_secret)
 
     def __post_init__(self) -> None:
+        if self.state_store_inline and self.state_store_url:
+            raise ValueError(
+                "AGENTRUN_STATE_STORE_INLINE=true says there is no state store, but AGENTRUN_STATE_STORE_URL "
+                "names one: set one of them"
+            )
         if self.state_store_provision and self.state_store_url and not per_namespace(self.state_store_url):
             # The bundled server keeps a bucket per namespace (agentrun.core.store_buckets): its URL says so.
             object.__setattr__(self, "state_store_url", with_namespace_buckets(self.state_store_url))
@@ -127,6 +171,7 @@ class OperatorSettings:
             state_store_url=_store_url(env("AGENTRUN_STATE_STORE_URL", "")),
             state_store_secret=env("AGENTRUN_STATE_STORE_SECRET", "").strip() or cls.state_store_secret,
             state_store_provision=_provision(env("AGENTRUN_STATE_STORE_PROVISION", "")),
+            state_store_inline=_flag("AGENTRUN_STATE_STORE_INLINE", env("AGENTRUN_STATE_STORE_INLINE", "")),
             state_store_principal_sweep_seconds=float(
                 env("AGENTRUN_STATE_STORE_PRINCIPAL_SWEEP_SECONDS", cls.state_store_principal_sweep_seconds)
             ),
@@ -177,6 +222,14 @@ def _provision(value: str) -> bool:
     if value not in ("", "versitygw"):
         raise ValueError(f"AGENTRUN_STATE_STORE_PROVISION is `versitygw` (the bundled server), not {value!r}")
     return value == "versitygw"
+
+
+def _flag(name: str, value: str) -> bool:
+    """A true/false setting; empty: false."""
+    value = value.strip().lower()
+    if value not in ("", "true", "false"):
+        raise ValueError(f"{name} is true or false, not {value!r}")
+    return value == "true"
 
 
 def _store_url(value: str) -> str | None:

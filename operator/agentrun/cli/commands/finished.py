@@ -1,6 +1,6 @@
 """What a finished Run keeps outside the API server, read back: its Checkpoint index (status.checkpointIndex,
 for `describe` and `state`) and its Attempts' log tails (`logs`). Both are in the agent-state store that
-AGENTRUN_STATE_STORE_URL names, read with the namespace's read-only credentials and verified."""
+AGENTRUN_STATE_STORE_URL names, or the namespace's read-only Secret (cli.store), and verified."""
 
 from __future__ import annotations
 
@@ -13,69 +13,64 @@ from agentrun.api import Attempt, BlobRef, Checkpoint, Run, attempt_name
 from agentrun.cli import render
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
-from agentrun.cli.store import STORE_URL_ENV, open_store, store_url
+from agentrun.cli.store import open_store
 from agentrun.core.pods import AGENT_CONTAINER
-from agentrun.kubeapi import ApiError
+from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.statestore import BlobRef as StoredRef
 from agentrun.statestore import StateStoreError
 from agentrun.statestore.checkpoint_index import as_checkpoint, decode_index
 
 
-async def read_blob(ref: BlobRef, what: str) -> bytes:
+async def read_blob(api: KubeApi, namespace: str, ref: BlobRef, what: str) -> bytes:
     """A blob's bytes, verified; a clear error when the store is not configured or cannot answer."""
-    url = store_url()
-    if url is None:
-        raise CliError(
-            f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
-            "namespace's read-only Secret) to read it"
-        )
+    store = await open_store(f"{what} ({render.stored_in(ref)})", api, namespace)
     try:
-        store = open_store(what)
         return await store.get(StoredRef(ref.key, ref.sha256, ref.size, bool(ref.links)))
     except StateStoreError as exc:
         raise CliError(f"{what}: {exc}") from None
 
 
-async def index_entries(run: Run) -> list[dict[str, Any]]:
+async def index_entries(api: KubeApi, run: Run) -> list[dict[str, Any]]:
     """The entries of a compacted Run's Checkpoint index (empty when it has none)."""
     ref = run.status.checkpoint_index
     if ref is None:
         return []
-    data = await read_blob(ref, f"the Checkpoint index of Run {run.metadata.name}")
+    what = f"the Checkpoint index of Run {run.metadata.name}"
+    data = await read_blob(api, str(run.metadata.namespace), ref, what)
     try:
         return decode_index(data)
     except ValueError as exc:
         raise CliError(f"the Checkpoint index of Run {run.metadata.name}: {exc}") from None
 
 
-async def indexed_checkpoints(run: Run, live: list[Checkpoint]) -> tuple[list[Checkpoint], str | None]:
+async def indexed_checkpoints(
+    api: KubeApi, run: Run, live: list[Checkpoint]
+) -> tuple[list[Checkpoint], str | None]:
     """The Run's Checkpoints: those still in the API server and, for a compacted Run, those its index
     names (without their state: `state --checkpoint ID` reads one). A note when the index cannot be read."""
     if run.status.checkpoint_index is None:
         return live, None
-    if store_url() is None:
-        return live, (
-            f"its other Checkpoints are in its index in the state store: set {STORE_URL_ENV} to list them"
-        )
     seen = {str(c.metadata.name) for c in live}
     ns, name = str(run.metadata.namespace), str(run.metadata.name)
     try:
-        entries = await index_entries(run)
+        entries = await index_entries(api, run)
     except CliError as exc:  # the timeline is still worth showing: say what is missing from it
         return live, f"its other Checkpoints could not be listed: {exc}"
     found = [Checkpoint.model_validate(as_checkpoint(e, name, ns)) for e in entries if e["name"] not in seen]
     return sorted([*live, *found], key=lambda c: (c.spec.sequence, str(c.metadata.name))), None
 
 
-async def indexed_checkpoint(run: Run, checkpoint_id: str) -> Checkpoint | None:
+async def indexed_checkpoint(api: KubeApi, run: Run, checkpoint_id: str) -> Checkpoint | None:
     """One Checkpoint of a compacted Run, from its index, with its inline state read back."""
-    entry = next((e for e in await index_entries(run) if e.get("id") == checkpoint_id), None)
+    entry = next((e for e in await index_entries(api, run) if e.get("id") == checkpoint_id), None)
     if entry is None:
         return None
     state = None
     if "inlineStateRef" in entry:
         ref = BlobRef.model_validate(entry["inlineStateRef"])
-        data = await read_blob(ref, f"the state of checkpoint {checkpoint_id}")
+        data = await read_blob(
+            api, str(run.metadata.namespace), ref, f"the state of checkpoint {checkpoint_id}"
+        )
         state = render_json(data, f"the state of checkpoint {checkpoint_id}")
     ns, name = str(run.metadata.namespace), str(run.metadata.name)
     return Checkpoint.model_validate(as_checkpoint(entry, name, ns, state))
@@ -114,7 +109,7 @@ async def logs(ctx: Context, args: argparse.Namespace) -> int:
     earlier = " (earlier lines not kept)" if tail.truncated else ""
     ctx.out.note(f"{name}: the tail of its log, kept when its Pod was deleted{earlier}")
     if tail.ref is not None:
-        write(await read_blob(tail.ref, f"the log tail of {name}"))
+        write(await read_blob(ctx.cluster.api, ctx.namespace, tail.ref, f"the log tail of {name}"))
     else:
         write((tail.text or "").encode())
     return EXIT_OK

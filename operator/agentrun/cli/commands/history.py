@@ -2,8 +2,9 @@
 from the cluster, read from the store's archive index (one listing and a read per chain of entries, not
 one read per archive) and from their archives, verified against the digest the index records.
 
-The store is the one AGENTRUN_STATE_STORE_URL names, with the namespace's read-only credentials in the
-environment (docs/state-store.md), as for `state`."""
+The store is the one AGENTRUN_STATE_STORE_URL names, with its credentials in the environment, or else the
+one the namespace's read-only Secret names, read with the user's own Kubernetes credentials (cli.store), as
+for `state`. `history -A` needs credentials that see every namespace's bucket (the environment's)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from agentrun.statestore import archives as stored
 
 
 async def history(ctx: Context, args: argparse.Namespace) -> int:
-    store = open_store("the history of archived Runs")
+    what = "the history of archived Runs"
+    store = await open_store(what, ctx.cluster.api, ctx.namespace)
     try:
         namespaces = await stored.archived_namespaces(store) if args.all_namespaces else [ctx.namespace]
         entries = [entry for ns in namespaces for entry in await stored.archived_runs(store, ns)]
@@ -55,7 +57,7 @@ async def history(ctx: Context, args: argparse.Namespace) -> int:
 async def describe_archived(ctx: Context, args: argparse.Namespace) -> int:
     """The timeline `describe` shows, of an archived Run (the latest of that name, or the one with
     --uid), read from its archive and verified."""
-    store = open_store(f"the archive of Run {args.run}")
+    store = await open_store(f"the archive of Run {args.run}", ctx.cluster.api, ctx.namespace)
     try:
         entry, document = await stored.read_archive(store, ctx.namespace, args.run, args.uid)
     except LookupError as exc:

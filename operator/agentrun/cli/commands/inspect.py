@@ -9,7 +9,7 @@ from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
 from agentrun.cli import render, timeline
 from agentrun.cli.commands import finished, history
 from agentrun.cli.context import Context
-from agentrun.cli.errors import EXIT_OK, CliError
+from agentrun.cli.errors import EXIT_OK, CliError, NotFound
 from agentrun.cli.output import as_list
 from agentrun.core.compensation import compensable
 
@@ -43,7 +43,15 @@ async def describe(ctx: Context, args: argparse.Namespace) -> int:
         return await history.describe_archived(ctx, args)
     if getattr(args, "uid", None):
         raise CliError("--uid names an archived Run: use it with --archived")
-    body = await ctx.cluster.run(args.run)
+    try:
+        body = await ctx.cluster.run(args.run)
+    except NotFound as missing:
+        # A Run past its time to live left the cluster, archive first: say where it may be.
+        raise CliError(
+            f"{missing.message}; a Run that finished and was archived is read with "
+            f"`kubectl agentrun describe --archived {args.run} -n {ctx.namespace}` "
+            f"(its namespace's archives: `kubectl agentrun history -n {ctx.namespace}`)"
+        ) from None
     attempts, checkpoints, effects = await asyncio.gather(
         ctx.cluster.owned("attempts", args.run),
         ctx.cluster.owned("checkpoints", args.run),
@@ -55,7 +63,7 @@ async def describe(ctx: Context, args: argparse.Namespace) -> int:
     run = Run.model_validate(body)
     live = sorted((Checkpoint.model_validate(c) for c in checkpoints), key=lambda c: c.spec.sequence)
     # A finished Run compacted: its other Checkpoints are named by its index in the state store.
-    every, note = await finished.indexed_checkpoints(run, live)
+    every, note = await finished.indexed_checkpoints(ctx.cluster.api, run, live)
     if note:
         ctx.out.note(f"Run {args.run} was compacted: {note}")
     text = timeline.describe(

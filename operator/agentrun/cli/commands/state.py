@@ -1,8 +1,8 @@
 """`state`: a Run's saved state or result, as the agent reads it: inline, or fetched from the agent-state
 store and verified (size and sha256 against the reference the fenced object records). Read-only.
 
-The store is the one AGENTRUN_STATE_STORE_URL names, with its credentials in the environment (for people:
-the namespace's read-only Secret, docs/state-store.md)."""
+The store is the one AGENTRUN_STATE_STORE_URL names, with its credentials in the environment, or else the
+one the namespace's read-only Secret names, read with the user's own Kubernetes credentials (cli.store)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from agentrun.cli import render
 from agentrun.cli.commands import finished
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
-from agentrun.cli.store import STORE_URL_ENV, open_store, store_url
+from agentrun.cli.store import open_store
+from agentrun.kubeapi import KubeApi
 from agentrun.statestore import BlobRef as StoredRef
 from agentrun.statestore import StateStoreError
 
@@ -37,7 +38,7 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
         # A finished Run's superseded Checkpoints are in its index in the store (status.checkpointIndex).
         found = Checkpoint.model_validate(body) if body is not None else None
         if found is None and run.status.checkpoint_index is not None:
-            found = await finished.indexed_checkpoint(run, checkpoint_id)
+            found = await finished.indexed_checkpoint(ctx.cluster.api, run, checkpoint_id)
         if found is None:
             raise CliError(f'checkpoint "{checkpoint_id}" not found in namespace "{ctx.namespace}"')
         checkpoint = found
@@ -46,7 +47,7 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
             raise CliError(f"checkpoint {checkpoint_id} belongs to Run {owner}, not {args.run}")
         what = f"the state of checkpoint {checkpoint_id}"
         inline, ref = checkpoint.spec.state, checkpoint.spec.state_ref
-    value = inline if ref is None else await fetch(ref, what)
+    value = inline if ref is None else await fetch(ctx.cluster.api, ctx.namespace, ref, what)
     if ref is not None:
         ctx.out.note(f"{what}: {render.stored_in(ref)}, verified")
     if ctx.out.raw:
@@ -56,14 +57,9 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def fetch(ref: BlobRef, what: str) -> Any:
+async def fetch(api: KubeApi, namespace: str, ref: BlobRef, what: str) -> Any:
     """The value a reference names, read from the store and verified; a clear error when it cannot be."""
-    if store_url() is None:
-        raise CliError(
-            f"{what} is {render.stored_in(ref)}: set {STORE_URL_ENV} and the store's credentials (the "
-            "namespace's read-only Secret) to read it"
-        )
-    store = open_store(what)
+    store = await open_store(f"{what} ({render.stored_in(ref)})", api, namespace)
     try:
         data = await store.get(StoredRef(ref.key, ref.sha256, ref.size))
     except StateStoreError as exc:

@@ -92,8 +92,11 @@ def control_request(w: World) -> Transition | None:
 
 def stopped(w: World) -> Transition | None:
     """Succeeded, Failed, Cancelled or NeedsReconciliation -> leftover Attempts aborted, a cancelled Run's
-    Pending SideEffects settled, the report kept current; only a manual retry moves it on."""
-    return stopping.abort_leftovers(w).then(stopping.settle_after_cancel(w), stopping.refresh_report(w))
+    Pending SideEffects settled, an ended Run's leftover pending request dropped, the report kept current;
+    only a manual retry moves it on."""
+    return stopping.abort_leftovers(w).then(
+        stopping.settle_after_cancel(w), stopping.drop_ended_request(w), stopping.refresh_report(w)
+    )
 
 
 def request_expired(w: World) -> Transition | None:

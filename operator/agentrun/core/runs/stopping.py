@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from agentrun.api import (
     FINISHED_ATTEMPT_PHASES,
+    TERMINAL_PHASES,
     Attempt,
     AttemptFailure,
     AttemptPhase,
@@ -160,6 +161,14 @@ def live_attempts(world: World) -> bool:
         if attempt.status.phase not in FINISHED_ATTEMPT_PHASES or (pod is not None and not pod.finished):
             return True
     return False
+
+
+def drop_ended_request(w: World) -> Transition:
+    """An ended Run (Succeeded, Failed, Cancelled) still holding a pending request (one written before
+    a phase change cleared it) drops it: it waits for nobody."""
+    if w.run.status.phase in TERMINAL_PHASES and w.run.status.pending_request is not None:
+        return writes(PatchRunStatus({"pendingRequest": None}))
+    return NOTHING
 
 
 def refresh_report(w: World) -> Transition:

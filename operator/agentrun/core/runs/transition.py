@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 from agentrun.api import (
     FINISHED_ATTEMPT_PHASES,
     STOPPED_PHASES,
+    TERMINAL_PHASES,
     Attempt,
     AttemptFailure,
     AttemptPhase,
@@ -205,7 +206,9 @@ def _collected_at_end(world: World, attempt: str) -> str | None:
 
 def phase_patch(world: World, change: SetPhase) -> dict[str, Any]:
     """The Run status patch of a phase change: its conditions, the side-effect counts (the report too
-    once the Run stopped), the counters of a Run's first status write, then the change's own fields."""
+    once the Run stopped), the counters of a Run's first status write, then the change's own fields. A Run
+    that ends (Succeeded, Failed, Cancelled) waits for nobody any more: its pending request goes with it,
+    so no inbox and no WAITING FOR column shows it."""
     run, status = world.run, world.run.status
     generation = run.metadata.generation
     patch: dict[str, Any] = {
@@ -227,6 +230,10 @@ def phase_patch(world: World, change: SetPhase) -> dict[str, Any]:
         # The Run's first status write: the cancelEpoch it was created with is no cancel request, and
         # the counters start at zero even when the Run fails before any grant (nothing was started).
         patch.update(observedCancelEpoch=run.spec.cancel_epoch, attempts=0, leaseEpoch=0)
+    if change.phase in TERMINAL_PHASES and status.pending_request is not None:
+        patch["pendingRequest"] = None
+    if world.store_mode is not None:
+        patch["stateStore"] = world.store_mode.value
     patch.update(change.fields)
     if change.phase in STOPPED_PHASES:
         patch["report"] = report.run_report(world.side_effects)

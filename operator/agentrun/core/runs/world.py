@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect
+from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect, StateStoreMode
 from agentrun.core.fork import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView, StateStorePodEnv
@@ -48,6 +48,9 @@ class World:
     # Whether the operator has a state store of its own: a finished Run's checkpoint index and archive,
     # and Attempts' log tails, go there.
     has_store: bool = False
+    # Where the operator keeps agent state (its settings: OperatorSettings.state_store_mode), written on
+    # the Run with each phase change (status.stateStore); None: not said (tests of other matters).
+    store_mode: StateStoreMode | None = None
     # A finished Run's time to live when its spec.ttlSecondsAfterFinished is unset (core.runs.expiry; None:
     # kept).
     default_ttl_seconds: int | None = None
