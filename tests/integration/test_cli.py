@@ -395,14 +395,7 @@ def test_clear_errors_for_what_is_missing_or_forbidden(
 
     # someone without rights: a service account token, its namespace taken from the kubeconfig context
     kube.core.create_namespaced_service_account(ns, {"metadata": {"name": "nobody"}})
-    token = kube.core.create_namespaced_service_account_token(
-        "nobody", ns, {"spec": {"expirationSeconds": 600}}
-    ).status.token
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": "nobody", "user": {"token": token}}]
-    config["contexts"][0]["context"].update(user="nobody", namespace=ns)
-    path = kube.kubeconfig.parent / f"nobody-{ns}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    path = kube.account_kubeconfig(ns, "nobody")
     try:
         forbidden = cli(kube, None, "get", kubeconfig=path)
         # a watch refused is an answer too: said at once, not tried again until its timeout

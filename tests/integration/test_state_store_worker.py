@@ -14,7 +14,6 @@ from typing import Any
 
 import obstore
 import pytest
-import yaml
 from obstore.store import S3Store
 
 from agentrun.api.budgets import stored_size
@@ -200,15 +199,7 @@ def run_reader(kube: Kube, ns: str) -> Path:
             "subjects": [{"kind": "ServiceAccount", "name": "run-reader", "namespace": ns}],
         },
     )
-    token = kube.core.create_namespaced_service_account_token(
-        "run-reader", ns, {"spec": {"expirationSeconds": 600}}
-    ).status.token
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": "run-reader", "user": {"token": token}}]
-    config["contexts"][0]["context"].update(user="run-reader", namespace=ns)
-    path = kube.kubeconfig.parent / f"run-reader-{ns}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return kube.account_kubeconfig(ns, "run-reader")
 
 
 def test_a_state_blob_replaced_behind_the_runs_back_stops_the_next_attempt_as_unverifiable(

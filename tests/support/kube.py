@@ -75,6 +75,19 @@ class Kube:
         path.write_text(yaml.safe_dump(config_doc))
         return Kube(path, self.kubectl_path)
 
+    def account_kubeconfig(self, namespace: str, account: str) -> Path:
+        """A kubeconfig that authenticates as the ServiceAccount `account` of `namespace` (a token for 10
+        minutes), with `namespace` as its context's namespace."""
+        token = self.core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 600}}
+        ).status.token
+        config_doc = yaml.safe_load(self.kubeconfig.read_text())
+        config_doc["users"] = [{"name": account, "user": {"token": token}}]
+        config_doc["contexts"][0]["context"].update(user=account, namespace=namespace)
+        path = self.kubeconfig.parent / f"{account}-{namespace}.kubeconfig"
+        path.write_text(yaml.safe_dump(config_doc))
+        return path
+
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, namespace: str | None = None
     ) -> subprocess.CompletedProcess[str]:
