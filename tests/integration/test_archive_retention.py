@@ -1,5 +1,5 @@
 """Archives outlive their Run for archiveRetention, then go (docs/state-store.md, "Archives of finished Runs";
-docs/state-store.md, "Retention"), on the namespaced control plane (conftest.py) with its real S3 server
+docs/state-store.md, "Retention"), on a control plane of this module's own with its real S3 server
 (versitygw): a real operator told AGENTRUN_ARCHIVE_RETENTION_SECONDS archives and deletes a Run with
 ttlSecondsAfterFinished 0, and its retention pass deletes an archive past the retention (the document,
 then its day of the index: `history` lists it no more) while it keeps the younger one.
@@ -12,12 +12,13 @@ is there and waits for the deletion it observes. Then the Run's own archive, onc
 retention: the same pass (ArchiveRetention) run on a clock the test moves to the boundary the archive's
 recorded time gives, one second short of it (kept), then on it (deleted); nothing waits for time to pass.
 
-Each operator here watches only its namespace (the session's cluster-wide operator is not on this control
-plane: conftest.py)."""
+The module runs its own control plane: the session's operator (cluster-wide) would act on these Runs too,
+and the retention pass below sweeps the whole store."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from integration.namespaced.test_archive import created, start_operator, store_o
 from integration.namespaced.test_metrics import scrape, value
 from integration.test_state_store_worker import cli_with_store
 from support.clock import FakeClock
+from support.clusters import cluster_kube, operator_identity, started_cluster
 from support.kube import Kube, wait_for
 from support.runs import GROUP, VERSION, create_run, scenario_run, wait_phase
 
@@ -41,6 +43,24 @@ pytestmark = pytest.mark.cluster
 # A day: an archive written now stays however long the test takes (it is younger than this, whatever the
 # time of day), and one written the day before yesterday is past it.
 RETENTION = 86_400
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Overrides the session's: a control plane (and object store) of this module's own. The retention
+    pass sweeps every archived namespace of its store, on a clock moved a day on: it would delete the
+    archives of any module sharing the store."""
+    yield from started_cluster(tmp_path_factory, "retention-cluster")
+
+
+@pytest.fixture(scope="module")
+def kube(local_cluster: LocalCluster) -> Kube:
+    return cluster_kube(local_cluster)
+
+
+@pytest.fixture(scope="module")
+def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return operator_identity(kube, tmp_path_factory)
 
 
 def recorded(entry: stored.ArchiveEntry) -> datetime:
