@@ -41,3 +41,14 @@ have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 # Does a registry answer for this image? (docker pull, bounded: on a machine without one it fails fast or
 # times out.) Pulls it when one does.
 pull_image() { timeout "${AGENTRUN_PULL_TIMEOUT:-60}" docker pull --quiet "$1" >/dev/null 2>&1; }
+
+# docker build with BuildKit where the CLI has it (buildx), otherwise the classic builder (the Dockerfiles
+# here need neither BuildKit nor a registry for their syntax line).
+docker_build() {
+  if docker buildx version >/dev/null 2>&1; then
+    DOCKER_BUILDKIT=1 docker build "$@"
+  else
+    # (without its notice that the classic builder is deprecated: the paragraph up to the first blank line)
+    DOCKER_BUILDKIT=0 docker build "$@" 2> >(awk 'NR == 1 && /^DEPRECATED/ { skip = 1 } skip && /^ *$/ { skip = 0; next } !skip' >&2)
+  fi
+}
