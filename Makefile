@@ -64,14 +64,20 @@ images: ## docker build the operator image (Dockerfile) and the agent image (Doc
 	docker build -t agentrun/operator:$(VERSION) .
 	docker build -f Dockerfile.agent -t agentrun/agent:$(VERSION) .
 
-KIND_CLUSTER ?= agentrun-e2e
+.PHONY: kind
+kind: binaries ## a kind cluster with the chart installed from images built here (kubeconfig: .devcluster/kind.kubeconfig)
+	bash hack/kind/up.sh
+
+.PHONY: kind-down
+kind-down: ## delete the cluster of `make kind`, and stop the Docker Engine if `make kind` started it
+	bash hack/kind/down.sh
+
 .PHONY: e2e-kind
-e2e-kind: venv binaries images ## the same e2e on kind, for machines with Docker (not the build machines: no engine)
-	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
-	kind load docker-image --name $(KIND_CLUSTER) $(IMAGES)
-	mkdir -p .devcluster && kind get kubeconfig --name $(KIND_CLUSTER) > .devcluster/kind.kubeconfig
+e2e-kind: venv kind ## the Helm e2e tests on the cluster of `make kind`, in real Pods (not part of `make test`)
 	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
-		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) $(PY) -m pytest tests/e2e
+		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) \
+		AGENTRUN_E2E_STORE_IMAGE=agentrun/versitygw:$$(bash hack/build-versitygw.sh print-version) \
+		$(PY) -m pytest tests/e2e $(E2E_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff (lint + format), mypy strict (package, tests, hack, bench), import-linter contracts

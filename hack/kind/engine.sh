@@ -165,5 +165,6 @@ down() {
 case "${1:-up}" in
   up) up ;;
   down) down ;;
-  *) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+  missing-caps) missing_caps ;;
+  *) echo "usage: $0 [up|down|missing-caps]" >&2; exit 2 ;;
 esac
