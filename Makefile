@@ -65,7 +65,7 @@ images: ## docker build the operator image (Dockerfile) and the agent image (Doc
 	docker build -f Dockerfile.agent -t agentrun/agent:$(VERSION) .
 
 .PHONY: kind
-kind: binaries ## a kind cluster with the chart installed from images built here (kubeconfig: .devcluster/kind.kubeconfig)
+kind: venv binaries ## a kind cluster with the chart installed from images built here (then: source .devcluster/kind.env)
 	bash hack/kind/up.sh
 
 .PHONY: kind-down

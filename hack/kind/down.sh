@@ -9,5 +9,5 @@ if [[ -x "$KIND" ]] && docker info >/dev/null 2>&1 && "$KIND" get clusters 2>/de
   log "deleting the kind cluster $KIND_CLUSTER"
   "$KIND" delete cluster --name "$KIND_CLUSTER"
 fi
-rm -f "$KIND_CACHE/cluster-$KIND_CLUSTER.key" "$KUBECONFIG_PATH"
+rm -f "$KIND_CACHE/cluster-$KIND_CLUSTER.key" "$KUBECONFIG_PATH" "${KUBECONFIG_PATH%.kubeconfig}.env"
 bash "$(dirname "${BASH_SOURCE[0]}")/engine.sh" down

@@ -152,7 +152,15 @@ main() {
   load_images
   install_chart
   "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" get pods -n "$RELEASE_NAMESPACE" >&2
-  log "ready in $((SECONDS - began))s. Go on with: export KUBECONFIG=$KUBECONFIG_PATH"
+  # what a shell needs: KUBECONFIG, and kubectl, helm and kubectl-agentrun (the venv's) on PATH
+  local env_file="${KUBECONFIG_PATH%.kubeconfig}.env"
+  printf 'export KUBECONFIG=%q\nexport PATH=%q:%q:"$PATH"\n' "$KUBECONFIG_PATH" "$CONTROL_PLANE_BIN" \
+    "$REPO_ROOT/.venv/bin" >"$env_file"
+  log "ready in $((SECONDS - began))s. Go on with: source ${env_file#"$REPO_ROOT"/}"
 }
 
-main
+case "${1:-all}" in
+  all) main ;;
+  images) build_images ;; # the three images alone (into the running Docker Engine)
+  *) echo "usage: $0 [all|images]" >&2; exit 2 ;;
+esac
