@@ -61,7 +61,7 @@ go_bin() {
   if [[ -x "$dir/$name" ]]; then return; fi
   log "building $name $version from its Go module"
   mkdir -p "$dir"
-  GOBIN="$dir" GOFLAGS= CGO_ENABLED=0 nice -n 10 go install -trimpath "$@" "$pkg@$version" ||
+  GOBIN="$dir" GOFLAGS= CGO_ENABLED=0 go install -trimpath "$@" "$pkg@$version" ||
     die "building $name failed"
 }
 
@@ -73,7 +73,7 @@ build_etcd() {
   printf 'module agentrun.dev/build/etcd\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$mod/go.mod"
   printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' >"$mod/main.go"
   (cd "$mod" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 &&
-    CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$dir/etcd" .) || die "building etcd failed"
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/etcd" .) || die "building etcd failed"
 }
 
 build_binaries() {
@@ -88,10 +88,10 @@ build_binaries() {
   build_etcd
   local k8s
   for k8s in kubelet kubeadm kube-proxy; do
-    [[ -x "$CONTROL_PLANE_BIN/$k8s" ]] || { nice -n 10 bash "$REPO_ROOT/hack/build-control-plane.sh" node; break; }
+    [[ -x "$CONTROL_PLANE_BIN/$k8s" ]] || { bash "$REPO_ROOT/hack/build-control-plane.sh" node; break; }
   done
   for k8s in kubectl kube-apiserver kube-controller-manager kube-scheduler; do
-    [[ -x "$CONTROL_PLANE_BIN/$k8s" ]] || { nice -n 10 bash "$REPO_ROOT/hack/build-control-plane.sh" kubernetes; break; }
+    [[ -x "$CONTROL_PLANE_BIN/$k8s" ]] || { bash "$REPO_ROOT/hack/build-control-plane.sh" kubernetes; break; }
   done
 }
 

@@ -40,7 +40,7 @@ build_image() {
   fi
   local began=$SECONDS
   log "image $image: building"
-  nice -n 10 bash -c 'source "$1"; shift; docker_build "$@"' _ "$HERE/lib.sh" -q --label "dev.agentrun.inputs=$key" -t "$image" "$@" >/dev/null ||
+  bash -c 'source "$1"; shift; docker_build "$@"' _ "$HERE/lib.sh" -q --label "dev.agentrun.inputs=$key" -t "$image" "$@" >/dev/null ||
     die "building $image failed"
   log "image $image: built in $((SECONDS - began))s, $(docker image inspect -f '{{ .Size }}' "$image" | awk '{printf "%.0f MB", $1 / 1e6}')"
 }
