@@ -72,12 +72,16 @@ kind: venv binaries ## a kind cluster with the chart installed from images built
 kind-down: ## delete the cluster of `make kind`, and stop the Docker Engine if `make kind` started it
 	bash hack/kind/down.sh
 
+# A fresh cluster of its own (agentrun-e2e), deleted afterwards: the tests install the chart themselves.
+E2E_KIND := KIND_CLUSTER=agentrun-e2e AGENTRUN_KIND_KUBECONFIG=$(CURDIR)/.devcluster/kind-e2e.kubeconfig
 .PHONY: e2e-kind
-e2e-kind: venv kind ## the Helm e2e tests on the cluster of `make kind`, in real Pods (not part of `make test`)
-	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
+e2e-kind: venv binaries ## the Helm e2e tests in real Pods, on a fresh kind cluster built like `make kind`'s (not in `make test`)
+	$(E2E_KIND) bash hack/kind/up.sh fresh
+	status=0; AGENTRUN_E2E_KUBECONFIG=.devcluster/kind-e2e.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
 		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) \
 		AGENTRUN_E2E_STORE_IMAGE=agentrun/versitygw:$$(bash hack/build-versitygw.sh print-version) \
-		$(PY) -m pytest tests/e2e $(E2E_ARGS)
+		$(PY) -m pytest tests/e2e $(E2E_ARGS) || status=$$?; \
+	if [ -z "$(KEEP_E2E_CLUSTER)" ]; then $(E2E_KIND) bash hack/kind/up.sh delete; fi; exit $$status
 
 .PHONY: lint
 lint: venv ## ruff (lint + format), mypy strict (package, tests, hack, bench), import-linter contracts

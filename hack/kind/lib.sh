@@ -13,7 +13,7 @@ CONTROL_PLANE_BIN="$(bash "$REPO_ROOT/hack/build-control-plane.sh" print-bin-dir
 KIND="$KIND_CACHE/bin/kind-$KIND_VERSION/kind"
 KUBECTL="$CONTROL_PLANE_BIN/kubectl"
 HELM="$CONTROL_PLANE_BIN/helm"
-KUBECONFIG_PATH="$REPO_ROOT/.devcluster/kind.kubeconfig"
+KUBECONFIG_PATH="${AGENTRUN_KIND_KUBECONFIG:-$REPO_ROOT/.devcluster/kind.kubeconfig}"
 
 export GOTOOLCHAIN=local
 

@@ -140,15 +140,18 @@ install_chart() {
   log "chart installed and examples/agents.yaml applied in $((SECONDS - began))s"
 }
 
-main() {
-  local began=$SECONDS
+prepare() {
   bash "$HERE/engine.sh" up
   ensure_kind
-  local node_image
-  node_image="$(nice -n 10 bash "$HERE/node-image.sh")"
-  log "node image: $node_image"
+  NODE_IMAGE="$(nice -n 10 bash "$HERE/node-image.sh")"
+  log "node image: $NODE_IMAGE"
   build_images
-  ensure_cluster "$node_image"
+}
+
+main() {
+  local began=$SECONDS
+  prepare
+  ensure_cluster "$NODE_IMAGE"
   load_images
   install_chart
   "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" get pods -n "$RELEASE_NAMESPACE" >&2
@@ -159,8 +162,24 @@ main() {
   log "ready in $((SECONDS - began))s. Go on with: source ${env_file#"$REPO_ROOT"/}"
 }
 
+# `make e2e-kind`: a fresh cluster of its own (the e2e tests install the chart themselves, and refuse a
+# cluster whose CRDs belong to another release), the same node image and images, no install.
+fresh() {
+  local began=$SECONDS
+  prepare
+  if "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER"; then
+    log "cluster $KIND_CLUSTER: deleting the one left from before (the e2e tests want a fresh cluster)"
+    "$KIND" delete cluster --name "$KIND_CLUSTER"
+  fi
+  ensure_cluster "$NODE_IMAGE"
+  load_images
+  log "cluster $KIND_CLUSTER ready in $((SECONDS - began))s (kubeconfig: ${KUBECONFIG_PATH#"$REPO_ROOT"/})"
+}
+
 case "${1:-all}" in
   all) main ;;
+  fresh) fresh ;;
+  delete) "$KIND" delete cluster --name "$KIND_CLUSTER" ;;
   images) build_images ;; # the three images alone (into the running Docker Engine)
-  *) echo "usage: $0 [all|images]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|fresh|delete|images]" >&2; exit 2 ;;
 esac
