@@ -724,6 +724,7 @@ def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
             target.helm_home,
             os.environ.get(PREVIOUS_OPERATOR_IMAGE_ENV, target.operator_image),
             os.environ.get(PREVIOUS_AGENT_IMAGE_ENV, target.agent_image),
+            target.store_image,
             target.node_pods,
         ),
         ns,
