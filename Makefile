@@ -80,6 +80,7 @@ e2e-kind: venv binaries ## the Helm e2e tests in real Pods, on a fresh kind clus
 	status=0; AGENTRUN_E2E_KUBECONFIG=.devcluster/kind-e2e.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
 		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) \
 		AGENTRUN_E2E_STORE_IMAGE=agentrun/versitygw:$$(bash hack/build-versitygw.sh print-version) \
+		AGENTRUN_E2E_PREVIOUS_OPERATOR_IMAGE=agentrun/operator:previous AGENTRUN_E2E_PREVIOUS_AGENT_IMAGE=agentrun/agent:previous \
 		$(PY) -m pytest tests/e2e $(E2E_ARGS) || status=$$?; \
 	if [ -z "$(KEEP_E2E_CLUSTER)" ]; then $(E2E_KIND) bash hack/kind/up.sh delete; fi; exit $$status
 

@@ -61,6 +61,30 @@ build_images() {
     --build-arg "BASE_IMAGE=$debian" -f "$REPO_ROOT/Dockerfile.versitygw" "$(dirname "$store_bin")"
 }
 
+# The release before the state store (tests/support/history.py: the parent of the commit that added
+# operator/agentrun/api/blobref.py), for the e2e test that upgrades from it: its operator and agent images,
+# built with its own Dockerfiles from `git archive` of that commit, tagged `previous`, keyed by the commit.
+PREVIOUS_OPERATOR_IMAGE=agentrun/operator:previous
+PREVIOUS_AGENT_IMAGE=agentrun/agent:previous
+build_previous_images() {
+  local commit python context
+  commit="$(git -C "$REPO_ROOT" log --format=%H --diff-filter=A -- operator/agentrun/api/blobref.py | tail -1)"
+  [[ -n "$commit" ]] || die "no commit added operator/agentrun/api/blobref.py (a shallow clone?)"
+  commit="$(git -C "$REPO_ROOT" rev-parse "$commit^")"
+  python="$(bash "$HERE/base-images.sh" python)"
+  context="$KIND_CACHE/previous-$commit"
+  if [[ ! -d "$context" ]]; then
+    mkdir -p "$context.tmp"
+    git -C "$REPO_ROOT" archive "$commit" Dockerfile Dockerfile.agent pyproject.toml README.md operator | tar -x -C "$context.tmp"
+    mv "$context.tmp" "$context"
+  fi
+  log "the release before the state store: ${commit:0:12}"
+  build_image "$PREVIOUS_OPERATOR_IMAGE" "$(inputs_hash "$python" "$commit")" \
+    --build-arg "PYTHON_IMAGE=$python" -f "$context/Dockerfile" "$context"
+  build_image "$PREVIOUS_AGENT_IMAGE" "$(inputs_hash "$python" "$commit")" \
+    --build-arg "PYTHON_IMAGE=$python" -f "$context/Dockerfile.agent" "$context"
+}
+
 # kind's cluster configuration, with each workaround only where this machine needs it.
 cluster_config() {
   local node_image="$1"
@@ -118,7 +142,7 @@ ensure_cluster() {
 
 load_images() {
   local image began=$SECONDS
-  for image in "$OPERATOR_IMAGE" "$AGENT_IMAGE" "$STORE_IMAGE"; do
+  for image in "$OPERATOR_IMAGE" "$AGENT_IMAGE" "$STORE_IMAGE" "$@"; do
     "$KIND" load docker-image --name "$KIND_CLUSTER" "$image" 2>&1 | sed 's/^/  /' >&2
   done
   log "images loaded into the cluster in $((SECONDS - began))s"
@@ -163,7 +187,8 @@ main() {
 }
 
 # `make e2e-kind`: a fresh cluster of its own (the e2e tests install the chart themselves, and refuse a
-# cluster whose CRDs belong to another release), the same node image and images, no install.
+# cluster whose CRDs belong to another release), the same node image and images, and the images of the
+# release before the state store; no install.
 fresh() {
   local began=$SECONDS
   prepare
@@ -171,8 +196,9 @@ fresh() {
     log "cluster $KIND_CLUSTER: deleting the one left from before (the e2e tests want a fresh cluster)"
     "$KIND" delete cluster --name "$KIND_CLUSTER"
   fi
+  build_previous_images
   ensure_cluster "$NODE_IMAGE"
-  load_images
+  load_images "$PREVIOUS_OPERATOR_IMAGE" "$PREVIOUS_AGENT_IMAGE"
   log "cluster $KIND_CLUSTER ready in $((SECONDS - began))s (kubeconfig: ${KUBECONFIG_PATH#"$REPO_ROOT"/})"
 }
 
@@ -181,5 +207,6 @@ case "${1:-all}" in
   fresh) fresh ;;
   delete) "$KIND" delete cluster --name "$KIND_CLUSTER" ;;
   images) build_images ;; # the three images alone (into the running Docker Engine)
-  *) echo "usage: $0 [all|fresh|delete|images]" >&2; exit 2 ;;
+  previous-images) build_previous_images ;;
+  *) echo "usage: $0 [all|fresh|delete|images|previous-images]" >&2; exit 2 ;;
 esac
