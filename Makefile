@@ -64,14 +64,25 @@ images: ## docker build the operator image (Dockerfile) and the agent image (Doc
 	docker build -t agentrun/operator:$(VERSION) .
 	docker build -f Dockerfile.agent -t agentrun/agent:$(VERSION) .
 
-KIND_CLUSTER ?= agentrun-e2e
+.PHONY: kind
+kind: venv binaries ## a kind cluster with the chart installed from images built here (then: source .devcluster/kind.env)
+	bash hack/kind/up.sh
+
+.PHONY: kind-down
+kind-down: ## delete the cluster of `make kind`, and stop the Docker Engine if `make kind` started it
+	bash hack/kind/down.sh
+
+# A fresh cluster of its own (agentrun-e2e), deleted afterwards: the tests install the chart themselves.
+E2E_KIND := KIND_CLUSTER=agentrun-e2e AGENTRUN_KIND_KUBECONFIG=$(CURDIR)/.devcluster/kind-e2e.kubeconfig
 .PHONY: e2e-kind
-e2e-kind: venv binaries images ## the same e2e on kind, for machines with Docker (not the build machines: no engine)
-	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
-	kind load docker-image --name $(KIND_CLUSTER) $(IMAGES)
-	mkdir -p .devcluster && kind get kubeconfig --name $(KIND_CLUSTER) > .devcluster/kind.kubeconfig
-	AGENTRUN_E2E_KUBECONFIG=.devcluster/kind.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
-		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) $(PY) -m pytest tests/e2e
+e2e-kind: venv binaries ## the Helm e2e tests in real Pods, on a fresh kind cluster built like `make kind`'s (not in `make test`)
+	$(E2E_KIND) bash hack/kind/up.sh fresh
+	status=0; AGENTRUN_E2E_KUBECONFIG=.devcluster/kind-e2e.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
+		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) \
+		AGENTRUN_E2E_STORE_IMAGE=agentrun/versitygw:$$(bash hack/build-versitygw.sh print-version) \
+		AGENTRUN_E2E_PREVIOUS_OPERATOR_IMAGE=agentrun/operator:previous AGENTRUN_E2E_PREVIOUS_AGENT_IMAGE=agentrun/agent:previous \
+		$(PY) -m pytest tests/e2e $(E2E_ARGS) || status=$$?; \
+	if [ -z "$(KEEP_E2E_CLUSTER)" ]; then $(E2E_KIND) bash hack/kind/up.sh delete; fi; exit $$status
 
 .PHONY: lint
 lint: venv ## ruff (lint + format), mypy strict (package, tests, hack, bench), import-linter contracts

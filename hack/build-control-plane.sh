@@ -31,10 +31,13 @@ progress() { awk -v what="$1" '{ n++; if (n % 100 == 0) { printf "  %s: %d packa
 
 have_all() { for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done; }
 
+# Arguments: a name for its scratch module, then the commands of k8s.io/kubernetes/cmd to build.
 build_kubernetes() {
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local scratch="$1"
+  shift
+  local bins=("$@")
   if have_all "${bins[@]}"; then log "reusing Kubernetes $K8S_VERSION binaries in $BIN_DIR"; return; fi
-  local mod="$WORK_DIR/kubernetes-$K8S_VERSION" minor="${K8S_VERSION#v1.}"
+  local mod="$WORK_DIR/$scratch-$K8S_VERSION" minor="${K8S_VERSION#v1.}"
   minor="${minor%%.*}"
   mkdir -p "$mod" "$BIN_DIR"
   log "resolving k8s.io/kubernetes@$K8S_VERSION"
@@ -108,11 +111,15 @@ build_helm() {
   log "built helm $HELM_VERSION"
 }
 
+CONTROL_PLANE=(kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# kind's node image (hack/kind/node-image.sh): the binaries a node runs, built from the same version
+NODE=(kubernetes-node kubelet kubeadm kube-proxy)
 case "$what" in
-  all) build_etcd; build_kubernetes; build_helm ;;
+  all) build_etcd; build_kubernetes "${CONTROL_PLANE[@]}"; build_helm ;;
   etcd) build_etcd ;;
-  kubernetes) build_kubernetes ;;
+  kubernetes) build_kubernetes "${CONTROL_PLANE[@]}" ;;
+  node) build_kubernetes "${NODE[@]}" ;;
   helm) build_helm ;;
-  *) echo "usage: $0 [all|etcd|kubernetes|helm|print-bin-dir|print-versions]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kubernetes|node|helm|print-bin-dir|print-versions]" >&2; exit 2 ;;
 esac
 log "binaries in $BIN_DIR"

@@ -7,7 +7,8 @@ so e2e and integration tests can share a pytest session.
 
 With AGENTRUN_E2E_KUBECONFIG set, the same tests run against that cluster instead (e.g. kind, with the
 images of Dockerfile and Dockerfile.agent loaded; name them with AGENTRUN_E2E_OPERATOR_IMAGE and
-AGENTRUN_E2E_AGENT_IMAGE). kubectl and helm come from $KUBECTL/$HELM, the binary cache, or PATH.
+AGENTRUN_E2E_AGENT_IMAGE, and the bundled state store's with AGENTRUN_E2E_STORE_IMAGE; `make e2e-kind`
+does all of this). kubectl and helm come from $KUBECTL/$HELM, the binary cache, or PATH.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from agentrun.deploy.render import find_helm
+from agentrun.statestore import versitygw
 from devcluster.cluster import LocalCluster, binary_dir
 from support.corpus import REPO
 from support.kube import Kube
@@ -38,6 +40,7 @@ class Target:
     helm_home: Path
     operator_image: str
     agent_image: str
+    store_image: str  # the bundled state store's (by default the chart's: upstream's, of the pinned version)
     node_pods: Path | None  # the local node agent's Pod sandboxes (their logs); None on a real cluster
 
     @property
@@ -76,6 +79,7 @@ def e2e_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     images = {
         "operator_image": os.environ.get("AGENTRUN_E2E_OPERATOR_IMAGE", "agentrun/operator:e2e"),
         "agent_image": os.environ.get("AGENTRUN_E2E_AGENT_IMAGE", "agentrun/agent:e2e"),
+        "store_image": os.environ.get("AGENTRUN_E2E_STORE_IMAGE", f"{versitygw.IMAGE}:{versitygw.VERSION}"),
     }
     if external := os.environ.get(KUBECONFIG_ENV):
         kube = Kube(Path(external), _tool("kubectl"))

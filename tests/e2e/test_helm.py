@@ -98,6 +98,13 @@ class Release:
             return [f"--set-string=image.repository={self.target.operator_image}"]
         return [f"--set-string=image.repository={repository}", f"--set-string=image.tag={tag}"]
 
+    def store_image_values(self) -> list[str]:
+        repository, _, tag = self.target.store_image.rpartition(":")
+        return [
+            f"--set-string=stateStore.bundled.image.repository={repository}",
+            f"--set-string=stateStore.bundled.image.tag={tag}",
+        ]
+
     def operator_pods(self) -> list[dict[str, Any]]:
         pods = self.kube.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABELS).items
         return [self.kube.api_client.sanitize_for_serialization(pod) for pod in pods]
@@ -726,6 +733,7 @@ def test_an_upgrade_from_the_previous_release_resumes_runs_that_wait_for_people(
             target.helm_home,
             os.environ.get(PREVIOUS_OPERATOR_IMAGE_ENV, target.operator_image),
             os.environ.get(PREVIOUS_AGENT_IMAGE_ENV, target.agent_image),
+            target.store_image,
             target.node_pods,
         ),
         ns,
@@ -872,6 +880,7 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
         "--set=stateStore.bundled.enabled=true",
         "--set=stateStore.bundled.storage.size=1Gi",
         *release.image_values(),
+        *release.store_image_values(),
     ]
     if target.local:
         subprocess.run(["bash", str(REPO / "hack/build-versitygw.sh")], check=True, timeout=1800)
@@ -888,7 +897,7 @@ def test_the_bundled_state_store_is_installed_and_holds_a_large_state(
         sts = kube.apps.read_namespaced_stateful_set(STORE, ns)
         assert sts.spec.replicas == 1
         (container,) = sts.spec.template.spec.containers
-        assert container.image == f"{versitygw.IMAGE}:{versitygw.VERSION}"
+        assert container.image == target.store_image
         assert container.args == versitygw.server_args(listen=f":{versitygw.PORT}", data_dir="/data")
         (claim,) = sts.spec.volume_claim_templates
         assert claim.spec.resources.requests == {"storage": "1Gi"}

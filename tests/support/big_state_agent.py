@@ -45,6 +45,10 @@ async def agent(ctx: worker.Context) -> dict[str, Any]:
 
             state["fetched"] = (await ctx.step("fetch", fetch, journal=True))["by"]
             if first_attempt:
+                # In a container this agent is PID 1 of its PID namespace, which ignores SIGKILL sent
+                # from inside: there it exits with the status a SIGKILL gives (128 + 9).
+                if os.getpid() == 1:
+                    os._exit(128 + signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
         if spec.get("stampAttempt"):
             state["by"] = ctx.attempt

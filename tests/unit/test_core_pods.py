@@ -23,6 +23,8 @@ from agentrun.core.failures import ContainerExit, classify_exit
 from agentrun.core.pods import (
     ATTEMPT_LABEL,
     DOWNWARD_FIELDS,
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
     TERMINATION_MESSAGE_PATH,
     PodView,
     StateStorePodEnv,
@@ -311,7 +313,12 @@ def test_template_agent_container_found_by_name() -> None:
     proxy, agent = agent_container(pod, "proxy"), agent_container(pod, "agent")
 
     assert [c["name"] for c in pod["spec"]["containers"]] == ["proxy", "agent"]
-    assert proxy == {"name": "proxy", "image": "envoy:1", "env": [{"name": "P", "value": "1"}]}
+    assert proxy == {
+        "name": "proxy",
+        "image": "envoy:1",
+        "env": [{"name": "P", "value": "1"}],
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
+    }
     assert agent["image"] == IMAGE
     assert agent["workingDir"] == "/work"
     assert "AGENTRUN_ATTEMPT" in env_of(agent)
@@ -323,7 +330,11 @@ def test_template_first_container_when_none_is_named_agent() -> None:
 
     assert agent_container(pod, "main")["image"] == IMAGE
     assert "AGENTRUN_ATTEMPT" in env_of(agent_container(pod, "main"))
-    assert agent_container(pod, "sidecar") == {"name": "sidecar", "image": "side:1"}
+    assert agent_container(pod, "sidecar") == {
+        "name": "sidecar",
+        "image": "side:1",
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
+    }
 
 
 def test_template_without_containers_gets_an_agent_container() -> None:
@@ -376,6 +387,55 @@ def test_template_metadata_merged_agentrun_keys_win() -> None:
     assert meta["labels"] == {"team": "a", RUN_LABEL: RUN, ATTEMPT_LABEL: "triage-a2"}
     assert meta["annotations"]["note"] == "hi"
     assert meta["annotations"][LEASE_EPOCH_ANNOTATION] == "5"
+
+
+# ---- security context: the restricted Pod Security Standard unless the template says otherwise ---------
+
+
+def test_without_a_template_the_pod_meets_the_restricted_standard() -> None:
+    pod = build()
+
+    restricted_pod = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["spec"]["securityContext"] == restricted_pod
+    assert agent_container(pod)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_every_container_of_a_template_without_its_own_context_gets_the_restricted_one() -> None:
+    spec = {
+        "initContainers": [{"name": "fetch", "image": "fetch:1"}],
+        "containers": [{"name": "agent"}, {"name": "proxy", "image": "envoy:1"}],
+    }
+    pod = build(templated(spec))
+
+    assert pod["spec"]["securityContext"] == RESTRICTED_POD_SECURITY
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        assert container["securityContext"] == RESTRICTED_CONTAINER_SECURITY, container["name"]
+
+
+def test_a_templates_own_security_contexts_are_kept_as_written() -> None:
+    pod_context = {"runAsUser": 0, "fsGroup": 2000}
+    container_context = {"capabilities": {"add": ["NET_ADMIN"]}}
+    spec = {
+        "securityContext": pod_context,
+        "containers": [{"name": "agent", "securityContext": container_context}, {"name": "side"}],
+    }
+    pod = build(templated(spec))
+
+    assert pod["spec"]["securityContext"] == pod_context
+    assert agent_container(pod)["securityContext"] == container_context
+    assert agent_container(pod, "side")["securityContext"] == RESTRICTED_CONTAINER_SECURITY
+
+
+def test_the_restricted_defaults_are_not_shared_between_pods() -> None:
+    first = build()
+    first["spec"]["securityContext"]["seccompProfile"]["type"] = "Unconfined"
+    agent_container(first)["securityContext"]["capabilities"]["drop"].append("X")
+
+    assert build()["spec"]["securityContext"] == RESTRICTED_POD_SECURITY
+    assert agent_container(build())["securityContext"] == RESTRICTED_CONTAINER_SECURITY
 
 
 def test_the_run_is_not_modified() -> None:

@@ -26,6 +26,18 @@ ATTEMPT_LABEL = "agentrun.dev/attempt"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_GRACE_SECONDS = 15
 
+# What an attempt Pod gets where the Run's pod template sets no securityContext: the restricted Pod Security
+# Standard (agent namespaces may enforce it), on the Pod and on each container. runAsNonRoot needs an image
+# whose USER is numeric and not 0 (the agent image's is 65532).
+RESTRICTED_POD_SECURITY: Final[dict[str, Any]] = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER_SECURITY: Final[dict[str, Any]] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
 
 # The SDK reads who it is from the Pod itself (downward API), never from values baked into the image:
 # each variable and the Pod field it comes from.
@@ -168,6 +180,11 @@ def attempt_pod(run: Run, attempt: Attempt, state_store: StateStorePodEnv | None
     spec["restartPolicy"] = "Never"  # a new try is a new Attempt, never a silent container restart
     spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
     spec.setdefault("enableServiceLinks", False)
+    if "securityContext" not in spec:
+        spec["securityContext"] = _json_copy(RESTRICTED_POD_SECURITY)
+    for each in [*containers, *(spec.get("initContainers") or [])]:
+        if "securityContext" not in each:
+            each["securityContext"] = _json_copy(RESTRICTED_CONTAINER_SECURITY)
     if agent.service_account_name:
         spec["serviceAccountName"] = agent.service_account_name
 

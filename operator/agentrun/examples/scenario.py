@@ -90,6 +90,10 @@ def _fail(how: str, message: str) -> None:
     if how == "permanent":
         raise worker.PermanentError(message)
     if how == "crash":
+        # SIGKILL, as the kernel kills. In a container the agent is often PID 1 of its PID namespace, which
+        # ignores SIGKILL sent from inside: there it exits with the status a SIGKILL gives (128 + 9).
+        if os.getpid() == 1:
+            os._exit(128 + signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "exit75":
         os._exit(75)
