@@ -75,7 +75,7 @@ kind-down: ## delete the cluster of `make kind`, and stop the Docker Engine if `
 # A fresh cluster of its own (agentrun-e2e), deleted afterwards: the tests install the chart themselves.
 E2E_KIND := KIND_CLUSTER=agentrun-e2e AGENTRUN_KIND_KUBECONFIG=$(CURDIR)/.devcluster/kind-e2e.kubeconfig
 .PHONY: e2e-kind
-e2e-kind: venv binaries ## the Helm e2e tests in real Pods, on a fresh kind cluster built like `make kind`'s (not in `make test`)
+e2e-kind: venv binaries ## the Helm e2e tests in real Pods, on a fresh kind cluster built like `make kind`'s (make test's last stage)
 	$(E2E_KIND) bash hack/kind/up.sh fresh
 	status=0; AGENTRUN_E2E_KUBECONFIG=.devcluster/kind-e2e.kubeconfig AGENTRUN_E2E_OPERATOR_IMAGE=agentrun/operator:$(VERSION) \
 		AGENTRUN_E2E_AGENT_IMAGE=agentrun/agent:$(VERSION) \
@@ -101,11 +101,13 @@ unit: venv helm lint ## lint and the unit tests; builds no control plane (of the
 	$(PY) -m pytest tests/unit
 
 # Test files run in parallel, one control plane per worker (tests/support/schedule.py orders them); the
-# durations of the slowest tests are printed at the end.
+# durations of the slowest tests are printed at the end. Then the kind stage: the Helm e2e tests and the
+# README's Helm quickstart in real Pods (make e2e-kind).
 TEST_WORKERS ?= 2
 .PHONY: test
-test: venv binaries chromium lint ## everything: lint, unit, integration (local control plane) and e2e (Helm chart)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=40 --durations-min=5 tests
+test: venv binaries chromium lint ## everything: lint, unit, integration (local control plane), e2e (Helm chart), and on kind
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=40 --durations-min=5 -m "not kind" tests
+	$(MAKE) e2e-kind
 
 .PHONY: screenshots
 screenshots: venv binaries chromium ## the console's browser tests, writing their screenshots into docs/console/

@@ -5,7 +5,8 @@ manifests, `kubectl wait`, and the `kubectl agentrun` plugin (this checkout's, o
 
 The release is named like the e2e suite's (test_helm.RELEASE), so that Helm adopts the CRDs an earlier e2e
 test left (they outlive `helm uninstall`). On the local control plane the README's blocks run in
-tests/integration/test_quickstart.py; this module runs only against AGENTRUN_E2E_KUBECONFIG."""
+tests/integration/test_quickstart.py; this module needs a cluster that runs images (AGENTRUN_E2E_KUBECONFIG):
+`make test` runs it in its kind stage (`make e2e-kind`), and leaves it out of the local run (marker kind)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,7 @@ from e2e.test_helm import CHART, RELEASE, _adopt_leftover_crds, _create_namespac
 from integration.test_quickstart import quickstarts
 from support.corpus import REPO
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get(KUBECONFIG_ENV), reason="a real cluster only (make e2e-kind): Pods run from images"
-)
+pytestmark = pytest.mark.kind
 
 NAMESPACE = "agentrun-system"  # the README's
 AGENTS = "agents"  # examples/agents.yaml's
@@ -46,6 +45,8 @@ def _image_values(target: Target) -> list[str]:
 
 @pytest.fixture
 def installed(e2e_target: Target) -> Iterator[Target]:
+    if not os.environ.get(KUBECONFIG_ENV):
+        pytest.fail(f"{KUBECONFIG_ENV} is not set: Pods here run from images; run it with make e2e-kind")
     kube = e2e_target.kube
     _adopt_leftover_crds(kube, NAMESPACE)
     # the namespace examples/agents.yaml declares, made first so that it enforces restricted Pod Security
