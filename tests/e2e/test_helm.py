@@ -63,7 +63,7 @@ CHART_CRDS = [
     "kopfpeerings.kopf.dev",
 ]
 # restricted Pod Security Standard: what an attempt Pod needs on top of agentrun's defaults
-RESTRICTED_POD = {
+RESTRICTED_POD: dict[str, Any] = {
     "securityContext": {
         "runAsNonRoot": True,
         "runAsUser": 65532,

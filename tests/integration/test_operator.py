@@ -134,6 +134,32 @@ def test_killed_worker_is_replaced_from_the_latest_checkpoint(
     assert run["status"]["result"]["resumedAt"] == 2
 
 
+def test_a_pod_deleted_with_its_grace_period_is_retried_from_the_latest_checkpoint(
+    kube: Kube, run_namespace: str, operator: OperatorProcess
+) -> None:
+    """A person, an eviction or a drain deletes the attempt Pod: SIGTERM reaches the SDK, which stops at
+    once and says its Pod was stopped, not that the Run was cancelled; the next Attempt continues."""
+    ns = run_namespace
+    scenario = {"steps": 3, "fail": {"attempts": [1], "atStep": 2, "how": "hang"}}
+    create_run(kube, ns, scenario_run("drained", scenario, retry=FAST_RETRY))
+    wait_for(
+        lambda: get_run(kube, ns, "drained").get("status", {}).get("latestCheckpoint") == "drained-a1-s1",
+        120,
+        what="the first step's Checkpoint",
+    )
+    kube.core.delete_namespaced_pod("drained-a1", ns)  # the Pod's own grace period: SIGTERM first
+
+    run = wait_phase(kube, ns, "drained", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    first, second = attempts(kube, ns, "drained")
+    failure = first["status"]["failure"]
+    assert failure["class"] == "infrastructure", failure
+    assert failure["message"].startswith("the attempt Pod was stopped (SIGTERM")
+    assert failure["exitCode"] != 137  # the SDK stopped on SIGTERM, not killed at the grace period's end
+    assert second["spec"]["resumeFrom"] == "drained-a1-s1"
+    assert run["status"]["result"]["resumedAt"] == 1
+
+
 def _worker_pid(kube: Kube, namespace: str, pod: str) -> int:
     status = kube.core.read_namespaced_pod(pod, namespace).status
     container_id = status.container_statuses[0].container_id  # process://<pid> on the process node

@@ -19,7 +19,7 @@ from agentrun.api import (
     FailureClass,
     Run,
 )
-from agentrun.core.failures import ContainerExit, classify_exit
+from agentrun.core.failures import ContainerExit, ContainerWaiting, classify_exit
 from agentrun.core.pods import (
     ATTEMPT_LABEL,
     DOWNWARD_FIELDS,
@@ -484,6 +484,7 @@ def pod_object(
     reason: str | None = None,
     message: str | None = None,
     deleting: bool = False,
+    init: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": "triage-a2", "namespace": NAMESPACE}
     if deleting:
@@ -493,6 +494,8 @@ def pod_object(
         status["phase"] = phase
     if statuses is not None:
         status["containerStatuses"] = statuses
+    if init is not None:
+        status["initContainerStatuses"] = init
     if reason is not None:
         status["reason"] = reason
     if message is not None:
@@ -512,10 +515,24 @@ def waiting(name: str = "agent") -> dict[str, Any]:
     return {"name": name, "state": {"waiting": {"reason": "ContainerCreating"}}}
 
 
+def blocked(reason: str, message: str, name: str = "agent") -> dict[str, Any]:
+    state = {"waiting": {"reason": reason, "message": message}}
+    return {"name": name, "image": "agents/none:1", "state": state}
+
+
 def view(
-    phase: str, since: str | None = None, end: ContainerExit | None = None, deleting: bool = False
+    phase: str,
+    since: str | None = None,
+    end: ContainerExit | None = None,
+    deleting: bool = False,
+    waiting: ContainerWaiting | None = None,
 ) -> PodView:
-    return PodView(name="triage-a2", phase=phase, deleting=deleting, running_since=since, exit=end)
+    return PodView(
+        name="triage-a2", phase=phase, deleting=deleting, running_since=since, exit=end, waiting=waiting
+    )
+
+
+NEVER = 'Container image "agents/none:1" is not present with pull policy of Never'
 
 
 T5 = "2026-03-01T12:05:00Z"
@@ -523,6 +540,25 @@ POD_VIEWS = {
     "just-created": (pod_object(), view("Pending"), False),
     "pending-container-creating": (pod_object("Pending", [waiting()]), view("Pending"), False),
     "running": (pod_object("Running", [running()]), view("Running", T5), False),
+    "image-never-pulled": (
+        pod_object("Pending", [blocked("ErrImageNeverPull", NEVER)]),
+        view("Pending", waiting=ContainerWaiting("agent", "ErrImageNeverPull", NEVER, "agents/none:1")),
+        False,
+    ),
+    "init-container-secret-missing": (
+        pod_object(
+            "Pending",
+            [waiting()],
+            init=[blocked("CreateContainerConfigError", 'secret "k" not found', "setup")],
+        ),
+        view(
+            "Pending",
+            waiting=ContainerWaiting(
+                "setup", "CreateContainerConfigError", 'secret "k" not found', "agents/none:1"
+            ),
+        ),
+        False,
+    ),
     "running-being-deleted": (
         pod_object("Running", [running()], deleting=True),
         view("Running", T5, deleting=True),
@@ -628,3 +664,26 @@ def test_pod_view_feeds_classification(pod: dict[str, Any], failure_class: Failu
 
     assert got is not None
     assert got.failure_class == failure_class
+
+
+def test_an_oom_killed_agent_is_said_to_have_hit_its_memory_limit() -> None:
+    """The limit is read from the Pod's spec, and kept in the essentials the operator caches."""
+    pod = pod_object("Failed", [terminated(code=137, reason="OOMKilled")])
+    pod["spec"] = {
+        "containers": [{"name": "agent", "image": IMAGE, "resources": {"limits": {"memory": "64Mi"}}}]
+    }
+
+    end = pod_view(pod_essentials(pod)).exit
+    assert end == ContainerExit(137, "OOMKilled", memory_limit="64Mi")
+    failure = classify_exit(end)
+    assert (
+        failure is not None
+        and failure.message == "the agent container was OOMKilled at its memory limit of 64Mi"
+    )
+
+
+def test_a_pod_created_is_timed_from_its_creation() -> None:
+    pod = pod_object("Pending", [blocked("ImagePullBackOff", "Back-off pulling image")])
+    pod["metadata"]["creationTimestamp"] = "2026-03-01T12:00:00Z"
+
+    assert pod_view(pod_essentials(pod)).created == "2026-03-01T12:00:00Z"

@@ -16,6 +16,7 @@ from agentrun.api import (
     StateStoreMode,
 )
 from agentrun.core import report
+from agentrun.core.failures import ContainerWaiting
 from agentrun.core.plan import (
     Action,
     CreateAttempt,
@@ -28,7 +29,7 @@ from agentrun.core.plan import (
     RefuseMove,
     WriteLease,
 )
-from agentrun.core.pods import StateStorePodEnv
+from agentrun.core.pods import PodView, StateStorePodEnv
 from agentrun.core.runs import RECHECK_SECONDS, TABLE, World, attempts, decide
 from agentrun.core.runs.chain import Chain, Rewrite, Rule
 from agentrun.core.runs.transition import SetPhase, set_phase
@@ -51,6 +52,7 @@ from unit.factories import (
     make_world,
     name_of,
     of_type,
+    pending_pod,
     pending_request,
     run_patch,
     run_status,
@@ -112,6 +114,21 @@ def timed_out_attempt(number: int) -> Attempt:
         update={"reason": "AttemptTimeout"}
     )
     return make_attempt(number, phase="Failed", failure=failure)
+
+
+KUBELET_SAYS = {
+    "ErrImageNeverPull": 'Container image "agents/none:1" is not present with pull policy of Never',
+    "InvalidImageName": 'Failed to apply default image tag "agents/NONE": couldn\'t parse image name',
+    "ErrImagePull": 'failed to pull and unpack image "agents/none:1": failed to resolve reference',
+    "ImagePullBackOff": 'Back-off pulling image "agents/none:1"',
+    "CreateContainerConfigError": 'secret "model-keys" not found',
+}
+
+
+def blocked_pod(reason: str) -> PodView:
+    """Attempt 1's Pod, created 60s before NOW, its agent container kept from starting for `reason`."""
+    waiting = ContainerWaiting("agent", reason, KUBELET_SAYS[reason], "agents/none:1")
+    return replace(pending_pod(1), waiting=waiting, created=ts(NOW - timedelta(seconds=60)))
 
 
 TRANSITIONS: dict[str, Transition] = {
@@ -252,6 +269,51 @@ TRANSITIONS: dict[str, Transition] = {
         {1: "Failed"},
         stop_reason="AttemptTimeout",
     ),
+    # ---- a Pod the kubelet keeps from starting (created 60s before NOW; startTimeoutSeconds 300 by default)
+    "image-never-pulled-fails-at-once-not-retried": Transition(
+        supervising(attempt=NOT_STARTED, pod=blocked_pod("ErrImageNeverPull")),
+        ATTEMPT_TIMED_OUT,
+        "Failed",
+        {1: "Failed"},
+        stop_reason="ImageNotFound",
+    ),
+    "invalid-image-name-fails-at-once": Transition(
+        supervising(attempt=NOT_STARTED, pod=blocked_pod("InvalidImageName")),
+        ATTEMPT_TIMED_OUT,
+        "Failed",
+        {1: "Failed"},
+        stop_reason="ImageNotFound",
+    ),
+    "image-pull-backing-off-is-waited-for-until-the-start-timeout": Transition(
+        supervising(attempt=NOT_STARTED, pod=blocked_pod("ImagePullBackOff")), [], requeue=240.05
+    ),
+    "image-pull-failing-past-the-start-timeout-fails": Transition(
+        supervising(attempt=NOT_STARTED, pod=blocked_pod("ErrImagePull"), spec={"startTimeoutSeconds": 60}),
+        ATTEMPT_TIMED_OUT,
+        "Failed",
+        {1: "Failed"},
+        stop_reason="ImagePullFailed",
+    ),
+    "missing-secret-is-waited-for": Transition(
+        supervising(
+            attempt=NOT_STARTED,
+            pod=blocked_pod("CreateContainerConfigError"),
+            spec={"startTimeoutSeconds": 90},
+        ),
+        [],
+        requeue=30.05,
+    ),
+    "missing-secret-past-the-start-timeout-fails": Transition(
+        supervising(
+            attempt=NOT_STARTED,
+            pod=blocked_pod("CreateContainerConfigError"),
+            spec={"startTimeoutSeconds": 59},
+        ),
+        ATTEMPT_TIMED_OUT,
+        "Failed",
+        {1: "Failed"},
+        stop_reason="ConfigMissing",
+    ),
     "running-attempt-timeout-not-due-wakes-when-due": Transition(
         supervising(spec={"attemptTimeoutSeconds": 320}), [], requeue=20.0, lease_check=30.05
     ),
@@ -333,6 +395,12 @@ TRANSITIONS: dict[str, Transition] = {
             ("evicted", ended(1, 137, pod_reason="Evicted")),
             ("sigkill", ended(1, 137)),
             ("sigterm", ended(1, 143)),
+            (
+                "sdk-pod-terminated",
+                ended(1, 1, sdk("infrastructure", "the attempt Pod was stopped (SIGTERM)")),
+            ),
+            # an older SDK took its Pod's deletion for a cancel: the Run was not cancelled (CancelAsked first)
+            ("older-sdk-cancelled-by-a-pod-deletion", ended(1, 1, sdk("cancelled", "stopped"))),
         ]
     },
     **{
@@ -346,7 +414,6 @@ TRANSITIONS: dict[str, Transition] = {
         for case, pod in [
             ("exit-1", ended(1, 1, "KeyError: 'ticket'")),
             ("sdk-deterministic", ended(1, 1, sdk("deterministic", "bad input"))),
-            ("sdk-cancelled", ended(1, 1, sdk("cancelled", "stopped"))),
             ("sdk-input-expired", ended(1, 1, sdk("input_expired", "nobody answered"))),
         ]
     },
@@ -1302,6 +1369,41 @@ def test_a_timed_out_attempt_is_failed_as_infrastructure_and_its_pod_stopped_wit
     failure = attempt_patches(plan)[name_of(1)][-1]["failure"]
     assert (failure["class"], failure["reason"]) == ("infrastructure", "AttemptTimeout")
     assert failure["message"] == "the Attempt ran 300s, past its attemptTimeoutSeconds of 240s"
+
+
+START_FAILURES = {
+    "image-never-pulled-fails-at-once-not-retried": (
+        "ImageNotFound",
+        "the image agents/none:1 of container agent can never be pulled (ErrImageNeverPull: Container "
+        'image "agents/none:1" is not present with pull policy of Never): set spec.agent.image to an image '
+        "the node has, or let it be pulled",
+    ),
+    "image-pull-failing-past-the-start-timeout-fails": (
+        "ImagePullFailed",
+        "the image agents/none:1 of container agent was not pulled within startTimeoutSeconds (60s): "
+        'ErrImagePull: failed to pull and unpack image "agents/none:1": failed to resolve reference',
+    ),
+    "missing-secret-past-the-start-timeout-fails": (
+        "ConfigMissing",
+        "container agent could not be created within startTimeoutSeconds (59s): CreateContainerConfigError: "
+        "secret \"model-keys\" not found: create what it names in the Run's namespace, or change the Run's "
+        "pod template",
+    ),
+}
+
+
+@pytest.mark.parametrize(("case", "said"), START_FAILURES.items(), ids=START_FAILURES.keys())
+def test_a_pod_that_cannot_start_fails_naming_what_to_fix(case: str, said: tuple[str, str]) -> None:
+    """The Attempt fails deterministic (never retried on a configuration error), its Pod deleted, and the
+    Run's failure says which image or which object."""
+    world = TRANSITIONS[case].world
+    plan = decide(world)
+
+    assert attempts.RUNNING.decide(world).rule == "NotStarting"
+    assert of_type(plan, DeletePod) == [DeletePod(name_of(1))]
+    failure = attempt_patches(plan)[name_of(1)][-1]["failure"]
+    assert (failure["class"], failure["reason"], failure["message"]) == ("deterministic", *said)
+    assert run_patch(plan)["failure"]["message"] == said[1]
 
 
 # ---- the table itself --------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ FULL_RUN: dict[str, Any] = {
             "sameErrorLimit": 3,
         },
         "deadlineSeconds": 3600,
+        "startTimeoutSeconds": 120,
         "cancelEpoch": 1,
         "resume": {"requestId": "req-1", "checkpointId": "ckpt-2", "value": True, "idempotencyKey": "k-1"},
         "retryRequest": {"idempotencyKey": "retry-1", "fromCheckpoint": "ckpt-1", "reason": "fixed the API"},

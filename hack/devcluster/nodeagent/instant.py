@@ -141,5 +141,5 @@ async def _attempt(module: str, env: dict[str, str]) -> InstantContainer:
             api.close()
 
     container = InstantContainer(work(), f"{module} in the node agent's process")
-    container.on_term = session.cancelled.set  # what the SDK's SIGTERM handler does in a process
+    container.on_term = session.terminating.set  # what the SDK's SIGTERM handler does in a process
     return container

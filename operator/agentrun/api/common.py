@@ -167,6 +167,12 @@ STATE_UNVERIFIABLE: Final = "StateUnverifiable"
 # that it reads references (Attempt status.sdkReads): an image whose SDK predates the store. The Run stops
 # for a person (NeedsReconciliation) until spec.agent names a newer image and a retry is asked for.
 AGENT_SDK_TOO_OLD: Final = "AgentSDKTooOld"
+# The failure reasons of an attempt Pod whose agent container never started, as its kubelet reported it:
+# an image that can never be pulled (not retried), a pull that kept failing, and a Secret or ConfigMap the
+# Pod needs that stayed missing (both after spec.startTimeoutSeconds).
+IMAGE_NOT_FOUND: Final = "ImageNotFound"
+IMAGE_PULL_FAILED: Final = "ImagePullFailed"
+CONFIG_MISSING: Final = "ConfigMissing"
 
 
 # --- shared models ------------------------------------------------------------------------------------

@@ -549,6 +549,15 @@ class RunSpec(ApiModel):
         "infrastructure, reason AttemptTimeout; the retry policy decides what follows. Unlimited when "
         "omitted.",
     )
+    start_timeout_seconds: int = Field(
+        300,
+        ge=1,
+        le=86400,
+        description="How long an attempt Pod may stay unstarted for a reason that may clear (its image "
+        "pull backing off, a Secret or ConfigMap it needs missing) before its Attempt fails as deterministic "
+        "with reason ImagePullFailed or ConfigMissing, naming what is missing. An image that can never be "
+        "pulled (ErrImageNeverPull, InvalidImageName) fails at once (ImageNotFound).",
+    )
     progress_timeout_seconds: int | None = Field(
         None,
         ge=1,

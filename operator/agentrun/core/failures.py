@@ -3,7 +3,8 @@
 Sources, most specific first: the JSON the SDK writes as the termination message ({class, message,
 fingerprint, retryAfterSeconds}); the container runtime's reason (OOMKilled) and the Pod's (Evicted,
 node lost); the exit code (75 = transient; death by a signal = infrastructure; any other non-zero =
-deterministic).
+deterministic). And from a Pod whose containers never started: the kubelet's waiting reason (an image that
+cannot be pulled, a missing Secret or ConfigMap), judged against spec.startTimeoutSeconds.
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from agentrun.api import AGENT_SDK_TOO_OLD, AttemptFailure, FailureClass
+from agentrun.api import (
+    AGENT_SDK_TOO_OLD,
+    CONFIG_MISSING,
+    IMAGE_NOT_FOUND,
+    IMAGE_PULL_FAILED,
+    AttemptFailure,
+    FailureClass,
+)
 
 EX_TEMPFAIL = 75  # sysexits.h: "temporary failure, try again later"
 _SIGNAL_BASE = 128
@@ -33,6 +41,26 @@ class ContainerExit:
     reason: str | None = None  # container state reason: Completed, Error, OOMKilled, ...
     message: str | None = None  # the termination message
     pod_reason: str | None = None  # Pod-level reason: Evicted, NodeLost, ...
+    memory_limit: str | None = None  # the container's resources.limits.memory, to say which limit it hit
+
+
+@dataclass(frozen=True)
+class ContainerWaiting:
+    """Why a container of an attempt Pod has not started, as the kubelet reported it (state.waiting)."""
+
+    container: str
+    reason: str  # ErrImageNeverPull, ImagePullBackOff, CreateContainerConfigError, ...
+    message: str | None = None  # the kubelet's: it names the image, or the Secret or ConfigMap
+    image: str | None = None
+
+
+# The kubelet's waiting reasons that keep a container from starting: an image that can never be pulled (no
+# retry can help), a pull that keeps failing (a registry outage clears; a wrong name does not), and a
+# Secret or ConfigMap the container needs that is missing (it may be created yet).
+NEVER_PULLED: Final = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+PULL_FAILING: Final = frozenset({"ErrImagePull", "ImagePullBackOff"})
+CONFIG_UNRESOLVED: Final = frozenset({"CreateContainerConfigError"})
+START_BLOCKERS: Final = NEVER_PULLED | PULL_FAILING | CONFIG_UNRESOLVED
 
 
 def fingerprint(failure_class: str, message: str) -> str:
@@ -107,7 +135,12 @@ def _killed(end: ContainerExit) -> str | None:
     """How the attempt was stopped from outside (memory, the node, a signal), if it was: the agent did
     not fail on its own account."""
     if end.reason == "OOMKilled":
-        return "the agent container was OOMKilled"
+        limit = (
+            f" at its memory limit of {end.memory_limit}"
+            if end.memory_limit
+            else " (it sets no memory limit)"
+        )
+        return f"the agent container was OOMKilled{limit}"
     if end.pod_reason in ("Evicted", "NodeLost", "Preempting", "NodeShutdown"):
         return f"the attempt Pod was {end.pod_reason}"
     if end.exit_code > _SIGNAL_BASE:  # SIGKILL, SIGTERM...
@@ -143,6 +176,58 @@ def sdk_too_old(failed: AttemptFailure) -> AttemptFailure:
             "exitCode": failed.exit_code,
         }
     )
+
+
+def start_failure(
+    waiting: ContainerWaiting, waited_seconds: float, limit_seconds: int
+) -> AttemptFailure | None:
+    """The failure of an Attempt whose Pod cannot start `waiting.container`, `waited_seconds` after the Pod
+    was created: at once for an image that can never be pulled (ImageNotFound); once limit_seconds
+    (spec.startTimeoutSeconds) have passed for a pull that keeps failing (ImagePullFailed) or a missing
+    Secret or ConfigMap (ConfigMissing); None while it may still clear. Each is deterministic: the Run is
+    not retried on a configuration error, and its message says what to fix."""
+    said = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
+    image = waiting.image or "(none set)"
+    if waiting.reason in NEVER_PULLED:
+        reason = IMAGE_NOT_FOUND
+        message = (
+            f"the image {image} of container {waiting.container} can never be pulled ({said}): set "
+            "spec.agent.image to an image the node has, or let it be pulled"
+        )
+    elif waited_seconds < limit_seconds or waiting.reason not in PULL_FAILING | CONFIG_UNRESOLVED:
+        return None
+    elif waiting.reason in PULL_FAILING:
+        reason = IMAGE_PULL_FAILED
+        message = (
+            f"the image {image} of container {waiting.container} was not pulled within startTimeoutSeconds "
+            f"({limit_seconds}s): {said}"
+        )
+    else:
+        reason = CONFIG_MISSING
+        message = (
+            f"container {waiting.container} could not be created within startTimeoutSeconds "
+            f"({limit_seconds}s): {said}: create what it names in the Run's namespace, or change the Run's "
+            "pod template"
+        )
+    return AttemptFailure.model_validate(
+        {
+            "class": FailureClass.DETERMINISTIC,
+            "reason": reason,
+            "message": message[:1024],
+            "fingerprint": fingerprint(FailureClass.DETERMINISTIC, message),
+        }
+    )
+
+
+def stopped_from_outside(reported: AttemptFailure) -> AttemptFailure:
+    """An Attempt whose agent reported itself cancelled while its Run was not: an SDK older than
+    PodTerminated took the SIGTERM of its Pod's deletion (a person, an eviction, a drain) for a cancel.
+    Not the agent's failure: infrastructure, retried from the latest Checkpoint."""
+    message = (
+        "the attempt Pod was stopped from outside (deleted, evicted or its node drained) while the Run was "
+        f"not cancelled (the agent said: {reported.message})"
+    )
+    return failure(FailureClass.INFRASTRUCTURE, message, reported.exit_code)
 
 
 def pod_lost() -> AttemptFailure:

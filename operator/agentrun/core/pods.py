@@ -17,7 +17,7 @@ from agentrun.api import (
     Attempt,
     Run,
 )
-from agentrun.core.failures import ContainerExit
+from agentrun.core.failures import START_BLOCKERS, ContainerExit, ContainerWaiting
 from agentrun.core.store_buckets import namespace_url
 from agentrun.core.traces import TRACEPARENT_ENV, run_trace
 
@@ -226,6 +226,8 @@ class PodView:
     deleting: bool
     running_since: str | None
     exit: ContainerExit | None  # set once the agent container has terminated
+    waiting: ContainerWaiting | None = None  # a container kept from starting (image, Secret, ConfigMap)
+    created: str | None = None  # metadata.creationTimestamp: start failures are timed from it
 
     @property
     def finished(self) -> bool:
@@ -244,6 +246,7 @@ def pod_essentials(pod: dict[str, Any]) -> dict[str, Any]:
             "name",
             "namespace",
             "uid",
+            "creationTimestamp",
             "resourceVersion",
             "labels",
             "deletionTimestamp",
@@ -252,11 +255,37 @@ def pod_essentials(pod: dict[str, Any]) -> dict[str, Any]:
         if k in metadata
     }
     kept_status = {k: status[k] for k in ("phase", "reason", "message") if k in status}
-    if "containerStatuses" in status:
-        kept_status["containerStatuses"] = [
-            {k: c[k] for k in ("name", "state") if k in c} for c in status["containerStatuses"]
-        ]
-    return {"metadata": kept_metadata, "status": kept_status}
+    for statuses in ("initContainerStatuses", "containerStatuses"):
+        if statuses in status:
+            kept_status[statuses] = [
+                {k: c[k] for k in ("name", "state", "image") if k in c} for c in status[statuses]
+            ]
+    kept: dict[str, Any] = {"metadata": kept_metadata, "status": kept_status}
+    if (limit := _memory_limit(pod)) is not None:  # to say which limit an OOMKilled agent hit
+        kept["spec"] = {"containers": [{"name": AGENT_CONTAINER, "resources": {"limits": {"memory": limit}}}]}
+    return kept
+
+
+def _memory_limit(pod: dict[str, Any]) -> str | None:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    agent = next((c for c in containers if c.get("name") == AGENT_CONTAINER), None)
+    limit = (((agent or {}).get("resources") or {}).get("limits") or {}).get("memory")
+    return str(limit) if limit is not None else None
+
+
+def _blocked(status: dict[str, Any]) -> ContainerWaiting | None:
+    """The first container (init containers first) that the kubelet keeps from starting for a reason of
+    failures.START_BLOCKERS."""
+    for each in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (each.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_BLOCKERS:
+            return ContainerWaiting(
+                container=str(each.get("name")),
+                reason=str(waiting["reason"]),
+                message=waiting.get("message"),
+                image=each.get("image"),
+            )
+    return None
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -272,6 +301,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
             reason=terminated.get("reason"),
             message=terminated.get("message"),
             pod_reason=status.get("reason"),
+            memory_limit=_memory_limit(pod),
         )
     elif status.get("phase") == "Failed":  # e.g. evicted before the container ran
         exit = ContainerExit(
@@ -283,4 +313,6 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         deleting=bool(pod["metadata"].get("deletionTimestamp")),
         running_since=running_since,
         exit=exit,
+        waiting=_blocked(status) if exit is None and running_since is None else None,
+        created=pod["metadata"].get("creationTimestamp"),
     )

@@ -76,6 +76,14 @@ class Cancelled(AgentError):
     failure_class = FailureClass.CANCELLED
 
 
+class PodTerminated(AgentError):
+    """The attempt Pod was told to stop (SIGTERM) while the Run was not cancelled: deleted by a person,
+    evicted or its node drained. Not the agent's failure: the next Attempt continues from the latest
+    Checkpoint."""
+
+    failure_class = FailureClass.INFRASTRUCTURE
+
+
 class FenceRejected(AgentError):
     """A write lost its fence (stale_after_cancel or stale_worker): it was dropped and recorded."""
 

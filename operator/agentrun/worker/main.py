@@ -31,6 +31,7 @@ from agentrun.worker.errors import (
     Interrupted,
     LeaseLost,
     PermanentError,
+    PodTerminated,
 )
 from agentrun.worker.identity import Identity
 from agentrun.worker.progress import ProgressTimeout
@@ -100,8 +101,10 @@ async def run_attempt(
     A compensation Attempt (reason compensate) runs the registered compensations and lookups instead
     (worker.compensation), and commits nothing.
 
-    stop_on_sigterm: SIGTERM (the Pod's deletion) sets `session.cancelled`. A host that runs many
-    attempts in one process (the local node's instant mode) passes False and sets it itself."""
+    stop_on_sigterm: SIGTERM (the Pod's deletion) sets `session.terminating`: the agent stops at once and
+    the Attempt ends as cancelled if the Run was, else as PodTerminated (infrastructure: retried from the
+    latest Checkpoint). A host that runs many attempts in one process (the local node's instant mode)
+    passes False and sets it itself."""
     # The cancel watch first: its first event is the Run (no read). The Attempt is read only when it
     # carries an input value; the rest of it is on the Pod's annotations (session.read_attempt).
     watcher = asyncio.create_task(session.watch_cancel())
@@ -143,12 +146,14 @@ async def run_attempt(
     keeper = asyncio.create_task(session.keep_lease(lease.renew_seconds, lease.duration_seconds))
     lost = asyncio.create_task(session.lost.wait())
     cancelled = asyncio.create_task(session.cancelled.wait())
+    terminating = asyncio.create_task(session.terminating.wait())
     stalled = asyncio.create_task(session.progress.stall())
     if stop_on_sigterm:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, session.cancelled.set)  # Pod deletion: stop fast
+        loop.add_signal_handler(signal.SIGTERM, session.terminating.set)  # Pod deletion: stop fast
     try:
-        await asyncio.wait({agent_task, lost, cancelled, stalled}, return_when=asyncio.FIRST_COMPLETED)
+        stops = {agent_task, lost, cancelled, terminating, stalled}
+        await asyncio.wait(stops, return_when=asyncio.FIRST_COMPLETED)
         if not agent_task.done():
             if stalled.done():
                 keeper.cancel()  # no renewal while the agent stops: if it never does, the lease runs out
@@ -160,7 +165,12 @@ async def run_attempt(
             if stalled.done() and not session.cancelled.is_set():
                 limit = session.progress.timeout
                 raise ProgressTimeout(f"the agent showed no progress for {limit}s (progressTimeoutSeconds)")
-            raise Cancelled("the Run was cancelled; the agent was stopped")
+            if session.cancelled.is_set() or not session.terminating.is_set():
+                raise Cancelled("the Run was cancelled; the agent was stopped")
+            raise PodTerminated(
+                "the attempt Pod was stopped (SIGTERM: deleted, evicted or its node drained) before the "
+                "agent finished; the Run was not cancelled"
+            )
         result = agent_task.result()
         await ctx._usage.flush()  # before the commit: a Succeeded Run's usage is complete
         if compensating:
@@ -168,7 +178,7 @@ async def run_attempt(
         with session.tracing.continuing(parent), session.tracing.span("commit"):
             await session.commit(result if isinstance(result, dict) else {"value": result})
     finally:
-        for task in (keeper, watcher, lost, cancelled, stalled, flusher):
+        for task in (keeper, watcher, lost, cancelled, terminating, stalled, flusher):
             task.cancel()
         await _last_usage(ctx)
 

@@ -78,6 +78,8 @@ class Session:
         self.run: Run | None = None
         self.lost = asyncio.Event()  # the lease is gone: stop writing
         self.cancelled = asyncio.Event()  # spec.cancelEpoch grew past ours
+        # SIGTERM: the Pod is being deleted (by the operator's stop, a person, an eviction or a drain)
+        self.terminating = asyncio.Event()
         # The operator passes the Lease's resourceVersion as it wrote it (a Pod annotation): the first
         # renewal needs no read.
         self._lease_rv: str | None = me.lease_resource_version

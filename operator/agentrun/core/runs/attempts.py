@@ -155,7 +155,24 @@ def timed_out(w: World) -> Transition | None:
         FailureClass.INFRASTRUCTURE,
         f"the Attempt ran {elapsed}s, past its attemptTimeoutSeconds of {limit}s",
     ).model_copy(update={"reason": ATTEMPT_TIMEOUT})
-    return stop_timed_out(w, attempt, pod, failure)
+    return stop_attempt(w, attempt, pod, failure)
+
+
+def not_starting(w: World) -> Transition | None:
+    """Its Pod's containers are kept from starting (an image that cannot be pulled, a Secret or ConfigMap
+    missing) -> at once for an image that can never be pulled, else once spec.startTimeoutSeconds have
+    passed since the Pod's creation: stopped as a timed-out Attempt is, and Failed (deterministic, with a
+    reason naming what is missing: not retried); until then, look again when that bound runs out."""
+    live = _live_pod(w)
+    if live is None or (waiting := live[1].waiting) is None:
+        return None
+    attempt, pod = live
+    limit = w.run.spec.start_timeout_seconds
+    created = datetime.fromisoformat(pod.created) if pod.created else w.now
+    waited = max((w.now - created).total_seconds(), 0.0)
+    if (failure := failures.start_failure(waiting, waited, limit)) is None:
+        return wake_in(limit - waited + 0.05)
+    return stop_attempt(w, attempt, pod, failure)
 
 
 def live(w: World) -> Transition | None:
@@ -211,10 +228,11 @@ def timeout_due(w: World, attempt: Attempt, pod: PodView | None = None) -> datet
     return started + timedelta(seconds=limit)
 
 
-def stop_timed_out(w: World, attempt: Attempt, pod: PodView, failure: AttemptFailure) -> Transition:
-    """As a takeover (take_over): the Lease revoked and the Run written first, so a commit that raced it
-    either came first (and stands) or is refused; then the Pod stopped with its grace period (the agent
-    may still be alive enough to stop cleanly) and the Attempt marked Failed."""
+def stop_attempt(w: World, attempt: Attempt, pod: PodView, failure: AttemptFailure) -> Transition:
+    """An Attempt the operator stops (timed out, or its Pod unable to start), as a takeover (take_over):
+    the Lease revoked and the Run written first, so a commit that raced it either came first (and stands)
+    or is refused; then the Pod stopped with its grace period (the agent may still be alive enough to stop
+    cleanly) and the Attempt marked Failed."""
     epoch, revoke = revoked(w)
     stop = NOTHING if pod.finished or pod.deleting else writes(DeletePod(pod.name))
     return revoke.then(
@@ -243,6 +261,7 @@ RUNNING: Final = SubTable(
         Rule("RevokedUnfinished", revoked_unfinished),
         Rule("LeaseExpired", lease_expired),
         Rule("TimedOut", timed_out),
+        Rule("NotStarting", not_starting),
         Rule("Live", live),
         Rule("LostUnfinished", lost_unfinished),
         Rule("AttemptEnded", attempt_ended),
@@ -280,6 +299,9 @@ def conclude(w: World, attempt: Attempt, pod: PodView) -> Transition:
         and failures.unreported_crash(end, failure)
     ):
         failure = failures.sdk_too_old(failure)
+    # a Run that is cancelled never gets here (CancelAsked comes first): a Pod stopped from outside
+    if failure is not None and failure.failure_class == FailureClass.CANCELLED:
+        failure = failures.stopped_from_outside(failure)
     if failure is None:
         if status.committed_by is not None and status.committed_by.attempt == name:
             return finish_attempt(w, attempt, AttemptPhase.SUCCEEDED, None).then(
