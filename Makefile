@@ -50,7 +50,7 @@ docs: venv ## regenerate docs/state-machine.md from the Run's table (core/runs/t
 
 .PHONY: manifests
 manifests: venv helm ## regenerate the chart's generated parts and manifests/ (CRDs, RBAC, values schema)
-	$(PY) -m agentrun.deploy.render
+	$(PY) -m agentrun.deploy.generate
 
 .PHONY: e2e
 e2e: venv binaries ## Helm chart end to end on its own local control plane (AGENTRUN_E2E_KUBECONFIG: any cluster)

@@ -6,7 +6,7 @@
 # as published. Re-running reuses the binary.
 set -euo pipefail
 
-# The pin has one source, which the Helm chart's image tag comes from too (agentrun.deploy.render).
+# The pin has one source, which the Helm chart's image tag comes from too (agentrun.deploy.generate).
 PIN_SOURCE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/operator/agentrun/statestore/versitygw.py"
 PINNED="$(sed -n 's/^VERSION: Final = "\(v[0-9][0-9.]*\)"$/\1/p' "$PIN_SOURCE")"
 [[ -n "$PINNED" ]] || { echo "[versitygw build] no VERSION pin found in $PIN_SOURCE" >&2; exit 1; }

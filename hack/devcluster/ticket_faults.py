@@ -37,8 +37,8 @@ from agentrun.examples.ticketservice import (
     Query,
     Refused,
     Reply,
+    TicketBook,
     TicketServer,
-    TicketStore,
     _now,
 )
 
@@ -63,8 +63,8 @@ COUNTED = ("dropCreateRequests", "rateLimitCreates")  # faults that act on that 
 
 
 class FaultyTicketServer(TicketServer):
-    def __init__(self, address: tuple[str, int], store: TicketStore) -> None:
-        super().__init__(address, store, FaultyHandler)
+    def __init__(self, address: tuple[str, int], book: TicketBook) -> None:
+        super().__init__(address, book, FaultyHandler)
         self.faults: Json = {}
         # Guards faults and inflight; notified when the faults change (a held create may go on).
         self.changed = threading.Condition()

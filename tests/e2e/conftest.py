@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.deploy.render import find_helm
+from agentrun.deploy.generate import find_helm
 from agentrun.statestore import versitygw
 from devcluster.cluster import LocalCluster, binary_dir
 from support.corpus import REPO

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import crdgen
 from agentrun.core.store_buckets import namespace_bucket
-from agentrun.deploy import render
+from agentrun.deploy import generate
 from agentrun.statestore import versitygw
 from devcluster.objectstore import Credentials, ObjectStoreProcess, s3_request
 from devcluster.processes import free_port
@@ -310,7 +310,7 @@ def test_plain_manifests_are_accepted_by_the_api_server(
     built = e2e_target.kube.kubectl("kustomize", str(REPO / "manifests")).stdout
     docs = [doc for doc in yaml.safe_load_all(built) if doc and doc["kind"] != "Namespace"]
     for doc in docs:
-        if doc["metadata"].get("namespace") == render.MANIFEST_NAMESPACE:
+        if doc["metadata"].get("namespace") == generate.MANIFEST_NAMESPACE:
             doc["metadata"]["namespace"] = namespace
         for subject in doc.get("subjects", []):
             subject["namespace"] = namespace
@@ -532,7 +532,7 @@ def _chart_with_changed_crd(destination: Path) -> Path:
             "priority": 1,
         }
     )
-    chart = render.write_chart(CHART, destination / "agentrun", crds)
+    chart = generate.write_chart(CHART, destination / "agentrun", crds)
     chart_yaml = chart / "Chart.yaml"
     chart_yaml.write_text(chart_yaml.read_text().replace("version: 0.1.0", "version: 0.1.1-e2e"))
     return chart

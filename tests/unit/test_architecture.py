@@ -98,7 +98,7 @@ def loaded_after_import(*modules: str) -> set[str]:
 
 
 def test_the_chart_generator_and_helm_test_load_no_operator_runtime() -> None:
-    loaded = loaded_after_import("agentrun.deploy.render", "agentrun.deploy.selftest")
+    loaded = loaded_after_import("agentrun.deploy.generate", "agentrun.deploy.selftest")
     assert {m for m in loaded if m.split(".")[0] in ("kopf", "prometheus_client")} == set()
     assert {m for m in loaded if m.startswith("agentrun.operator")} == set()
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agentrun.api import CANCEL_FROZEN_PHASES, ControlRecord, Resolution, Run, SideEffect, SideEffectState
-from agentrun.cli import config, render, timeline
+from agentrun.cli import config, formats, timeline
 from agentrun.cli.app import parse
 from agentrun.cli.cluster import Cluster
 from agentrun.cli.commands import compensate, effects, resume
@@ -95,7 +95,7 @@ class World:
 
     def texts(self) -> dict[str, str]:
         """Everything the plugin prints about this Run that may carry a suggestion."""
-        listed = render.reported_effects(self.records)
+        listed = formats.reported_effects(self.records)
         undoable = {str(r.metadata.name) for r in self.records if compensation.compensable(r)}
         live = self.run.status.phase not in (
             "Succeeded",
@@ -106,7 +106,7 @@ class World:
         return {
             "watch": "\n".join(run_steps(self.run, HERE)),
             "describe": timeline.describe(self.run, [], [], self.records, T0, where=HERE),
-            "report": render.report_text(self.run, listed, live=live, where=HERE, compensable=undoable),
+            "report": formats.report_text(self.run, listed, live=live, where=HERE, compensable=undoable),
         }
 
 

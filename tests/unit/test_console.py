@@ -20,7 +20,7 @@ from agentrun.cli.console import actions, inbox, server
 from agentrun.cli.console.seats import Seat
 from agentrun.cli.console.server import COOKIE, CSRF_HEADER, AccessLogger, Console, application
 from agentrun.cli.console.sessions import Sessions, csrf_matches
-from agentrun.cli.console.store import Store
+from agentrun.cli.console.watchcache import WatchCache
 from agentrun.core.ledger import approval_request_id, request_digest
 from agentrun.kubeapi import KubeApi, load_configuration
 from support.clock import FakeClock
@@ -76,7 +76,7 @@ def _api(tmp_path: Path) -> KubeApi:
 def _console(tmp_path: Path, clock: FakeClock) -> Console:
     api = _api(tmp_path)
     sessions = Sessions(3600, clock=clock)
-    return Console(api, Store(api, ["team-a"]), sessions, {HOST}, "alice", parse, clock=clock)
+    return Console(api, WatchCache(api, ["team-a"]), sessions, {HOST}, "alice", parse, clock=clock)
 
 
 def local(console: Console) -> Seat:
@@ -177,7 +177,7 @@ def test_the_server_approves_nothing_whose_digest_it_could_not_recompute(tmp_pat
     pending = {"requestId": request_id, "reason": "auth_required", "checkpointId": "c1", "action": tampered}
 
     async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
-        local(console).store.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
+        local(console).cache.objects["runs"][("team-a", "ap")] = _run("ap", pending, "2026-03-01T12:00:00Z")
         cookie, csrf = await _signed_in(client, console)
         page = {"Host": HOST, "Origin": f"http://{HOST}", "Cookie": jar(cookie), CSRF_HEADER: csrf}
         body = {"namespace": "team-a", "run": "ap", "requestId": request_id, "checkpointId": "c1"}
@@ -200,14 +200,14 @@ def test_an_api_server_that_does_not_answer_gets_a_page_that_says_so(
     monkeypatch.setattr(server, "READY_SECONDS", 0.05)  # the lists never come: no need to wait long
 
     async def test(client: TestClient[Any, Any], console: Console, now: FakeClock) -> None:
-        local(console).store.start()  # its watches try the API server that is not there, again and again
+        local(console).cache.start()  # its watches try the API server that is not there, again and again
         try:
             cookie, _ = await _signed_in(client, console)
             answer = await client.get("/api/inbox", headers={"Host": HOST, "Cookie": jar(cookie)})
             assert answer.status == 503
             assert "is the cluster reachable?" in (await answer.json())["error"]
         finally:
-            await local(console).store.stop()
+            await local(console).cache.stop()
 
     _serve(tmp_path, test)
 

@@ -90,5 +90,5 @@ def test_behind_a_proxy_a_request_without_a_token_is_refused() -> None:
 
 
 def test_a_console_without_a_proxy_needs_its_kubeconfig() -> None:
-    with pytest.raises(ValueError, match="api and store needed"):
+    with pytest.raises(ValueError, match="api and cache needed"):
         Console(None, None, Sessions(60), {HOST}, None, parse)

@@ -326,7 +326,7 @@ def test_state_survives_a_restart(service: TicketServiceProcess) -> None:
 def test_the_installed_service_has_no_fault_switches() -> None:
     """agentrun.examples.ticketservice, what the agent images ship and examples/tickets.yaml runs, serves
     tickets; the fault switches and the calls in flight are the test service's (devcluster.ticket_faults)."""
-    server = ticketservice.TicketServer(("127.0.0.1", 0), ticketservice.TicketStore(None))
+    server = ticketservice.TicketServer(("127.0.0.1", 0), ticketservice.TicketBook(None))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
 

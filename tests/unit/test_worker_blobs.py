@@ -211,11 +211,11 @@ def test_a_context_never_resumes_a_stored_state_it_was_not_given() -> None:
 
 
 def test_integrations_reach_the_runs_blobs_through_ctx_store() -> None:
-    from agentrun.worker import RunStore  # noqa: PLC0415 (the public port, as an integration imports it)
+    from agentrun.worker import RunPort  # noqa: PLC0415 (the public port, as an integration imports it)
 
     store, _ = memory()
-    blobs_of = asyncio.run(RunStore(session_with(store)).blobs())
+    blobs_of = asyncio.run(RunPort(session_with(store)).blobs())
     assert blobs_of is not None
     ref = asyncio.run(blobs_of.put({"channel": ["m"] * 10}))
     assert asyncio.run(blobs_of.get(ref)) == {"channel": ["m"] * 10}
-    assert asyncio.run(RunStore(session_with(None)).blobs()) is None
+    assert asyncio.run(RunPort(session_with(None)).blobs()) is None

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import Attempt
-from agentrun.worker.store import answered_request
+from agentrun.worker.port import answered_request
 from unit.factories import EARLIER, make_attempt, make_run, run_status, ts
 
 

@@ -23,7 +23,7 @@ from agentrun.api import (
     StartReason,
     StateStoreMode,
 )
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.hints import Target
 from agentrun.cli.nextsteps import run_steps
 
@@ -59,7 +59,7 @@ def _attempt_entries(a: Attempt) -> list[Entry]:
             if s.failure.exit_code is not None:
                 parts.append(f"exit code {s.failure.exit_code}")
         if s.usage and not s.usage.empty:
-            parts.append(render.usage_line(s.usage))
+            parts.append(formats.usage_line(s.usage))
         out.append(Entry(s.completion_time, n, 9, f"attempt {n} {s.phase.value}", "; ".join(parts)))
     rejected = s.rejected_commit
     if rejected and rejected.time:
@@ -73,7 +73,7 @@ def _checkpoint_entry(c: Checkpoint, run: str) -> list[Entry]:
         return []
     detail = c.spec.id + (f" at {c.spec.step}" if c.spec.step else "") + f" by {c.spec.attempt}"
     if c.spec.state_ref is not None:
-        detail += f", state {render.stored_in(c.spec.state_ref)}"
+        detail += f", state {formats.stored_in(c.spec.state_ref)}"
     n = _number(c.spec.attempt, run)
     if c.spec.kind != CheckpointKind.STATE:  # a journaled step result, a framework's pending writes
         what = f"{c.spec.kind.value.lower()} {c.spec.step or ''}".rstrip()
@@ -97,7 +97,7 @@ def _effect_entries(e: SideEffect, run: str) -> list[Entry]:
     if not history and e.metadata.creation_timestamp:
         n = _number(e.status.attempt if e.status else None, run)
         out.append(
-            Entry(e.metadata.creation_timestamp, n, 3, f"side effect {render.effect_state(e).value}", label)
+            Entry(e.metadata.creation_timestamp, n, 3, f"side effect {formats.effect_state(e).value}", label)
         )
     return out
 
@@ -207,28 +207,28 @@ def describe(
     lines = [
         f"Name:          {meta.name}",
         f"Namespace:     {meta.namespace}",
-        f"Phase:         {render.phase_line(run)}",
+        f"Phase:         {formats.phase_line(run)}",
         f"Attempts:      {s.attempts or 0}"
         + (f" (current {s.current_attempt})" if s.current_attempt else ""),
         f"Epochs:        lease {s.lease_epoch or 0}, cancel {cancel}",
-        f"Checkpoint:    {s.latest_checkpoint or render.NONE}",
+        f"Checkpoint:    {s.latest_checkpoint or formats.NONE}",
         *([f"State store:   {STORE_MODES[s.state_store]}"] if s.state_store else []),
-        f"Created:       {render.rfc3339(meta.creation_timestamp)} "
-        f"({render.age(meta.creation_timestamp, now)} ago)",
+        f"Created:       {formats.rfc3339(meta.creation_timestamp)} "
+        f"({formats.age(meta.creation_timestamp, now)} ago)",
     ]
     if archived:
         lines.append(f"Archived:      {archived}")
     elif s.expires_time:
-        lines.append(f"Expires:       {render.rfc3339(s.expires_time)} (archived, then deleted)")
+        lines.append(f"Expires:       {formats.rfc3339(s.expires_time)} (archived, then deleted)")
     if run.spec.fork_from is not None:
         lines.append(f"Forked from:   {_fork_line(run)}")
     if s.next_attempt_time:
-        lines.append(f"Next attempt:  {render.rfc3339(s.next_attempt_time)}")
+        lines.append(f"Next attempt:  {formats.rfc3339(s.next_attempt_time)}")
     by = f" (committed by {s.committed_by.attempt})" if s.committed_by else ""
     if s.result is not None:
-        lines.append(f"Result:        {render.compact_json(s.result)}{by}")
+        lines.append(f"Result:        {formats.compact_json(s.result)}{by}")
     elif s.result_ref is not None:
-        lines.append(f"Result:        {render.stored_in(s.result_ref)}{by}")
+        lines.append(f"Result:        {formats.stored_in(s.result_ref)}{by}")
     if s.failure:
         f = s.failure
         lines.append(
@@ -242,9 +242,9 @@ def describe(
         if p.prompt:
             waiting.append(f"Prompt:  {p.prompt}")
         if p.accepted_schema is not None:
-            waiting.append(f"Schema:  {render.compact_json(p.accepted_schema, 400)}")
+            waiting.append(f"Schema:  {formats.compact_json(p.accepted_schema, 400)}")
         if p.expires_at:
-            waiting.append(f"Expires: {render.rfc3339(p.expires_at)}")
+            waiting.append(f"Expires: {formats.rfc3339(p.expires_at)}")
         value = ("--value", "JSON") if p.accepted_schema is not None else ()
         waiting.append(f"Answer:  {where.command('resume', str(meta.name), *value)}")
         lines += _section("Waiting for", "\n".join(waiting))
@@ -254,18 +254,18 @@ def describe(
         with_date = len({e.time.date() for e in history}) > 1
         width = max(len(e.what) for e in history)
         body = "\n".join(
-            f"{render.clock(e.time, with_date)}  {e.what.ljust(width)}  {e.detail}".rstrip() for e in history
+            f"{formats.clock(e.time, with_date)}  {e.what.ljust(width)}  {e.detail}".rstrip() for e in history
         )
         lines += _section("Timeline (UTC)", body)
     if run.status.usage or any(a.status.usage for a in attempts):
-        lines += _section("Usage", render.usage_table(run, attempts))
+        lines += _section("Usage", formats.usage_table(run, attempts))
     if effects:
-        lines += _section("Side effects", render.effects_table(effects))
+        lines += _section("Side effects", formats.effects_table(effects))
     if s.conditions:
         rows = [
-            [c.type, c.status.value, c.reason, render.age(c.last_transition_time, now)] for c in s.conditions
+            [c.type, c.status.value, c.reason, formats.age(c.last_transition_time, now)] for c in s.conditions
         ]
-        lines += _section("Conditions", render.table(["TYPE", "STATUS", "REASON", "AGE"], rows))
+        lines += _section("Conditions", formats.table(["TYPE", "STATUS", "REASON", "AGE"], rows))
     if s.report is not None or s.side_effects is not None:
         counts = s.side_effects
         if counts is None or not (counts.confirmed or counts.compensated or counts.unknown):

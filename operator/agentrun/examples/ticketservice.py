@@ -42,7 +42,7 @@ def _now() -> str:
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class TicketStore:
+class TicketBook:
     """Tickets and the audit log, saved to one JSON file (atomically) after every change; with no file,
     kept in memory only (gone when the process ends)."""
 
@@ -146,10 +146,10 @@ class TicketServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], store: TicketStore, handler: type[Handler] | None = None
+        self, address: tuple[str, int], book: TicketBook, handler: type[Handler] | None = None
     ) -> None:
         super().__init__(address, handler or Handler)
-        self.store = store
+        self.book = book
 
 
 class Refused(Exception):
@@ -189,19 +189,19 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(self._delete)
 
     def _get(self, path: str, query: Query) -> Reply:
-        store = self.server.store
+        book = self.server.book
         if path == "/healthz":
             return HTTPStatus.OK, {"ok": True}
         if path == "/audit":
-            return HTTPStatus.OK, store.audit()
+            return HTTPStatus.OK, book.audit()
         if path == "/tickets" and "idempotencyKey" not in query:
-            return HTTPStatus.OK, store.tickets()
+            return HTTPStatus.OK, book.tickets()
         if path == "/tickets":
             self._check_lookups()
-            return _found(store.find_by_key(query["idempotencyKey"][0]))
+            return _found(book.find_by_key(query["idempotencyKey"][0]))
         if match := re.fullmatch(r"/tickets/([^/]+)", path):
             self._check_lookups()
-            return _found(store.get(match[1]))
+            return _found(book.get(match[1]))
         raise Refused(HTTPStatus.NOT_FOUND, f"no route for GET {path}")
 
     def _post(self, path: str, query: Query) -> Reply:
@@ -225,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._before_create():
             return None  # lost before it was stored: nothing happened, and the caller cannot tell
         try:
-            ticket, replayed = self.server.store.create(key, title, body)
+            ticket, replayed = self.server.book.create(key, title, body)
         except KeyReused as err:
             raise Refused(HTTPStatus.UNPROCESSABLE_ENTITY, str(err), reason="IdempotencyKeyReused") from err
         if not self._after_create(ticket):
@@ -233,7 +233,7 @@ class Handler(BaseHTTPRequestHandler):
         return (HTTPStatus.OK if replayed else HTTPStatus.CREATED), ticket
 
     def _close(self, ticket_id: str) -> Reply:
-        reply = _found(self.server.store.close(ticket_id, self.headers.get("Idempotency-Key")))
+        reply = _found(self.server.book.close(ticket_id, self.headers.get("Idempotency-Key")))
         assert reply is not None
         self._after_close(reply[1])  # type: ignore[arg-type]
         return reply
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None, server: type[TicketServer] | None = None
     parser.add_argument("--port", type=int, default=8088)
     parser.add_argument("--state", type=Path, help="JSON file of the tickets and audit log (default: memory)")
     args = parser.parse_args(argv)
-    serving = (server or TicketServer)((args.host, args.port), TicketStore(args.state))
+    serving = (server or TicketServer)((args.host, args.port), TicketBook(args.state))
     print(f"ticket service listening on http://{args.host}:{serving.server_port}", flush=True)
     serving.serve_forever()
 

@@ -1,7 +1,7 @@
 """The bundled object store: versitygw (Apache-2.0, an S3-compatible gateway in one process) serving a
 posix directory with object versioning and its internal IAM. One definition of how it is started, for the
 local control plane (hack/devcluster/objectstore.py runs the binary hack/build-versitygw.sh builds) and
-for the Helm chart (agentrun.deploy.render writes the StatefulSet that runs the upstream image): the same
+for the Helm chart (agentrun.deploy.generate writes the StatefulSet that runs the upstream image): the same
 version, flags, directories and bucket. The bucket is created and versioned by whoever holds the root
 credentials (agentrun.statestore.principals.BundledStore.prepare_bucket): the local control plane at its
 start, the chart's operator at its own.

@@ -9,7 +9,7 @@ async def agent(ctx: worker.Context) -> dict:
 worker.main(agent)
 
 Framework integrations (agentrun.integrations) and the examples use this module's names only, and
-`ctx.store` (a RunStore) for fenced access to the Run: never a submodule (an import contract holds it).
+`ctx.store` (a RunPort) for fenced access to the Run: never a submodule (an import contract holds it).
 """
 
 from agentrun.core.steps import StepRetry
@@ -30,8 +30,11 @@ from agentrun.worker.errors import (
 )
 from agentrun.worker.identity import Identity, NotInAttemptPod
 from agentrun.worker.main import main
+from agentrun.worker.port import RunPort
 from agentrun.worker.session import refuse_over_budget
-from agentrun.worker.store import RunStore
+
+# The earlier name of ctx.store's class, kept for integrations written against it.
+RunStore = RunPort
 
 __all__ = [
     "INLINE_THRESHOLD",
@@ -47,6 +50,7 @@ __all__ = [
     "PermanentError",
     "RateLimited",
     "RunBlobs",
+    "RunPort",
     "RunStore",
     "StateUnverifiable",
     "StepRetry",

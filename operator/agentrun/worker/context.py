@@ -13,9 +13,9 @@ from agentrun.core.ledger import side_effect_name
 from agentrun.core.steps import StepRetry, journal_replays
 from agentrun.worker.effects import Effect, Ledger
 from agentrun.worker.errors import Interrupted, PermanentError, TransientError
+from agentrun.worker.port import RunPort, answered_request
 from agentrun.worker.session import Session, refuse_over_budget
 from agentrun.worker.steps import Journal, run_step
-from agentrun.worker.store import RunStore, answered_request
 from agentrun.worker.usage import UsageMeter
 
 _KEEP = object()
@@ -41,8 +41,8 @@ class Context:
         """resumed_state: the state of `resumed_from` when the caller has read it (from the state store,
         verified: Session.checkpoint_state); by default its inline state."""
         self._session = session
-        # The public port for framework integrations: fenced access to the Run (worker.RunStore).
-        self.store = RunStore(session)
+        # The public port for framework integrations: fenced access to the Run (worker.RunPort).
+        self.store = RunPort(session)
         self._ledger = Ledger(session)
         self._latest = resumed_from
         me = session.me

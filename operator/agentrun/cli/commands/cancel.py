@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import TERMINAL_PHASES, Run, RunPhase
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.cluster import Cluster, wait_for_run
 from agentrun.cli.commands.common import read_run
 from agentrun.cli.context import Context
@@ -84,8 +84,8 @@ async def cancel(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.raw:
         ctx.out.obj(final)
     if not done:
-        now = render.phase_line(Run.model_validate(final))
+        now = formats.phase_line(Run.model_validate(final))
         raise CliError(f"run {args.run} not Cancelled within {args.timeout:g}s: {now}")
     ended = Run.model_validate(final)
-    ctx.out.text(f"run {args.run}: {render.phase_line(ended)}")
+    ctx.out.text(f"run {args.run}: {formats.phase_line(ended)}")
     return EXIT_OK if ended.status.phase == RunPhase.CANCELLED else EXIT_FAILED

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun.api import ControlOutcome, ControlRecord, Run
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.cluster import wait_for_run
 from agentrun.cli.context import Context
 from agentrun.cli.controls import recorded
@@ -24,7 +24,7 @@ def show_outcome(
     if ctx.out.raw:
         ctx.out.obj(body)
     prefix = "already recorded: " if again else ""
-    ctx.out.text(f"run {run_name}: {prefix}{render.control_line(record)}")
+    ctx.out.text(f"run {run_name}: {prefix}{formats.control_line(record)}")
     if record.outcome == ControlOutcome.ACCEPTED:
         return EXIT_OK
     # the operator's message names no namespace: say where to look, with the flags to get there

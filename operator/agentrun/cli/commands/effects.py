@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agentrun.api import Resolution, Run, RunPhase, SideEffect, SideEffectState
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.commands import retry
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, EXIT_USAGE, CliError, describe_api_error
@@ -29,8 +29,8 @@ async def effects(ctx: Context, args: argparse.Namespace) -> int:
         ctx.out.note(f"No side effects recorded for run {args.run}.")
         return EXIT_OK
     parsed = [SideEffect.model_validate(i) for i in items]
-    parsed.sort(key=lambda e: (render.rfc3339(e.metadata.creation_timestamp), e.metadata.name or ""))
-    ctx.out.text(render.effects_table(parsed))
+    parsed.sort(key=lambda e: (formats.rfc3339(e.metadata.creation_timestamp), e.metadata.name or ""))
+    ctx.out.text(formats.effects_table(parsed))
     return EXIT_OK
 
 
@@ -81,7 +81,7 @@ def refusal(effect: SideEffect, verdict: Resolution) -> str | None:
     happen, it may be sent again" (Failed stays Failed, the resolution recorded; the SDK's next send
     under the same key starts a fresh count). Nothing else is rewritten: the ledger keeps its history.
     """
-    name, state = effect.metadata.name, render.effect_state(effect)
+    name, state = effect.metadata.name, formats.effect_state(effect)
     if state in OPEN:
         return None
     if state == SideEffectState.FAILED and verdict == Resolution.ABSENT:
@@ -121,10 +121,10 @@ async def _write_resolution(
     """Reads the effect, checks it may be resolved, writes the verdict guarded by its resourceVersion."""
     for attempt in range(1, ATTEMPTS + 1):
         effect = SideEffect.model_validate(await ctx.cluster.side_effect(name))
-        state = render.effect_state(effect)
+        state = formats.effect_state(effect)
         if problem := refusal(effect, verdict):
             raise CliError(problem)
-        now = render.rfc3339(ctx.now())
+        now = formats.rfc3339(ctx.now())
         patch = resolution(
             effect,
             VERDICTS[verdict],
@@ -198,7 +198,7 @@ async def _next_for_run(ctx: Context, args: argparse.Namespace, run_name: str, v
     left = [
         e
         for e in (SideEffect.model_validate(i) for i in await ctx.cluster.owned("sideeffects", run_name))
-        if render.effect_state(e) == SideEffectState.UNKNOWN
+        if formats.effect_state(e) == SideEffectState.UNKNOWN
     ]
     if left:
         names = ", ".join(sorted(str(e.metadata.name) for e in left))

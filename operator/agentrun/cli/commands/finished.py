@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from agentrun.api import Attempt, BlobRef, Checkpoint, Run, attempt_name
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
 from agentrun.cli.store import open_store
@@ -23,7 +23,7 @@ from agentrun.statestore.checkpoint_index import as_checkpoint, decode_index
 
 async def read_blob(api: KubeApi, namespace: str, ref: BlobRef, what: str) -> bytes:
     """A blob's bytes, verified; a clear error when the store is not configured or cannot answer."""
-    store = await open_store(f"{what} ({render.stored_in(ref)})", api, namespace)
+    store = await open_store(f"{what} ({formats.stored_in(ref)})", api, namespace)
     try:
         return await store.get(StoredRef(ref.key, ref.sha256, ref.size, bool(ref.links)))
     except StateStoreError as exc:

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from agentrun.api import Attempt, Checkpoint, Run, SideEffect, Usage
-from agentrun.cli import render, timeline
+from agentrun.cli import formats, timeline
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
 from agentrun.cli.store import open_store
@@ -50,7 +50,7 @@ async def history(ctx: Context, args: argparse.Namespace) -> int:
         ]
         for e in entries
     ]
-    ctx.out.text(render.table(headers, rows))
+    ctx.out.text(formats.table(headers, rows))
     return EXIT_OK
 
 
@@ -86,4 +86,4 @@ async def describe_archived(ctx: Context, args: argparse.Namespace) -> int:
 def _usage(usage: Any) -> str | None:
     if not usage:
         return None
-    return render.usage_line(Usage.model_validate(usage))
+    return formats.usage_line(Usage.model_validate(usage))

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
-from agentrun.cli import render, timeline
+from agentrun.cli import formats, timeline
 from agentrun.cli.commands import finished, history
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError, NotFound
@@ -34,7 +34,7 @@ async def get(ctx: Context, args: argparse.Namespace) -> int:
         (Run.model_validate(b) for b in bodies),
         key=lambda r: (r.metadata.namespace or "", r.metadata.name or ""),
     )
-    ctx.out.text(render.runs_table(runs, ctx.now(), with_namespace=args.all_namespaces))
+    ctx.out.text(formats.runs_table(runs, ctx.now(), with_namespace=args.all_namespaces))
     return EXIT_OK
 
 
@@ -90,8 +90,8 @@ async def report(ctx: Context, args: argparse.Namespace) -> int:
     if run.status.report is not None:
         listed, omitted = run.status.report.effects, run.status.report.omitted
     else:
-        listed, omitted = render.reported_effects(records), 0
+        listed, omitted = formats.reported_effects(records), 0
     undoable = {str(r.metadata.name) for r in records if compensable(r)}
-    text = render.report_text(run, listed, omitted, live=not stopped, where=ctx.where, compensable=undoable)
+    text = formats.report_text(run, listed, omitted, live=not stopped, where=ctx.where, compensable=undoable)
     ctx.out.text(text)
     return EXIT_OK

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun.api import STOPPED_PHASES, ControlRecord, Run
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.commands.common import await_outcome, read_run, show_outcome, shown_outcome
 from agentrun.cli.commands.watch import follow
 from agentrun.cli.context import Context
@@ -121,7 +121,7 @@ def check_sendable(run: Run, answer: Answer, args: argparse.Namespace, where: Ta
     if not given and pending is not None and pending.accepted_schema:
         raise CliError(
             f"--value JSON (or --value-file F) is required: request {pending.request_id} expects "
-            f"{render.compact_json(pending.accepted_schema)}",
+            f"{formats.compact_json(pending.accepted_schema)}",
             EXIT_USAGE,
         )
     if refusal := local_refusal(run, answer, bool(args.request_id)):
@@ -173,7 +173,7 @@ async def resume(ctx: Context, args: argparse.Namespace) -> int:
             raise
         who = first.by or "someone else"
         ctx.out.text(
-            f"run {args.run}: {who} answered first: {render.control_line(record)}; yours was not sent"
+            f"run {args.run}: {who} answered first: {formats.control_line(record)}; yours was not sent"
         )
         return EXIT_FAILED
     if isinstance(sent, Control):

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from agentrun.api import BlobRef, Checkpoint, Run
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.commands import finished
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_OK, CliError
@@ -49,7 +49,7 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
         inline, ref = checkpoint.spec.state, checkpoint.spec.state_ref
     value = inline if ref is None else await fetch(ctx.cluster.api, ctx.namespace, ref, what)
     if ref is not None:
-        ctx.out.note(f"{what}: {render.stored_in(ref)}, verified")
+        ctx.out.note(f"{what}: {formats.stored_in(ref)}, verified")
     if ctx.out.raw:
         ctx.out.obj(value)
     else:
@@ -59,7 +59,7 @@ async def state(ctx: Context, args: argparse.Namespace) -> int:
 
 async def fetch(api: KubeApi, namespace: str, ref: BlobRef, what: str) -> Any:
     """The value a reference names, read from the store and verified; a clear error when it cannot be."""
-    store = await open_store(f"{what} ({render.stored_in(ref)})", api, namespace)
+    store = await open_store(f"{what} ({formats.stored_in(ref)})", api, namespace)
     try:
         data = await store.get(StoredRef(ref.key, ref.sha256, ref.size))
     except StateStoreError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agentrun.api import TERMINAL_PHASES, WAITING_FOR_A_PERSON, Run, RunPhase
-from agentrun.cli import render
+from agentrun.cli import formats
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from agentrun.cli.nextsteps import run_steps
@@ -33,7 +33,7 @@ async def follow(ctx: Context, name: str, within: float | None) -> int:
             if current != last:
                 last = current
                 phase = run.status.phase.value if run.status.phase else "Pending"
-                ctx.out.text(f"{render.clock(ctx.now())}  {phase:<19} {run.status.message or ''}".rstrip())
+                ctx.out.text(f"{formats.clock(ctx.now())}  {phase:<19} {run.status.message or ''}".rstrip())
             code = exit_code(run)
             if code is not None:
                 if steps := run_steps(run, ctx.where):

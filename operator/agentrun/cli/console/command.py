@@ -16,7 +16,7 @@ from agentrun.cli.console.actions import Parse
 from agentrun.cli.console.seats import ProxySeats
 from agentrun.cli.console.server import AccessLogger, Console, application
 from agentrun.cli.console.sessions import Sessions
-from agentrun.cli.console.store import Store
+from agentrun.cli.console.watchcache import WatchCache
 from agentrun.cli.context import Context
 from agentrun.cli.errors import EXIT_USAGE, CliError
 from agentrun.kubeauth import load_configuration
@@ -76,15 +76,15 @@ async def serve(ctx: Context, args: argparse.Namespace) -> int:
     api = ctx.cluster.api
     scopes = await access.scopes(api, _namespaces(args.namespaces), ctx.namespace)
     user = await ctx.cluster.whoami()
-    store = Store(api, scopes)
+    cache = WatchCache(api, scopes)
     sessions = Sessions(args.session_hours * 3600, ctx.clock)
-    console = Console(api, store, sessions, set(), user, parse, kubeconfig=ctx.kubeconfig, clock=ctx.clock)
+    console = Console(api, cache, sessions, set(), user, parse, kubeconfig=ctx.kubeconfig, clock=ctx.clock)
     runner = web.AppRunner(
         application(console), access_log_class=AccessLogger, access_log=logging.getLogger("aiohttp.access")
     )
     await runner.setup()
     site = web.TCPSite(runner, args.address, args.port)
-    store.start()
+    cache.start()
     try:
         await site.start()
         port = runner.addresses[0][1]
@@ -96,7 +96,7 @@ async def serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.out.text(f"Then: {base}/   Stop with Ctrl-C.")
         await asyncio.Event().wait()
     finally:
-        await store.stop()
+        await cache.stop()
         await runner.cleanup()
     return 0
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from agentrun.api import STOPPED_PHASES, Attempt, Checkpoint, Run, SideEffect
-from agentrun.cli import render, timeline
+from agentrun.cli import formats, timeline
 from agentrun.cli.cluster import Cluster
 
 JsonDict = dict[str, Any]
@@ -19,7 +19,7 @@ def _effect(e: SideEffect) -> JsonDict:
         "name": e.metadata.name,
         "tool": e.spec.tool,
         "target": e.spec.target,
-        "state": render.effect_state(e).value,
+        "state": formats.effect_state(e).value,
         "reversible": e.spec.reversible,
         "reference": status.external_reference if status else None,
         "sends": len(status.sends or []) if status else 0,
@@ -44,20 +44,20 @@ def page(
     if s.report is not None:
         listed, omitted = s.report.effects, s.report.omitted
     else:
-        listed, omitted = render.reported_effects(records), 0
+        listed, omitted = formats.reported_effects(records), 0
     history = timeline.entries(run, tried, saved, records)
     return {
         "namespace": run.metadata.namespace,
         "name": run.metadata.name,
         "phase": s.phase.value if s.phase else "Pending",
-        "phaseLine": render.phase_line(run),
+        "phaseLine": formats.phase_line(run),
         "stopped": s.phase in STOPPED_PHASES,
         "latestCheckpoint": s.latest_checkpoint,
         "checkpoints": [c.spec.id for c in saved],
         "traceId": next((a.status.trace_id for a in reversed(tried) if a.status.trace_id), None),
-        "timeline": [{"time": render.rfc3339(e.time), "what": e.what, "detail": e.detail} for e in history],
+        "timeline": [{"time": formats.rfc3339(e.time), "what": e.what, "detail": e.detail} for e in history],
         "describe": timeline.describe(run, tried, saved, records, now),
-        "report": render.report_text(run, listed, omitted, live=s.phase not in STOPPED_PHASES),
+        "report": formats.report_text(run, listed, omitted, live=s.phase not in STOPPED_PHASES),
         "effects": [_effect(e) for e in sorted(records, key=lambda e: str(e.metadata.name))],
     }
 

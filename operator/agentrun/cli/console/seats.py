@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from agentrun.cli.cluster import SELF_SUBJECT_REVIEW, SELF_SUBJECT_REVIEWS, reviewed_user
 from agentrun.cli.console import access
-from agentrun.cli.console.store import Store
+from agentrun.cli.console.watchcache import WatchCache
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, Configuration, KubeApi
 
@@ -32,7 +32,7 @@ class Seat:
     """One person's view of the cluster, and what RBAC lets them do there."""
 
     api: KubeApi
-    store: Store
+    cache: WatchCache
     user: str | None
     clock: Clock
     permissions: access.Permissions = field(init=False)
@@ -117,9 +117,9 @@ class ProxySeats:
             raise
         user = reviewed_user(review)
         scopes = await access.scopes(api, self.namespaces, self.default_namespace)
-        store = Store(api, scopes)
-        store.start()
-        return Seat(api, store, user, self.clock)
+        cache = WatchCache(api, scopes)
+        cache.start()
+        return Seat(api, cache, user, self.clock)
 
     def csrf(self, seat: Seat, token: str) -> str:
         """The CSRF token of a person's page: bound to who they are (a refreshed access token of the
@@ -141,7 +141,7 @@ class ProxySeats:
 
     @staticmethod
     async def _close(seat: Seat) -> None:
-        await seat.store.stop()
+        await seat.cache.stop()
         with contextlib.suppress(Exception):
             await seat.api.aclose()
 

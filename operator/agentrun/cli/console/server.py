@@ -37,7 +37,7 @@ from agentrun.cli.cluster import Cluster
 from agentrun.cli.console import actions, runpage
 from agentrun.cli.console.seats import ProxySeats, Seat, token_from
 from agentrun.cli.console.sessions import Session, Sessions, csrf_matches
-from agentrun.cli.console.store import Store
+from agentrun.cli.console.watchcache import WatchCache
 from agentrun.cli.controls import schema_problem
 from agentrun.clock import Clock, SystemClock
 from agentrun.kubeapi import ApiError, KubeApi
@@ -67,11 +67,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass
 class Console:
-    """Everything a request handler needs. On a laptop: the kubeconfig user's api, store and user (one
+    """Everything a request handler needs. On a laptop: the kubeconfig user's api, cache and user (one
     seat) and the login sessions; behind a proxy (`proxy` set): a seat per person's token instead."""
 
     api: KubeApi | None
-    store: Store | None
+    cache: WatchCache | None
     sessions: Sessions
     hosts: set[str]  # Host header values the console answers to, e.g. 127.0.0.1:8765
     user: str | None
@@ -83,12 +83,12 @@ class Console:
     local: Seat | None = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.proxy is None and (self.api is None or self.store is None):
-            raise ValueError("a console without a proxy acts with its kubeconfig: api and store needed")
+        if self.proxy is None and (self.api is None or self.cache is None):
+            raise ValueError("a console without a proxy acts with its kubeconfig: api and cache needed")
         self.local = (
             None
-            if self.api is None or self.store is None
-            else Seat(self.api, self.store, self.user, self.clock)
+            if self.api is None or self.cache is None
+            else Seat(self.api, self.cache, self.user, self.clock)
         )
 
     def origins(self) -> set[str]:
@@ -260,7 +260,7 @@ async def who(request: web.Request) -> web.StreamResponse:
         {
             "user": seat.user,
             "csrf": CALLER.get()[1],
-            "scopes": ["(all namespaces)" if s is None else s for s in seat.store.scopes],
+            "scopes": ["(all namespaces)" if s is None else s for s in seat.cache.scopes],
             "sessionSeconds": left,
             "proxied": console.proxy is not None,
         }
@@ -270,12 +270,12 @@ async def who(request: web.Request) -> web.StreamResponse:
 # ---- reads -------------------------------------------------------------------------------------------
 
 
-async def _ready(store: Store) -> bool:
+async def _ready(cache: WatchCache) -> bool:
     """Whether every watch has listed once, waiting up to READY_SECONDS for it."""
-    if not store.ready:
+    if not cache.ready:
         try:
             async with asyncio.timeout(READY_SECONDS):
-                await store.wait_newer(-1)
+                await cache.wait_newer(-1)
         except TimeoutError:
             return False
     return True
@@ -283,23 +283,23 @@ async def _ready(store: Store) -> bool:
 
 async def inbox(request: web.Request) -> web.StreamResponse:
     console, seat = request.app[CONSOLE], _seat(request)
-    if not await _ready(seat.store):
+    if not await _ready(seat.cache):
         # The page hears from the event stream once the lists arrive, and loads again then.
         message = (
             "the API server has not answered the console's list of Runs yet: is the cluster reachable? "
             "(the console's terminal says what goes wrong)"
         )
         return _problem(503, message)
-    items = seat.store.inbox()
+    items = seat.cache.inbox()
     permissions = await seat.permissions.of(sorted({str(i["namespace"]) for i in items}))
     return web.json_response(
         {
             "now": console.clock.now().isoformat().replace("+00:00", "Z"),
-            "version": seat.store.version,
+            "version": seat.cache.version,
             "items": items,
             "may": permissions,
-            "problems": sorted(seat.store.problems.values()),
-            "namespaces": seat.store.namespaces(),
+            "problems": sorted(seat.cache.problems.values()),
+            "namespaces": seat.cache.namespaces(),
         },
         dumps=_dumps,
     )
@@ -319,15 +319,15 @@ async def run_page(request: web.Request) -> web.StreamResponse:
     if page is None:
         return _problem(404, f"run {name} not found in namespace {namespace}: it may have been deleted")
     page["may"] = (await seat.permissions.of([namespace]))[namespace]
-    page["version"] = seat.store.version
+    page["version"] = seat.cache.version
     page["pending"] = next(
-        (i for i in seat.store.inbox() if i["namespace"] == namespace and i["run"] == name), None
+        (i for i in seat.cache.inbox() if i["namespace"] == namespace and i["run"] == name), None
     )
     return web.json_response(page, dumps=_dumps)
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    """Server-sent events: `changed` with the store's version whenever a watched object changes."""
+    """Server-sent events: `changed` with the cache's version whenever a watched object changes."""
     console, seat = request.app[CONSOLE], _seat(request)
     session = None if console.proxy is not None else _session(request)
     response = web.StreamResponse(
@@ -345,7 +345,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         while session is None or console.sessions.find(session.id) is not None:
             try:
                 async with asyncio.timeout(HEARTBEAT_SECONDS):
-                    version = await seat.store.wait_newer(version)
+                    version = await seat.cache.wait_newer(version)
                 message = f"event: changed\ndata: {version}\n\n"
             except TimeoutError:
                 message = ": still here\n\n"  # keeps proxies and the browser from giving up
@@ -379,7 +379,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 async def check(request: web.Request) -> web.StreamResponse:
     """The server's verdict on an answer before it is sent: the check `resume` makes (schema_problem)."""
     body = await _body(request)
-    stored = _seat(request).store.run(body["namespace"], str(body.get("run")))
+    stored = _seat(request).cache.run(body["namespace"], str(body.get("run")))
     if stored is None:
         return _problem(404, "no such Run in the console's view")
     pending = Run.model_validate(stored).status.pending_request
@@ -396,7 +396,7 @@ async def act(request: web.Request) -> web.StreamResponse:
         argv = actions.command_line(action, body)
     except actions.BadAction as exc:
         return _problem(400, str(exc))
-    if action == "approve" and body.get("approved") is True and (why := _unverified(seat.store, body)):
+    if action == "approve" and body.get("approved") is True and (why := _unverified(seat.cache, body)):
         return web.json_response({"ok": False, "message": f"not approved: {why}; nothing sent"}, status=409)
     kubeconfig = console.kubeconfig if console.proxy is None else None
     outcome = await actions.perform(
@@ -408,13 +408,13 @@ async def act(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _unverified(store: Store, body: dict[str, Any]) -> str | None:
+def _unverified(cache: WatchCache, body: dict[str, Any]) -> str | None:
     """Why the console will not approve this request: it must be the pending approval, whose action it
     shows and whose digest it recomputed (inbox.approval_check)."""
     item = next(
         (
             i
-            for i in store.inbox()
+            for i in cache.inbox()
             if i["namespace"] == body["namespace"] and i["run"] == body.get("run") and i["kind"] == "approval"
         ),
         None,

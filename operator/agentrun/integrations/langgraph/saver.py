@@ -75,7 +75,7 @@ from agentrun.statestore import BlobRef, BlobStore
 from agentrun.worker import PermanentError, RunBlobs, StateUnverifiable
 
 if TYPE_CHECKING:
-    from agentrun.worker import Context, RunStore
+    from agentrun.worker import Context, RunPort
 
 JsonDict = dict[str, Any]
 T = TypeVar("T")
@@ -198,7 +198,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self.attempt = attempt or f"{run}-{OUTSIDE_ATTEMPT}"
         self.lease_epoch = lease_epoch
         self.collection = api.custom_path("checkpoints", namespace)
-        self._session: RunStore | None = None
+        self._session: RunPort | None = None
         self._state_store = state_store
         self._shared = _Shared()
 
@@ -225,7 +225,7 @@ class AgentrunSaver(BaseCheckpointSaver[int]):
         self._shared.paused.add(request_id)
 
     @property
-    def session(self) -> RunStore | None:
+    def session(self) -> RunPort | None:
         """The attempt Pod's fenced access to its Run (ctx.store, for_attempt), or None outside one."""
         return self._session
 

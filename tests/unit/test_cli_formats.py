@@ -12,7 +12,7 @@ from kubernetes.client.rest import ApiException
 
 from agentrun.api import Attempt, Checkpoint, ControlRecord, Run, SideEffect, SideEffectState
 from agentrun.api.common import IDENTIFIER_PATTERN
-from agentrun.cli import controls, render, timeline
+from agentrun.cli import controls, formats, timeline
 from agentrun.cli.app import parse
 from agentrun.cli.commands import cancel, effects, resume, watch
 from agentrun.cli.errors import CliError, api_error_from, describe_api_error
@@ -167,7 +167,7 @@ def test_values_in_the_state_store_read_as_where_they_are() -> None:
     text = timeline.describe(run, [], [Checkpoint.model_validate(entry)], [], T0)
     assert f"Result:        {where} (committed by ask-a2)" in text
     assert f"state {where}" in text
-    assert f"Result: {where}" in render.report_text(run, [], 0)
+    assert f"Result: {where}" in formats.report_text(run, [], 0)
 
 
 def side_effect(name: str, state: str | None, reversible: bool = False, **status: Any) -> SideEffect:
@@ -437,7 +437,7 @@ def test_a_resolution_records_who_and_keeps_the_history() -> None:
 
 
 def test_tables_align_columns_and_mark_missing_cells() -> None:
-    text = render.table(["NAME", "PHASE"], [["a-long-name", None], ["b", "Running"]])
+    text = formats.table(["NAME", "PHASE"], [["a-long-name", None], ["b", "Running"]])
     assert text.splitlines() == ["NAME          PHASE", "a-long-name   -", "b             Running"]
 
 
@@ -454,11 +454,11 @@ def test_tables_align_columns_and_mark_missing_cells() -> None:
     ],
 )
 def test_ages_read_like_kubectls(seconds: int, shown: str) -> None:
-    assert render.age(T0, T0 + timedelta(seconds=seconds)) == shown
+    assert formats.age(T0, T0 + timedelta(seconds=seconds)) == shown
 
 
 def test_get_shows_the_printer_columns() -> None:
-    text = render.runs_table([make_run(WAITING)], T0 + timedelta(seconds=90))
+    text = formats.runs_table([make_run(WAITING)], T0 + timedelta(seconds=90))
     header, row = text.splitlines()
     headers = ["NAME", "PHASE", "ATTEMPT", "LEASE-EPOCH", "CANCEL-EPOCH", "WAITING-FOR", "HELD-BY", "AGE"]
     assert header.split() == headers
@@ -467,7 +467,7 @@ def test_get_shows_the_printer_columns() -> None:
 
 def test_get_shows_the_attempt_that_holds_the_request() -> None:
     held = {**WAITING, "pendingRequest": {**WAITING["pendingRequest"], "heldBy": "ask-a1", "holdSeconds": 30}}
-    _, row = render.runs_table([make_run(held)], T0 + timedelta(seconds=90)).splitlines()
+    _, row = formats.runs_table([make_run(held)], T0 + timedelta(seconds=90)).splitlines()
     assert row.split() == ["ask", "InputRequired", "1", "1", "0", "ask-r1", "ask-a1", "90s"]
 
 
@@ -598,16 +598,16 @@ def test_control_lines() -> None:
         control("k3", "Accepted", "Accepted", "answer to ask-r1 accepted", 5)
     )
     rejected = ControlRecord.model_validate(control("k2", "Rejected", "SchemaMismatch", "value at ...", 4))
-    assert render.control_line(accepted) == "Resume k3: Accepted (answer to ask-r1 accepted)"
-    assert render.control_line(rejected) == "Resume k2: Rejected, SchemaMismatch: value at ..."
+    assert formats.control_line(accepted) == "Resume k3: Accepted (answer to ask-r1 accepted)"
+    assert formats.control_line(rejected) == "Resume k2: Rejected, SchemaMismatch: value at ..."
     named = ControlRecord.model_validate(
         {**control("k4", "Accepted", "Accepted", "ok", 6), "requestedBy": "bob"}
     )
-    assert render.control_line(named) == "Resume k4 by bob: Accepted (ok)"
+    assert formats.control_line(named) == "Resume k4 by bob: Accepted (ok)"
 
 
 def test_the_report_separates_what_happened_from_what_cannot_be_undone() -> None:
-    effects_ = render.reported_effects(
+    effects_ = formats.reported_effects(
         [
             side_effect("sfx-1", "Confirmed", externalReference="T-1"),
             side_effect("sfx-2", "Compensated", reversible=True, externalReference="T-2"),
@@ -616,7 +616,7 @@ def test_the_report_separates_what_happened_from_what_cannot_be_undone() -> None
             side_effect("sfx-5", "Confirmed", reversible=True, externalReference="T-5"),
         ]
     )
-    text = render.report_text(make_run({"phase": "NeedsReconciliation", "message": "resolve"}), effects_)
+    text = formats.report_text(make_run({"phase": "NeedsReconciliation", "message": "resolve"}), effects_)
     sections = {block.split(":")[0]: block for block in re.split(r"\n(?=[A-Z])", text)}
     assert "T-1" in sections["What happened (3)"] and "T-2" in sections["What happened (3)"]
     assert "T-2" in sections["What was compensated (1)"]
@@ -630,7 +630,7 @@ def test_the_report_separates_what_happened_from_what_cannot_be_undone() -> None
 
 
 def test_the_report_of_a_run_without_effects_says_so() -> None:
-    text = render.report_text(make_run({"phase": "Succeeded", "message": "done"}), [])
+    text = formats.report_text(make_run({"phase": "Succeeded", "message": "done"}), [])
     assert text.splitlines() == [
         "Run ask: Succeeded: done",
         "No external side effects: nothing to compensate, nothing that cannot be undone.",
@@ -638,7 +638,7 @@ def test_the_report_of_a_run_without_effects_says_so() -> None:
 
 
 def test_effects_table() -> None:
-    text = render.effects_table(
+    text = formats.effects_table(
         [side_effect("sfx-1", "Confirmed", externalReference="T-1", attempt="ask-a2")]
     )
     assert [line.split() for line in text.splitlines()] == [

@@ -32,7 +32,7 @@ def _key(obj: JsonDict) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-class Store:
+class WatchCache:
     def __init__(self, api: KubeApi, scopes: list[str | None]) -> None:
         """scopes: the namespaces to watch, or [ALL_NAMESPACES]."""
         self.api = api
@@ -68,7 +68,7 @@ class Store:
             self._changed.notify_all()
 
     async def wait_newer(self, version: int) -> int:
-        """Returns once the store is ready and past `version`: the version now."""
+        """Returns once the cache is ready and past `version`: the version now."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.ready and self.version > version)
             return self.version

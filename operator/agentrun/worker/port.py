@@ -21,7 +21,7 @@ def answered_request(run: Run, attempt: Attempt) -> str | None:
     return answer.request_id if answer else None
 
 
-class RunStore:
+class RunPort:
     """The Attempt's access to its Run: reads, and writes of official Run state under the Attempt's
     fences (lease epoch, cancel epoch), as ctx.checkpoint makes them."""
 

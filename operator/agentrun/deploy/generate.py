@@ -1,7 +1,7 @@
 """Generates the parts of the Helm chart that come from Python single sources, and manifests/ from the chart.
 
-    python -m agentrun.deploy.render            # write them (make manifests)
-    python -m agentrun.deploy.render --check    # write nothing; exit 1 and list what is out of date
+    python -m agentrun.deploy.generate            # write them (make manifests)
+    python -m agentrun.deploy.generate --check    # write nothing; exit 1 and list what is out of date
 
 Generated, never edited by hand:
 - charts/agentrun/values.yaml and values.schema.json, from agentrun.deploy.values.Values;
@@ -56,7 +56,7 @@ MANIFEST_NAMESPACE: Final = "agentrun-system"
 MANIFEST_RELEASE: Final = "agentrun"
 # `helm template` assumes Kubernetes v1.20 unless told; the chart needs 1.30 or later (Chart.yaml).
 KUBE_VERSION: Final = "1.35.0"
-GENERATOR: Final = "python -m agentrun.deploy.render"
+GENERATOR: Final = "python -m agentrun.deploy.generate"
 
 # Resources of the rules that are cluster-scoped: they cannot be granted by a Role, so namespace-scoped
 # mode goes without them (kopf then neither watches CRDs nor namespaces, see agentrun.operator).
