@@ -34,7 +34,7 @@ POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
 # when kube-controller-manager runs with --use-service-account-credentials.
 TRUSTED_CONTROLLERS: Final = ("system:serviceaccount:kube-system:generic-garbage-collector",)
 
-# The Run status fields an attempt Pod writes (DESIGN: the fenced commit fields); every other one is
+# The Run status fields an attempt Pod writes (docs/security.md: the fenced commit fields); every other one is
 # the operator's. pendingRequest.expiresAt is the operator's too: it derives it on its own clock.
 WORKER_RUN_FIELDS: Final = ("result", "resultRef", "committedBy", "latestCheckpoint", "pendingRequest")
 WORKER_ATTEMPT_FIELDS: Final = ("rejectedCommit", "usage", "traceId", "sdkReads")
