@@ -179,10 +179,11 @@ main() {
   load_images
   install_chart
   "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" get pods -n "$RELEASE_NAMESPACE" >&2
-  # what a shell needs: KUBECONFIG, and kubectl, helm and kubectl-agentrun (the venv's) on PATH
+  # what a shell needs: KUBECONFIG, and kubectl, helm, kind (to load an image of one's own) and
+  # kubectl-agentrun (the venv's) on PATH
   local env_file="${KUBECONFIG_PATH%.kubeconfig}.env"
-  printf 'export KUBECONFIG=%q\nexport PATH=%q:%q:"$PATH"\n' "$KUBECONFIG_PATH" "$CONTROL_PLANE_BIN" \
-    "$REPO_ROOT/.venv/bin" >"$env_file"
+  printf 'export KUBECONFIG=%q\nexport PATH=%q:%q:%q:"$PATH"\n' "$KUBECONFIG_PATH" "$CONTROL_PLANE_BIN" \
+    "$(dirname "$KIND")" "$REPO_ROOT/.venv/bin" >"$env_file"
   log "ready in $((SECONDS - began))s. Go on with: source ${env_file#"$REPO_ROOT"/}"
 }
 
