@@ -359,7 +359,7 @@ def waiting_phase(request: PendingRequest) -> RunPhase:
 
 def expiry(w: World, request: PendingRequest) -> dict[str, Any]:
     """The request's expiresAt, on the operator's clock, from the expiresInSeconds its worker asked for
-    (a worker's clock may be off by any amount; docs/runs.md: expiry is judged on the operator's own clock)."""
+    (a worker's clock may be off by any amount: expiry is judged on the operator's own, docs/runs.md)."""
     if request.expires_in_seconds is None or request.expires_at is not None:
         return {}
     expires_at = w.now + timedelta(seconds=request.expires_in_seconds)
