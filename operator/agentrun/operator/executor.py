@@ -18,6 +18,7 @@ from agentrun.operator.archive import Archiver
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.statestore import BlobRef, BlobStore, StateStoreError
 from agentrun.statestore.checkpoint_index import decode_index, encode_index, entry, inline_state_bytes, merged
 
@@ -69,10 +70,12 @@ class Observer(Protocol):
 @dataclass
 class Executed:
     """What carrying out a Plan did: whether a watched object changed, and what the writes observed
-    that core decides on (a Pod the API server refused to create: attempt name -> the refusal)."""
+    that core decides on (a Pod the API server refused to create: attempt name -> the refusal; the
+    bundled store refusing to make the namespace's credentials)."""
 
     changed: bool = False
     refused_pods: dict[str, str] = field(default_factory=dict)
+    provisioning_refused: bool = False
 
 
 @dataclass
@@ -83,6 +86,7 @@ class _Progress:
     resource_version: str | None
     attempt_uids: dict[str, str] = field(default_factory=dict)
     refused_pods: dict[str, str] = field(default_factory=dict)
+    provisioning_refused: bool = False
 
 
 class Executor:
@@ -100,8 +104,10 @@ class Executor:
         observers: Sequence[Observer] = (),
         archiver: Archiver | None = None,
         state_store: BlobStore | None = None,
+        store_credentials: StoreCredentials | None = None,
     ) -> None:
         self.api = api
+        self.store_credentials = store_credentials
         self.archiver = archiver
         self.state_store = state_store
         self.cache = cache
@@ -125,6 +131,7 @@ class Executor:
             p.ClearManagedFields: self._clear_managed_fields,
             p.RecordEvent: self._event,
             p.RefuseMove: self._refuse_move,
+            p.ProvisionStoreCredentials: self._provision_store_credentials,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
         }
@@ -139,7 +146,7 @@ class Executor:
             changed |= written.changed
             for observer in self.observers:
                 observer.written(run, written)
-        return Executed(changed, progress.refused_pods)
+        return Executed(changed, progress.refused_pods, progress.provisioning_refused)
 
     def _ns(self, run: Run) -> tuple[str, str]:
         return str(run.metadata.namespace), str(run.metadata.name)
@@ -241,6 +248,20 @@ class Executor:
             action.target,
         )
         return Written(action)
+
+    async def _provision_store_credentials(
+        self, action: p.ProvisionStoreCredentials, progress: _Progress
+    ) -> Written:
+        """The namespace's principals on the bundled store and their Secrets (operator.store_credentials).
+        Made: the Run is decided again, and now finds the Secret. Refused (the reason is in the log): told
+        to core, which fails the Run as it would without the bundled store. A store that does not answer
+        raises: the Run is looked at again later."""
+        if self.store_credentials is None or not self.store_credentials.provisions:
+            raise RuntimeError("store credentials were to be made but the operator has no bundled store")
+        if not await self.store_credentials.provision(action.namespace):
+            progress.provisioning_refused = True
+            return Written(action)
+        return Written(action, changed=True)
 
     async def _delete_run(self, action: p.DeleteRun, progress: _Progress) -> Written:
         """Deletes the Run as archived (its uid and resourceVersion as preconditions): one changed since,

@@ -88,6 +88,10 @@ class Reconciler:
         # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
         # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
         self._refused_pods: dict[Key, dict[str, str]] = {}
+        # Runs for which the bundled store refused to make the namespace's credentials (an executed
+        # ProvisionStoreCredentials): told to core (World.store_provisioning_refused), which fails the Run;
+        # forgotten once the Secret is found or no Pod may start.
+        self._provisioning_refused: set[Key] = set()
         # The uid of the newest ended Attempt of each Run read fresh from the API server and found
         # without the SDK's statement that it reads references (status.sdkReads): not read again.
         self._undeclared: dict[Key, str] = {}
@@ -128,6 +132,7 @@ class Reconciler:
         self._stale.discard(key)
         self._refused.pop(key, None)
         self._refused_pods.pop(key, None)
+        self._provisioning_refused.discard(key)
         self._undeclared.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
@@ -250,10 +255,12 @@ class Reconciler:
             raise
         finally:
             self.spans.decided(run, plan, started, error)
+        key = (str(run.metadata.namespace), str(run.metadata.name))
         if executed.refused_pods:
-            key = (str(run.metadata.namespace), str(run.metadata.name))
             self._refused_pods.setdefault(key, {}).update(executed.refused_pods)
-        return executed.changed or bool(executed.refused_pods)
+        if executed.provisioning_refused:
+            self._provisioning_refused.add(key)
+        return executed.changed or bool(executed.refused_pods) or executed.provisioning_refused
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
@@ -275,9 +282,12 @@ class Reconciler:
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
-        # The store's Secret is looked for (made, with the bundled server) once the account may run Pods.
+        # The store's Secret is looked for once the account may run Pods (only looked for: with the
+        # bundled server, the table asks for it to be made).
         allowed = may_start_pods(run) and account_refused is None and not role_denied
-        store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
+        store_missing = allowed and await self.store_credentials.missing(key[0])
+        if not store_missing:
+            self._provisioning_refused.discard(key)
         fork_source = None
         if fork.wants_source(run):  # a fork not started yet: its source, read from the API server
             fork_source = await fork.read_source(self.api, run, self.archives)
@@ -295,6 +305,8 @@ class Reconciler:
             refused_pods=dict(refused),
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
+            provisions_store_credentials=self.store_credentials.provisions,
+            store_provisioning_refused=key in self._provisioning_refused,
             default_ttl_seconds=self.default_ttl_seconds,
             has_store=self.has_store,
             store_mode=self.store_mode,

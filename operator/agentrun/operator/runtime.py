@@ -94,6 +94,7 @@ class Runtime:
             observers=(operator_metrics, self.spans, PhaseLog()),
             archiver=self.archiver,
             state_store=self.state_store,
+            store_credentials=self.store_credentials,
         )
         self.reconciler = Reconciler(
             api,

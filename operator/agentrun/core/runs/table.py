@@ -39,6 +39,7 @@ ENDS: Final = frozenset(TERMINAL_PHASES)
 TABLE: Final = Chain(
     (
         Rule("Deleted", rules.deleted, upkeep=False),
+        Rule("StoreCredentialsProvision", store_credentials.provision, upkeep=False),
         Rule("CommitRefused", rules.commit_refused, upkeep=False),
         Rule(
             "Committed",

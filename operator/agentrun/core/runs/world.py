@@ -43,8 +43,17 @@ class World:
     # holds the namespace's credentials for it): the operator's settings; None without a store.
     state_store: StateStorePodEnv | None = None
     # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
-    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
+    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one): a read,
+    # nothing is made while the World is observed.
     store_credentials_missing: bool = False
+    # The operator makes a namespace's principals and their Secrets itself (the bundled object store, whose
+    # root credentials it holds): a missing Secret is made (core.plan.ProvisionStoreCredentials, asked by
+    # core.runs.store_credentials.provision) before the Run is failed for it.
+    provisions_store_credentials: bool = False
+    # The bundled store refused to make them when the I/O layer last carried that out for this Run (its
+    # log says why): the Run fails as it would without the bundled store. Forgotten once the Secret is
+    # found or no Pod may start.
+    store_provisioning_refused: bool = False
     # Whether the operator has a state store of its own: a finished Run's checkpoint index and archive,
     # and Attempts' log tails, go there.
     has_store: bool = False
