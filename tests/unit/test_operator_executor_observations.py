@@ -6,17 +6,27 @@ tests/integration/test_identity.py."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from agentrun.core.plan import Plan, ProvisionStoreCredentials
+from agentrun.api import lease_name
+from agentrun.core.plan import (
+    Action,
+    CreateAttempt,
+    CreatePod,
+    PatchRunStatus,
+    Plan,
+    ProvisionStoreCredentials,
+    WriteLease,
+)
 from agentrun.core.pods import StateStorePodEnv
-from agentrun.kubeapi import KubeApi
+from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executed, Executor
 from agentrun.operator.store_credentials import StoreCredentials
 from support.clock import FakeClock
-from unit.factories import NAMESPACE, make_run
+from unit.factories import NAMESPACE, RUN, make_run
 
 STORE = StateStorePodEnv("s3://agentrun?endpoint=http://objects.example:7070", "agentrun-state-store")
 
@@ -60,3 +70,41 @@ def test_store_credentials_planned_without_a_bundled_store_are_an_error(unreacha
 
     with pytest.raises(RuntimeError, match="no bundled store"):
         asyncio.run(executor.execute(Plan([ProvisionStoreCredentials(NAMESPACE)]), make_run()))
+
+
+class SquattedApi(KubeApi):
+    """An API server where every name is taken by an object nobody owns (a squatter); what is asked is
+    kept in `asked`."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append(f"create {path}")
+        raise ApiError(409, "AlreadyExists", path)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.asked.append(f"get {path}")
+        return {"metadata": {"name": path.rsplit("/", 1)[-1], "uid": "someone-else", "resourceVersion": "7"}}
+
+
+SQUATTED = {
+    "pod": (CreatePod({"metadata": {"name": f"{RUN}-a1", "ownerReferences": []}}), "Pod", f"{RUN}-a1"),
+    "attempt": (CreateAttempt({"metadata": {"name": f"{RUN}-a1"}}), "Attempt", f"{RUN}-a1"),
+    "lease": (WriteLease(f"{RUN}-a1", 1, 60, None), "Lease", lease_name(RUN)),
+}
+
+
+@pytest.mark.parametrize(("create", "kind", "name"), SQUATTED.values(), ids=SQUATTED.keys())
+def test_a_name_held_by_another_object_stops_the_plan_and_goes_back_to_core(
+    create: Action, kind: str, name: str
+) -> None:
+    api = SquattedApi()
+    executor = Executor(api, OwnedObjects(FakeClock()), clock=FakeClock())
+    after = PatchRunStatus({"phase": "Running"})
+
+    outcome = asyncio.run(executor.execute(Plan([create, after]), make_run()))
+
+    assert outcome == Executed(squatted={name: kind})
+    assert outcome.news, "the Run is decided again, on the squatted name"
+    assert not any("runs" in asked for asked in api.asked), "nothing after the create is written"

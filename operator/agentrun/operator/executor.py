@@ -32,11 +32,12 @@ class Superseded(Exception):
 
 
 class NameSquatted(Exception):
-    """A create found an object of that name that the Run does not own: it is not adopted."""
+    """A create found an object of that name that the Run does not own: it is not adopted. The plan
+    stops there, and the name goes back to core (Executed.squatted), which decides (NameSquatted)."""
 
     def __init__(self, kind: str, name: str) -> None:
-        self.message = squatted(kind, name)
-        super().__init__(self.message)
+        self.kind, self.name = kind, name
+        super().__init__(squatted(kind, name))
 
 
 def _ours(existing: JsonDict, run: Run, kind: str) -> JsonDict:
@@ -71,11 +72,18 @@ class Observer(Protocol):
 class Executed:
     """What carrying out a Plan did: whether a watched object changed, and what the writes observed
     that core decides on (a Pod the API server refused to create: attempt name -> the refusal; the
-    bundled store refusing to make the namespace's credentials)."""
+    bundled store refusing to make the namespace's credentials; a name the Run needs held by an object
+    it does not own: name -> its kind)."""
 
     changed: bool = False
     refused_pods: dict[str, str] = field(default_factory=dict)
     provisioning_refused: bool = False
+    squatted: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def news(self) -> bool:
+        """Whether the Run is to be decided again: a watched object changed, or core has an observation."""
+        return self.changed or bool(self.refused_pods) or self.provisioning_refused or bool(self.squatted)
 
 
 @dataclass
@@ -138,15 +146,21 @@ class Executor:
 
     async def execute(self, plan: p.Plan, run: Run) -> Executed:
         """Carries the plan out, stopping at the first write that fails. A write that changed nothing
-        (a patch the object already satisfied) does not count as a change."""
+        (a patch the object already satisfied) does not count as a change. A create that finds its name
+        held by an object the Run does not own stops the plan too, and says so (Executed.squatted)."""
         progress = _Progress(run, run.metadata.resource_version)
         changed = False
+        squatted: dict[str, str] = {}
         for action in plan.actions:
-            written = await self._handlers[type(action)](action, progress)
+            try:
+                written = await self._handlers[type(action)](action, progress)
+            except NameSquatted as squat:
+                squatted[squat.name] = squat.kind
+                break
             changed |= written.changed
             for observer in self.observers:
                 observer.written(run, written)
-        return Executed(changed, progress.refused_pods, progress.provisioning_refused)
+        return Executed(changed, progress.refused_pods, progress.provisioning_refused, squatted)
 
     def _ns(self, run: Run) -> tuple[str, str]:
         return str(run.metadata.namespace), str(run.metadata.name)

@@ -13,19 +13,27 @@ import asyncio
 import logging
 from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, StateStoreMode
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    TERMINAL_PHASES,
+    Attempt,
+    Checkpoint,
+    Run,
+    SideEffect,
+    StateStoreMode,
+)
 from agentrun.clock import Clock
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
-from agentrun.core.runs import World, decide, fail_squatted
+from agentrun.core.runs import World, decide
 from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
 from agentrun.operator.blobrepair import StateRepair
 from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
-from agentrun.operator.executor import Executor, NameSquatted, Superseded
+from agentrun.operator.executor import Executed, Executor, Superseded
 from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
@@ -92,6 +100,10 @@ class Reconciler:
         # ProvisionStoreCredentials): told to core (World.store_provisioning_refused), which fails the Run;
         # forgotten once the Secret is found or no Pod may start.
         self._provisioning_refused: set[Key] = set()
+        # Names a Run needs that an object it does not own holds (name -> kind), found by the executor's
+        # creates: told to core (World.squatted), whose NameSquatted rule fails the Run; forgotten once
+        # the Run has ended (a retry after the squatter was deleted starts afresh).
+        self._squatted: dict[Key, dict[str, str]] = {}
         # The uid of the newest ended Attempt of each Run read fresh from the API server and found
         # without the SDK's statement that it reads references (status.sdkReads): not read again.
         self._undeclared: dict[Key, str] = {}
@@ -133,6 +145,7 @@ class Reconciler:
         self._refused.pop(key, None)
         self._refused_pods.pop(key, None)
         self._provisioning_refused.discard(key)
+        self._squatted.pop(key, None)
         self._undeclared.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
@@ -217,17 +230,18 @@ class Reconciler:
                 run = current
                 world = await self._world(key, run)
                 plan = decide(world)
-        try:
-            changed = await self._execute(plan, run)
-        except NameSquatted as squat:
-            # Someone else's object holds a name this Run needs: fail the Run rather than adopt it. The
-            # earlier writes of the plan moved the Run on: decide on it as it is now.
+        executed = await self._execute(plan, run)
+        if executed.squatted:
+            # Someone else's object holds a name this Run needs (World.squatted: the table fails the Run
+            # rather than adopt it). The earlier writes of the plan moved the Run on: decide on it as it
+            # is now.
             current = await self._read(key)
             if current is None:
                 return
             run = current
-            plan = fail_squatted(await self._world(key, run), squat.message)
-            changed = await self._execute(plan, run)
+            plan = decide(await self._world(key, run))
+            executed = await self._execute(plan, run)
+        changed = executed.news
         if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
             return
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
@@ -243,10 +257,11 @@ class Reconciler:
             # answered (done() queues the key again once this reconcile ends).
             self.queue.add(key)
 
-    async def _execute(self, plan: Plan, run: Run) -> bool:
-        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
-        Returns whether it changed an object the operator watches, or observed what core decides on
-        (a refused Pod): either way the Run is decided again."""
+    async def _execute(self, plan: Plan, run: Run) -> Executed:
+        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided). What
+        it observed that core decides on (a refused Pod, a refused provisioning, a squatted name) is kept
+        for the Run's next World; whether it changed a watched object or observed any: Executed.news
+        (either way the Run is decided again)."""
         started, error = self.clock.now().timestamp(), None
         try:
             executed = await self.executor.execute(plan, run)
@@ -260,7 +275,9 @@ class Reconciler:
             self._refused_pods.setdefault(key, {}).update(executed.refused_pods)
         if executed.provisioning_refused:
             self._provisioning_refused.add(key)
-        return executed.changed or bool(executed.refused_pods) or executed.provisioning_refused
+        if executed.squatted:
+            self._squatted.setdefault(key, {}).update(executed.squatted)
+        return executed
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
@@ -276,6 +293,8 @@ class Reconciler:
         await self._fresh_statement(key, attempts, pods)
         lease = self.leases.lease(key)
         refused = self._refused_pods.get(key, {})
+        if run.status.phase in TERMINAL_PHASES:
+            self._squatted.pop(key, None)
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
             refused.pop(str(ended.metadata.name), None)
         account_refused = await self._account_refusal(run) if may_start_pods(run) else None
@@ -303,6 +322,7 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            squatted=dict(self._squatted.get(key, {})),
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
             provisions_store_credentials=self.store_credentials.provisions,

@@ -39,6 +39,10 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # Names the Run needs (its Lease, an Attempt, an Attempt's Pod) that an object it does not own holds,
+    # with that object's kind (name -> "Lease", "Attempt", "Pod"): observed by the I/O layer when a create
+    # of the Run's found it; the NameSquatted rule decides. Forgotten once the Run has ended.
+    squatted: Mapping[str, str] = field(default_factory=dict)
     # The agent-state store attempt Pods are told of (its URL and the Secret of the Run's namespace that
     # holds the namespace's credentials for it): the operator's settings; None without a store.
     state_store: StateStorePodEnv | None = None
