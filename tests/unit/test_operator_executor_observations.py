@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import lease_name
+from agentrun.core.blobrepair import Outcome, Restoration, Target
 from agentrun.core.plan import (
     Action,
     CreateAttempt,
@@ -18,15 +19,19 @@ from agentrun.core.plan import (
     PatchRunStatus,
     Plan,
     ProvisionStoreCredentials,
+    RestoreBlobs,
     WriteLease,
 )
 from agentrun.core.pods import StateStorePodEnv
+from agentrun.core.runs import World
 from agentrun.kubeapi import ApiError, KubeApi
+from agentrun.operator.blobrepair import RepairMetrics, StateRepair
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executed, Executor
 from agentrun.operator.store_credentials import StoreCredentials
+from agentrun.statestore.operatorstore import OperatorStore
 from support.clock import FakeClock
-from unit.factories import NAMESPACE, RUN, make_run
+from unit.factories import NAMESPACE, RUN, make_run, make_world
 
 STORE = StateStorePodEnv("s3://agentrun?endpoint=http://objects.example:7070", "agentrun-state-store")
 
@@ -108,3 +113,48 @@ def test_a_name_held_by_another_object_stops_the_plan_and_goes_back_to_core(
     assert outcome == Executed(squatted={name: kind})
     assert outcome.news, "the Run is decided again, on the squatted name"
     assert not any("runs" in asked for asked in api.asked), "nothing after the create is written"
+
+
+class Restorer(StateRepair):
+    """Restores nothing: says what it was given to say, and on which World it was asked."""
+
+    def __init__(self, said: tuple[Restoration, ...]) -> None:
+        super().__init__(OperatorStore.from_url("memory://state"), metrics=RepairMetrics(None))
+        self.said, self.asked = said, list[World]()
+
+    async def restore(self, world: World) -> tuple[Restoration, ...]:
+        self.asked.append(world)
+        return self.said
+
+
+TARGET = Target(f"{NAMESPACE}/uid/sha256/{'a' * 64}", "a" * 64, 48)
+
+
+@pytest.mark.parametrize(
+    "said", [(Restoration(TARGET, Outcome.RESTORED, "v1"),), ()], ids=["restored", "nothing-to-look-at"]
+)
+def test_blobs_are_restored_on_the_world_decided_on_and_what_became_of_them_goes_back_to_core(
+    unreachable_api: KubeApi, said: tuple[Restoration, ...]
+) -> None:
+    restorer = Restorer(said)
+    executor = Executor(unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), repair=restorer)
+    world = make_world(make_run())
+
+    outcome = asyncio.run(executor.execute(Plan([RestoreBlobs((TARGET.key,))]), world.run, world))
+
+    assert (restorer.asked, outcome) == ([world], Executed(restorations=said))
+    assert outcome.news, "the Run is decided again, on what became of its blobs"
+
+
+def test_blobs_to_restore_without_a_world_or_a_store_are_an_error(unreachable_api: KubeApi) -> None:
+    world = make_world(make_run())
+    plan = Plan([RestoreBlobs((TARGET.key,))])
+    without_store = Executor(unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock())
+    without_world = Executor(
+        unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), repair=Restorer(())
+    )
+
+    with pytest.raises(RuntimeError, match="no state store"):
+        asyncio.run(without_store.execute(plan, world.run, world))
+    with pytest.raises(RuntimeError, match="no World"):
+        asyncio.run(without_world.execute(plan, world.run))

@@ -23,6 +23,7 @@ from agentrun.api import (
     StateStoreMode,
 )
 from agentrun.clock import Clock
+from agentrun.core.blobrepair import Restoration, waits_for_restore
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
@@ -31,7 +32,6 @@ from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
-from agentrun.operator.blobrepair import StateRepair
 from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
 from agentrun.operator.executor import Executed, Executor, Superseded
 from agentrun.operator.lease import LeaseExpiry
@@ -75,7 +75,6 @@ class Reconciler:
         has_store: bool = False,
         store_mode: StateStoreMode | None = None,
         archives: fork.ArchivedSources | None = None,
-        repair: StateRepair | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -89,7 +88,6 @@ class Reconciler:
         self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
         self.store_mode = store_mode  # told to core: each phase change says it (status.stateStore)
         self.archives = archives or fork.NoArchives()  # where a deleted fork source is read from
-        self.repair = repair  # restores a waiting Run's overwritten blobs (with a store)
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
@@ -104,6 +102,10 @@ class Reconciler:
         # creates: told to core (World.squatted), whose NameSquatted rule fails the Run; forgotten once
         # the Run has ended (a retry after the squatter was deleted starts afresh).
         self._squatted: dict[Key, dict[str, str]] = {}
+        # What became of the blobs restored for a Run's StateUnverifiable failure (an executed RestoreBlobs),
+        # with that failure's message: told to core (World.restorations), whose StateRestore rule records
+        # it; forgotten once the Run no longer waits for that failure's restore.
+        self._restorations: dict[Key, tuple[str | None, tuple[Restoration, ...]]] = {}
         # The uid of the newest ended Attempt of each Run read fresh from the API server and found
         # without the SDK's statement that it reads references (status.sdkReads): not read again.
         self._undeclared: dict[Key, str] = {}
@@ -146,6 +148,7 @@ class Reconciler:
         self._refused_pods.pop(key, None)
         self._provisioning_refused.discard(key)
         self._squatted.pop(key, None)
+        self._restorations.pop(key, None)
         self._undeclared.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
@@ -230,7 +233,7 @@ class Reconciler:
                 run = current
                 world = await self._world(key, run)
                 plan = decide(world)
-        executed = await self._execute(plan, run)
+        executed = await self._execute(plan, run, world)
         if executed.squatted:
             # Someone else's object holds a name this Run needs (World.squatted: the table fails the Run
             # rather than adopt it). The earlier writes of the plan moved the Run on: decide on it as it
@@ -239,8 +242,9 @@ class Reconciler:
             if current is None:
                 return
             run = current
-            plan = decide(await self._world(key, run))
-            executed = await self._execute(plan, run)
+            world = await self._world(key, run)
+            plan = decide(world)
+            executed = await self._execute(plan, run, world)
         changed = executed.news
         if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
             return
@@ -248,23 +252,19 @@ class Reconciler:
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
         self.queue.check_lease_in(key, plan.lease_expires_in)
-        if not changed and self.repair is not None:
-            # A Run at rest waiting for a person over a blob that cannot be verified: restore it from the
-            # version the store kept (core.blobrepair), recorded on the Run; never a retry.
-            changed = await self.repair.consider(world)
         if changed:
             # The watch events of these writes are echoes (dropped): decide again on what the writes
             # answered (done() queues the key again once this reconcile ends).
             self.queue.add(key)
 
-    async def _execute(self, plan: Plan, run: Run) -> Executed:
+    async def _execute(self, plan: Plan, run: Run, world: World) -> Executed:
         """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided). What
         it observed that core decides on (a refused Pod, a refused provisioning, a squatted name) is kept
         for the Run's next World; whether it changed a watched object or observed any: Executed.news
         (either way the Run is decided again)."""
         started, error = self.clock.now().timestamp(), None
         try:
-            executed = await self.executor.execute(plan, run)
+            executed = await self.executor.execute(plan, run, world)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -277,6 +277,9 @@ class Reconciler:
             self._provisioning_refused.add(key)
         if executed.squatted:
             self._squatted.setdefault(key, {}).update(executed.squatted)
+        if executed.restorations is not None and run.status.failure is not None:
+            failed_for = run.status.failure.to_api().get("message")
+            self._restorations[key] = (failed_for, executed.restorations)
         return executed
 
     async def _world(self, key: Key, run: Run) -> World:
@@ -295,6 +298,7 @@ class Reconciler:
         refused = self._refused_pods.get(key, {})
         if run.status.phase in TERMINAL_PHASES:
             self._squatted.pop(key, None)
+        restorations = self._restorations_for(key, run)
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
             refused.pop(str(ended.metadata.name), None)
         account_refused = await self._account_refusal(run) if may_start_pods(run) else None
@@ -323,6 +327,7 @@ class Reconciler:
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
             squatted=dict(self._squatted.get(key, {})),
+            restorations=restorations,
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
             provisions_store_credentials=self.store_credentials.provisions,
@@ -335,6 +340,17 @@ class Reconciler:
                 key, attempts=owned_attempts, sideeffects=owned_effects, checkpoints=owned_checkpoints
             ),
         )
+
+    def _restorations_for(self, key: Key, run: Run) -> tuple[Restoration, ...] | None:
+        """What became of the blobs restored for the Run's failure, while it waits for their restore."""
+        status, kept = run.status, self._restorations.get(key)
+        failure = status.failure.to_api() if status.failure is not None else None
+        kinds = [c.type for c in status.conditions or []]
+        if kept is None or failure is None or not waits_for_restore(status.phase, failure, kinds):
+            self._restorations.pop(key, None)
+            return None
+        message, restorations = kept
+        return restorations if message == failure.get("message") else None
 
     async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
         """The newest Attempt, once it has ended, as the API server has it when the cache shows no

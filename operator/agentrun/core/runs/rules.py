@@ -114,9 +114,7 @@ def stopped(w: World) -> Transition | None:
     """Succeeded, Failed, Cancelled or NeedsReconciliation -> leftover Attempts aborted, a cancelled Run's
     Pending SideEffects settled, an ended Run's leftover pending request dropped, the report kept current;
     only a manual retry moves it on."""
-    return stopping.abort_leftovers(w).then(
-        stopping.settle_after_cancel(w), stopping.drop_ended_request(w), stopping.refresh_report(w)
-    )
+    return stopping.kept_in_order(w)
 
 
 def request_expired(w: World) -> Transition | None:

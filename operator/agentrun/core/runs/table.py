@@ -20,7 +20,16 @@ from agentrun.api import (
     RunPhase,
 )
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compaction, compensation, expiry, fork, rules, store_credentials
+from agentrun.core.runs import (
+    attempts,
+    compaction,
+    compensation,
+    expiry,
+    fork,
+    restoring,
+    rules,
+    store_credentials,
+)
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
 from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
@@ -82,6 +91,7 @@ TABLE: Final = Chain(
         ),
         Rule("Compacting", compaction.compacting, applies_in=ENDS),
         Rule("Expired", expiry.expiry, applies_in=ENDS),
+        Rule("StateRestore", restoring.state_restore, applies_in=frozenset({P.NEEDS_RECONCILIATION})),
         Rule("Stopped", rules.stopped, applies_in=STOPPED),
         Rule("RequestExpired", rules.request_expired, applies_in=WAITING, moves_to=frozenset({P.FAILED})),
         Rule(

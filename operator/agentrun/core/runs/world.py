@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect, StateStoreMode
+from agentrun.core.blobrepair import Restoration
 from agentrun.core.fork import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView, StateStorePodEnv
@@ -39,6 +40,10 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # What became of the blobs the Run's StateUnverifiable failure names, when the I/O layer restored them
+    # for that failure (core.plan.RestoreBlobs; empty: it names none the operator can look at); None: not
+    # restored yet. The StateRestore rule records it (core.runs.restoring).
+    restorations: tuple[Restoration, ...] | None = None
     # Names the Run needs (its Lease, an Attempt, an Attempt's Pod) that an object it does not own holds,
     # with that object's kind (name -> "Lease", "Attempt", "Pod"): observed by the I/O layer when a create
     # of the Run's found it; the NameSquatted rule decides. Forgotten once the Run has ended.
