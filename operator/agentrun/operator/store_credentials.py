@@ -90,7 +90,7 @@ class StoreCredentials:
             return False
         found = await self._secret_found(namespace)
         if found:
-            self._remember_found(namespace)
+            self._found_until[namespace] = self.clock.monotonic() + FOUND_SECONDS
         else:
             self._found_until.pop(namespace, None)
         return not found
@@ -101,13 +101,7 @@ class StoreCredentials:
         that does not answer raises, and the Run is looked at again later."""
         assert self.store is not None and self.bundled is not None
         async with self._making.setdefault(namespace, asyncio.Lock()):
-            made = await self._provision(namespace)
-        if made:
-            self._remember_found(namespace)
-        return made
-
-    def _remember_found(self, namespace: str) -> None:
-        self._found_until[namespace] = self.clock.monotonic() + FOUND_SECONDS
+            return await self._provision(namespace)
 
     async def _provision(self, namespace: str) -> bool:
         assert self.store is not None and self.bundled is not None
