@@ -284,7 +284,10 @@ class Reconciler:
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
-        a Run of the same name that was deleted) is not the Run's, and never adopted."""
+        a Run of the same name that was deleted) is not the Run's, and never adopted. It only reads:
+        what the table wants written (a store Secret made, blobs restored) is an action of its Plan, and
+        what the executor observed carrying one out (a refused Pod or provisioning, a squatted name, the
+        blobs restored) comes back here as an observation."""
         uid = str(run.metadata.uid)
         self.metrics.run_seen(key, run.status.phase)
         self.leases.remember(key, uid, run.spec.lease.duration_seconds)
@@ -350,7 +353,10 @@ class Reconciler:
             self._restorations.pop(key, None)
             return None
         message, restorations = kept
-        return restorations if message == failure.get("message") else None
+        if message != failure.get("message"):  # restored for an earlier failure: this one is new
+            self._restorations.pop(key, None)
+            return None
+        return restorations
 
     async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
         """The newest Attempt, once it has ended, as the API server has it when the cache shows no
