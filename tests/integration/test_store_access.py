@@ -99,9 +99,10 @@ def test_an_opted_in_namespace_gets_its_own_principals_and_secrets_from_the_oper
     checks = store_credentials(operator_kubeconfig, local_cluster)
 
     async def scenario() -> None:
-        assert await checks.missing(namespace, opted_in=False)  # not opted in: nothing is made
+        assert await checks.missing(namespace)  # looking for the Secret makes nothing
         assert kube.core.list_namespaced_secret(namespace).items == []
-        assert not await checks.missing(namespace, opted_in=True)
+        assert await checks.provision(namespace)  # what a Run's table asks for (ProvisionStoreCredentials)
+        assert not await checks.missing(namespace)
         checks.api.close()
 
     asyncio.run(scenario())

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.core.plan import CreatePod
+from agentrun.core.plan import CreatePod, ProvisionStoreCredentials
 from agentrun.core.pods import AGENT_CONTAINER, StateStorePodEnv
 from agentrun.core.runs import World, decide
 from unit.factories import events, held_by, kinds, make_run, make_world, of_type, run_patch, run_status
@@ -148,3 +148,82 @@ def test_who_the_pods_run_as_is_said_before_the_missing_secret(identity: dict[st
     world = replace(make_world(make_run()), state_store=STORE, store_credentials_missing=True, **identity)
 
     assert run_patch(decide(world))["failure"]["reason"] == reason
+
+
+# ---- with the bundled store, the operator makes the Secret: an action of the table, not of observing ----
+
+
+@pytest.mark.parametrize(
+    ("world", "store", "missing", "fails"), CREDENTIAL_CASES.values(), ids=CREDENTIAL_CASES.keys()
+)
+def test_where_the_operator_makes_the_secret_it_is_made_first_and_nothing_else_is_written(
+    world: World, store: StateStorePodEnv | None, missing: bool, fails: bool
+) -> None:
+    plan = decide(
+        replace(
+            world, state_store=store, store_credentials_missing=missing, provisions_store_credentials=True
+        )
+    )
+
+    if not fails:  # found (or none needed): nothing to make, the Pod starts
+        assert of_type(plan, ProvisionStoreCredentials) == []
+        assert len(of_type(plan, CreatePod)) == 1
+        return
+    assert list(plan.actions) == [ProvisionStoreCredentials(str(make_run().metadata.namespace))]
+    assert plan.requeue_after == 0  # decided again at once: the grant follows on the Secret made
+    assert not plan.needs_fresh_run  # no object of the Run is written
+
+
+@pytest.mark.parametrize(
+    ("world", "store", "missing", "fails"), CREDENTIAL_CASES.values(), ids=CREDENTIAL_CASES.keys()
+)
+def test_where_the_bundled_store_refused_to_make_it_the_run_fails_as_without_it(
+    world: World, store: StateStorePodEnv | None, missing: bool, fails: bool
+) -> None:
+    refused = replace(
+        world,
+        state_store=store,
+        store_credentials_missing=missing,
+        provisions_store_credentials=True,
+        store_provisioning_refused=True,
+    )
+    without = replace(world, state_store=store, store_credentials_missing=missing)
+
+    assert decide(refused) == decide(without)
+    assert of_type(decide(refused), ProvisionStoreCredentials) == []
+
+
+@pytest.mark.parametrize(
+    ("identity", "reason"),
+    [
+        ({"account_refusal": "not labelled"}, "ServiceAccountNotAllowed"),
+        ({"attempt_role_denied": ("patch runs/status",)}, "AttemptRoleNotBound"),
+    ],
+    ids=["not-opted-in", "role-not-bound"],
+)
+def test_nothing_is_made_for_a_run_whose_pods_may_not_run_as_its_account(
+    identity: dict[str, Any], reason: str
+) -> None:
+    world = replace(
+        make_world(make_run()),
+        state_store=STORE,
+        store_credentials_missing=True,
+        provisions_store_credentials=True,
+        **identity,
+    )
+
+    plan = decide(world)
+
+    assert of_type(plan, ProvisionStoreCredentials) == []
+    assert run_patch(plan)["failure"]["reason"] == reason
+
+
+def test_nothing_is_made_for_a_stopped_run_that_starts_no_pod() -> None:
+    world = replace(
+        stopped("Failed"),
+        state_store=STORE,
+        store_credentials_missing=True,
+        provisions_store_credentials=True,
+    )
+
+    assert of_type(decide(world), ProvisionStoreCredentials) == []

@@ -12,21 +12,16 @@ import obstore
 from agentrun.core.blobrepair import Outcome, Reference, Target
 from agentrun.kubeapi import KubeApi
 from agentrun.operator.blobrepair import RepairMetrics, StateRepair
-from agentrun.operator.cache import OwnedObjects
-from agentrun.operator.executor import Executor
 from agentrun.statestore import BlobRef
 from agentrun.statestore.documents import encode_document
 from agentrun.statestore.operatorstore import OperatorStore
-from support.clock import FakeClock
 
 NAMESPACE, RUN_UID = "team-a", "3f1c2a9e-8d5b-4c47-9f0e-2b6d7a1c5e34"
 
 
 def restorer(api: KubeApi) -> tuple[StateRepair, OperatorStore]:
-    clock = FakeClock()
     store = OperatorStore.from_url("memory://state")
-    executor = Executor(api, OwnedObjects(clock), clock=clock)
-    return StateRepair(store, executor, clock=clock, metrics=RepairMetrics(None)), store
+    return StateRepair(store, metrics=RepairMetrics(None)), store
 
 
 def test_a_blob_named_only_inside_a_document_is_found_there_with_its_checkpoint(

@@ -40,4 +40,4 @@ def test_administering_the_bundled_server_needs_its_root_credentials(unreachable
 def test_no_secret_is_looked_for_where_none_is_needed(unreachable_api: KubeApi, url: str | None) -> None:
     checks = configured(unreachable_api, {}, state_store_url=url)
 
-    assert asyncio.run(checks.missing("team-a", opted_in=True)) is False  # no request was made
+    assert asyncio.run(checks.missing("team-a")) is False  # no request was made

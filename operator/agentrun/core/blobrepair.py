@@ -76,9 +76,14 @@ def waits_for_restore(
 ) -> bool:
     """Whether the Run waits in NeedsReconciliation for a StateUnverifiable failure that no StateRestored
     condition answers yet (a phase change rewrites the conditions without it: a later failure is new)."""
+    return phase == RunPhase.NEEDS_RECONCILIATION.value and unanswered(failure, condition_types)
+
+
+def unanswered(failure: Mapping[str, Any] | None, condition_types: Iterable[str]) -> bool:
+    """Whether the Run's failure is StateUnverifiable and no StateRestored condition answers it yet (the
+    Run's table asks it in NeedsReconciliation only: core.runs.restoring)."""
     return (
-        phase == RunPhase.NEEDS_RECONCILIATION.value
-        and bool(failure)
+        bool(failure)
         and failure is not None
         and failure.get("reason") == STATE_UNVERIFIABLE
         and STATE_RESTORED not in set(condition_types)

@@ -163,6 +163,27 @@ class RefuseMove:
 
 
 @dataclass(frozen=True)
+class ProvisionStoreCredentials:
+    """Make `namespace`'s principals on the bundled object store and their Secrets (the operator holds
+    the server's root credentials: operator.store_credentials), idempotently: a Secret there already keeps
+    its credentials. It writes none of the Run's objects, so it is right on any view of the Run. The
+    I/O layer tells core when the server refused (World.store_provisioning_refused)."""
+
+    namespace: str
+
+
+@dataclass(frozen=True)
+class RestoreBlobs:
+    """Restore the blobs a waiting Run's StateUnverifiable failure names (`keys`: the content addresses
+    its message names) from the versions the store kept (operator.blobrepair: the references the
+    decision's World records, the versions listed, the one that verifies written back and read back).
+    It writes none of the Run's objects: what became of each blob goes back to core
+    (World.restorations), whose StateRestore rule records it."""
+
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ArchiveRun:
     """Write the Run's archive to the state store (statestore.archives), read it back, verify it and
     index it; the Plan stops here when the store cannot (the Run is kept, its deletion delayed).
@@ -198,6 +219,8 @@ Action = (
     | SaveLogTail
     | ClearManagedFields
     | RecordEvent
+    | ProvisionStoreCredentials
+    | RestoreBlobs
     | ArchiveRun
     | DeleteRun
 )
@@ -234,6 +257,8 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
       Run retried since the cached view (spec.retryRequest, not seen yet) is granted after it, and a
       grant that finds no Lease takes status.leaseEpoch + 1, so epochs never go back. The deletion is
       then what compaction would have done had the retry come a moment later.
+    - a namespace's store credentials made (ProvisionStoreCredentials), a Run's blobs restored
+      (RestoreBlobs): no object of the Run is written.
     Anything else ahead of the Run's status patch (a Lease taken over or revoked, an Attempt or Pod
     created, another Pod deleted, an Event, a side-effect record) needs the Run read first.
     """
@@ -252,7 +277,7 @@ def consistency_of(actions: Sequence[Action], *, committed: bool) -> Consistency
         )
         released = isinstance(action, RecordEvent) and isinstance(previous, DeleteLease)
         previous = action
-        if collected or released:
+        if collected or released or isinstance(action, ProvisionStoreCredentials | RestoreBlobs):
             continue
         if isinstance(action, WriteLease) and action.expected_resource_version is None:
             continue

@@ -1,13 +1,15 @@
 """Restores a Run's overwritten blobs from the versions the store kept (docs/state-store.md, "Restoring an
 overwritten blob"; the decisions: agentrun.core.blobrepair).
 
-The reconciler asks, for a Run at rest: a Run waiting in NeedsReconciliation for a StateUnverifiable
-failure that no StateRestored condition answers yet. For each blob the failure names and one of the Run's
-objects references, the operator reads it (it may verify now: nothing to do), lists the key's versions,
-reads those of the recorded size newest first, writes the first whose sha256 is the recorded one back as
-the current version (with its own credentials: the only ones that may overwrite), and reads it back
-verified. Then it records the condition and an Event on the Run, preconditioned like every status write.
-It never retries the Run: a person decides.
+The Run's table asks (core.runs.restoring: the action core.plan.RestoreBlobs, carried out by the
+executor), for a Run at rest waiting in NeedsReconciliation for a StateUnverifiable failure that no
+StateRestored condition answers yet. For each blob the failure names and one of the Run's objects
+references, the operator reads it (it may verify now: nothing to do), lists the key's versions, reads
+those of the recorded size newest first, writes the first whose sha256 is the recorded one back as the
+current version (with its own credentials: the only ones that may overwrite), and reads it back verified.
+What became of each blob goes back to core (World.restorations), whose rule records the condition and an
+Event on the Run through the table, preconditioned like every status write. It never retries the Run: a
+person decides.
 
 A store that cannot answer now raises StoreUnavailable: nothing is recorded, the reconciler tries again
 later (level-based: the next pass finds what this one restored already verified). A refusal or a store
@@ -27,13 +29,10 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter
 
 from agentrun.api import Checkpoint
-from agentrun.clock import Clock
 from agentrun.core import blobrepair
 from agentrun.core.blobrepair import Outcome, Reference, Restoration, Target
-from agentrun.core.plan import PatchRunStatus, Plan, RecordEvent
 from agentrun.core.runs import World
 from agentrun.operator.collector import references
-from agentrun.operator.executor import Executor
 from agentrun.statestore import BlobRef, StateUnverifiable, StoreRefused
 from agentrun.statestore.documents import document_refs
 from agentrun.statestore.operatorstore import OperatorStore
@@ -60,23 +59,20 @@ class RepairMetrics:
 
 
 class StateRepair:
-    """Restores the blobs a Run's StateUnverifiable failure names (consider), on the operator's store."""
+    """Restores the blobs a Run's StateUnverifiable failure names (restore), on the operator's store."""
 
-    def __init__(
-        self, store: OperatorStore, executor: Executor, *, clock: Clock, metrics: RepairMetrics
-    ) -> None:
-        self.store, self.executor, self.clock, self.metrics = store, executor, clock, metrics
+    def __init__(self, store: OperatorStore, *, metrics: RepairMetrics) -> None:
+        self.store, self.metrics = store, metrics
 
-    async def consider(self, world: World) -> bool:
-        """Restores what the Run's failure names, if it waits for it, and records what became of it.
-        True when the Run was written (its condition and Event)."""
+    async def restore(self, world: World) -> tuple[Restoration, ...]:
+        """Restores what the Run's failure names, if it waits for it, and says what became of each blob
+        (empty: it names no content address the operator can look at). Writes no object of the Run."""
         run = world.run
         status = run.status
         failure = status.failure.to_api() if status.failure is not None else None
-        conditions = list(status.conditions or [])
-        kinds = [c.type for c in conditions]
+        kinds = [c.type for c in status.conditions or []]
         if failure is None or not blobrepair.waits_for_restore(status.phase, failure, kinds):
-            return False
+            return ()
         # Only keys under the Run's own namespace: a fork shares its source's blobs, never another
         # namespace's. (Whatever a reference says, only bytes whose sha256 is the key's own are written.)
         inside = self.store.location.key(str(run.metadata.namespace)) + "/"
@@ -86,18 +82,10 @@ class StateRepair:
         found = blobrepair.targets(status.phase, failure, kinds, refs)
         restorations = [await self._restore(target) for target in found]
         restorations += blobrepair.not_referenced(status.phase, failure, kinds, refs)
-        if not restorations:
-            return False  # the failure names no content address: nothing the operator can look at
-        decided = blobrepair.verdict(restorations, generation=run.metadata.generation, now=self.clock.now())
-        patch = {"conditions": [*(c.to_api() for c in conditions), decided.condition]}
-        event = RecordEvent(decided.event_type, decided.event_reason, decided.message)
-        executed = await self.executor.execute(Plan([PatchRunStatus(patch), event]), run)
         for restoration in restorations:
             if restoration.outcome != Outcome.RESTORED:  # a restore is counted when it is written
                 self.metrics.repaired.labels(restoration.outcome.value).inc()
-        level = logging.INFO if decided.condition["status"] == "True" else logging.ERROR
-        log.log(level, "run %s/%s: %s", run.metadata.namespace, run.metadata.name, decided.message)
-        return executed.changed
+        return tuple(restorations)
 
     async def _in_documents(
         self, refs: list[Reference], wanted: frozenset[str], inside: str

@@ -12,12 +12,16 @@ from agentrun.api import API_VERSION, RUN_LABEL, Run, lease_name
 from agentrun.api.names import LEASE_VERSION_ANNOTATION
 from agentrun.clock import Clock
 from agentrun.core import plan as p
+from agentrun.core.blobrepair import Restoration
 from agentrun.core.identity import owned_by, squatted
+from agentrun.core.runs import World
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.archive import Archiver
+from agentrun.operator.blobrepair import StateRepair
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
+from agentrun.operator.store_credentials import StoreCredentials
 from agentrun.statestore import BlobRef, BlobStore, StateStoreError
 from agentrun.statestore.checkpoint_index import decode_index, encode_index, entry, inline_state_bytes, merged
 
@@ -31,11 +35,12 @@ class Superseded(Exception):
 
 
 class NameSquatted(Exception):
-    """A create found an object of that name that the Run does not own: it is not adopted."""
+    """A create found an object of that name that the Run does not own: it is not adopted. The plan
+    stops there, and the name goes back to core (Executed.squatted), which decides (NameSquatted)."""
 
     def __init__(self, kind: str, name: str) -> None:
-        self.message = squatted(kind, name)
-        super().__init__(self.message)
+        self.kind, self.name = kind, name
+        super().__init__(squatted(kind, name))
 
 
 def _ours(existing: JsonDict, run: Run, kind: str) -> JsonDict:
@@ -69,10 +74,21 @@ class Observer(Protocol):
 @dataclass
 class Executed:
     """What carrying out a Plan did: whether a watched object changed, and what the writes observed
-    that core decides on (a Pod the API server refused to create: attempt name -> the refusal)."""
+    that core decides on (a Pod the API server refused to create: attempt name -> the refusal; the
+    bundled store refusing to make the namespace's credentials; a name the Run needs held by an object
+    it does not own: name -> its kind; what became of the blobs restored for the Run)."""
 
     changed: bool = False
     refused_pods: dict[str, str] = field(default_factory=dict)
+    provisioning_refused: bool = False
+    squatted: dict[str, str] = field(default_factory=dict)
+    restorations: tuple[Restoration, ...] | None = None
+
+    @property
+    def news(self) -> bool:
+        """Whether the Run is to be decided again: a watched object changed, or core has an observation."""
+        observed = bool(self.refused_pods) or self.provisioning_refused or bool(self.squatted)
+        return self.changed or observed or self.restorations is not None
 
 
 @dataclass
@@ -83,6 +99,10 @@ class _Progress:
     resource_version: str | None
     attempt_uids: dict[str, str] = field(default_factory=dict)
     refused_pods: dict[str, str] = field(default_factory=dict)
+    provisioning_refused: bool = False
+    restorations: tuple[Restoration, ...] | None = None
+    # What the decision saw, for the actions carried out on it (RestoreBlobs); None when not given.
+    world: World | None = None
 
 
 class Executor:
@@ -100,8 +120,12 @@ class Executor:
         observers: Sequence[Observer] = (),
         archiver: Archiver | None = None,
         state_store: BlobStore | None = None,
+        store_credentials: StoreCredentials | None = None,
+        repair: StateRepair | None = None,
     ) -> None:
         self.api = api
+        self.store_credentials = store_credentials
+        self.repair = repair
         self.archiver = archiver
         self.state_store = state_store
         self.cache = cache
@@ -125,21 +149,32 @@ class Executor:
             p.ClearManagedFields: self._clear_managed_fields,
             p.RecordEvent: self._event,
             p.RefuseMove: self._refuse_move,
+            p.ProvisionStoreCredentials: self._provision_store_credentials,
+            p.RestoreBlobs: self._restore_blobs,
             p.ArchiveRun: self._archive_run,
             p.DeleteRun: self._delete_run,
         }
 
-    async def execute(self, plan: p.Plan, run: Run) -> Executed:
+    async def execute(self, plan: p.Plan, run: Run, world: World | None = None) -> Executed:
         """Carries the plan out, stopping at the first write that fails. A write that changed nothing
-        (a patch the object already satisfied) does not count as a change."""
-        progress = _Progress(run, run.metadata.resource_version)
+        (a patch the object already satisfied) does not count as a change. A create that finds its name
+        held by an object the Run does not own stops the plan too, and says so (Executed.squatted).
+        `world`: what the plan was decided on (RestoreBlobs reads the references it records)."""
+        progress = _Progress(run, run.metadata.resource_version, world=world)
         changed = False
+        squatted: dict[str, str] = {}
         for action in plan.actions:
-            written = await self._handlers[type(action)](action, progress)
+            try:
+                written = await self._handlers[type(action)](action, progress)
+            except NameSquatted as squat:
+                squatted[squat.name] = squat.kind
+                break
             changed |= written.changed
             for observer in self.observers:
                 observer.written(run, written)
-        return Executed(changed, progress.refused_pods)
+        return Executed(
+            changed, progress.refused_pods, progress.provisioning_refused, squatted, progress.restorations
+        )
 
     def _ns(self, run: Run) -> tuple[str, str]:
         return str(run.metadata.namespace), str(run.metadata.name)
@@ -240,6 +275,29 @@ class Executor:
             action.source,
             action.target,
         )
+        return Written(action)
+
+    async def _provision_store_credentials(
+        self, action: p.ProvisionStoreCredentials, progress: _Progress
+    ) -> Written:
+        """The namespace's principals on the bundled store and their Secrets (operator.store_credentials).
+        Made: the Run is decided again, and now finds the Secret. Refused (the reason is in the log): told
+        to core, which fails the Run as it would without the bundled store. A store that does not answer
+        raises: the Run is looked at again later."""
+        if self.store_credentials is None or not self.store_credentials.provisions:
+            raise RuntimeError("store credentials were to be made but the operator has no bundled store")
+        if not await self.store_credentials.provision(action.namespace):
+            progress.provisioning_refused = True
+            return Written(action)
+        return Written(action, changed=True)
+
+    async def _restore_blobs(self, action: p.RestoreBlobs, progress: _Progress) -> Written:
+        """The blobs the Run's failure names restored from the versions the store kept
+        (operator.blobrepair), on the references the decision's World records; what became of each goes
+        back to core. A store that does not answer raises: the Run is looked at again later."""
+        if self.repair is None or progress.world is None:
+            raise RuntimeError("blobs were to be restored but the operator has no state store or no World")
+        progress.restorations = await self.repair.restore(progress.world)
         return Written(action)
 
     async def _delete_run(self, action: p.DeleteRun, progress: _Progress) -> Written:

@@ -13,19 +13,27 @@ import asyncio
 import logging
 from typing import Any
 
-from agentrun.api import FINISHED_ATTEMPT_PHASES, Attempt, Checkpoint, Run, SideEffect, StateStoreMode
+from agentrun.api import (
+    FINISHED_ATTEMPT_PHASES,
+    TERMINAL_PHASES,
+    Attempt,
+    Checkpoint,
+    Run,
+    SideEffect,
+    StateStoreMode,
+)
 from agentrun.clock import Clock
+from agentrun.core.blobrepair import Restoration, waits_for_restore
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view
-from agentrun.core.runs import World, decide, fail_squatted
+from agentrun.core.runs import World, decide
 from agentrun.core.runs.grants import reads_refs
 from agentrun.kubeapi import ApiError, KubeApi, unanswered
 from agentrun.operator import fork, logs
 from agentrun.operator.attempt_role import AttemptRoleChecks
-from agentrun.operator.blobrepair import StateRepair
 from agentrun.operator.cache import HAS_MANAGED_FIELDS, AgentAccounts, Key, OwnedObjects
-from agentrun.operator.executor import Executor, NameSquatted, Superseded
+from agentrun.operator.executor import Executed, Executor, Superseded
 from agentrun.operator.lease import LeaseExpiry
 from agentrun.operator.metrics import OperatorMetrics, planned_run_phase
 from agentrun.operator.run_cache import RunCache
@@ -67,7 +75,6 @@ class Reconciler:
         has_store: bool = False,
         store_mode: StateStoreMode | None = None,
         archives: fork.ArchivedSources | None = None,
-        repair: StateRepair | None = None,
     ) -> None:
         self.api = api
         self.cache, self.runs, self.accounts, self.roles = cache, runs, accounts, roles
@@ -81,13 +88,24 @@ class Reconciler:
         self.has_store = has_store  # told to core: finished Runs' indexes, archives and log tails go there
         self.store_mode = store_mode  # told to core: each phase change says it (status.stateStore)
         self.archives = archives or fork.NoArchives()  # where a deleted fork source is read from
-        self.repair = repair  # restores a waiting Run's overwritten blobs (with a store)
         self.reconciles = 0
         self._stale: set[Key] = set()  # Runs whose cached view lost a race: read before deciding
         self._refused: dict[Key, str] = {}  # the permanent error last logged for a Run
         # Pods the API server refused to create as invalid, by Run: attempt name -> the refusal. Told to
         # core (World.refused_pods), which decides the Attempt's fate; forgotten once it has ended.
         self._refused_pods: dict[Key, dict[str, str]] = {}
+        # Runs for which the bundled store refused to make the namespace's credentials (an executed
+        # ProvisionStoreCredentials): told to core (World.store_provisioning_refused), which fails the Run;
+        # forgotten once the Secret is found or no Pod may start.
+        self._provisioning_refused: set[Key] = set()
+        # Names a Run needs that an object it does not own holds (name -> kind), found by the executor's
+        # creates: told to core (World.squatted), whose NameSquatted rule fails the Run; forgotten once
+        # the Run has ended (a retry after the squatter was deleted starts afresh).
+        self._squatted: dict[Key, dict[str, str]] = {}
+        # What became of the blobs restored for a Run's StateUnverifiable failure (an executed RestoreBlobs),
+        # with that failure's message: told to core (World.restorations), whose StateRestore rule records
+        # it; forgotten once the Run no longer waits for that failure's restore.
+        self._restorations: dict[Key, tuple[str | None, tuple[Restoration, ...]]] = {}
         # The uid of the newest ended Attempt of each Run read fresh from the API server and found
         # without the SDK's statement that it reads references (status.sdkReads): not read again.
         self._undeclared: dict[Key, str] = {}
@@ -128,6 +146,9 @@ class Reconciler:
         self._stale.discard(key)
         self._refused.pop(key, None)
         self._refused_pods.pop(key, None)
+        self._provisioning_refused.discard(key)
+        self._squatted.pop(key, None)
+        self._restorations.pop(key, None)
         self._undeclared.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
@@ -212,52 +233,61 @@ class Reconciler:
                 run = current
                 world = await self._world(key, run)
                 plan = decide(world)
-        try:
-            changed = await self._execute(plan, run)
-        except NameSquatted as squat:
-            # Someone else's object holds a name this Run needs: fail the Run rather than adopt it. The
-            # earlier writes of the plan moved the Run on: decide on it as it is now.
+        executed = await self._execute(plan, run, world)
+        if executed.squatted:
+            # Someone else's object holds a name this Run needs (World.squatted: the table fails the Run
+            # rather than adopt it). The earlier writes of the plan moved the Run on: decide on it as it
+            # is now.
             current = await self._read(key)
             if current is None:
                 return
             run = current
-            plan = fail_squatted(await self._world(key, run), squat.message)
-            changed = await self._execute(plan, run)
+            world = await self._world(key, run)
+            plan = decide(world)
+            executed = await self._execute(plan, run, world)
+        changed = executed.news
         if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
             return
         self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
         self.queue.check_lease_in(key, plan.lease_expires_in)
-        if not changed and self.repair is not None:
-            # A Run at rest waiting for a person over a blob that cannot be verified: restore it from the
-            # version the store kept (core.blobrepair), recorded on the Run; never a retry.
-            changed = await self.repair.consider(world)
         if changed:
             # The watch events of these writes are echoes (dropped): decide again on what the writes
             # answered (done() queues the key again once this reconcile ends).
             self.queue.add(key)
 
-    async def _execute(self, plan: Plan, run: Run) -> bool:
-        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided).
-        Returns whether it changed an object the operator watches, or observed what core decides on
-        (a refused Pod): either way the Run is decided again."""
+    async def _execute(self, plan: Plan, run: Run, world: World) -> Executed:
+        """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided). What
+        it observed that core decides on (a refused Pod, a refused provisioning, a squatted name) is kept
+        for the Run's next World; whether it changed a watched object or observed any: Executed.news
+        (either way the Run is decided again)."""
         started, error = self.clock.now().timestamp(), None
         try:
-            executed = await self.executor.execute(plan, run)
+            executed = await self.executor.execute(plan, run, world)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
             self.spans.decided(run, plan, started, error)
+        key = (str(run.metadata.namespace), str(run.metadata.name))
         if executed.refused_pods:
-            key = (str(run.metadata.namespace), str(run.metadata.name))
             self._refused_pods.setdefault(key, {}).update(executed.refused_pods)
-        return executed.changed or bool(executed.refused_pods)
+        if executed.provisioning_refused:
+            self._provisioning_refused.add(key)
+        if executed.squatted:
+            self._squatted.setdefault(key, {}).update(executed.squatted)
+        if executed.restorations is not None and run.status.failure is not None:
+            failed_for = run.status.failure.to_api().get("message")
+            self._restorations[key] = (failed_for, executed.restorations)
+        return executed
 
     async def _world(self, key: Key, run: Run) -> World:
         """What decide sees: only what this Run owns. An object that merely carries the Run's label (or
-        a Run of the same name that was deleted) is not the Run's, and never adopted."""
+        a Run of the same name that was deleted) is not the Run's, and never adopted. It only reads:
+        what the table wants written (a store Secret made, blobs restored) is an action of its Plan, and
+        what the executor observed carrying one out (a refused Pod or provisioning, a squatted name, the
+        blobs restored) comes back here as an observation."""
         uid = str(run.metadata.uid)
         self.metrics.run_seen(key, run.status.phase)
         self.leases.remember(key, uid, run.spec.lease.duration_seconds)
@@ -269,15 +299,21 @@ class Reconciler:
         await self._fresh_statement(key, attempts, pods)
         lease = self.leases.lease(key)
         refused = self._refused_pods.get(key, {})
+        if run.status.phase in TERMINAL_PHASES:
+            self._squatted.pop(key, None)
+        restorations = self._restorations_for(key, run)
         for ended in [a for a in attempts.values() if a.status.phase in FINISHED_ATTEMPT_PHASES]:
             refused.pop(str(ended.metadata.name), None)
         account_refused = await self._account_refusal(run) if may_start_pods(run) else None
         role_denied: tuple[str, ...] = ()
         if may_start_pods(run) and account_refused is None:
             role_denied = await self.roles.denied(agent_account(run))
-        # The store's Secret is looked for (made, with the bundled server) once the account may run Pods.
+        # The store's Secret is looked for once the account may run Pods (only looked for: with the
+        # bundled server, the table asks for it to be made).
         allowed = may_start_pods(run) and account_refused is None and not role_denied
-        store_missing = allowed and await self.store_credentials.missing(key[0], opted_in=True)
+        store_missing = allowed and await self.store_credentials.missing(key[0])
+        if not store_missing:
+            self._provisioning_refused.discard(key)
         fork_source = None
         if fork.wants_source(run):  # a fork not started yet: its source, read from the API server
             fork_source = await fork.read_source(self.api, run, self.archives)
@@ -293,8 +329,12 @@ class Reconciler:
             account_refusal=account_refused,
             attempt_role_denied=role_denied,
             refused_pods=dict(refused),
+            squatted=dict(self._squatted.get(key, {})),
+            restorations=restorations,
             state_store=self.store_credentials.store,
             store_credentials_missing=store_missing,
+            provisions_store_credentials=self.store_credentials.provisions,
+            store_provisioning_refused=key in self._provisioning_refused,
             default_ttl_seconds=self.default_ttl_seconds,
             has_store=self.has_store,
             store_mode=self.store_mode,
@@ -303,6 +343,20 @@ class Reconciler:
                 key, attempts=owned_attempts, sideeffects=owned_effects, checkpoints=owned_checkpoints
             ),
         )
+
+    def _restorations_for(self, key: Key, run: Run) -> tuple[Restoration, ...] | None:
+        """What became of the blobs restored for the Run's failure, while it waits for their restore."""
+        status, kept = run.status, self._restorations.get(key)
+        failure = status.failure.to_api() if status.failure is not None else None
+        kinds = [c.type for c in status.conditions or []]
+        if kept is None or failure is None or not waits_for_restore(status.phase, failure, kinds):
+            self._restorations.pop(key, None)
+            return None
+        message, restorations = kept
+        if message != failure.get("message"):  # restored for an earlier failure: this one is new
+            self._restorations.pop(key, None)
+            return None
+        return restorations
 
     async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
         """The newest Attempt, once it has ended, as the API server has it when the cache shows no

@@ -86,6 +86,11 @@ class Runtime:
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing, clock)
         self.store_credentials = StoreCredentials.for_settings(api, clock, config)
+        repair = (
+            StateRepair(self.state_store, metrics=RepairMetrics(operator_metrics.registry))
+            if self.state_store is not None
+            else None
+        )
         self.executor = Executor(
             api,
             self.cache,
@@ -94,6 +99,8 @@ class Runtime:
             observers=(operator_metrics, self.spans, PhaseLog()),
             archiver=self.archiver,
             state_store=self.state_store,
+            store_credentials=self.store_credentials,
+            repair=repair,
         )
         self.reconciler = Reconciler(
             api,
@@ -114,16 +121,6 @@ class Runtime:
             has_store=self.state_store is not None,
             store_mode=config.state_store_mode,
             archives=fork.archives_in(self.state_store),
-            repair=(
-                StateRepair(
-                    self.state_store,
-                    self.executor,
-                    clock=clock,
-                    metrics=RepairMetrics(operator_metrics.registry),
-                )
-                if self.state_store is not None
-                else None
-            ),
         )
         self.informers = Informers(
             api,

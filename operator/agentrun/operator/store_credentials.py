@@ -14,7 +14,8 @@ that gets and puts under the namespace's prefix (the Secret attempt Pods read) a
 (AGENTRUN_STATE_STORE_URL, naming its bucket). They are made idempotently (agentrun.statestore.principals)
 when the namespace opts in (operator.store_principals, which also takes them back once the namespace is
 gone), and again at a Run whose namespace lacks its Secret (one deleted since, or a Run quicker than
-that sweep).
+that sweep): looking for the Secret only reads, the Run's table asks for them to be made
+(core.plan.ProvisionStoreCredentials), and the executor carries that out here (provision).
 """
 
 from __future__ import annotations
@@ -73,19 +74,21 @@ class StoreCredentials:
         """As configured: with the bundled server, administered with the operator's own store credentials."""
         return cls(api, clock, config.state_store_pod_env(), bundled_store(config, environ))
 
-    async def missing(self, namespace: str, *, opted_in: bool) -> bool:
+    @property
+    def provisions(self) -> bool:
+        """Whether this operator makes a namespace's principals and Secrets itself (the bundled server)."""
+        return self.store is not None and self.bundled is not None
+
+    async def missing(self, namespace: str) -> bool:
         """Whether attempt Pods of `namespace` would lack the store's Secret (False when no Secret is
         needed, or when this operator may not read it: it says so once, and Pods start as they would).
-        With the bundled server, a namespace `opted_in` (its Run's ServiceAccount labelled and bound to
-        the attempt role) gets its principals and Secrets first."""
+        Only reads: with the bundled server, the Run's table asks for them to be made (provision)."""
         if self.store is None or not needs_secret(self.store):
             return False
         until = self._found_until.get(namespace)
         if until is not None and self.clock.monotonic() < until:
             return False
         found = await self._secret_found(namespace)
-        if not found and opted_in and self.bundled is not None:
-            found = await self.provision(namespace)
         if found:
             self._found_until[namespace] = self.clock.monotonic() + FOUND_SECONDS
         else:

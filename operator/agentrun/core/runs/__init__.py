@@ -1,8 +1,7 @@
 """The Run state machine: `decide(world)` evaluates the table of rules (core.runs.table): the first rule
-that applies gives a Transition (core.runs.transition), which `render` turns into the Plan;
-`fail_squatted` fails a Run whose names another object holds."""
+that applies gives a Transition (core.runs.transition), which `render` turns into the Plan."""
 
-from agentrun.core.runs.table import TABLE, decide, fail_squatted
+from agentrun.core.runs.table import TABLE, decide
 from agentrun.core.runs.transition import EndAttempt, SetPhase, Transition, render
 from agentrun.core.runs.world import RECHECK_SECONDS, World
 
@@ -14,6 +13,5 @@ __all__ = [
     "Transition",
     "World",
     "decide",
-    "fail_squatted",
     "render",
 ]

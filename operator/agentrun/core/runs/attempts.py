@@ -15,11 +15,13 @@ from agentrun.api import (
     RunPhase,
 )
 from agentrun.core import failures
-from agentrun.core.plan import DeletePod, PatchAttemptStatus, PatchRunStatus
+from agentrun.core.plan import DeletePod, PatchRunStatus
 from agentrun.core.pods import PodView
 from agentrun.core.runs.chain import Rule, SubTable
 from agentrun.core.runs.failures import after_failure
-from agentrun.core.runs.grants import pod_created, reads_refs
+from agentrun.core.runs.following import Following, seen_running
+from agentrun.core.runs.following import live_pod as _live_pod
+from agentrun.core.runs.grants import reads_refs
 from agentrun.core.runs.promises import create_promised
 from agentrun.core.runs.stopping import finish_lost, lease_lost, revoked
 from agentrun.core.runs.transition import (
@@ -28,11 +30,10 @@ from agentrun.core.runs.transition import (
     event,
     finish_attempt,
     set_phase,
-    trace_of,
     wake_in,
     writes,
 )
-from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
+from agentrun.core.runs.world import World, rfc3339
 
 # The reason on an Attempt stopped for running past spec.attemptTimeoutSeconds.
 ATTEMPT_TIMEOUT: Final = "AttemptTimeout"
@@ -40,75 +41,44 @@ ATTEMPT_TIMEOUT: Final = "AttemptTimeout"
 # ---- the Running sub-table: one row per situation of the current Attempt, tried in order ---------------
 
 
-def _live(w: World) -> Attempt | None:
-    """The current Attempt, while it has not ended (no phase yet: pending)."""
-    attempt = w.current
-    if attempt is None or attempt.status.phase not in (AttemptPhase.PENDING, AttemptPhase.RUNNING, None):
-        return None
-    return attempt
+class RunningFollowing(Following):
+    """How the Running phase follows its Attempt: nothing comes before a row's writes; an Attempt's end
+    moves the Run on as its retry policy says (after_attempt); a lease that ran out is taken over
+    (take_over); a live Attempt is looked at again when its attemptTimeoutSeconds falls due."""
+
+    def promised(self, w: World) -> tuple[Attempt, Transition]:
+        return create_promised(w, w.run.status.current_attempt or 0)
+
+    def end(
+        self, w: World, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None
+    ) -> Transition:
+        return finish_attempt(w, attempt, phase, failure).then(
+            after_attempt(w, attempt, failure, phase=phase)
+        )
+
+    def concluded(self, w: World, attempt: Attempt, pod: PodView) -> Transition:
+        return conclude(w, attempt, pod)
+
+    def taken_over(self, w: World, attempt: Attempt, pod: PodView) -> Transition:
+        return take_over(w, attempt, pod, lease_lost(w))
+
+    def ended(self, w: World, attempt: Attempt) -> Transition:
+        return after_attempt(w, attempt, attempt.status.failure)
+
+    def wakes(self, w: World, attempt: Attempt, pod: PodView) -> Transition:
+        due = timeout_due(w, attempt, pod)
+        return NOTHING if due is None else wake_in((due - w.now).total_seconds())
 
 
-def _live_pod(w: World) -> tuple[Attempt, PodView] | None:
-    """The current Attempt and its Pod, while both go on."""
-    attempt, pod = _live(w), w.current_pod
-    if attempt is None or pod is None or pod.finished:
-        return None
-    return attempt, pod
-
-
-def attempt_promised(w: World) -> Transition | None:
-    """The current Attempt not seen -> a grant interrupted after its Run write: the Attempt it promised
-    created now, then its Pod."""
-    if w.current is not None:
-        return None
-    promised, created = create_promised(w, w.run.status.current_attempt or 0)
-    return created.then(pod_created(w, promised))
-
-
-def pod_refused(w: World) -> Transition | None:
-    """Not started, and the API server refused its Pod as invalid (e.g. a bad podTemplate) -> the Attempt
-    Failed (deterministic: such a Pod cannot exist, retrying cannot help); the Run fails or retries."""
-    attempt = _live(w)
-    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
-        return None
-    if (refusal := w.refused_pods.get(str(attempt.metadata.name))) is None:
-        return None
-    failure = pod_refusal(refusal)
-    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
-        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
-    )
-
-
-def pod_refusal(refusal: str) -> AttemptFailure:
-    return failures.failure(FailureClass.DETERMINISTIC, f"the attempt Pod was refused: {refusal}")
-
-
-def pod_not_created(w: World) -> Transition | None:
-    """Not started and no Pod seen -> its Pod created (not created yet, or not in the cache yet: creating
-    is idempotent)."""
-    attempt = _live(w)
-    if attempt is None or w.current_pod is not None or attempt.status.start_time is not None:
-        return None
-    return pod_created(w, attempt)
-
-
-def pod_lost(w: World) -> Transition | None:
-    """Started, and its Pod is gone -> the Attempt Failed (pod lost); the Run retries, waits or fails."""
-    attempt = _live(w)
-    if attempt is None or w.current_pod is not None:
-        return None
-    failure = failures.pod_lost()
-    return finish_attempt(w, attempt, AttemptPhase.FAILED, failure).then(
-        after_failure(w, attempt.spec.number, failure, AttemptPhase.FAILED)
-    )
-
-
-def pod_ended(w: World) -> Transition | None:
-    """Its agent container ended -> Succeeded (it committed), waiting (it asked a question), or Failed."""
-    attempt, pod = _live(w), w.current_pod
-    if attempt is None or pod is None or not pod.finished:
-        return None
-    return conclude(w, attempt, pod)
+# The rows the Running sub-table shares with the Compensating one (core.runs.following).
+FOLLOWING: Final = RunningFollowing()
+attempt_promised, pod_refused, pod_not_created = (
+    FOLLOWING.attempt_promised,
+    FOLLOWING.pod_refused,
+    FOLLOWING.pod_not_created,
+)
+pod_lost, pod_ended, lease_expired = FOLLOWING.pod_lost, FOLLOWING.pod_ended, FOLLOWING.lease_expired
+live, attempt_ended = FOLLOWING.live, FOLLOWING.attempt_ended
 
 
 def holding(w: World) -> Transition | None:
@@ -129,14 +99,6 @@ def revoked_unfinished(w: World) -> Transition | None:
     """Its Lease revoked (nobody holds it, a newer epoch) but the Run not written -> the takeover finished."""
     live, lease = _live_pod(w), w.lease
     if live is None or lease is None or lease.holder is not None or lease.epoch <= live[0].spec.lease_epoch:
-        return None
-    return seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
-
-
-def lease_expired(w: World) -> Transition | None:
-    """Its agent runs and its Lease ran out -> taken over: a new epoch, the Attempt LeaseLost, a retry."""
-    live = _live_pod(w)
-    if live is None or not lease_judged(w, *live) or w.lease_expires_in is None or w.lease_expires_in > 0:
         return None
     return seen_running(w, *live).then(take_over(w, live[0], live[1], lease_lost(w)))
 
@@ -175,44 +137,12 @@ def not_starting(w: World) -> Transition | None:
     return stop_attempt(w, attempt, pod, failure)
 
 
-def live(w: World) -> Transition | None:
-    """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out
-    (the lease is judged once the agent runs: image pulls and scheduling do not count against it), or
-    when its attemptTimeoutSeconds falls due."""
-    live = _live_pod(w)
-    if live is None:
-        return None
-    seen = seen_running(w, *live)
-    if (due := timeout_due(w, live[0], live[1])) is not None:
-        seen = seen.wake_in((due - w.now).total_seconds())
-    if not lease_judged(w, *live) or w.lease_expires_in is None:
-        return seen.then(wake_in(RECHECK_SECONDS))
-    return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
-
-
 def lost_unfinished(w: World) -> Transition | None:
     """Recorded LeaseLost, and the operator stopped before the takeover -> the takeover finished first."""
     attempt = w.current
     if attempt is None or attempt.status.phase != AttemptPhase.LEASE_LOST or w.lease is None:
         return None
     return take_over(w, attempt, w.current_pod, attempt.status.failure or lease_lost(w))
-
-
-def attempt_ended(w: World) -> Transition:
-    """Its end recorded (a commit, a refusal, an interrupt, ...) -> the Run moves on from it."""
-    attempt = w.current
-    assert attempt is not None
-    return after_attempt(w, attempt, attempt.status.failure)
-
-
-def seen_running(w: World, attempt: Attempt, pod: PodView) -> Transition:
-    """The agent's start recorded, if its Pod shows it and the Attempt does not yet (a row of the Running
-    and of the Compensating sub-table)."""
-    if not pod.running_since or attempt.status.phase == AttemptPhase.RUNNING:
-        return NOTHING
-    started = {"phase": "Running", "startTime": pod.running_since, "podName": pod.name}
-    started["traceId"] = trace_of(w)
-    return writes(PatchAttemptStatus(str(attempt.metadata.name), started, attempt.metadata.resource_version))
 
 
 def timeout_due(w: World, attempt: Attempt, pod: PodView | None = None) -> datetime | None:
@@ -240,14 +170,6 @@ def stop_attempt(w: World, attempt: Attempt, pod: PodView, failure: AttemptFailu
         stop,
         finish_attempt(w, attempt, AttemptPhase.FAILED, failure),
     )
-
-
-def lease_judged(w: World, attempt: Attempt, pod: PodView) -> bool:
-    """Whether the Attempt's lease is judged now: it holds the Lease at its epoch, and its agent runs (in
-    both sub-tables)."""
-    lease, name = w.lease, attempt.metadata.name
-    holds = lease is not None and lease.holder == name and lease.epoch == attempt.spec.lease_epoch
-    return holds and bool(pod.running_since)
 
 
 RUNNING: Final = SubTable(

@@ -24,9 +24,10 @@ from agentrun.core.compensation import INCOMPLETE, attempt_input, policy_of
 from agentrun.core.plan import CreateAttempt, DeletePod, WriteLease
 from agentrun.core.pods import PodView
 from agentrun.core.retry import decide_retry
-from agentrun.core.runs.attempts import container_end, lease_judged, pod_refusal, seen_running
+from agentrun.core.runs.attempts import container_end
 from agentrun.core.runs.chain import Rule, SubTable
-from agentrun.core.runs.grants import attempt_object, failure_fields, grant, pod_created
+from agentrun.core.runs.following import Following
+from agentrun.core.runs.grants import attempt_object, failure_fields, grant
 from agentrun.core.runs.transition import (
     NOTHING,
     SetPhase,
@@ -36,6 +37,7 @@ from agentrun.core.runs.transition import (
     finish_attempt,
     set_phase,
     wake_in,
+    writes,
 )
 from agentrun.core.runs.world import RECHECK_SECONDS, World, rfc3339
 
@@ -97,100 +99,48 @@ def first_grant(w: World) -> Transition | None:
     return _earlier_aborted(w, progress).then(_grant(w, progress.first_attempt, progress))
 
 
-def attempt_promised(w: World) -> Transition | None:
-    """The current compensation Attempt not seen -> a grant interrupted after the Run's write: the
-    Attempt it promised created now, then its Pod."""
-    progress, status = _progress(w), w.run.status
-    if w.current is not None:
-        return None
-    epoch, reason = status.lease_epoch or 0, AttemptReason.COMPENSATE
-    number, effects = status.current_attempt or 0, attempt_input(progress)
-    promised = attempt_object(w, number, epoch, reason, effects, resume_from=None)
-    return _earlier_aborted(w, progress).then(CreateAttempt(promised.to_api()), pod_created(w, promised))
+class CompensatingFollowing(Following):
+    """How the Compensating phase follows its compensation Attempt: the Attempts before the compensation
+    that have not ended are aborted before each row's writes; an Attempt's end is concluded within the
+    compensation's own budget (back to the Run's phase, another after a backoff, or NeedsReconciliation);
+    a lease that ran out is revoked at once, its Pod stopped without grace."""
+
+    def first(self, w: World) -> Transition:
+        return _earlier_aborted(w, _progress(w))
+
+    def promised(self, w: World) -> tuple[Attempt, Transition]:
+        status, epoch = w.run.status, w.run.status.lease_epoch or 0
+        number, effects = status.current_attempt or 0, attempt_input(_progress(w))
+        promised = attempt_object(w, number, epoch, AttemptReason.COMPENSATE, effects, resume_from=None)
+        return promised, writes(CreateAttempt(promised.to_api()))
+
+    def end(
+        self, w: World, attempt: Attempt, phase: AttemptPhase, failure: AttemptFailure | None
+    ) -> Transition:
+        return _end(w, attempt, phase, failure, _progress(w))
+
+    def concluded(self, w: World, attempt: Attempt, pod: PodView) -> Transition:
+        failure = failures.classify_exit(container_end(pod))
+        phase = AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED
+        return _end(w, attempt, phase, failure, _progress(w))
+
+    def taken_over(self, w: World, attempt: Attempt, pod: PodView) -> Transition:
+        lease = w.lease
+        assert lease is not None  # its lease is judged: it holds the Lease
+        epoch, duration = lease.epoch + 1, w.run.spec.lease.duration_seconds
+        lost = failures.lease_lost(duration)
+        return writes(
+            WriteLease(None, epoch, duration, lease.resource_version), DeletePod(pod.name, grace_seconds=0)
+        ).then(_end(w, attempt, AttemptPhase.LEASE_LOST, lost, _progress(w), leaseEpoch=epoch))
+
+    def ended(self, w: World, attempt: Attempt) -> Transition:
+        ok = attempt.status.phase == AttemptPhase.SUCCEEDED
+        failure = None if ok else attempt.status.failure or failures.pod_lost()
+        return _after(w, attempt, failure, _progress(w), seen=True)
 
 
-def attempt_ended(w: World) -> Transition | None:
-    """The compensation Attempt's end recorded -> back to the Run's phase, the next one when its backoff
-    is due, or NeedsReconciliation."""
-    progress, attempt = _progress(w), w.current
-    assert attempt is not None
-    if attempt.status.phase not in FINISHED_ATTEMPT_PHASES:
-        return None
-    ok = attempt.status.phase == AttemptPhase.SUCCEEDED
-    failure = None if ok else attempt.status.failure or failures.pod_lost()
-    return _earlier_aborted(w, progress).then(_after(w, attempt, failure, progress, seen=True))
-
-
-def pod_refused(w: World) -> Transition | None:
-    """Not started, and the API server refused its Pod as invalid -> the compensation Attempt Failed
-    (deterministic), concluded."""
-    progress, attempt = _progress(w), w.current
-    assert attempt is not None
-    if w.current_pod is not None or attempt.status.start_time is not None:
-        return None
-    if (refusal := w.refused_pods.get(str(attempt.metadata.name))) is None:
-        return None
-    refused = _end(w, attempt, AttemptPhase.FAILED, pod_refusal(refusal), progress)
-    return _earlier_aborted(w, progress).then(refused)
-
-
-def pod_not_created(w: World) -> Transition | None:
-    """Not started and no Pod seen -> its Pod created (creating is idempotent)."""
-    progress, attempt = _progress(w), w.current
-    assert attempt is not None
-    if w.current_pod is not None or attempt.status.start_time is not None:
-        return None
-    return _earlier_aborted(w, progress).then(pod_created(w, attempt))
-
-
-def pod_lost(w: World) -> Transition | None:
-    """Started, and its Pod is gone -> the compensation Attempt Failed (pod lost), concluded."""
-    progress, attempt = _progress(w), w.current
-    assert attempt is not None
-    if w.current_pod is not None:
-        return None
-    return _earlier_aborted(w, progress).then(
-        _end(w, attempt, AttemptPhase.FAILED, failures.pod_lost(), progress)
-    )
-
-
-def pod_ended(w: World) -> Transition | None:
-    """Its container ended -> Succeeded (exit 0) or Failed, concluded."""
-    progress, attempt, pod = _progress(w), w.current, w.current_pod
-    assert attempt is not None and pod is not None
-    if not pod.finished:
-        return None
-    failure = failures.classify_exit(container_end(pod))
-    phase = AttemptPhase.FAILED if failure else AttemptPhase.SUCCEEDED
-    return _earlier_aborted(w, progress).then(_end(w, attempt, phase, failure, progress))
-
-
-def lease_expired(w: World) -> Transition | None:
-    """Its agent runs and its Lease ran out -> revoked (a late write of the frozen worker is refused), its
-    Pod stopped, the Attempt LeaseLost, concluded."""
-    progress, attempt, pod, lease = _progress(w), w.current, w.current_pod, w.lease
-    assert attempt is not None and pod is not None
-    if not lease_judged(w, attempt, pod) or w.lease_expires_in is None or w.lease_expires_in > 0:
-        return None
-    assert lease is not None
-    epoch = lease.epoch + 1
-    duration = w.run.spec.lease.duration_seconds
-    lost = failures.lease_lost(duration)
-    return _seen_running(w, attempt, pod, progress).then(
-        WriteLease(None, epoch, duration, lease.resource_version),
-        DeletePod(pod.name, grace_seconds=0),
-        _end(w, attempt, AttemptPhase.LEASE_LOST, lost, progress, leaseEpoch=epoch),
-    )
-
-
-def live(w: World) -> Transition:
-    """Its Pod goes on -> its start recorded once its agent runs; look again when its Lease runs out."""
-    progress, attempt, pod = _progress(w), w.current, w.current_pod
-    assert attempt is not None and pod is not None
-    seen = _seen_running(w, attempt, pod, progress)
-    if not lease_judged(w, attempt, pod) or w.lease_expires_in is None:
-        return seen.then(wake_in(RECHECK_SECONDS))
-    return seen.wake_at_lease_expiry(w.lease_expires_in + 0.05)
+# The rows the Compensating sub-table shares with the Running one (core.runs.following).
+FOLLOWING: Final = CompensatingFollowing()
 
 
 COMPENSATING: Final = SubTable(
@@ -198,14 +148,14 @@ COMPENSATING: Final = SubTable(
         Rule("NoProgress", no_progress),
         Rule("EarlierRunning", earlier_running),
         Rule("FirstGrant", first_grant),
-        Rule("AttemptPromised", attempt_promised),
-        Rule("AttemptEnded", attempt_ended),
-        Rule("PodRefused", pod_refused),
-        Rule("PodNotCreated", pod_not_created),
-        Rule("PodLost", pod_lost),
-        Rule("PodEnded", pod_ended),
-        Rule("LeaseExpired", lease_expired),
-        Rule("Live", live),
+        Rule("AttemptPromised", FOLLOWING.attempt_promised),
+        Rule("AttemptEnded", FOLLOWING.attempt_ended),
+        Rule("PodRefused", FOLLOWING.pod_refused),
+        Rule("PodNotCreated", FOLLOWING.pod_not_created),
+        Rule("PodLost", FOLLOWING.pod_lost),
+        Rule("PodEnded", FOLLOWING.pod_ended),
+        Rule("LeaseExpired", FOLLOWING.lease_expired),
+        Rule("Live", FOLLOWING.live),
     )
 )
 
@@ -230,11 +180,6 @@ def _earlier_aborted(w: World, progress: CompensationProgress, *, stop_pods: boo
         if stop_pods and pod is not None and not pod.finished and not pod.deleting:
             t = t.then(DeletePod(pod.name))
     return t
-
-
-def _seen_running(w: World, attempt: Attempt, pod: PodView, progress: CompensationProgress) -> Transition:
-    """_earlier_aborted, then the agent's start recorded if its Pod shows it and the Attempt not."""
-    return _earlier_aborted(w, progress).then(seen_running(w, attempt, pod))
 
 
 def _grant(w: World, number: int, progress: CompensationProgress) -> Transition:

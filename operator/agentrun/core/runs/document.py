@@ -47,9 +47,19 @@ def _rows(rule: Rule, rows: SubTable) -> list[str]:
         f"The rows of the {rule.name} rule, tried in order: the first that applies decides (its Transition",
         f"is named `{rule.name}/<row>`).",
         "",
-        "| # | Row | What it says |",
-        "|---|-----|--------------|",
     ]
+    # The rows it shares with another sub-table are the methods of one object (core.runs.following),
+    # which says what this phase makes of them.
+    shared = next(
+        (following for row in rows.rows if (following := getattr(row.when, "__self__", None))), None
+    )
+    if shared is not None:
+        shared_rows = ", ".join(
+            row.name for row in rows.rows if getattr(row.when, "__self__", None) is shared
+        )
+        said = _doc(type(shared))
+        lines += [f"Rows shared with the other sub-table (core.runs.following): {shared_rows}. {said}", ""]
+    lines += ["| # | Row | What it says |", "|---|-----|--------------|"]
     for number, row in enumerate(rows.rows, 1):
         lines.append(f"| {number} | {row.name} | {_doc(row.when)} |")
     return [*lines, ""]

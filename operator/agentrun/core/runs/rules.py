@@ -18,6 +18,7 @@ from agentrun.api import (
     RunSpec,
 )
 from agentrun.api.budgets import POD_SPEC_BUDGET, RUN_INPUT_BUDGET, over_budget
+from agentrun.core import identity
 from agentrun.core.runs import attempts, controls, stopping
 from agentrun.core.runs.grants import failure_fields, grant
 from agentrun.core.runs.promises import automatic_retry, or_promised
@@ -31,6 +32,25 @@ from agentrun.core.runs.world import RECHECK_SECONDS, World
 def deleted(w: World) -> Transition | None:
     """Being deleted -> no write: the garbage collector removes what the Run owns."""
     return Transition() if w.run.metadata.deletion_timestamp is not None else None
+
+
+def name_squatted(w: World) -> Transition | None:
+    """A name the Run needs (its Lease, an Attempt, an Attempt's Pod) is held by an object the Run does
+    not own, as a create of it found (World.squatted) -> Failed (NameSquatted): the object is never
+    adopted, nor written or deleted, and the message says what to delete. The Run's own Lease, if any, is
+    revoked first, so no Pod, however named, writes for it any more. Not redirected to Compensating
+    (core.compensation.NO_PODS): no Pod may run for the Run."""
+    if not w.squatted:
+        return None
+    name = min(w.squatted)
+    message = identity.squatted(w.squatted[name], name)
+    epoch, revoke = stopping.revoked(w) if w.lease is not None else (None, Transition())
+    fields = {"leaseEpoch": epoch} if epoch is not None else {}
+    failure = failure_fields(FailureClass.DETERMINISTIC, identity.NAME_SQUATTED, message)
+    failed = set_phase(
+        RunPhase.FAILED, identity.NAME_SQUATTED, message, failure=failure, nextAttemptTime=None, **fields
+    )
+    return revoke.then(failed, event("Warning", identity.NAME_SQUATTED, message))
 
 
 def commit_refused(w: World) -> Transition | None:
@@ -94,9 +114,7 @@ def stopped(w: World) -> Transition | None:
     """Succeeded, Failed, Cancelled or NeedsReconciliation -> leftover Attempts aborted, a cancelled Run's
     Pending SideEffects settled, an ended Run's leftover pending request dropped, the report kept current;
     only a manual retry moves it on."""
-    return stopping.abort_leftovers(w).then(
-        stopping.settle_after_cancel(w), stopping.drop_ended_request(w), stopping.refresh_report(w)
-    )
+    return stopping.kept_in_order(w)
 
 
 def request_expired(w: World) -> Transition | None:

@@ -119,6 +119,19 @@ def lease_lost(w: World) -> AttemptFailure:
 # ---- a stopped Run ----------------------------------------------------------------------------------
 
 
+def kept_in_order(w: World) -> Transition:
+    """What a stopped Run still keeps in order: leftover Attempts aborted, a cancelled Run's Pending
+    SideEffects settled, an ended Run's leftover pending request dropped, the report kept current."""
+    return abort_leftovers(w).then(settle_after_cancel(w), drop_ended_request(w), refresh_report(w))
+
+
+def at_rest(w: World) -> Transition | None:
+    """A stopped Run with nothing to keep in order: kept_in_order's Transition (its look-again, no
+    write); None when it writes."""
+    kept = kept_in_order(w)
+    return None if kept.steps else kept
+
+
 def abort_leftovers(w: World) -> Transition:
     """A stopped Run has no Attempt still going. One its stop did not see (its grant raced with a cancel,
     or the operator's cache did not hold it yet) is aborted now and its Pod stopped: its writes are

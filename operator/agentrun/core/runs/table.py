@@ -9,7 +9,6 @@ rule's docstring (core.runs.rules) says its transition.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Final
 
 from agentrun.api import (
@@ -18,16 +17,20 @@ from agentrun.api import (
     STOPPED_PHASES,
     TERMINAL_PHASES,
     WAITING_PHASES,
-    FailureClass,
     RunPhase,
 )
-from agentrun.core import identity
 from agentrun.core.plan import Plan
-from agentrun.core.runs import attempts, compaction, compensation, expiry, fork, rules, store_credentials
+from agentrun.core.runs import (
+    attempts,
+    compaction,
+    compensation,
+    expiry,
+    fork,
+    restoring,
+    rules,
+    store_credentials,
+)
 from agentrun.core.runs.chain import ANY_PHASE, Chain, Rewrite, Rule, pairs
-from agentrun.core.runs.grants import failure_fields
-from agentrun.core.runs.stopping import revoked
-from agentrun.core.runs.transition import NOTHING, event, render, set_phase
 from agentrun.core.runs.upkeep import upkeep
 from agentrun.core.runs.world import World
 
@@ -39,6 +42,14 @@ ENDS: Final = frozenset(TERMINAL_PHASES)
 TABLE: Final = Chain(
     (
         Rule("Deleted", rules.deleted, upkeep=False),
+        Rule(
+            "NameSquatted",
+            rules.name_squatted,
+            upkeep=False,
+            applies_in=ANY_PHASE - ENDS,
+            moves_to=frozenset({P.FAILED}),
+        ),
+        Rule("StoreCredentialsProvision", store_credentials.provision, upkeep=False),
         Rule("CommitRefused", rules.commit_refused, upkeep=False),
         Rule(
             "Committed",
@@ -80,6 +91,7 @@ TABLE: Final = Chain(
         ),
         Rule("Compacting", compaction.compacting, applies_in=ENDS),
         Rule("Expired", expiry.expiry, applies_in=ENDS),
+        Rule("StateRestore", restoring.state_restore, applies_in=frozenset({P.NEEDS_RECONCILIATION})),
         Rule("Stopped", rules.stopped, applies_in=STOPPED),
         Rule("RequestExpired", rules.request_expired, applies_in=WAITING, moves_to=frozenset({P.FAILED})),
         Rule(
@@ -138,20 +150,3 @@ TABLE: Final = Chain(
 def decide(world: World) -> Plan:
     """The writes that move the Run on from what is observed now, in order."""
     return TABLE.evaluate(world)
-
-
-def fail_squatted(world: World, message: str) -> Plan:
-    """An object this Run needs (its Lease, an Attempt, an Attempt's Pod) exists under its name but is not
-    the Run's: it is never adopted, nor written or deleted. The Run fails and says what to delete; its own
-    Lease, if any, is revoked first, so no Pod, however named, writes for it any more. Not redirected to
-    Compensating (core.compensation.NO_PODS): no Pod may run for the Run."""
-    if world.run.status.phase in TERMINAL_PHASES:
-        return render(world, NOTHING)
-    epoch, revoke = revoked(world) if world.lease is not None else (None, NOTHING)
-    fields = {"leaseEpoch": epoch} if epoch is not None else {}
-    failure = failure_fields(FailureClass.DETERMINISTIC, identity.NAME_SQUATTED, message)
-    failed = set_phase(
-        RunPhase.FAILED, identity.NAME_SQUATTED, message, failure=failure, nextAttemptTime=None, **fields
-    )
-    squatted = revoke.then(failed, event("Warning", identity.NAME_SQUATTED, message))
-    return render(world, replace(squatted, rule="NameSquatted"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect, StateStoreMode
+from agentrun.core.blobrepair import Restoration
 from agentrun.core.fork import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView, StateStorePodEnv
@@ -39,12 +40,29 @@ class World:
     # with the refusal: observed by the I/O layer when it carried out a CreatePod; such a Pod cannot
     # exist, and the Running and Compensating tables decide what becomes of its Attempt.
     refused_pods: Mapping[str, str] = field(default_factory=dict)
+    # What became of the blobs the Run's StateUnverifiable failure names, when the I/O layer restored them
+    # for that failure (core.plan.RestoreBlobs; empty: it names none the operator can look at); None: not
+    # restored yet. The StateRestore rule records it (core.runs.restoring).
+    restorations: tuple[Restoration, ...] | None = None
+    # Names the Run needs (its Lease, an Attempt, an Attempt's Pod) that an object it does not own holds,
+    # with that object's kind (name -> "Lease", "Attempt", "Pod"): observed by the I/O layer when a create
+    # of the Run's found it; the NameSquatted rule decides. Forgotten once the Run has ended.
+    squatted: Mapping[str, str] = field(default_factory=dict)
     # The agent-state store attempt Pods are told of (its URL and the Secret of the Run's namespace that
     # holds the namespace's credentials for it): the operator's settings; None without a store.
     state_store: StateStorePodEnv | None = None
     # The Run's namespace has no Secret named state_store.secret, as the I/O layer found when it looked
-    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one).
+    # (whenever core.identity.may_start_pods says a Pod may be started and the store needs one): a read,
+    # nothing is made while the World is observed.
     store_credentials_missing: bool = False
+    # The operator makes a namespace's principals and their Secrets itself (the bundled object store, whose
+    # root credentials it holds): a missing Secret is made (core.plan.ProvisionStoreCredentials, asked by
+    # core.runs.store_credentials.provision) before the Run is failed for it.
+    provisions_store_credentials: bool = False
+    # The bundled store refused to make them when the I/O layer last carried that out for this Run (its
+    # log says why): the Run fails as it would without the bundled store. Forgotten once the Secret is
+    # found or no Pod may start.
+    store_provisioning_refused: bool = False
     # Whether the operator has a state store of its own: a finished Run's checkpoint index and archive,
     # and Attempts' log tails, go there.
     has_store: bool = False
