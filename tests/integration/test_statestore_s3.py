@@ -19,7 +19,7 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
-from agentrun.core.blobrepair import Target, verifies, versions_to_try
+from agentrun.core.blobrestore import Target, verifies, versions_to_try
 from agentrun.core.collector import live_address
 from agentrun.statestore import (
     BlobRef,
@@ -321,7 +321,7 @@ def test_the_local_control_plane_runs_a_versioned_object_store(
 def test_the_operators_client_lists_a_keys_versions_and_puts_the_kept_one_back(
     server: ObjectStoreProcess, credentials: Credentials
 ) -> None:
-    """What restoring an overwritten blob stands on (operator.blobrepair): ListObjectVersions signed with
+    """What restoring an overwritten blob stands on (operator.blobrestore): ListObjectVersions signed with
     the operator's credentials, paged; a version read by its id; the content written back and verified."""
     recorder = Recorder()
     store = OperatorStore.from_url(

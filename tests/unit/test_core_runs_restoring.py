@@ -1,7 +1,7 @@
 """The StateRestore rule (core.runs.restoring): a Run waiting over a blob that cannot be verified has it
 restored (the action RestoreBlobs: the I/O is the operator's), and what became of it (World.restorations,
 observed when that was carried out) is recorded through the table like any write of the Run. The
-decisions on blobs and versions: test_core_blobrepair.py; on a real store:
+decisions on blobs and versions: test_core_blobrestore.py; on a real store:
 tests/integration/test_hostile_store.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import RunPhase
-from agentrun.core.blobrepair import STATE_RESTORED, Outcome, Restoration, Target
+from agentrun.core.blobrestore import STATE_RESTORED, Outcome, Restoration, Target
 from agentrun.core.plan import PatchRunStatus, RecordEvent, RestoreBlobs
 from agentrun.core.runs import TABLE, World, decide
 from unit.factories import NOW, events, make_attempt, of_type, run_patch

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import lease_name
-from agentrun.core.blobrepair import Outcome, Restoration, Target
+from agentrun.core.blobrestore import Outcome, Restoration, Target
 from agentrun.core.plan import (
     Action,
     CreateAttempt,
@@ -25,7 +25,7 @@ from agentrun.core.plan import (
 from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.runs import World
 from agentrun.kubeapi import ApiError, KubeApi
-from agentrun.operator.blobrepair import RepairMetrics, StateRepair
+from agentrun.operator.blobrestore import RestoreMetrics, StateRestorer
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.executor import Executed, Executor
 from agentrun.operator.store_credentials import StoreCredentials
@@ -115,11 +115,11 @@ def test_a_name_held_by_another_object_stops_the_plan_and_goes_back_to_core(
     assert not any("runs" in asked for asked in api.asked), "nothing after the create is written"
 
 
-class Restorer(StateRepair):
+class Restorer(StateRestorer):
     """Restores nothing: says what it was given to say, and on which World it was asked."""
 
     def __init__(self, said: tuple[Restoration, ...]) -> None:
-        super().__init__(OperatorStore.from_url("memory://state"), metrics=RepairMetrics(None))
+        super().__init__(OperatorStore.from_url("memory://state"), metrics=RestoreMetrics(None))
         self.said, self.asked = said, list[World]()
 
     async def restore(self, world: World) -> tuple[Restoration, ...]:
@@ -137,7 +137,7 @@ def test_blobs_are_restored_on_the_world_decided_on_and_what_became_of_them_goes
     unreachable_api: KubeApi, said: tuple[Restoration, ...]
 ) -> None:
     restorer = Restorer(said)
-    executor = Executor(unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), repair=restorer)
+    executor = Executor(unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), restorer=restorer)
     world = make_world(make_run())
 
     outcome = asyncio.run(executor.execute(Plan([RestoreBlobs((TARGET.key,))]), world.run, world))
@@ -151,7 +151,7 @@ def test_blobs_to_restore_without_a_world_or_a_store_are_an_error(unreachable_ap
     plan = Plan([RestoreBlobs((TARGET.key,))])
     without_store = Executor(unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock())
     without_world = Executor(
-        unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), repair=Restorer(())
+        unreachable_api, OwnedObjects(FakeClock()), clock=FakeClock(), restorer=Restorer(())
     )
 
     with pytest.raises(RuntimeError, match="no state store"):

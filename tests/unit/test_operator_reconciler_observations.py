@@ -10,14 +10,14 @@ from typing import Any
 
 from agentrun.api import AGENT_LABEL, Run
 from agentrun.api.common import Condition
-from agentrun.core.blobrepair import Outcome, Restoration, Target
+from agentrun.core.blobrestore import Outcome, Restoration, Target
 from agentrun.core.identity import Account
 from agentrun.core.plan import Plan, ProvisionStoreCredentials
 from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.attempt_role import AttemptRoleChecks
-from agentrun.operator.blobrepair import RepairMetrics, StateRepair
+from agentrun.operator.blobrestore import RestoreMetrics, StateRestorer
 from agentrun.operator.cache import AgentAccounts, OwnedObjects
 from agentrun.operator.executor import Executor
 from agentrun.operator.lease import LeaseExpiry
@@ -81,7 +81,9 @@ class Bound(AttemptRoleChecks):
         return ()
 
 
-def reconciler(api: KubeApi, credentials: StoreCredentials, repair: StateRepair | None = None) -> Reconciler:
+def reconciler(
+    api: KubeApi, credentials: StoreCredentials, restorer: StateRestorer | None = None
+) -> Reconciler:
     clock = FakeClock()
     cache = OwnedObjects(clock)
     return Reconciler(
@@ -91,7 +93,7 @@ def reconciler(api: KubeApi, credentials: StoreCredentials, repair: StateRepair 
         accounts=AgentAccounts(),
         roles=Bound(api, clock),
         queue=WorkQueue(clock),
-        executor=Executor(api, cache, clock=clock, store_credentials=credentials, repair=repair),
+        executor=Executor(api, cache, clock=clock, store_credentials=credentials, restorer=restorer),
         leases=LeaseExpiry(cache, clock),
         metrics=OperatorMetrics(None),
         spans=RunSpans(Tracing("agentrun-operator", {}), clock),
@@ -99,7 +101,7 @@ def reconciler(api: KubeApi, credentials: StoreCredentials, repair: StateRepair 
         operator_account=None,
         workers=1,
         store_credentials=credentials,
-        has_store=repair is not None,
+        has_store=restorer is not None,
     )
 
 
@@ -184,11 +186,11 @@ KEY = f"{NAMESPACE}/uid/sha256/{SHA}"
 RESTORED = (Restoration(Target(KEY, SHA, 48, ("ckpt-2",)), Outcome.RESTORED, "v1"),)
 
 
-class Restorer(StateRepair):
+class Restorer(StateRestorer):
     """Says it restored the blob, once per time it is asked."""
 
     def __init__(self) -> None:
-        super().__init__(OperatorStore.from_url("memory://state"), metrics=RepairMetrics(None))
+        super().__init__(OperatorStore.from_url("memory://state"), metrics=RestoreMetrics(None))
         self.asked = 0
 
     async def restore(self, world: World) -> tuple[Restoration, ...]:
@@ -206,8 +208,8 @@ def waiting_over(key: str) -> Run:
 
 
 def test_blobs_restored_are_recorded_through_the_table_for_the_failure_they_were_restored_for() -> None:
-    api, repair, run = ReadOnlyApi(), Restorer(), waiting_over(KEY)
-    r = reconciler(api, StoreCredentials(api, FakeClock(), None), repair)
+    api, restorer, run = ReadOnlyApi(), Restorer(), waiting_over(KEY)
+    r = reconciler(api, StoreCredentials(api, FakeClock(), None), restorer)
     world = observed(r, run)
     plan = decide(world)
     assert [type(a).__name__ for a in plan.actions] == ["RestoreBlobs"]
@@ -215,7 +217,7 @@ def test_blobs_restored_are_recorded_through_the_table_for_the_failure_they_were
     carried_out(r, plan, run, world)
 
     again = observed(r, run)
-    assert (repair.asked, again.restorations) == (1, RESTORED)
+    assert (restorer.asked, again.restorations) == (1, RESTORED)
     condition = run_patch(decide(again))["conditions"][-1]
     assert (condition["type"], condition["status"]) == ("StateRestored", "True")
     answered = run.model_copy(

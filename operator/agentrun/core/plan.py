@@ -175,7 +175,7 @@ class ProvisionStoreCredentials:
 @dataclass(frozen=True)
 class RestoreBlobs:
     """Restore the blobs a waiting Run's StateUnverifiable failure names (`keys`: the content addresses
-    its message names) from the versions the store kept (operator.blobrepair: the references the
+    its message names) from the versions the store kept (operator.blobrestore: the references the
     decision's World records, the versions listed, the one that verifies written back and read back).
     It writes none of the Run's objects: what became of each blob goes back to core
     (World.restorations), whose StateRestore rule records it."""

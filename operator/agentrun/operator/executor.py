@@ -12,12 +12,12 @@ from agentrun.api import API_VERSION, RUN_LABEL, Run, lease_name
 from agentrun.api.names import LEASE_VERSION_ANNOTATION
 from agentrun.clock import Clock
 from agentrun.core import plan as p
-from agentrun.core.blobrepair import Restoration
+from agentrun.core.blobrestore import Restoration
 from agentrun.core.identity import owned_by, squatted
 from agentrun.core.runs import World
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.archive import Archiver
-from agentrun.operator.blobrepair import StateRepair
+from agentrun.operator.blobrestore import StateRestorer
 from agentrun.operator.cache import OwnedObjects
 from agentrun.operator.logtail import log_tail, read_log
 from agentrun.operator.run_cache import RunCache
@@ -121,11 +121,11 @@ class Executor:
         archiver: Archiver | None = None,
         state_store: BlobStore | None = None,
         store_credentials: StoreCredentials | None = None,
-        repair: StateRepair | None = None,
+        restorer: StateRestorer | None = None,
     ) -> None:
         self.api = api
         self.store_credentials = store_credentials
-        self.repair = repair
+        self.restorer = restorer
         self.archiver = archiver
         self.state_store = state_store
         self.cache = cache
@@ -293,11 +293,11 @@ class Executor:
 
     async def _restore_blobs(self, action: p.RestoreBlobs, progress: _Progress) -> Written:
         """The blobs the Run's failure names restored from the versions the store kept
-        (operator.blobrepair), on the references the decision's World records; what became of each goes
+        (operator.blobrestore), on the references the decision's World records; what became of each goes
         back to core. A store that does not answer raises: the Run is looked at again later."""
-        if self.repair is None or progress.world is None:
+        if self.restorer is None or progress.world is None:
             raise RuntimeError("blobs were to be restored but the operator has no state store or no World")
-        progress.restorations = await self.repair.restore(progress.world)
+        progress.restorations = await self.restorer.restore(progress.world)
         return Written(action)
 
     async def _delete_run(self, action: p.DeleteRun, progress: _Progress) -> Written:

@@ -23,7 +23,7 @@ from agentrun.api import (
     StateStoreMode,
 )
 from agentrun.clock import Clock
-from agentrun.core.blobrepair import Restoration, waits_for_restore
+from agentrun.core.blobrestore import Restoration, waits_for_restore
 from agentrun.core.identity import Account, account_refusal, agent_account, may_start_pods, owned_by
 from agentrun.core.plan import DeleteRun, Plan
 from agentrun.core.pods import pod_view

@@ -23,7 +23,7 @@ from agentrun.kubeapi import KubeApi
 from agentrun.operator import fork, metrics
 from agentrun.operator.archive import Archiver, ArchiveRetention
 from agentrun.operator.attempt_role import AttemptRoleChecks
-from agentrun.operator.blobrepair import RepairMetrics, StateRepair
+from agentrun.operator.blobrestore import RestoreMetrics, StateRestorer
 from agentrun.operator.cache import AgentAccounts, Key, OwnedObjects
 from agentrun.operator.collector import build_collector
 from agentrun.operator.executor import Executor, PhaseLog
@@ -86,8 +86,8 @@ class Runtime:
         self.queue: WorkQueue[Key] = WorkQueue(clock, lease_due=self.leases.due)
         self.spans = RunSpans(tracing, clock)
         self.store_credentials = StoreCredentials.for_settings(api, clock, config)
-        repair = (
-            StateRepair(self.state_store, metrics=RepairMetrics(operator_metrics.registry))
+        restorer = (
+            StateRestorer(self.state_store, metrics=RestoreMetrics(operator_metrics.registry))
             if self.state_store is not None
             else None
         )
@@ -100,7 +100,7 @@ class Runtime:
             archiver=self.archiver,
             state_store=self.state_store,
             store_credentials=self.store_credentials,
-            repair=repair,
+            restorer=restorer,
         )
         self.reconciler = Reconciler(
             api,

@@ -19,7 +19,7 @@ from xml.etree import ElementTree
 
 import obstore
 
-from agentrun.core.blobrepair import StoredVersion
+from agentrun.core.blobrestore import StoredVersion
 from agentrun.core.collector import BlobAddress, StoredBlob, relative_key
 
 from .blobs import BlobRef, BlobStore, scrub
@@ -94,7 +94,7 @@ class OperatorStore(BlobStore):
             raise StateUnverifiable(full, f"not a content address: {error}") from None
         return await self.get(ref)
 
-    # ---- versions of a key: restoring an overwritten blob (agentrun.core.blobrepair) -------------------
+    # ---- versions of a key: restoring an overwritten blob (agentrun.core.blobrestore) -------------------
 
     def keeps_versions(self) -> bool:
         """Whether the operator can list a key's versions here: an S3 store (ListObjectVersions)."""

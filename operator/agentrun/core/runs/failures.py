@@ -65,7 +65,7 @@ def _needs_reconciliation(w: World, failure: AttemptFailure, **fields: Any) -> T
 def _state_unverifiable(failure: AttemptFailure, **fields: Any) -> Transition:
     """A saved state that cannot be read back and verified: the Run never continues from less than it
     saved, so no retry policy applies; the operator restores an overwritten blob when the store kept it
-    (core.blobrepair), and a person retries, from this checkpoint or an earlier one."""
+    (core.blobrestore), and a person retries, from this checkpoint or an earlier one."""
     message = (
         f"{failure.message}; the Run does not continue from a state it cannot verify: the operator restores "
         "an overwritten blob from the version the store kept (condition StateRestored says whether it "

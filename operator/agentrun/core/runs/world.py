@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, Run, SideEffect, StateStoreMode
-from agentrun.core.blobrepair import Restoration
+from agentrun.core.blobrestore import Restoration
 from agentrun.core.fork import ForkSourceView
 from agentrun.core.lease import LeaseView
 from agentrun.core.pods import PodView, StateStorePodEnv

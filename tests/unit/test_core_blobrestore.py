@@ -1,4 +1,4 @@
-"""Restoring an overwritten blob (agentrun.core.blobrepair): which blobs, which versions, what is said."""
+"""Restoring an overwritten blob (agentrun.core.blobrestore): which blobs, which versions, what is said."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.core.blobrepair import (
+from agentrun.core.blobrestore import (
     STATE_RESTORED,
     Outcome,
     Reference,

@@ -1,7 +1,7 @@
-"""The operator's restorer of overwritten blobs (agentrun.operator.blobrepair), its pieces that need no
+"""The operator's restorer of overwritten blobs (agentrun.operator.blobrestore), its pieces that need no
 cluster, on a memory:// store: the channel blob a document names is found through the document, and a
 blob that verifies (or a store that keeps no versions) is said without a write. Its decisions:
-test_core_blobrepair.py; on a real cluster and versitygw: tests/integration/test_hostile_store.py."""
+test_core_blobrestore.py; on a real cluster and versitygw: tests/integration/test_hostile_store.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import asyncio
 
 import obstore
 
-from agentrun.core.blobrepair import Outcome, Reference, Target
+from agentrun.core.blobrestore import Outcome, Reference, Target
 from agentrun.kubeapi import KubeApi
-from agentrun.operator.blobrepair import RepairMetrics, StateRepair
+from agentrun.operator.blobrestore import RestoreMetrics, StateRestorer
 from agentrun.statestore import BlobRef
 from agentrun.statestore.documents import encode_document
 from agentrun.statestore.operatorstore import OperatorStore
@@ -19,15 +19,15 @@ from agentrun.statestore.operatorstore import OperatorStore
 NAMESPACE, RUN_UID = "team-a", "3f1c2a9e-8d5b-4c47-9f0e-2b6d7a1c5e34"
 
 
-def restorer(api: KubeApi) -> tuple[StateRepair, OperatorStore]:
+def make_restorer(api: KubeApi) -> tuple[StateRestorer, OperatorStore]:
     store = OperatorStore.from_url("memory://state")
-    return StateRepair(store, metrics=RepairMetrics(None)), store
+    return StateRestorer(store, metrics=RestoreMetrics(None)), store
 
 
 def test_a_blob_named_only_inside_a_document_is_found_there_with_its_checkpoint(
     unreachable_api: KubeApi,
 ) -> None:
-    repair, store = restorer(unreachable_api)
+    restorer, store = make_restorer(unreachable_api)
     channel = asyncio.run(store.put(NAMESPACE, RUN_UID, b'{"messages": ["a channel version"]}'))
     elsewhere = asyncio.run(store.put("team-b", RUN_UID, b'{"another namespace": true}'))
     stored = asyncio.run(store.put(NAMESPACE, RUN_UID, encode_document("Segment", [channel], {})))
@@ -43,7 +43,7 @@ def test_a_blob_named_only_inside_a_document_is_found_there_with_its_checkpoint(
     ]
     inside = store.location.key(NAMESPACE) + "/"
 
-    found = asyncio.run(repair._in_documents(roots, frozenset({channel.key}), inside))
+    found = asyncio.run(restorer._in_documents(roots, frozenset({channel.key}), inside))
 
     by_key = {r.key: r for r in found}
     assert set(by_key) == {inner.key, channel.key}, "what another namespace's key names is not followed"
@@ -55,13 +55,13 @@ def test_a_blob_named_only_inside_a_document_is_found_there_with_its_checkpoint(
 def test_a_blob_that_verifies_is_not_written_and_a_store_without_versions_is_said(
     unreachable_api: KubeApi,
 ) -> None:
-    repair, store = restorer(unreachable_api)
+    restorer, store = make_restorer(unreachable_api)
     data = b'{"state": "genuine"}'
     ref = asyncio.run(store.put(NAMESPACE, RUN_UID, data))
     target = Target(ref.key, ref.sha256, ref.size, ("c-s2",))
-    assert asyncio.run(repair._restore(target)).outcome == Outcome.VERIFIED
+    assert asyncio.run(restorer._restore(target)).outcome == Outcome.VERIFIED
 
     obstore.put(store._store, ref.key, data.replace(b"genuine", b"forged!"))
-    said = asyncio.run(repair._restore(target))
+    said = asyncio.run(restorer._restore(target))
     assert said.outcome == Outcome.UNSUPPORTED
     assert said.detail == "a memory:// store keeps no versions the operator can list"

@@ -1,6 +1,6 @@
 """Restoring an overwritten blob from the version the store kept (docs/state-store.md, "Restoring an
 overwritten blob"): which blobs to restore for a Run, which stored versions to try, and what to tell the
-person. Plain functions: the operator (agentrun.operator.blobrepair) lists the versions, reads them, writes
+person. Plain functions: the operator (agentrun.operator.blobrestore) lists the versions, reads them, writes
 the one that verifies back and reads it back.
 
 A blob is never changed by its writers (put-if-absent), but a Pod of the namespace may overwrite one (its

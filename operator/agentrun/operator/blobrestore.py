@@ -1,5 +1,5 @@
 """Restores a Run's overwritten blobs from the versions the store kept (docs/state-store.md, "Restoring an
-overwritten blob"; the decisions: agentrun.core.blobrepair).
+overwritten blob"; the decisions: agentrun.core.blobrestore).
 
 The Run's table asks (core.runs.restoring: the action core.plan.RestoreBlobs, carried out by the
 executor), for a Run at rest waiting in NeedsReconciliation for a StateUnverifiable failure that no
@@ -29,39 +29,39 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter
 
 from agentrun.api import Checkpoint
-from agentrun.core import blobrepair
-from agentrun.core.blobrepair import Outcome, Reference, Restoration, Target
+from agentrun.core import blobrestore
+from agentrun.core.blobrestore import Outcome, Reference, Restoration, Target
 from agentrun.core.runs import World
 from agentrun.operator.collector import references
 from agentrun.statestore import BlobRef, StateUnverifiable, StoreRefused
 from agentrun.statestore.documents import document_refs
 from agentrun.statestore.operatorstore import OperatorStore
 
-log = logging.getLogger("agentrun.operator.blobrepair")
+log = logging.getLogger("agentrun.operator.blobrestore")
 
 # How many documents are read to find a named blob that no object references directly.
 _DOCUMENTS_LIMIT: Final = 1000
 
 
-class RepairMetrics:
+class RestoreMetrics:
     """Registered in `registry` (None: not registered)."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.repaired = Counter(
-            "agentrun_state_store_blobs_repaired",
+        self.restored = Counter(
+            "agentrun_state_store_blobs_restored",
             "Blobs named by a Run's StateUnverifiable failure, by what became of them: restored from a "
             "version the store kept, verified already, no version matching, unsupported, refused",
             ["outcome"],
             registry=registry,
         )
         for outcome in Outcome:
-            self.repaired.labels(outcome.value)
+            self.restored.labels(outcome.value)
 
 
-class StateRepair:
+class StateRestorer:
     """Restores the blobs a Run's StateUnverifiable failure names (restore), on the operator's store."""
 
-    def __init__(self, store: OperatorStore, *, metrics: RepairMetrics) -> None:
+    def __init__(self, store: OperatorStore, *, metrics: RestoreMetrics) -> None:
         self.store, self.metrics = store, metrics
 
     async def restore(self, world: World) -> tuple[Restoration, ...]:
@@ -71,20 +71,20 @@ class StateRepair:
         status = run.status
         failure = status.failure.to_api() if status.failure is not None else None
         kinds = [c.type for c in status.conditions or []]
-        if failure is None or not blobrepair.waits_for_restore(status.phase, failure, kinds):
+        if failure is None or not blobrestore.waits_for_restore(status.phase, failure, kinds):
             return ()
         # Only keys under the Run's own namespace: a fork shares its source's blobs, never another
         # namespace's. (Whatever a reference says, only bytes whose sha256 is the key's own are written.)
         inside = self.store.location.key(str(run.metadata.namespace)) + "/"
         refs = [r for r in _references(world) if r.key.startswith(inside)]
-        if missing := blobrepair.unreferenced(failure, refs):
+        if missing := blobrestore.unreferenced(failure, refs):
             refs += await self._in_documents(refs, missing, inside)
-        found = blobrepair.targets(status.phase, failure, kinds, refs)
+        found = blobrestore.targets(status.phase, failure, kinds, refs)
         restorations = [await self._restore(target) for target in found]
-        restorations += blobrepair.not_referenced(status.phase, failure, kinds, refs)
+        restorations += blobrestore.not_referenced(status.phase, failure, kinds, refs)
         for restoration in restorations:
             if restoration.outcome != Outcome.RESTORED:  # a restore is counted when it is written
-                self.metrics.repaired.labels(restoration.outcome.value).inc()
+                self.metrics.restored.labels(restoration.outcome.value).inc()
         return tuple(restorations)
 
     async def _in_documents(
@@ -133,12 +133,12 @@ class StateRepair:
         try:
             versions = await self.store.versions(target.key)
             read = 0
-            for version in blobrepair.versions_to_try(target, versions):
+            for version in blobrestore.versions_to_try(target, versions):
                 data = await self.store.get_version(target.key, version)
                 read += 1
-                if blobrepair.verifies(target, data):
+                if blobrestore.verifies(target, data):
                     await self.store.put_back(ref, data)
-                    self.metrics.repaired.labels(Outcome.RESTORED.value).inc()
+                    self.metrics.restored.labels(Outcome.RESTORED.value).inc()
                     log.warning("restored blob %s from the version %s the store kept", target.key, version)
                     return Restoration(target, Outcome.RESTORED, version, len(versions), read)
         except StoreRefused as error:
