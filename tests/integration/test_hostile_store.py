@@ -162,7 +162,7 @@ def restored_blobs(operator: OperatorProcess) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "agentrun_state_store_blobs_restored_total"
+        if sample.name == "agentrun_state_store_overwritten_blobs_total"
         and sample.labels["outcome"] == "restored"
     )
 

@@ -48,7 +48,7 @@ class RestoreMetrics:
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.restored = Counter(
-            "agentrun_state_store_blobs_restored",
+            "agentrun_state_store_overwritten_blobs",
             "Blobs named by a Run's StateUnverifiable failure, by what became of them: restored from a "
             "version the store kept, verified already, no version matching, unsupported, refused",
             ["outcome"],
