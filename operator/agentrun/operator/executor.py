@@ -217,9 +217,12 @@ class Executor:
         return Written(action)
 
     async def _delete_checkpoint(self, action: p.DeleteCheckpoint, progress: _Progress) -> Written:
-        ns = str(progress.run.metadata.namespace)
+        """Deleted (or found gone) and out of the cache at once: a Checkpoint's watch events wake no Run
+        (operator.informers.QUIET), so the Run is decided again on what this deletion left (changed)."""
+        ns, name = self._ns(progress.run)
         await self.api.delete(self.api.custom_path("checkpoints", ns, action.name))
-        return Written(action)
+        self._forget("checkpoints", (ns, name), action.name)
+        return Written(action, changed=True)
 
     async def _archive_run(self, action: p.ArchiveRun, progress: _Progress) -> Written:
         """The archive written and verified (operator.archive); a store that cannot raises, and the
