@@ -216,3 +216,22 @@ def test_a_checkpoint_the_operator_deletes_leaves_the_cache_and_the_run_is_decid
     assert api.deleted == ["c1"]
     assert runtime.cache.of("checkpoints", KEY) == []
     assert executed.changed  # its DELETED event wakes no one: decided again on what is left
+
+
+class ListedCheckpoints(ServedCheckpoints):
+    async def list_pages(self, collection: str, label_selector: str | None = None) -> Any:
+        yield list(self.served.values())
+
+
+def test_the_checkpoints_a_finished_run_s_index_lists_are_cached_for_the_compaction_after_it() -> None:
+    """The index names every Checkpoint of the Run (listed: the last one's event may not have come); the
+    compaction after it (the superseded deleted, managedFields cleared) decides on the cache: it has them."""
+    api = ListedCheckpoints(checkpoint("c1", 1, "1"), checkpoint("c2", 2, "2"))
+    runtime = start_up(api)
+    runtime.cache.put("checkpoints", checkpoint("c1", 1, "1"))
+    run = make_run({"phase": "Succeeded", "currentAttempt": 1, "leaseEpoch": 1, "latestCheckpoint": "c1"})
+
+    every = asyncio.run(runtime.executor._every_checkpoint(run, runtime.cache.of("checkpoints", KEY)))
+
+    assert sorted(c["metadata"]["name"] for c in every) == ["c1", "c2"]
+    assert sorted(c["metadata"]["name"] for c in runtime.cache.of("checkpoints", KEY)) == ["c1", "c2"]
