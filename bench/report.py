@@ -319,15 +319,41 @@ def render(r: dict[str, Any], findings: str) -> str:
         _table(
             ["", ""],
             [
-                ["running attempts", f"{ll['attempts']} (lease 60 s, renewed every {ll['renew_seconds']} s)"],
+                [
+                    "running attempts",
+                    f"{ll['attempts']} (lease {ll.get('duration_seconds', 60)} s, renewed every "
+                    f"{ll['renew_seconds']} s)",
+                ],
                 ["window", f"{ll['window_seconds']} s"],
                 ["Lease renewals (PATCH leases)", f"{ll['lease_patches_per_s']}/s"],
                 ["all API requests (WATCH excluded)", f"{ll['requests_per_s']}/s"],
+                *(
+                    [
+                        [
+                            "the control plane's own, before the Runs (taken off)",
+                            f"{ll['baseline_requests_per_s']}/s",
+                        ]
+                    ]
+                    if "baseline_requests_per_s" in ll
+                    else []
+                ),
                 [
                     "**per 1,000 running attempts**",
                     f"**{ll['per_1000_attempts']['renewals_per_s']} renewals/s, "
                     f"{ll['per_1000_attempts']['requests_per_s']} requests/s**",
                 ],
+                *(
+                    [
+                        [
+                            "… with the SDK's Run watch (one request per attempt when the server ends it: "
+                            "arithmetic)",
+                            f"{ll['per_1000_attempts']['with_run_watches_per_s']} requests/s "
+                            f"(+{ll['per_1000_attempts']['run_watches_per_s']})",
+                        ]
+                    ]
+                    if "with_run_watches_per_s" in ll["per_1000_attempts"]
+                    else []
+                ),
                 [
                     "requests by kind",
                     ", ".join(f"{k}: {n}/s" for k, n in ll["requests_by_kind_per_s"].items()),

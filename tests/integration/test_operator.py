@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrun.api.run import LeaseSpec
 from devcluster.operator import OperatorProcess
 from support.kube import Kube, wait_for
 from support.runs import (
@@ -132,6 +133,12 @@ def test_killed_worker_is_replaced_from_the_latest_checkpoint(
     assert first["status"]["failure"]["exitCode"] == 137
     assert (second["spec"]["leaseEpoch"], second["spec"]["resumeFrom"]) == (2, "killed-a1-s2")
     assert run["status"]["result"]["resumedAt"] == 2
+    # A dead Pod is judged from its status, not from its lease (the default: it would have held the Run
+    # for a lease duration after the last renewal, which came at the Pod's start at the latest).
+    assert run["spec"]["lease"]["durationSeconds"] == LeaseSpec().duration_seconds
+    detected_at = datetime.fromisoformat(first["status"]["completionTime"]).timestamp()
+    started_at = datetime.fromisoformat(first["status"]["startTime"]).timestamp()
+    assert detected_at < started_at + LeaseSpec().duration_seconds, (first["status"], operator.log_tail())
 
 
 def test_a_pod_deleted_with_its_grace_period_is_retried_from_the_latest_checkpoint(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from agentrun.api import Attempt, AttemptFailure, Checkpoint, FailureClass, Run, SideEffect, attempt_name
+from agentrun.api.run import LeaseSpec
 from agentrun.core import failures
 from agentrun.core.failures import ContainerExit
 from agentrun.core.lease import LeaseView
@@ -26,6 +27,7 @@ TRACE_ID = run_trace(RUN_UID, None).run.trace_id  # the Run's trace (core.traces
 GENERATION = 3
 RUN_RESOURCE_VERSION = "1001"
 LEASE_RESOURCE_VERSION = "4711"
+LEASE_SECONDS = LeaseSpec().duration_seconds  # the default spec.lease.durationSeconds
 IMAGE = "agentrun/agent:dev"
 CREATED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 NOW = CREATED + timedelta(minutes=10)

@@ -32,6 +32,7 @@ from unit.factories import (
     EARLIER,
     GENERATION,
     LEASE_RESOURCE_VERSION,
+    LEASE_SECONDS,
     NO_SIDE_EFFECTS,
     NOW,
     RUN,
@@ -140,7 +141,7 @@ def test_resume_accepted() -> None:
     patch = run_patch(plan)
     create = of_type(plan, CreateAttempt)[0].body["spec"]
 
-    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert (patch["phase"], patch["currentAttempt"], patch["leaseEpoch"]) == ("Running", 2, 2)
     assert patch["pendingRequest"] is None
     assert patch["controls"] == [
@@ -313,7 +314,7 @@ def test_manual_retry_accepted(world: World, resume_from: str | None) -> None:
     patch = run_patch(plan)
     spec = of_type(plan, CreateAttempt)[0].body["spec"]
 
-    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert (patch["phase"], patch["currentAttempt"], patch["attempts"], patch["leaseEpoch"]) == (
         "Running",
         2,

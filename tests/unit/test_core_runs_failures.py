@@ -21,6 +21,7 @@ from agentrun.core.retry import backoff_seconds
 from agentrun.core.runs import RECHECK_SECONDS, World, decide
 from unit.factories import (
     LEASE_RESOURCE_VERSION,
+    LEASE_SECONDS,
     NOW,
     RUN_UID,
     TRACE_ID,
@@ -175,10 +176,10 @@ def test_lease_expiry() -> None:
 
     assert lost[0]["phase"] == "LeaseLost"
     assert lost[0]["failure"]["class"] == "lease_lost"
-    assert "60s" in lost[0]["failure"]["message"]
+    assert f"{LEASE_SECONDS}s" in lost[0]["failure"]["message"]
     assert of_type(plan, DeletePod) == [DeletePod(name_of(1), grace_seconds=0)]
     # Revoked at once, not at the next grant: a frozen worker that wakes up in the backoff is stale.
-    assert of_type(plan, WriteLease) == [WriteLease(None, 2, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(None, 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     patch = run_patch(plan)
     assert patch["phase"] == "RetryBackoff"
     assert patch["leaseEpoch"] == 2
@@ -202,7 +203,7 @@ def test_lease_expiry_revokes_with_the_next_epoch(number: int, lease_epoch: int,
     )
     plan = decide(world)
 
-    assert of_type(plan, WriteLease) == [WriteLease(None, expected, 60, "999")]
+    assert of_type(plan, WriteLease) == [WriteLease(None, expected, LEASE_SECONDS, "999")]
     assert run_patch(plan)["leaseEpoch"] == expected
     assert plan.actions.index(of_type(plan, WriteLease)[0]) < plan.actions.index(of_type(plan, DeletePod)[0])
 
@@ -215,7 +216,7 @@ def test_lease_expiry_on_the_last_attempt_revokes_too() -> None:
 
     assert patch["phase"] == "Failed"
     assert patch["leaseEpoch"] == 3
-    assert of_type(plan, WriteLease) == [WriteLease(None, 3, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(None, 3, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
 
 
 @pytest.mark.parametrize("expires_in", [-100.0, 0.0, None])
@@ -228,7 +229,7 @@ def test_lease_is_not_judged_before_the_agent_runs(expires_in: float | None) -> 
 
 @pytest.mark.parametrize(
     ("lease", "writes"),
-    [(held_by(1), [WriteLease(None, 2, 60, LEASE_RESOURCE_VERSION)]), (make_lease(None, 2), [])],
+    [(held_by(1), [WriteLease(None, 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]), (make_lease(None, 2), [])],
     ids=["not-revoked-yet", "revoked-already"],
 )
 def test_a_recorded_lease_loss_finishes_its_takeover(lease: LeaseView, writes: list[WriteLease]) -> None:
@@ -318,7 +319,7 @@ def test_deadline() -> None:
     patch = run_patch(plan)
     aborted = attempt_patches(plan)[name_of(3)][0]
 
-    assert of_type(plan, WriteLease) == [WriteLease(None, 5, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(None, 5, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert patch["leaseEpoch"] == 5
     assert patch["nextAttemptTime"] is None
     assert patch["failure"] == {
@@ -335,7 +336,7 @@ def test_deadline() -> None:
 def test_deadline_before_any_lease() -> None:
     plan = decide(make_world(make_run(run_status("Queued"), spec=DEADLINE)))
 
-    assert of_type(plan, WriteLease) == [WriteLease(None, 1, 60, None)]
+    assert of_type(plan, WriteLease) == [WriteLease(None, 1, LEASE_SECONDS, None)]
     assert run_patch(plan)["leaseEpoch"] == 1
 
 

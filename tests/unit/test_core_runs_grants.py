@@ -32,6 +32,7 @@ from agentrun.core.pods import PodView
 from agentrun.core.runs import World, decide
 from unit.factories import (
     LEASE_RESOURCE_VERSION,
+    LEASE_SECONDS,
     NOW,
     RUN,
     RUN_UID,
@@ -78,7 +79,7 @@ def test_first_grant() -> None:
     plan = decide(make_world(make_run()))
     lease, status, create, pod = plan.actions
 
-    assert lease == WriteLease(name_of(1), 1, 60, None)
+    assert lease == WriteLease(name_of(1), 1, LEASE_SECONDS, None)
     assert isinstance(status, PatchRunStatus)
     assert {k: status.patch[k] for k in ("phase", "currentAttempt", "attempts", "leaseEpoch")} == {
         "phase": "Running",
@@ -166,7 +167,7 @@ def test_retry_grant(previous: Attempt, reason: str) -> None:
     create = of_type(plan, CreateAttempt)[0]
     pod = of_type(plan, CreatePod)[0]
 
-    assert of_type(plan, WriteLease) == [WriteLease(name_of(3), 3, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(name_of(3), 3, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert (status["currentAttempt"], status["attempts"], status["leaseEpoch"]) == (3, 3, 3)
     assert status["nextAttemptTime"] is None
     assert create.body["spec"] == {
@@ -208,7 +209,7 @@ def test_a_grant_gives_out_the_epoch_of_a_revoked_lease() -> None:
     )
     plan = decide(world)
 
-    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert run_patch(plan)["leaseEpoch"] == 2
     assert of_type(plan, CreateAttempt)[0].body["spec"]["leaseEpoch"] == 2
     assert of_type(plan, CreateAttempt)[0].body["spec"]["reason"] == "lease_expired"
@@ -220,7 +221,7 @@ def test_a_grant_after_a_revocation_the_run_did_not_record() -> None:
     world = backing_off(lease=make_lease(None, 2))
     plan = decide(world)
 
-    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, 60, LEASE_RESOURCE_VERSION)]
+    assert of_type(plan, WriteLease) == [WriteLease(name_of(2), 2, LEASE_SECONDS, LEASE_RESOURCE_VERSION)]
     assert run_patch(plan)["leaseEpoch"] == 2
 
 

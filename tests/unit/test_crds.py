@@ -292,9 +292,9 @@ def test_rule_is_attached(kind: str, path: str, fragment: str) -> None:
 @pytest.mark.parametrize(
     ("path", "default"),
     [
-        (".spec.lease", {"durationSeconds": 60, "renewSeconds": 20}),
-        (".spec.lease.durationSeconds", 60),
-        (".spec.lease.renewSeconds", 20),
+        (".spec.lease", {"durationSeconds": 100, "renewSeconds": 60}),
+        (".spec.lease.durationSeconds", 100),
+        (".spec.lease.renewSeconds", 60),
         (
             ".spec.retry",
             {

@@ -314,8 +314,8 @@ def test_owner_reference_points_at_the_object() -> None:
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("lease.duration_seconds", 60),
-        ("lease.renew_seconds", 20),
+        ("lease.duration_seconds", 100),
+        ("lease.renew_seconds", 60),
         ("retry.max_attempts", 3),
         ("retry.backoff.initial_seconds", 5),
         ("retry.backoff.factor", 2.0),

@@ -234,6 +234,18 @@ def test_reconciles_and_their_latency(registry: CollectorRegistry, m: OperatorMe
     assert sample(registry, "agentrun_reconcile_duration_seconds_count") == 3
 
 
+def test_watch_events_by_kind_and_whether_they_woke_a_run(
+    registry: CollectorRegistry, m: OperatorMetrics
+) -> None:
+    assert sample(registry, "agentrun_watch_events_total", kind="checkpoints", woke="false") == 0
+    m.watch_event("checkpoints", False)
+    m.watch_event("checkpoints", False)
+    m.watch_event("attempts", True)
+    assert sample(registry, "agentrun_watch_events_total", kind="checkpoints", woke="false") == 2
+    assert sample(registry, "agentrun_watch_events_total", kind="checkpoints", woke="true") == 0
+    assert sample(registry, "agentrun_watch_events_total", kind="attempts", woke="true") == 1
+
+
 def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegistry) -> None:
     OperatorMetrics(registry)
     families = list(registry.collect())
@@ -244,6 +256,7 @@ def test_every_metric_has_help_and_the_agentrun_prefix(registry: CollectorRegist
         "agentrun_attempts_ended",
         "agentrun_reconcile_duration_seconds",
         "agentrun_reconciles",
+        "agentrun_watch_events",
         "agentrun_lease_takeovers",
         "agentrun_rejected_commits",
         "agentrun_undeclared_moves",

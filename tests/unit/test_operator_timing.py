@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from agentrun.api import RUN_LABEL, lease_name
+from agentrun.api.run import LeaseSpec
 from agentrun.operator.cache import Key, OwnedObjects
 from agentrun.operator.lease import LEASE_CHECK_SLACK, LeaseExpiry
 from agentrun.operator.workqueue import BASE_DELAY, MAX_DELAY, WorkQueue
@@ -142,3 +143,37 @@ def test_a_lease_is_counted_from_when_the_agent_was_seen_running() -> None:
     clock.advance(59.0)
 
     assert leases.expires_in(KEY, leases.lease(KEY)) == 1.0
+
+
+def test_with_the_default_lease_a_worker_gone_silent_is_taken_over_within_120_s_of_its_last_renewal() -> None:
+    """The defaults (spec.lease) against the contract: healthy renewals every renewSeconds never queue the
+    Run; once they stop (a frozen or partitioned worker, whose Pod status shows nothing), the Run is
+    decided again a lease duration after the last renewal seen, which is at most 120 s after the worker
+    stopped (it stopped at or after that renewal)."""
+    spec = LeaseSpec()
+
+    async def scenario() -> tuple[list[list[Key]], float]:
+        clock = FakeClock()
+        cache = OwnedObjects(clock)
+        leases = LeaseExpiry(cache, clock)
+        queue: WorkQueue[Key] = WorkQueue(clock, lease_due=leases.due)
+        leases.remember(KEY, UID, spec.duration_seconds)
+        cache.put("leases", lease("1"))
+        queue.check_lease_in(KEY, spec.duration_seconds + LEASE_CHECK_SLACK)
+        seen = []
+        for version in range(2, 12):  # ten renewals, each seen as the worker makes it
+            clock.advance(spec.renew_seconds)
+            cache.put("leases", lease(str(version)))
+            queue.fire_due()
+            seen.append(await ready(queue))
+        last_renewal = clock.monotonic()
+        while not (woken := await ready(queue)):  # silence: only the lease checks move the clock
+            clock.advance(1.0)
+            queue.fire_due()
+        seen.append(woken)
+        return seen, clock.monotonic() - last_renewal
+
+    seen, silent_for = asyncio.run(scenario())
+
+    assert seen[:-1] == [[]] * 10 and seen[-1] == [KEY]
+    assert spec.duration_seconds <= silent_for <= 120

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+from agentrun.api.run import LeaseSpec
 from agentrun.kubeapi import KubeApi
 from agentrun.worker.clock import SystemClock, timestamp
+from agentrun.worker.errors import LeaseLost
 from agentrun.worker.identity import Identity
-from agentrun.worker.session import Session
+from agentrun.worker.session import RUN_WATCH_TIMEOUT_SECONDS, Session
 from unit.factories import POD_ENV
 
 
@@ -74,3 +76,48 @@ def test_a_worker_that_cannot_renew_for_a_whole_lease_duration_stops_itself(
     assert session.lost.is_set()
     assert len(failures) == 3  # at 10 s and 20 s it kept trying; at 30 s it gave up
     assert unreachable_api.requests == 3
+
+
+def renewals_at(clock: FakeClock, outcomes: list[BaseException | None]) -> tuple[Session, list[float]]:
+    """A session whose renewals end as `outcomes` says in turn (None: renewed), noting when each came
+    (seconds since the start); past the list, the lease is lost."""
+    start = clock.seconds
+    session = Session(KubeApi.__new__(KubeApi), Identity.from_env(POD_ENV), clock)  # never called
+    times: list[float] = []
+
+    async def renew_once() -> None:
+        times.append(clock.seconds - start)
+        outcome = outcomes[len(times) - 1] if len(times) <= len(outcomes) else LeaseLost("taken over")
+        if outcome is not None:
+            raise outcome
+
+    session.renew_once = renew_once  # type: ignore[method-assign]
+    return session, times
+
+
+def test_a_failed_renewal_is_tried_again_within_seconds_not_a_renewal_period_later() -> None:
+    """Renewals are a minute apart by default: one lost request must not cost the lease."""
+    clock = FakeClock()
+    session, times = renewals_at(clock, [OSError("reset"), OSError("reset"), None])
+
+    asyncio.run(session.keep_lease(renew_seconds=60, duration_seconds=100))
+
+    assert times == [60, 61, 63, 123]  # tried again 1 s, then 2 s later; renewed; then every 60 s again
+    assert session.lost.is_set()  # the fourth found the lease taken over
+
+
+def test_a_worker_that_cannot_renew_tries_until_the_lease_has_run_out_then_stops_itself() -> None:
+    clock = FakeClock()
+    session, times = renewals_at(clock, [OSError("unreachable")] * 20)
+
+    asyncio.run(session.keep_lease(renew_seconds=60, duration_seconds=100))
+
+    assert times == [60, 61, 63, 67, 75, 91, 100]  # backing off, the last one at the lease's end
+    assert session.lost.is_set()
+
+
+def test_the_default_lease_costs_at_most_20_requests_per_second_per_1000_idle_attempts() -> None:
+    """An idle running attempt's requests: one per renewal (a preconditioned patch of the Lease) and one
+    per Run watch the API server ends (resumed from the last resourceVersion): docs/performance.md."""
+    per_1000 = 1000 / LeaseSpec().renew_seconds + 1000 / RUN_WATCH_TIMEOUT_SECONDS
+    assert per_1000 <= 20

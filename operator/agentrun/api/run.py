@@ -179,6 +179,13 @@ class AgentSpec(ApiModel):
     )
 
 
+# Sized for thousands of running attempts (docs/performance.md, "Leases"): a renewal a minute is about
+# 17 requests/s per 1,000 idle attempts, and a worker that stops silently (frozen, partitioned) is taken
+# over 100 s after its last renewal at most.
+DEFAULT_LEASE_DURATION_SECONDS: Final = 100
+DEFAULT_LEASE_RENEW_SECONDS: Final = 60
+
+
 class LeaseSpec(ApiModel):
     """How long an Attempt may hold the Run's lease without renewing it."""
 
@@ -194,19 +201,21 @@ class LeaseSpec(ApiModel):
     )
 
     duration_seconds: int = Field(
-        60,
+        DEFAULT_LEASE_DURATION_SECONDS,
         ge=5,
         le=3600,
         description="Seconds the lease stays valid after its last renewal. When it expires the operator "
         "takes it over, raises the lease epoch and starts a new Attempt from the latest checkpoint; a "
-        "longer lease tolerates longer pauses of the worker but delays recovery from a lost one.",
+        "longer lease tolerates longer pauses of the worker but delays recovery from a lost one (a Pod "
+        "that ended is seen from its status at once, whatever the lease).",
     )
     renew_seconds: int = Field(
-        20,
+        DEFAULT_LEASE_RENEW_SECONDS,
         ge=1,
         le=1800,
-        description="Seconds between lease renewals by the worker. Must be less than durationSeconds; "
-        "a third of it leaves room for two missed renewals.",
+        description="Seconds between lease renewals by the worker (each one request to the API server). "
+        "Must be less than durationSeconds; the SDK tries a failed renewal again within seconds, until "
+        "the lease would have run out.",
     )
 
 

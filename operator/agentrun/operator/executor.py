@@ -252,9 +252,12 @@ class Executor:
         return Written(action)
 
     async def _delete_checkpoint(self, action: p.DeleteCheckpoint, progress: _Progress) -> Written:
-        ns = str(progress.run.metadata.namespace)
+        """Deleted (or found gone) and out of the cache at once: a Checkpoint's watch events wake no Run
+        (operator.informers.QUIET), so the Run is decided again on what this deletion left (changed)."""
+        ns, name = self._ns(progress.run)
         await self.api.delete(self.api.custom_path("checkpoints", ns, action.name))
-        return Written(action)
+        self._forget("checkpoints", (ns, name), action.name)
+        return Written(action, changed=True)
 
     async def _archive_run(self, action: p.ArchiveRun, progress: _Progress) -> Written:
         """The archive written and verified (operator.archive); a store that cannot raises, and the
@@ -362,14 +365,17 @@ class Executor:
 
     async def _every_checkpoint(self, run: Run, seen: Sequence[JsonDict]) -> list[JsonDict]:
         """The Checkpoints the decision saw, with any the cache had not seen yet (listed from the API
-        server: the index must name every one, since those it does not name could be deleted later)."""
+        server: the index must name every one, since those it does not name could be deleted later).
+        Those are cached too: a Checkpoint's event wakes no Run (operator.informers.QUIET), and the
+        compaction that follows (the superseded deleted, managedFields cleared) decides on the cache."""
         ns, uid = str(run.metadata.namespace), str(run.metadata.uid)
         by_name = {c["metadata"]["name"]: c for c in seen}
         collection = self.api.custom_path("checkpoints", ns)
         async for page in self.api.list_pages(collection, f"{RUN_LABEL}={run.metadata.name}"):
             for found in page:
-                if owned_by(found, uid, controller=False):
-                    by_name.setdefault(found["metadata"]["name"], found)
+                if owned_by(found, uid, controller=False) and found["metadata"]["name"] not in by_name:
+                    by_name[found["metadata"]["name"]] = found
+                    self.cache.put("checkpoints", found)
         return list(by_name.values())
 
     async def _delete_lease(self, action: p.DeleteLease, progress: _Progress) -> Written:

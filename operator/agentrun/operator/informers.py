@@ -36,6 +36,12 @@ OWNED: Final = {
     "pods": ("", "v1", "pods"),
     "leases": ("coordination.k8s.io", "v1", "leases"),
 }
+# Kinds the cache keeps current that wake no Run: a worker writes a Checkpoint at every step, and the
+# operator must not be woken by a step. A decision that needs a Checkpoint the cache does not hold yet (the
+# one the Run's pointer names may come before its own event) reads it from the API server
+# (operator.reconciler); an index of every Checkpoint is listed (operator.executor); the operator's own
+# deletions leave the cache at once (operator.executor) and decide the Run again.
+QUIET: Final = frozenset({"checkpoints"})
 AGENT_ACCOUNTS: Final = ("", "v1", "serviceaccounts")
 AGENT_ACCOUNT_SELECTOR: Final = f"{AGENT_LABEL}=true"
 
@@ -71,7 +77,8 @@ def _lease_terms(lease: JsonDict) -> tuple[Any, ...]:
 
 
 class Informers:
-    """Feeds `cache` and `accounts`; tells `wake` the key of each Run whose owned objects changed."""
+    """Feeds `cache` and `accounts`; tells `wake` the key of each Run whose owned objects changed (but for
+    the QUIET kinds), and `delivered` of every watch event: its kind and whether it woke a Run."""
 
     def __init__(
         self,
@@ -83,8 +90,10 @@ class Informers:
         wake: Callable[[Key], None],
         timeout_seconds: int = 300,
         clock: Clock | None = None,
+        delivered: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.api, self.cache, self.accounts, self.wake = api, cache, accounts, wake
+        self.delivered = delivered
         self.clock = clock
         self.timeout_seconds = timeout_seconds
         self._collections: list[tuple[str | None, str, str, str | None]] = [
@@ -145,19 +154,32 @@ class Informers:
             self.accounts.replace(listed.items, namespace)
             return
         touched = self.cache.replace(kind, listed.items, listed.resource_version, namespace)
-        if not first:  # the first list precedes every reconcile: each Run's own event queues it
+        # The first list precedes every reconcile: each Run's own event queues it.
+        if not first and kind not in QUIET:
             for key in touched:
                 self.wake(key)
 
     def _changed(self, kind: str | None, event: Event) -> None:
         if kind is None:  # an account that loses the label leaves the selection: reported DELETED
             (self.accounts.remove if event.type == "DELETED" else self.accounts.put)(event.object)
+            self._delivered("serviceaccounts", woke=False)
             return
+        woke = self._take(kind, event)
+        self._delivered(kind, woke=woke)
+
+    def _take(self, kind: str, event: Event) -> bool:
+        """The event into the cache; wakes its Run if the event can change what `decide` sees."""
         if event.type == "DELETED":
             key = self.cache.remove(kind, event.object)
         else:
             key, previous, news = self.cache.take(kind, event.object)
             if not news or not news_for_decide(kind, previous, event.object):
-                return
-        if key is not None:
-            self.wake(key)
+                return False
+        if key is None or kind in QUIET:
+            return False
+        self.wake(key)
+        return True
+
+    def _delivered(self, kind: str, *, woke: bool) -> None:
+        if self.delivered is not None:
+            self.delivered(kind, woke)

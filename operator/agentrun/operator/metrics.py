@@ -155,6 +155,10 @@ def side_effect_state_label(effect: JsonDict) -> str:
     return _known(state, (s.value for s in SideEffectState))
 
 
+# The kinds the operator's own watches deliver (operator.informers), each a series from the start.
+WATCHED_KINDS: Final = ("attempts", "checkpoints", "sideeffects", "pods", "leases", "serviceaccounts")
+
+
 # --- the metrics ----------------------------------------------------------------------------------------
 
 
@@ -217,6 +221,15 @@ class OperatorMetrics:
             "Reconciles by outcome: ok, superseded (a preconditioned write lost a race: decided again) "
             "or error (retried after a backoff).",
             ["outcome"],
+            registry=registry,
+        )
+        self.watch_events = Counter(
+            "agentrun_watch_events",
+            "Watch events the operator's own watches delivered (the objects Runs own, and the opted-in "
+            "ServiceAccounts; kopf's Run watch aside), by kind and whether the event queued its Run for a "
+            "reconcile (woke: true) or only kept the cache current (a Checkpoint, a Lease renewal, an echo "
+            "of the operator's own write: false).",
+            ["kind", "woke"],
             registry=registry,
         )
         self.lease_takeovers = Counter(
@@ -283,6 +296,9 @@ class OperatorMetrics:
             self.reconciles.labels(outcome)
         for kind in TAKEOVER_KINDS:
             self.lease_takeovers.labels(kind)
+        for kind in WATCHED_KINDS:
+            for woke in ("true", "false"):
+                self.watch_events.labels(kind, woke)
         for rejected in RejectedCommitReason:
             self.rejected_commits.labels(rejected.value)
         if registry is not None:
@@ -315,6 +331,9 @@ class OperatorMetrics:
     def reconciled(self, outcome: str, seconds: float) -> None:
         self.reconciles.labels(_known(outcome, OUTCOMES)).inc()
         self.reconcile_duration.observe(seconds)
+
+    def watch_event(self, kind: str, woke: bool) -> None:
+        self.watch_events.labels(kind, "true" if woke else "false").inc()
 
     def attempt_started(self, reason: str) -> None:
         self.attempts_started.labels(*attempt_reason_labels(reason)).inc()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from agentrun.api import (
@@ -109,6 +110,8 @@ class Reconciler:
         # The uid of the newest ended Attempt of each Run read fresh from the API server and found
         # without the SDK's statement that it reads references (status.sdkReads): not read again.
         self._undeclared: dict[Key, str] = {}
+        # Checkpoints a Run names that the API server did not have when read (World's checkpoints).
+        self._absent: dict[Key, set[str]] = {}
 
     # ---- what feeds the queue -------------------------------------------------------------------
 
@@ -150,6 +153,7 @@ class Reconciler:
         self._squatted.pop(key, None)
         self._restorations.pop(key, None)
         self._undeclared.pop(key, None)
+        self._absent.pop(key, None)
 
     # ---- the workers ----------------------------------------------------------------------------
 
@@ -293,8 +297,8 @@ class Reconciler:
         self.leases.remember(key, uid, run.spec.lease.duration_seconds)
         owned_attempts = self._owned("attempts", key, uid, controller=True)
         owned_effects = self._owned("sideeffects", key, uid)
-        owned_checkpoints = self._owned("checkpoints", key, uid)
         attempts = {a.spec.number: a for a in (Attempt.model_validate(o) for o in owned_attempts)}
+        owned_checkpoints = await self._checkpoints(key, run, attempts.values())
         pods = {v.name: v for v in (pod_view(o) for o in self._owned("pods", key, uid, controller=True))}
         await self._fresh_statement(key, attempts, pods)
         lease = self.leases.lease(key)
@@ -357,6 +361,32 @@ class Reconciler:
             self._restorations.pop(key, None)
             return None
         return restorations
+
+    async def _checkpoints(self, key: Key, run: Run, attempts: Iterable[Attempt]) -> list[JsonDict]:
+        """The Run's Checkpoints as cached, with those it names that the cache does not hold yet read from
+        the API server (and cached): its pointer, its pending request's, a manual retry's, what an
+        Attempt resumes from. A Checkpoint's event wakes no Run (operator.informers.QUIET) and may come
+        after the Run's event that names it: a decision is never made on less (retention keeps what the
+        pointer's state is rebuilt from, a retry is judged on the checkpoint it names, a grant sees
+        whether the state it resumes is in the store). One read per such Checkpoint; one found absent
+        is not read again for this Run (a named Checkpoint exists before it is named)."""
+        uid = str(run.metadata.uid)
+        cached = self._owned("checkpoints", key, uid)
+        named = {
+            run.status.latest_checkpoint,
+            run.status.pending_request.checkpoint_id if run.status.pending_request else None,
+            run.spec.retry_request.from_checkpoint if run.spec.retry_request else None,
+            *(a.spec.resume_from for a in attempts),
+        }
+        held = {c["metadata"]["name"] for c in cached} | {(c.get("spec") or {}).get("id") for c in cached}
+        absent = self._absent.setdefault(key, set())
+        missing = sorted(n for n in named if n and n not in held and n not in absent)
+        for name in missing:
+            body = await self.api.get(self.api.custom_path("checkpoints", key[0], name))
+            owned = body is not None and owned_by(body, uid, controller=False)
+            if body is None or not owned or self.cache.put("checkpoints", body) is None:
+                absent.add(name)
+        return self._owned("checkpoints", key, uid) if missing else cached
 
     async def _fresh_statement(self, key: Key, attempts: dict[int, Attempt], pods: dict[str, Any]) -> None:
         """The newest Attempt, once it has ended, as the API server has it when the cache shows no

@@ -130,6 +130,7 @@ class Runtime:
             wake=self.reconciler.wake,
             timeout_seconds=config.watch_timeout_seconds,
             clock=clock,
+            delivered=operator_metrics.watch_event,
         )
         self.notifier = Notifier(
             config,

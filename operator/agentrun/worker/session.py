@@ -46,6 +46,14 @@ MAX_CONFLICTS = 20
 # How long to wait for the cancel watch to deliver a Run (its first, or a newer one after a 409) before
 # reading it instead: a fallback, the watch normally answers within milliseconds.
 WATCH_PATIENCE_SECONDS = 5.0
+# A failed lease renewal is tried again this soon, then twice as late each time (keep_lease).
+RENEWAL_RETRY_SECONDS = 1.0
+# The server-side timeout of the Run watch (watch_cancel): each ends one watch request and starts the next
+# from the last resourceVersion (bookmarks keep it recent), so an idle running attempt costs the API server
+# one request per this many seconds beside its renewals (docs/performance.md, "Leases"). A connection that
+# dies silently is noticed this long (+30 s) after its last byte (a cancel does not wait for it: the
+# operator stops the Pod).
+RUN_WATCH_TIMEOUT_SECONDS = 600
 STATE_ADVICE = (
     "configure the agent-state store (AGENTRUN_STATE_STORE_URL) so that large state goes there, or store "
     "large data elsewhere and checkpoint a reference to it"
@@ -496,25 +504,36 @@ class Session:
         The first renewal comes renew_seconds from now: the operator has just written the Lease for this
         Attempt (and passed its resourceVersion), so a renewal at start would cost a Lease write and an
         operator reconcile for nothing. Until then the fences keep a worker whose lease was taken over
-        harmless: every write that changes official state is refused."""
+        harmless: every write that changes official state is refused.
+
+        A renewal that fails (no answer, a refusal that is not a lost lease) is tried again soon, 1 s
+        later, then 2, 4, ... (never later than the next renewal would be, nor past the lease's end):
+        the renewals are sparse (spec.lease: one a minute by default, for what 1,000 idle attempts cost
+        the API server), so one lost request must not cost the lease."""
         last_renewal = self.clock.monotonic()
+        wait, retry = float(renew_seconds), RENEWAL_RETRY_SECONDS
         while True:
-            await self.clock.sleep(renew_seconds)
+            await self.clock.sleep(wait)
             if self.progress.stalled:  # its agent is stuck: the lease runs out, the operator takes over
                 log.warning("the agent shows no progress: the lease is no longer renewed")
                 return
             try:
                 await self.renew_once()
                 last_renewal = self.clock.monotonic()
+                wait, retry = float(renew_seconds), RENEWAL_RETRY_SECONDS
             except LeaseLost as exc:
                 log.warning("lease lost: %s", exc)
                 self.lost.set()
                 return
             except Exception as exc:
-                log.warning("lease renewal failed: %s", exc)
-                if self.clock.monotonic() - last_renewal >= duration_seconds:
+                left = duration_seconds - (self.clock.monotonic() - last_renewal)
+                if left <= 0:
+                    log.warning("lease renewal failed: %s; not renewed for %ss: lost", exc, duration_seconds)
                     self.lost.set()
                     return
+                wait = min(retry, float(renew_seconds), left)
+                retry *= 2
+                log.warning("lease renewal failed: %s; again in %.0fs", exc, wait)
 
     async def watch_cancel(self) -> None:
         """Watches the Run (agentrun.kubewatch, without a list: the watch's first event carries the Run):
@@ -523,7 +542,12 @@ class Session:
         seen, so no change is skipped (unless the server expired it: 410, then from the current state)."""
         collection = self.api.custom_path("runs", self.me.namespace)
         async for item in kubewatch.reflect(
-            self.api, collection, name=self.me.run, list_first=False, clock=self.clock
+            self.api,
+            collection,
+            name=self.me.run,
+            list_first=False,
+            timeout_seconds=RUN_WATCH_TIMEOUT_SECONDS,
+            clock=self.clock,
         ):
             if isinstance(item, kubewatch.Event) and item.type != "DELETED":
                 self.observe(Run.model_validate(item.object))

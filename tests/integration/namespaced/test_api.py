@@ -178,7 +178,7 @@ def test_a_minimal_run_is_stored_with_the_server_side_defaults(api: Api) -> None
     name = unique("minimal")
     stored = api.create(valid_object("Run", name))
     spec = stored["spec"]
-    assert spec["lease"] == {"durationSeconds": 60, "renewSeconds": 20}
+    assert spec["lease"] == {"durationSeconds": 100, "renewSeconds": 60}
     assert spec["retry"]["maxAttempts"] == 3
     assert spec["retry"]["backoff"] == {"initialSeconds": 5, "factor": 2, "maxSeconds": 300}
     assert spec["retry"]["retryOn"] == ["transient", "rate_limited", "infrastructure", "lease_lost"]
@@ -198,7 +198,7 @@ def test_a_partial_lease_is_completed_with_the_other_default(api: Api) -> None:
         "Run", name, {".spec.lease": {"durationSeconds": 300}, ".spec.retry": {"maxAttempts": 7}}
     )
     stored = api.create(run)
-    assert stored["spec"]["lease"] == {"durationSeconds": 300, "renewSeconds": 20}
+    assert stored["spec"]["lease"] == {"durationSeconds": 300, "renewSeconds": 60}
     assert stored["spec"]["retry"]["maxAttempts"] == 7
     assert stored["spec"]["retry"]["sameErrorLimit"] == 2
 

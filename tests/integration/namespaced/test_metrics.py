@@ -19,12 +19,21 @@ import pytest
 from kubernetes import watch
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentrun.api import RUN_LABEL
 from agentrun.core.runs import RECHECK_SECONDS
 from devcluster import security
 from devcluster.operator import OperatorProcess
 from devcluster.processes import free_port
 from support.kube import Kube, wait_for
-from support.runs import FAST_RETRY, GROUP, VERSION, create_run, scenario_run, wait_phase
+from support.runs import (
+    FAST_RETRY,
+    GROUP,
+    VERSION,
+    create_run,
+    scenario_run,
+    support_agent_run,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -184,3 +193,70 @@ def test_lease_renewals_cost_no_reconcile(
     assert held.holder_identity == "steady-a1" and held.lease_transitions == 1, operator.log_tail()
     run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "runs", "steady")
     assert run["status"]["phase"] == "Running"
+
+
+def test_a_stepping_run_s_checkpoints_wake_no_reconcile(
+    kube: Kube, run_namespace: str, namespaced_operator: tuple[OperatorProcess, int], tmp_path: Path
+) -> None:
+    """A step's Checkpoint reaches the operator's watch (its cache stays current) and queues no reconcile.
+
+    The agent steps when told (tests/support/stepping_agent.py: STEPS journaled steps a round, a
+    Checkpoint each and no Run write). A round lasts until the operator's metrics count all its
+    Checkpoint events delivered: the events are the clock. The first round may still share its window
+    with the start's last reconciles (an Attempt status written at start); a later round is quiet, which
+    it never was while each Checkpoint event woke its Run. The lease is long: no renewal while it steps."""
+    operator, port = namespaced_operator
+    ns, name, steps, rounds = run_namespace, "stepper", 20, 3
+    body = support_agent_run(name, "stepping_agent", {"dir": str(tmp_path), "rounds": rounds, "steps": steps})
+    body["spec"]["lease"] = {"durationSeconds": 3600, "renewSeconds": 1800}
+    create_run(kube, ns, body)
+
+    def attempt_running() -> bool:
+        attempt = kube.get("attempts.agentrun.dev", f"{name}-a1", ns) or {}
+        return (attempt.get("status") or {}).get("phase") == "Running"
+
+    wait_for(attempt_running, timeout=120, what=f"{name}-a1 Running")
+
+    def delivered(samples: Samples, woke: str | None = None) -> float:
+        """Checkpoint events the operator's watch delivered (that woke a Run or not; None: all)."""
+        return sum(
+            value(samples, "agentrun_watch_events_total", kind="checkpoints", woke=each)
+            for each in ([woke] if woke else ["true", "false"])
+        )
+
+    windows: list[dict[str, float]] = []
+    for round_ in range(rounds):
+        before = scrape(port)
+        (tmp_path / f"go-{round_}").touch()
+
+        def round_delivered(at: Samples = before) -> Samples | None:
+            samples = scrape(port)
+            return samples if delivered(samples) - delivered(at) >= steps else None
+
+        after = wait_for(round_delivered, timeout=120, what=f"round {round_}: {steps} Checkpoint events")
+        windows.append(
+            {
+                "checkpoint_events": delivered(after) - delivered(before),
+                "checkpoint_wakes": delivered(after, "true") - delivered(before, "true"),
+                "reconciles": value(after, "agentrun_reconcile_duration_seconds_count")
+                - value(before, "agentrun_reconcile_duration_seconds_count"),
+            }
+        )
+        if windows[-1]["reconciles"] == 0:
+            break
+
+    assert all(w["checkpoint_wakes"] == 0 for w in windows), windows
+    assert any(w["reconciles"] == 0 and w["checkpoint_events"] >= steps for w in windows), (
+        f"no round of {steps} Checkpoints without a reconcile: {windows}\n{operator.log_tail()}"
+    )
+    listed = kube.custom.list_namespaced_custom_object(
+        GROUP, VERSION, ns, "checkpoints", label_selector=f"{RUN_LABEL}={name}"
+    )["items"]
+    assert len([c for c in listed if c["spec"].get("kind") == "Journal"]) == steps * len(windows)
+
+    for round_ in range(len(windows), rounds):
+        (tmp_path / f"go-{round_}").touch()
+    (tmp_path / "release").touch()
+    run = wait_phase(kube, ns, name, {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", operator.log_tail()
+    assert run["status"]["result"]["steps"] == steps * rounds
