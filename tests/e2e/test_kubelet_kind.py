@@ -51,6 +51,7 @@ def agent_run(
     input: dict[str, Any] | None = None,
     container: dict[str, Any] | None = None,
     image: str | None = None,
+    resources: dict[str, Any] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
     """A Run in the release's namespace under restricted Pod Security; `container` adds to the agent
@@ -67,6 +68,7 @@ def agent_run(
                 "command": command,
                 "serviceAccountName": AGENT_SERVICE_ACCOUNT,
                 "podTemplate": {"spec": pod},
+                **({"resources": resources} if resources else {}),
             },
             "input": input or {},
             "podGC": "Never",  # its Pod is looked at once the Run has ended
@@ -84,13 +86,13 @@ def failure_of(run: dict[str, Any]) -> dict[str, Any]:
     return failure
 
 
-def waiting_reason(release: Release, pod: str) -> Callable[[], str | None]:
-    def probe() -> str | None:
+def kept_waiting(release: Release, pod: str, reason: str) -> Callable[[], bool]:
+    """Whether the kubelet says it keeps the Pod's agent container waiting for `reason`."""
+
+    def probe() -> bool:
         found = release.kube.pod(pod, release.namespace)
         statuses = ((found or {}).get("status") or {}).get("containerStatuses") or []
-        return next(
-            (s["state"]["waiting"].get("reason") for s in statuses if "waiting" in s.get("state", {})), None
-        )
+        return any((s.get("state") or {}).get("waiting", {}).get("reason") == reason for s in statuses)
 
     return probe
 
@@ -144,8 +146,9 @@ def test_a_missing_secret_is_waited_for_and_the_run_goes_on_once_it_exists(kind:
         kind, "late-secret", ECHO, input={"message": "hi"}, container=keys, startTimeoutSeconds=900
     )
     create_run(kind.kube, kind.namespace, body)
-    reason = wait_for(waiting_reason(kind, "late-secret-a1"), 180, what="the kubelet's waiting reason")
-    assert reason == "CreateContainerConfigError"
+    waiting = kept_waiting(kind, "late-secret-a1", "CreateContainerConfigError")
+    wait_for(waiting, 180, what="the kubelet keeping the container waiting for its Secret")
+    assert get_run(kind.kube, kind.namespace, "late-secret")["status"]["phase"] == "Running"
 
     kind.kube.core.create_namespaced_secret(
         kind.namespace, {"metadata": {"name": "late-keys"}, "stringData": {"MODEL_KEY": "k"}}
@@ -174,7 +177,7 @@ def test_a_secret_that_stays_missing_fails_after_the_start_timeout_naming_it(kin
 def test_an_agent_oom_killed_at_its_limit_is_infrastructure_and_the_same_oom_twice_stops(
     kind: Release,
 ) -> None:
-    hog = ["python", "-c", "blocks = [bytearray(16 << 20) for _ in range(64)]"]  # 1 GiB, 16 MiB at a time
+    hog = ["python", "-c", 'blocks = [b"x" * (16 << 20) for _ in range(64)]']  # 1 GiB, written
     retry = {**FAST_RETRY, "sameErrorLimit": 2}
     body = agent_run(kind, "hog", hog, resources={"limits": {"memory": "48Mi"}}, retry=retry)
     create_run(kind.kube, kind.namespace, body)
