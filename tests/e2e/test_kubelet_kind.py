@@ -204,8 +204,13 @@ def scenario_hanging_at_step_2(kind: Release, name: str, **spec: Any) -> None:
 
 def test_a_container_killed_by_the_runtime_continues_from_its_checkpoint(kind: Release) -> None:
     scenario_hanging_at_step_2(kind, "runtime-killed")
-    pod = kind.kube.pod("runtime-killed-a1", kind.namespace)
-    assert pod is not None
+
+    def started() -> dict[str, Any] | None:  # the kubelet may post the container's id after it wrote
+        pod = kind.kube.pod("runtime-killed-a1", kind.namespace)
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+        return pod if statuses[0].get("containerID") else None
+
+    pod = wait_for(started, 120, what="the kubelet's container id of the attempt Pod")
     node = pod["spec"]["nodeName"]  # a kind node is the Docker container of its name
     container = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     subprocess.run(
