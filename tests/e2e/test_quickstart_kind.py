@@ -43,6 +43,22 @@ def _image_values(target: Target) -> list[str]:
     ]
 
 
+def _install(target: Target) -> None:
+    """The README's helm install (bundled state store on, by default), with the images loaded; --wait: the
+    operator replicas are Ready only once the store accepted their root credentials."""
+    target.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        f"--namespace={NAMESPACE}",
+        "--create-namespace",
+        "--set=stateStore.bundled.enabled=true",
+        *_image_values(target),
+        "--wait",
+        "--timeout=300s",
+    )
+
+
 @pytest.fixture
 def installed(e2e_target: Target) -> Iterator[Target]:
     if not os.environ.get(KUBECONFIG_ENV):
@@ -51,17 +67,7 @@ def installed(e2e_target: Target) -> Iterator[Target]:
     _adopt_leftover_crds(kube, NAMESPACE)
     # the namespace examples/agents.yaml declares, made first so that it enforces restricted Pod Security
     _create_namespace(kube, AGENTS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    e2e_target.helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        f"--namespace={NAMESPACE}",
-        "--create-namespace",
-        "--set=stateStore.bundled.enabled=true",
-        *_image_values(e2e_target),
-        "--wait",
-        "--timeout=300s",
-    )
+    _install(e2e_target)
     try:
         yield e2e_target
     finally:
@@ -125,6 +131,40 @@ def test_the_readme_helm_quickstart_runs_unchanged_in_real_pods(installed: Targe
     cancelled = _json(installed, "get", "run", "-n", AGENTS, "langgraph-ticket")
     assert cancelled["status"]["phase"] == "Cancelled", cancelled["status"]
 
+    # the other example Runs, unchanged, in the same namespace: every example manifest runs in real Pods
+    _sh(
+        installed,
+        [
+            "kubectl apply -n agents -f examples/run-minimal.yaml",
+            "kubectl apply -n agents -f examples/run-with-retry-and-lease.yaml",
+            "kubectl wait -n agents --for=jsonpath='{.status.phase}'=Succeeded run/echo run/echo-resilient "
+            "--timeout=600s",
+        ],
+    )
+    for name in ("echo", "echo-resilient"):
+        assert _json(installed, "get", "run", "-n", AGENTS, name)["status"]["phase"] == "Succeeded"
+
     # the attempt Pods ran as the restricted standard requires (the namespace would have refused others)
     ns = _json(installed, "get", "namespace", AGENTS)
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.timeout(900)
+def test_an_install_after_an_uninstall_finds_the_bundled_stores_data(installed: Target) -> None:
+    """`helm uninstall` keeps the store's volume and the root Secret that owns its buckets: installing again
+    reads the same credentials back (with new ones, the server refuses the operator its bucket)."""
+    secret = f"{RELEASE}-store-root"
+    before = installed.kube.core.read_namespaced_secret(secret, NAMESPACE).data
+    installed.helm("uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", "--timeout=180s")
+    assert installed.kube.core.read_namespaced_secret(secret, NAMESPACE).data == before
+
+    _install(installed)
+    _sh(
+        installed,
+        [
+            "kubectl apply -f examples/agents.yaml",
+            "kubectl apply -n agents -f examples/run-minimal.yaml",
+            "kubectl wait -n agents --for=jsonpath='{.status.phase}'=Succeeded run/echo --timeout=600s",
+        ],
+    )
+    assert installed.kube.core.read_namespaced_secret(secret, NAMESPACE).data == before

@@ -752,6 +752,9 @@ def test_the_operator_administers_the_bundled_store_with_its_root_credentials() 
     assert set(secret["data"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
     again = one(template(BUNDLED), "Secret", f"{STORE}-root", "ops")
     assert again["data"] != secret["data"], "made afresh by each helm template (an install: once)"
+    # an uninstall keeps it, as it keeps the server's volume (a StatefulSet's claim): a second install
+    # finds the buckets owned by the credentials it reads back, not by new ones the server would refuse
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
 
 
 def test_the_bundled_store_takes_the_root_credentials_from_a_given_secret() -> None:

@@ -398,7 +398,8 @@ def bundled_store_template() -> str:
         "{{- $bundled := .Values.stateStore.bundled }}\n"
         "{{- if not $bundled.existingSecret }}\n"
         '{{- $secret := printf "%s-store-root" $fullname }}\n'
-        "{{- /* kept across upgrades: made once, read back (helm template makes new ones each time) */}}\n"
+        "{{- /* made once, read back at every upgrade (helm template makes new ones each time), and\n"
+        "     kept by an uninstall like the server's volume, whose buckets these credentials own */}}\n"
         '{{- $held := (lookup "v1" "Secret" .Release.Namespace $secret).data | default dict }}\n'
         "---\n"
         "apiVersion: v1\n"
@@ -406,6 +407,8 @@ def bundled_store_template() -> str:
         "metadata:\n"
         "  name: {{ $secret }}\n"
         "  namespace: {{ .Release.Namespace }}\n"
+        "  annotations:\n"
+        "    helm.sh/resource-policy: keep\n"
         "  labels:\n" + _BUNDLED_LABELS + "type: Opaque\n"
         "data:\n"
         '  AWS_ACCESS_KEY_ID: {{ get $held "AWS_ACCESS_KEY_ID" | default '

@@ -217,7 +217,9 @@ async def prepare_bucket(
         except StoreRefused as error:
             raise BucketNotReady(
                 f"the bundled state store at {endpoint} refused to prepare bucket {bucket}: {error} "
-                "(the operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be the server's root)"
+                "(the operator's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be the server's root; a "
+                "bucket that exists under other credentials means the server's volume outlived the root "
+                "Secret it was made with: bring that Secret back, or delete the claim of the volume)"
             ) from None
         log.info("state store bucket %s at %s is there with versioning Enabled", bucket, endpoint)
         return
