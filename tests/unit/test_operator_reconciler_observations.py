@@ -31,7 +31,7 @@ from agentrun.statestore.operatorstore import OperatorStore
 from agentrun.tracing import Tracing
 from support.clock import FakeClock
 from unit.factories import NAMESPACE, RUN, make_run, run_patch, run_status
-from unit.run_worlds import stopped
+from unit.run_worlds import stopped, waiting
 
 STORE = StateStorePodEnv("s3://agentrun?endpoint=http://objects.example:7070", "agentrun-state-store")
 JsonDict = dict[str, Any]
@@ -233,3 +233,33 @@ def test_blobs_restored_are_recorded_through_the_table_for_the_failure_they_were
 
 def decided_conditions(plan: Plan) -> list[Condition]:
     return [Condition.model_validate(c) for c in run_patch(plan)["conditions"]]
+
+
+class DeletedDuringRead(ReadOnlyApi):
+    """The Run's DELETED event arrives (the reconciler forgets it) while a reconcile reads a Checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reconciler: Reconciler | None = None
+
+    async def get(self, path: str) -> JsonDict | None:
+        if "/checkpoints/" in path and self.reconciler is not None:
+            self.reconciler.forget((NAMESPACE, RUN))
+        return await super().get(path)
+
+
+def test_a_run_deleted_while_its_reconcile_awaits_leaves_the_phase_gauge() -> None:
+    """A reconcile that was under way when its Run was deleted must not count the Run again: nothing would
+    ever take it out of agentrun_runs."""
+    api = DeletedDuringRead()
+    r = reconciler(api, StoreCredentials(api, FakeClock(), None))
+    api.reconciler = r
+    body = waiting().run.to_api()  # InputRequired, its pointer a Checkpoint the cache does not hold
+    body["metadata"]["resourceVersion"] = "7"
+    r.run_seen(body)
+
+    asyncio.run(r.reconcile((NAMESPACE, RUN)))
+
+    assert any("/checkpoints/" in read for read in api.reads)
+    assert r.metrics.run_phases == {}
+    assert api.writes == []

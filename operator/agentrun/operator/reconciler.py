@@ -252,7 +252,7 @@ class Reconciler:
         changed = executed.news
         if plan.of(DeleteRun):  # archived and deleted: its DELETED event makes the operator forget it
             return
-        self.metrics.run_seen(key, planned_run_phase(plan) or run.status.phase)
+        self._seen(key, planned_run_phase(plan) or run.status.phase)
         if plan.requeue_after is not None:
             self.queue.add(key, plan.requeue_after)
         self.queue.check_lease_in(key, plan.lease_expires_in)
@@ -260,6 +260,13 @@ class Reconciler:
             # The watch events of these writes are echoes (dropped): decide again on what the writes
             # answered (done() queues the key again once this reconcile ends).
             self.queue.add(key)
+
+    def _seen(self, key: Key, phase: object) -> None:
+        """The Run's phase counted (agentrun_runs), unless the Run was forgotten meanwhile: its DELETED
+        event may come while a reconcile of it awaits a read or a write, and a gauge entry put back
+        after that would stay for good."""
+        if key in self.runs:
+            self.metrics.run_seen(key, phase)
 
     async def _execute(self, plan: Plan, run: Run, world: World) -> Executed:
         """Carries the plan out; a plan that writes is a span of the Run's trace (what was decided). What
@@ -293,7 +300,7 @@ class Reconciler:
         what the executor observed carrying one out (a refused Pod or provisioning, a squatted name, the
         blobs restored) comes back here as an observation."""
         uid = str(run.metadata.uid)
-        self.metrics.run_seen(key, run.status.phase)
+        self._seen(key, run.status.phase)
         self.leases.remember(key, uid, run.spec.lease.duration_seconds)
         owned_attempts = self._owned("attempts", key, uid, controller=True)
         owned_effects = self._owned("sideeffects", key, uid)
