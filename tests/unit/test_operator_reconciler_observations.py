@@ -13,7 +13,6 @@ from agentrun.api.common import Condition
 from agentrun.core.blobrestore import Outcome, Restoration, Target
 from agentrun.core.identity import Account
 from agentrun.core.plan import Plan, ProvisionStoreCredentials
-from agentrun.core.pods import StateStorePodEnv
 from agentrun.core.runs import World, decide
 from agentrun.kubeapi import ApiError, KubeApi
 from agentrun.operator.attempt_role import AttemptRoleChecks
@@ -32,8 +31,8 @@ from agentrun.tracing import Tracing
 from support.clock import FakeClock
 from unit.factories import NAMESPACE, RUN, make_run, run_patch, run_status
 from unit.run_worlds import stopped, waiting
+from unit.test_operator_executor_observations import BundledCredentials
 
-STORE = StateStorePodEnv("s3://agentrun?endpoint=http://objects.example:7070", "agentrun-state-store")
 JsonDict = dict[str, Any]
 
 
@@ -58,22 +57,6 @@ class ReadOnlyApi(KubeApi):
     async def merge_patch(self, path: str, patch: JsonDict) -> JsonDict:
         self.writes.append(f"patch {path}")
         raise AssertionError(f"a write while observing: patch {path}")
-
-
-class BundledCredentials(StoreCredentials):
-    """The bundled store's provisioning, answering `made` (False: the server refused)."""
-
-    def __init__(self, api: KubeApi, made: bool) -> None:
-        super().__init__(api, FakeClock(), STORE)
-        self.made, self.asked = made, list[str]()
-
-    @property
-    def provisions(self) -> bool:
-        return True
-
-    async def provision(self, namespace: str) -> bool:
-        self.asked.append(namespace)
-        return self.made
 
 
 class Bound(AttemptRoleChecks):
